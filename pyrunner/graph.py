@@ -1,0 +1,370 @@
+"""Graph IR over named axes.
+
+A graph is a DAG of hash-consed ``Term`` values. Terms are immutable and
+structurally compared, so rewrite rules can build new terms freely and the
+search can deduplicate equal graphs. Axis names carry broadcasting: a binary
+op aligns its operands by name, never by position.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+from pyrunner.errors import GraphError
+
+UNARY_OPS = (
+    "exp", "exp2", "log", "neg", "recip", "sqrt", "rsqrt", "square",
+    "silu", "sigmoid", "tanh", "gelu", "relu", "abs",
+)
+BINARY_OPS = ("add", "sub", "mul", "div", "max", "min")
+REDUCE_OPS = ("sum", "max", "mean")
+LEAF_OPS = ("input", "const", "axis_size")
+ALL_OPS = LEAF_OPS + ("unary", "binary", "reduce", "matmul")
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True, eq=True)
+class Term:
+    """One node of the graph.
+
+    ``op`` is one of ALL_OPS; ``fn`` names the unary/binary/reduce function;
+    ``axis`` is the reduced or contracted axis; ``name``/``axes`` describe an
+    input; ``value`` is a constant's value.
+    """
+
+    op: str
+    args: tuple["Term", ...] = ()
+    fn: str = ""
+    axis: str = ""
+    name: str = ""
+    axes: tuple[str, ...] = ()
+    value: float = 0.0
+    _hash: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        h = hash((self.op, self.args, self.fn, self.axis, self.name, self.axes, self.value))
+        object.__setattr__(self, "_hash", h)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        return show(self)
+
+    def replace_args(self, args: tuple["Term", ...]) -> "Term":
+        return Term(self.op, args, self.fn, self.axis, self.name, self.axes, self.value)
+
+
+# --- term constructors -------------------------------------------------------
+
+def inp(name: str, axes: Iterable[str]) -> Term:
+    return Term("input", name=name, axes=tuple(axes))
+
+
+def const(value: float) -> Term:
+    return Term("const", value=float(value))
+
+
+def axis_size(axis: str) -> Term:
+    return Term("axis_size", axis=axis)
+
+
+def unary(fn: str, x: Term) -> Term:
+    return Term("unary", (x,), fn=fn)
+
+
+def binary(fn: str, a: Term, b: Term) -> Term:
+    return Term("binary", (a, b), fn=fn)
+
+
+def reduce(fn: str, x: Term, axis: str) -> Term:
+    return Term("reduce", (x,), fn=fn, axis=axis)
+
+
+def matmul(a: Term, b: Term, contract: str) -> Term:
+    return Term("matmul", (a, b), axis=contract)
+
+
+def show(t: Term) -> str:
+    """A compact, human-readable rendering of a term (for --explain and errors)."""
+    if t.op == "input":
+        return t.name
+    if t.op == "const":
+        return f"{t.value:g}"
+    if t.op == "axis_size":
+        return f"|{t.axis}|"
+    if t.op == "unary":
+        return f"{t.fn}({show(t.args[0])})"
+    if t.op == "binary":
+        return f"{t.fn}({show(t.args[0])}, {show(t.args[1])})"
+    if t.op == "reduce":
+        return f"{t.fn}_{t.axis}({show(t.args[0])})"
+    if t.op == "matmul":
+        return f"({show(t.args[0])} @{t.axis} {show(t.args[1])})"
+    return f"<{t.op}>"
+
+
+def subterms(roots: Iterable[Term]) -> list[Term]:
+    """All distinct terms reachable from roots, operands before users."""
+    seen: set[Term] = set()
+    order: list[Term] = []
+
+    def visit(t: Term) -> None:
+        stack: list[tuple[Term, bool]] = [(t, False)]
+        while stack:
+            cur, done = stack.pop()
+            if done:
+                if cur not in seen:
+                    seen.add(cur)
+                    order.append(cur)
+                continue
+            if cur in seen:
+                continue
+            stack.append((cur, True))
+            for a in reversed(cur.args):
+                if a not in seen:
+                    stack.append((a, False))
+
+    for r in roots:
+        visit(r)
+    return order
+
+
+def result_axes(t: Term, memo: dict[Term, tuple[str, ...]] | None = None) -> tuple[str, ...]:
+    """Named axes of a term's value (order is the canonical memory order)."""
+    if memo is not None and t in memo:
+        return memo[t]
+    if t.op == "input":
+        out = t.axes
+    elif t.op in ("const", "axis_size"):
+        out = ()
+    elif t.op == "unary":
+        out = result_axes(t.args[0], memo)
+    elif t.op == "binary":
+        a, b = (result_axes(x, memo) for x in t.args)
+        out = a + tuple(x for x in b if x not in a)
+    elif t.op == "reduce":
+        out = tuple(x for x in result_axes(t.args[0], memo) if x != t.axis)
+    elif t.op == "matmul":
+        a, b = (result_axes(x, memo) for x in t.args)
+        left = tuple(x for x in a if x != t.axis)
+        out = left + tuple(x for x in b if x != t.axis and x not in left)
+    else:
+        raise GraphError(f"unknown op {t.op!r}")
+    if memo is not None:
+        memo[t] = out
+    return out
+
+
+# --- whole graphs ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Graph:
+    """A named set of output terms plus the axis sizes they are defined over.
+
+    ``labels`` maps terms to the names the author gave them; it is only for
+    readable plans and does not take part in equality.
+    """
+
+    name: str
+    sizes: dict[str, int]
+    outputs: tuple[tuple[str, Term], ...]
+    labels: dict[Term, str] = field(default_factory=dict, compare=False, hash=False)
+
+    def terms(self) -> list[Term]:
+        return subterms(t for _, t in self.outputs)
+
+    def inputs(self) -> list[Term]:
+        return [t for t in self.terms() if t.op == "input"]
+
+    def axes_of(self, t: Term) -> tuple[str, ...]:
+        return result_axes(t)
+
+    def shape_of(self, t: Term) -> tuple[int, ...]:
+        return tuple(self.sizes[a] for a in result_axes(t))
+
+    def with_sizes(self, overrides: dict[str, int]) -> "Graph":
+        for axis, n in overrides.items():
+            if axis not in self.sizes:
+                raise GraphError(
+                    f"--shape names axis {axis!r}, but graph {self.name!r} has axes "
+                    f"{sorted(self.sizes)}")
+            if n <= 0:
+                raise GraphError(f"axis {axis!r} must have a positive size, got {n}")
+        g = Graph(self.name, {**self.sizes, **overrides}, self.outputs, self.labels)
+        check(g)
+        return g
+
+    def with_outputs(self, outputs: tuple[tuple[str, Term], ...]) -> "Graph":
+        return Graph(self.name, self.sizes, outputs, self.labels)
+
+    def key(self) -> tuple[Term, ...]:
+        return tuple(t for _, t in self.outputs)
+
+    def label(self, t: Term, fallback: str) -> str:
+        return self.labels.get(t, fallback)
+
+
+def check(g: Graph) -> None:
+    """Type-check a graph: known ops, known axes, consistent contractions.
+
+    Raises GraphError naming the offending node (by label where one exists).
+    """
+    memo: dict[Term, tuple[str, ...]] = {}
+    input_axes: dict[str, tuple[str, ...]] = {}
+    if not g.outputs:
+        raise GraphError(f"graph {g.name!r} has no outputs")
+    for t in g.terms():
+        where = f"node {g.labels.get(t, show(t))!r}"
+        if t.op not in ALL_OPS:
+            raise GraphError(f"{where}: unknown op {t.op!r}; known ops: {', '.join(ALL_OPS)}")
+        if t.op == "input":
+            if len(set(t.axes)) != len(t.axes):
+                raise GraphError(f"input {t.name!r} repeats an axis: {list(t.axes)}")
+            prev = input_axes.setdefault(t.name, t.axes)
+            if prev != t.axes:
+                raise GraphError(f"input {t.name!r} is declared with axes {list(prev)} and {list(t.axes)}")
+        if t.op == "unary" and t.fn not in UNARY_OPS:
+            raise GraphError(f"{where}: unknown unary function {t.fn!r}; known: {', '.join(UNARY_OPS)}")
+        if t.op == "binary" and t.fn not in BINARY_OPS:
+            raise GraphError(f"{where}: unknown binary function {t.fn!r}; known: {', '.join(BINARY_OPS)}")
+        if t.op == "reduce" and t.fn not in REDUCE_OPS:
+            raise GraphError(f"{where}: unknown reduction {t.fn!r}; known: {', '.join(REDUCE_OPS)}")
+        for a in t.axes + ((t.axis,) if t.axis else ()):
+            if a not in g.sizes:
+                raise GraphError(f"{where}: unknown axis {a!r}; graph axes are {sorted(g.sizes)}")
+        if t.op == "const" and not math.isfinite(t.value):
+            raise GraphError(f"{where}: constant must be finite, got {t.value}")
+        if t.op == "reduce" and t.axis not in result_axes(t.args[0], memo):
+            raise GraphError(
+                f"{where}: reduces over axis {t.axis!r}, but its operand has axes "
+                f"{list(result_axes(t.args[0], memo))}")
+        if t.op == "matmul":
+            a, b = (result_axes(x, memo) for x in t.args)
+            if t.axis not in a or t.axis not in b:
+                raise GraphError(
+                    f"{where}: contracts axis {t.axis!r}, which both operands must have; "
+                    f"left has {list(a)}, right has {list(b)}")
+        result_axes(t, memo)
+    names = [n for n, _ in g.outputs]
+    if len(set(names)) != len(names):
+        raise GraphError(f"graph {g.name!r} repeats an output name: {names}")
+    for n, t in g.outputs:
+        if not result_axes(t, memo):
+            raise GraphError(f"output {n!r} is a scalar; outputs must have at least one axis")
+
+
+# --- builder DSL ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tensor:
+    """A handle the builder returns; wraps a term so Python operators work."""
+
+    term: Term
+    builder: "GraphBuilder"
+
+    def __add__(self, o: "Tensor | float") -> "Tensor":
+        return self.builder.add(self, o)
+
+    def __sub__(self, o: "Tensor | float") -> "Tensor":
+        return self.builder.sub(self, o)
+
+    def __mul__(self, o: "Tensor | float") -> "Tensor":
+        return self.builder.mul(self, o)
+
+    def __truediv__(self, o: "Tensor | float") -> "Tensor":
+        return self.builder.div(self, o)
+
+
+class GraphBuilder:
+    """Builds a graph in the style ``x = g.input("X", m=1024, d=2048)``.
+
+    Axis sizes are given where an input first names the axis; every later
+    mention must agree.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.sizes: dict[str, int] = {}
+        self.labels: dict[Term, str] = {}
+        self._outputs: list[tuple[str, Term]] = []
+
+    def _wrap(self, t: Term, label: str | None = None) -> Tensor:
+        if label:
+            self.labels.setdefault(t, label)
+        return Tensor(t, self)
+
+    def _lift(self, x: "Tensor | float") -> Term:
+        return x.term if isinstance(x, Tensor) else const(x)
+
+    def input(self, name: str, **axes: int) -> Tensor:
+        for a, n in axes.items():
+            if self.sizes.setdefault(a, n) != n:
+                raise GraphError(f"input {name!r}: axis {a!r} has size {n}, earlier {self.sizes[a]}")
+        return self._wrap(inp(name, axes), name)
+
+    def const(self, value: float) -> Tensor:
+        return self._wrap(const(value))
+
+    def size(self, axis: str) -> Tensor:
+        return self._wrap(axis_size(axis))
+
+    def unary(self, fn: str, x: Tensor, name: str | None = None) -> Tensor:
+        return self._wrap(unary(fn, x.term), name)
+
+    def binary(self, fn: str, a: "Tensor | float", b: "Tensor | float", name: str | None = None) -> Tensor:
+        return self._wrap(binary(fn, self._lift(a), self._lift(b)), name)
+
+    def add(self, a: "Tensor | float", b: "Tensor | float", name: str | None = None) -> Tensor:
+        return self.binary("add", a, b, name)
+
+    def sub(self, a: "Tensor | float", b: "Tensor | float", name: str | None = None) -> Tensor:
+        return self.binary("sub", a, b, name)
+
+    def mul(self, a: "Tensor | float", b: "Tensor | float", name: str | None = None) -> Tensor:
+        return self.binary("mul", a, b, name)
+
+    def div(self, a: "Tensor | float", b: "Tensor | float", name: str | None = None) -> Tensor:
+        return self.binary("div", a, b, name)
+
+    def reduce(self, fn: str, x: Tensor, axis: str, name: str | None = None) -> Tensor:
+        return self._wrap(reduce(fn, x.term, axis), name)
+
+    def matmul(self, a: Tensor, b: Tensor, contract: str, name: str | None = None) -> Tensor:
+        return self._wrap(matmul(a.term, b.term, contract), name)
+
+    # sub-graph helpers: they expand into primitive ops, so rules see through them
+    def softmax(self, x: Tensor, axis: str, name: str | None = None) -> Tensor:
+        e = self.unary("exp", x)
+        return self.div(e, self.reduce("sum", e, axis), name)
+
+    def rmsnorm(self, x: Tensor, axis: str, eps: float = 1e-6, name: str | None = None) -> Tensor:
+        ms = self.reduce("mean", self.unary("square", x), axis)
+        return self.mul(x, self.unary("rsqrt", self.add(ms, eps)), name)
+
+    def layernorm(self, x: Tensor, axis: str, eps: float = 1e-5, name: str | None = None) -> Tensor:
+        centered = self.sub(x, self.reduce("mean", x, axis))
+        var = self.reduce("mean", self.unary("square", centered), axis)
+        return self.mul(centered, self.unary("rsqrt", self.add(var, eps)), name)
+
+    def output(self, name: str, x: Tensor) -> None:
+        self.labels[x.term] = name
+        self._outputs.append((name, x.term))
+
+    def build(self) -> Graph:
+        g = Graph(self.name, dict(self.sizes), tuple(self._outputs), dict(self.labels))
+        check(g)
+        return g
+
+
+def iter_positions(t: Term) -> Iterator[tuple[Term, tuple[int, ...]]]:
+    """Each subterm occurrence of a tree with its path (for rule application)."""
+    stack: list[tuple[Term, tuple[int, ...]]] = [(t, ())]
+    while stack:
+        cur, path = stack.pop()
+        yield cur, path
+        for i, a in enumerate(cur.args):
+            stack.append((a, path + (i,)))

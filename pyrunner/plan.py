@@ -1,0 +1,248 @@
+"""Kernel plan schema (pydantic v2): the contract between planners and runner.
+
+The models here are the schema's source of truth; ``python -m pyrunner schema``
+exports them as JSON Schema (``pyrunner/schema/plan.schema.json``) for the Lean
+emitter. A kernel is described at the level of TileLang's tile primitives:
+copies between memory levels, tile GEMMs, elementwise maps on tiles,
+reductions along a tile axis, and state buffers with their init and update.
+
+Tile geometry. A kernel iterates over *grid axes* (one thread block per tile
+of every grid axis) and optionally one *streamed axis* (a sequential loop
+inside the block). A buffer's axes are graph axis names; the extent of each is
+the block size of that axis in this kernel. A grid axis with block 1 is
+indexed, never held, so buffers and loads omit it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+SCHEMA_VERSION = 1
+
+DType = Literal["float16", "bfloat16", "float32"]
+Scope = Literal["shared", "fragment"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GlobalTensor(_Strict):
+    """A tensor in global (HBM) memory; every one a plan materializes is listed."""
+
+    name: str
+    axes: list[str]
+    shape: list[Annotated[int, Field(gt=0)]]
+    dtype: DType
+    role: Literal["input", "output", "intermediate"]
+
+    @model_validator(mode="after")
+    def _rank(self) -> "GlobalTensor":
+        if len(self.axes) != len(self.shape):
+            raise ValueError(f"tensor {self.name!r}: {len(self.axes)} axes but {len(self.shape)} extents")
+        return self
+
+
+Block = Union[Annotated[int, Field(gt=0)], str]
+"""A tile extent: a literal, or the name of a tuning parameter of the kernel."""
+
+
+class GridAxis(_Strict):
+    axis: str
+    block: Block
+
+
+class StreamLoop(_Strict):
+    """The sequential loop over one axis, tiled by ``block``, software-pipelined."""
+
+    axis: str
+    block: Block
+    stages: Block = 2
+
+
+class Buffer(_Strict):
+    """On-chip tile storage. ``state`` buffers live across loop iterations."""
+
+    name: str
+    axes: list[str]
+    scope: Scope
+    dtype: DType
+    state: bool = False
+
+
+class Ref(_Strict):
+    kind: Literal["ref"] = "ref"
+    buf: str
+
+
+class Const(_Strict):
+    kind: Literal["const"] = "const"
+    value: float
+
+
+class Call(_Strict):
+    kind: Literal["call"] = "call"
+    fn: str
+    args: list["Expr"]
+
+
+Expr = Annotated[Union[Ref, Const, Call], Field(discriminator="kind")]
+Call.model_rebuild()
+
+EXPR_FUNCTIONS = {
+    # unary
+    "exp": 1, "exp2": 1, "log": 1, "neg": 1, "recip": 1, "sqrt": 1, "rsqrt": 1,
+    "square": 1, "silu": 1, "sigmoid": 1, "tanh": 1, "gelu": 1, "relu": 1, "abs": 1,
+    # binary
+    "add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2,
+}
+
+
+class Load(_Strict):
+    """Copy the tile of a global tensor at the block's coordinates into a buffer."""
+
+    op: Literal["load"] = "load"
+    src: str
+    dst: str
+
+
+class Store(_Strict):
+    """Copy a buffer to the tile of a global tensor at the block's coordinates."""
+
+    op: Literal["store"] = "store"
+    src: str
+    dst: str
+
+
+class Fill(_Strict):
+    op: Literal["fill"] = "fill"
+    dst: str
+    value: Union[float, Literal["-inf", "inf"]]
+
+
+class Gemm(_Strict):
+    """``c (+)= a @ b`` contracting ``contract``; operand layouts follow buffer axes."""
+
+    op: Literal["gemm"] = "gemm"
+    a: str
+    b: str
+    c: str
+    contract: str
+    clear: bool
+
+
+class Map(_Strict):
+    """Elementwise ``dst = expr``; operands broadcast by axis name onto dst's axes."""
+
+    op: Literal["map"] = "map"
+    dst: str
+    expr: Expr
+
+
+class Reduce(_Strict):
+    """``dst = fn over axis of src``; with ``accumulate`` combined into dst's value."""
+
+    op: Literal["reduce"] = "reduce"
+    fn: Literal["sum", "max"]
+    src: str
+    dst: str
+    axis: str
+    accumulate: bool
+
+
+Op = Annotated[Union[Load, Store, Fill, Gemm, Map, Reduce], Field(discriminator="op")]
+
+
+class Kernel(_Strict):
+    name: str
+    grid: list[GridAxis]
+    loop: StreamLoop | None = None
+    threads: Block = 128
+    buffers: list[Buffer]
+    prologue: list[Op] = []
+    body: list[Op] = []
+    epilogue: list[Op] = []
+    reads: list[str]
+    writes: list[str]
+    params: dict[str, list[Annotated[int, Field(gt=0)]]] = {}
+    defaults: dict[str, Annotated[int, Field(gt=0)]] = {}
+    fused_rules: list[str] = []
+
+    @model_validator(mode="after")
+    def _params(self) -> "Kernel":
+        for p, v in self.defaults.items():
+            if p not in self.params:
+                raise ValueError(f"kernel {self.name!r}: default for unknown parameter {p!r}")
+            if v not in self.params[p]:
+                raise ValueError(f"kernel {self.name!r}: default {p}={v} is not in its space {self.params[p]}")
+        missing = sorted(set(self.params) - set(self.defaults))
+        if missing:
+            raise ValueError(f"kernel {self.name!r}: no default for parameter(s) {missing}")
+        return self
+
+
+class Step(_Strict):
+    """One rule application of the derivation; ``rule`` is the Lean theorem's name."""
+
+    rule: str
+    at: str
+    result: str = ""
+
+
+class KernelCost(_Strict):
+    kernel: str
+    flops: float
+    bytes: float
+    time_us: float
+    bound: Literal["compute", "memory", "latency"]
+
+
+class CostEstimate(_Strict):
+    total_us: float
+    kernels: list[KernelCost]
+    launches: int
+    model: dict[str, float]
+
+
+class Provenance(_Strict):
+    planner: str
+    version: str
+    graph_hash: str
+    plan_hash: str = ""
+
+
+class Plan(_Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    workload: str
+    dtype: Literal["float16", "bfloat16"]
+    accum_dtype: Literal["float32"] = "float32"
+    graph: dict
+    derivation: list[Step]
+    tensors: list[GlobalTensor]
+    kernels: list[Kernel]
+    cost: CostEstimate
+    provenance: Provenance
+
+
+def canonical_json(data: dict) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def plan_hash(plan: Plan) -> str:
+    """Content hash of a plan, excluding the hash field itself."""
+    data = plan.model_dump(mode="json")
+    data["provenance"]["plan_hash"] = ""
+    return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
+
+
+def with_hash(plan: Plan) -> Plan:
+    prov = plan.provenance.model_copy(update={"plan_hash": plan_hash(plan)})
+    return plan.model_copy(update={"provenance": prov})
+
+
+def json_schema() -> dict:
+    return Plan.model_json_schema()

@@ -1,0 +1,102 @@
+"""Float64 numpy reference interpreter: the meaning of every graph."""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import numpy as np
+
+from pyrunner.graph import Graph, Term, result_axes, subterms
+
+_UNARY = {
+    "exp": np.exp,
+    "exp2": np.exp2,
+    "log": np.log,
+    "neg": np.negative,
+    "recip": lambda x: 1.0 / x,
+    "sqrt": np.sqrt,
+    "rsqrt": lambda x: 1.0 / np.sqrt(x),
+    "square": np.square,
+    "silu": lambda x: x / (1.0 + np.exp(-x)),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "tanh": np.tanh,
+    "gelu": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
+    "relu": lambda x: np.maximum(x, 0.0),
+    "abs": np.abs,
+}
+_BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "max": np.maximum,
+    "min": np.minimum,
+}
+
+
+def align(x: np.ndarray, have: tuple[str, ...], want: tuple[str, ...]) -> np.ndarray:
+    """View x (axes `have`) as broadcastable against axes `want` (have is a subset)."""
+    if not have:
+        return np.asarray(x)
+    perm = sorted(range(len(have)), key=lambda i: want.index(have[i]))
+    y = np.transpose(x, perm)
+    shape = [1] * len(want)
+    for i in perm:
+        shape[want.index(have[i])] = x.shape[i]
+    return y.reshape(shape)
+
+
+def evaluate_terms(roots: list[Term], sizes: Mapping[str, int],
+                   inputs: Mapping[str, np.ndarray], dtype=np.float64) -> dict[Term, np.ndarray]:
+    """Evaluate every term reachable from roots; returns the memo table."""
+    memo: dict[Term, np.ndarray] = {}
+    axes: dict[Term, tuple[str, ...]] = {}
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for t in subterms(roots):
+            ax = result_axes(t, axes)
+            if t.op == "input":
+                v = np.asarray(inputs[t.name], dtype=dtype)
+            elif t.op == "const":
+                v = np.asarray(t.value, dtype=dtype)
+            elif t.op == "axis_size":
+                v = np.asarray(float(sizes[t.axis]), dtype=dtype)
+            elif t.op == "unary":
+                v = _UNARY[t.fn](memo[t.args[0]]).astype(dtype)
+            elif t.op == "binary":
+                a, b = t.args
+                v = _BINARY[t.fn](align(memo[a], axes[a], ax), align(memo[b], axes[b], ax)).astype(dtype)
+                v = np.broadcast_to(v, tuple(sizes[x] for x in ax)).copy()
+            elif t.op == "reduce":
+                src_axes = axes[t.args[0]]
+                i = src_axes.index(t.axis)
+                fn = {"sum": np.sum, "max": np.max, "mean": np.mean}[t.fn]
+                v = fn(memo[t.args[0]], axis=i).astype(dtype)
+            elif t.op == "matmul":
+                a, b = t.args
+                letters = {n: chr(ord("a") + i) for i, n in enumerate(sorted(set(axes[a]) | set(axes[b])))}
+                spec = "".join(letters[n] for n in axes[a]) + "," + "".join(letters[n] for n in axes[b])
+                spec += "->" + "".join(letters[n] for n in ax)
+                v = np.einsum(spec, memo[a], memo[b]).astype(dtype)
+            else:  # pragma: no cover - check() rejects unknown ops first
+                raise ValueError(t.op)
+            memo[t] = v
+    return memo
+
+
+def evaluate(g: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Float64 value of each output of g, keyed by output name."""
+    memo = evaluate_terms([t for _, t in g.outputs], g.sizes, inputs)
+    return {n: memo[t] for n, t in g.outputs}
+
+
+def random_inputs(g: Graph, seed: int, scale: float = 0.5) -> dict[str, np.ndarray]:
+    """Fresh, never-zero random inputs (normal, std `scale`) for every graph input."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for t in sorted(g.inputs(), key=lambda t: t.name):
+        shape = tuple(g.sizes[a] for a in t.axes)
+        x = rng.standard_normal(shape) * scale
+        x[x == 0.0] = scale * 0.5
+        out[t.name] = x
+    return out

@@ -1,0 +1,131 @@
+"""Workload catalog: each workload is data built with the graph DSL.
+
+Default sizes are DESIGN section 4's; every size is a parameter
+(``Graph.with_sizes``). Nothing outside this file knows these names.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pyrunner.errors import GraphError
+from pyrunner.graph import Graph, GraphBuilder
+
+
+def attention(h: int = 16, t_q: int = 4096, t_kv: int = 4096, d: int = 128) -> Graph:
+    """softmax_{t_kv}(Q K^T) V per head; no scale, no mask."""
+    g = GraphBuilder("Attention")
+    q = g.input("Q", h=h, t_q=t_q, d=d)
+    k = g.input("K", h=h, t_kv=t_kv, d=d)
+    v = g.input("V", h=h, t_kv=t_kv, d=d)
+    s = g.matmul(q, k, contract="d", name="S")
+    p = g.softmax(s, axis="t_kv", name="P")
+    g.output("O", g.matmul(p, v, contract="t_kv"))
+    return g.build()
+
+
+def swiglu(m: int = 1024, n: int = 2048, d: int = 2048) -> Graph:
+    """silu(X W_gate) * (X W_up)."""
+    g = GraphBuilder("SwiGLU")
+    x = g.input("X", m=m, d=d)
+    wg = g.input("W_gate", d=d, n=n)
+    wu = g.input("W_up", d=d, n=n)
+    gate = g.unary("silu", g.matmul(x, wg, contract="d", name="G"))
+    g.output("Y", g.mul(gate, g.matmul(x, wu, contract="d", name="U")))
+    return g.build()
+
+
+def matmul(m: int = 1024, d: int = 4096, n: int = 4096) -> Graph:
+    """X W."""
+    g = GraphBuilder("Matmul")
+    x = g.input("X", m=m, d=d)
+    w = g.input("W", d=d, n=n)
+    g.output("Y", g.matmul(x, w, contract="d"))
+    return g.build()
+
+
+def rmsnorm(m: int = 1024, d: int = 4096, n: int = 4096) -> Graph:
+    """(X * S) W with S = 1/sqrt(mean_d(X^2) + 1e-6); no learned weight."""
+    g = GraphBuilder("RMSNorm")
+    x = g.input("X", m=m, d=d)
+    w = g.input("W", d=d, n=n)
+    g.output("Y", g.matmul(g.rmsnorm(x, axis="d", eps=1e-6, name="N"), w, contract="d"))
+    return g.build()
+
+
+def rmsnorm_mlp(m: int = 1024, d: int = 1024, n: int = 1024) -> Graph:
+    """(N W_up) * (N W_gate) with N = rmsnorm(X); no silu."""
+    g = GraphBuilder("RMSNormMLP")
+    x = g.input("X", m=m, d=d)
+    wu = g.input("W_up", d=d, n=n)
+    wg = g.input("W_gate", d=d, n=n)
+    nx = g.rmsnorm(x, axis="d", eps=1e-6, name="N")
+    g.output("Y", g.mul(g.matmul(nx, wu, contract="d"), g.matmul(nx, wg, contract="d")))
+    return g.build()
+
+
+def scaled_attention(h: int = 16, t_q: int = 4096, t_kv: int = 4096, d: int = 128) -> Graph:
+    """softmax(Q K^T / sqrt(d)) V: the scale must travel through the rewrites."""
+    g = GraphBuilder("ScaledAttention")
+    q = g.input("Q", h=h, t_q=t_q, d=d)
+    k = g.input("K", h=h, t_kv=t_kv, d=d)
+    v = g.input("V", h=h, t_kv=t_kv, d=d)
+    s = g.mul(g.matmul(q, k, contract="d"), g.unary("rsqrt", g.size("d")), name="S")
+    g.output("O", g.matmul(g.softmax(s, axis="t_kv", name="P"), v, contract="t_kv"))
+    return g.build()
+
+
+def gqa(kv_h: int = 4, group: int = 4, t_q: int = 4096, t_kv: int = 4096, d: int = 128) -> Graph:
+    """Grouped-query attention: `group` query heads share each K/V head."""
+    g = GraphBuilder("GroupedQueryAttention")
+    q = g.input("Q", kv_h=kv_h, group=group, t_q=t_q, d=d)
+    k = g.input("K", kv_h=kv_h, t_kv=t_kv, d=d)
+    v = g.input("V", kv_h=kv_h, t_kv=t_kv, d=d)
+    s = g.mul(g.matmul(q, k, contract="d"), g.unary("rsqrt", g.size("d")), name="S")
+    g.output("O", g.matmul(g.softmax(s, axis="t_kv", name="P"), v, contract="t_kv"))
+    return g.build()
+
+
+def geglu(m: int = 1024, n: int = 2048, d: int = 2048) -> Graph:
+    """gelu(X W_gate) * (X W_up), tanh-approximated gelu."""
+    g = GraphBuilder("GeGLU")
+    x = g.input("X", m=m, d=d)
+    wg = g.input("W_gate", d=d, n=n)
+    wu = g.input("W_up", d=d, n=n)
+    gate = g.unary("gelu", g.matmul(x, wg, contract="d", name="G"))
+    g.output("Y", g.mul(gate, g.matmul(x, wu, contract="d", name="U")))
+    return g.build()
+
+
+def layernorm_matmul(m: int = 1024, d: int = 4096, n: int = 4096) -> Graph:
+    """layernorm(X) W, no affine weight, eps 1e-5."""
+    g = GraphBuilder("LayerNormMatmul")
+    x = g.input("X", m=m, d=d)
+    w = g.input("W", d=d, n=n)
+    g.output("Y", g.matmul(g.layernorm(x, axis="d", eps=1e-5, name="N"), w, contract="d"))
+    return g.build()
+
+
+CATALOG: dict[str, Callable[..., Graph]] = {
+    "Attention": attention,
+    "SwiGLU": swiglu,
+    "Matmul": matmul,
+    "RMSNorm": rmsnorm,
+    "RMSNormMLP": rmsnorm_mlp,
+    "ScaledAttention": scaled_attention,
+    "GroupedQueryAttention": gqa,
+    "GeGLU": geglu,
+    "LayerNormMatmul": layernorm_matmul,
+}
+
+SEED_WORKLOADS = ("Attention", "SwiGLU", "Matmul", "RMSNorm", "RMSNormMLP")
+
+
+def get(name: str, sizes: dict[str, int] | None = None) -> Graph:
+    """The catalog workload `name`, resized by `sizes` (axis name -> extent)."""
+    by_lower = {k.lower(): k for k in CATALOG}
+    key = by_lower.get(name.lower())
+    if key is None:
+        raise GraphError(f"unknown workload {name!r}; the catalog has: {', '.join(CATALOG)}")
+    g = CATALOG[key]()
+    return g.with_sizes(sizes or {})
