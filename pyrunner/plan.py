@@ -84,13 +84,20 @@ class Const(_Strict):
     value: float
 
 
+class AxisSize(_Strict):
+    """The extent of a graph axis as a float (keeps expressions shape-generic)."""
+
+    kind: Literal["size"] = "size"
+    axis: str
+
+
 class Call(_Strict):
     kind: Literal["call"] = "call"
     fn: str
     args: list["Expr"]
 
 
-Expr = Annotated[Union[Ref, Const, Call], Field(discriminator="kind")]
+Expr = Annotated[Union[Ref, Const, AxisSize, Call], Field(discriminator="kind")]
 Call.model_rebuild()
 
 EXPR_FUNCTIONS = {

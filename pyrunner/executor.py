@@ -1,0 +1,239 @@
+"""CPU plan executor: runs a plan's kernels tile by tile in numpy.
+
+It follows the plan's loop structure exactly (grid blocks, the streamed
+loop, on-chip state and its updates) and emulates the storage precision of
+every buffer (float16/bfloat16 rounding on write, float32 accumulation), so
+the mathematics of a plan is checked on the CPU against the float64
+reference. ``scale_down`` gives the same plan at small shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from pyrunner.errors import PlanError
+from pyrunner.plan import (
+    AxisSize, Buffer, Call, Const, Expr, Fill, Gemm, Kernel, Load, Map, Plan, Reduce, Ref, Store,
+)
+from pyrunner.reference import _BINARY, _UNARY, align
+
+
+def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
+    """Round float32 values to the storage precision of `dtype`, kept as float32."""
+    x = np.asarray(x, dtype=np.float32)
+    if dtype == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        u = x.view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+        return u.view(np.float32)
+    return x
+
+
+def kernel_config(k: Kernel, config: dict | None) -> dict[str, int]:
+    cfg = dict(k.defaults)
+    cfg.update((config or {}).get(k.name, {}))
+    return cfg
+
+
+def resolve(v: int | str, cfg: dict[str, int]) -> int:
+    return cfg[v] if isinstance(v, str) else v
+
+
+def block_sizes(k: Kernel, cfg: dict[str, int]) -> dict[str, int]:
+    blocks = {g.axis: resolve(g.block, cfg) for g in k.grid}
+    if k.loop is not None:
+        blocks[k.loop.axis] = resolve(k.loop.block, cfg)
+    return blocks
+
+
+def axis_sizes(plan: Plan) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for t in plan.tensors:
+        sizes.update(zip(t.axes, t.shape))
+    sizes.update(plan.graph.get("axes", {}))
+    return sizes
+
+
+class _Block:
+    """State of one thread block while it runs."""
+
+    def __init__(self, k: Kernel, blocks: dict[str, int], coord: dict[str, int], sizes: dict[str, int]) -> None:
+        self.k, self.blocks, self.coord, self.sizes = k, blocks, coord, sizes
+        self.buf: dict[str, np.ndarray] = {}
+        self.info: dict[str, Buffer] = {b.name: b for b in k.buffers}
+        for b in k.buffers:
+            self.buf[b.name] = np.full([blocks[a] for a in b.axes], np.nan, dtype=np.float32)
+        self.step = 0
+
+    def region(self, axes: list[str]) -> tuple:
+        idx: list[object] = []
+        for a in axes:
+            if self.k.loop is not None and a == self.k.loop.axis:
+                b = self.blocks[a]
+                idx.append(slice(self.step * b, (self.step + 1) * b))
+            elif self.blocks.get(a) == 1:
+                idx.append(self.coord[a])
+            else:
+                b = self.blocks[a]
+                idx.append(slice(self.coord[a] * b, (self.coord[a] + 1) * b))
+        return tuple(idx)
+
+    def write(self, name: str, value: np.ndarray) -> None:
+        info = self.info[name]
+        shape = self.buf[name].shape
+        self.buf[name] = round_to(np.broadcast_to(value, shape), info.dtype).copy()
+
+    def expr(self, e: Expr, dst_axes: list[str]) -> np.ndarray:
+        if isinstance(e, Ref):
+            return align(self.buf[e.buf], tuple(self.info[e.buf].axes), tuple(dst_axes))
+        if isinstance(e, Const):
+            return np.float32(e.value)
+        if isinstance(e, AxisSize):
+            return np.float32(self.sizes[e.axis])
+        if isinstance(e, Call):
+            args = [self.expr(a, dst_axes) for a in e.args]
+            fn = _UNARY.get(e.fn) if len(args) == 1 else _BINARY.get(e.fn)
+            if fn is None:
+                raise PlanError(f"kernel {self.k.name}: unknown function {e.fn!r}")
+            return np.asarray(fn(*args), dtype=np.float32)
+        raise PlanError(f"kernel {self.k.name}: unknown expression {e!r}")
+
+    def run(self, ops: list, tensors: dict[str, np.ndarray], dtypes: dict[str, str],
+            taxes: dict[str, list[str]]) -> None:
+        for op in ops:
+            if isinstance(op, Load):
+                self.write(op.dst, tensors[op.src][self.region(taxes[op.src])])
+            elif isinstance(op, Store):
+                tensors[op.dst][self.region(taxes[op.dst])] = round_to(self.buf[op.src], dtypes[op.dst])
+            elif isinstance(op, Fill):
+                v = {"-inf": -np.inf, "inf": np.inf}.get(op.value, op.value) if isinstance(op.value, str) else op.value
+                self.buf[op.dst] = np.full(self.buf[op.dst].shape, v, dtype=np.float32)
+            elif isinstance(op, Gemm):
+                a, b = self.buf[op.a], self.buf[op.b]
+                if self.info[op.a].axes[0] == op.contract:
+                    a = a.T
+                if self.info[op.b].axes[1] == op.contract:
+                    b = b.T
+                prod = np.matmul(a.astype(np.float32), b.astype(np.float32))
+                self.write(op.c, prod if op.clear else self.buf[op.c] + prod)
+            elif isinstance(op, Map):
+                with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                    self.write(op.dst, self.expr(op.expr, self.info[op.dst].axes))
+            elif isinstance(op, Reduce):
+                i = self.info[op.src].axes.index(op.axis)
+                fn = np.max if op.fn == "max" else np.sum
+                r = fn(self.buf[op.src], axis=i)
+                if op.accumulate:
+                    r = np.maximum(self.buf[op.dst], r) if op.fn == "max" else self.buf[op.dst] + r
+                self.write(op.dst, r)
+            else:  # pragma: no cover - the schema admits no other op
+                raise PlanError(f"kernel {self.k.name}: unknown op {op!r}")
+
+
+def run_kernel(k: Kernel, cfg: dict[str, int], sizes: dict[str, int], tensors: dict[str, np.ndarray],
+               dtypes: dict[str, str], taxes: dict[str, list[str]]) -> None:
+    blocks = block_sizes(k, cfg)
+    for a, b in blocks.items():
+        if sizes[a] % b:
+            raise PlanError(f"kernel {k.name}: block {b} does not divide axis {a} of size {sizes[a]}")
+    grid_axes = [g.axis for g in k.grid]
+    extents = [sizes[a] // blocks[a] for a in grid_axes]
+    n_iter = sizes[k.loop.axis] // blocks[k.loop.axis] if k.loop is not None else 0
+    for coords in itertools.product(*(range(e) for e in extents)):
+        blk = _Block(k, blocks, dict(zip(grid_axes, coords)), sizes)
+        blk.run(k.prologue, tensors, dtypes, taxes)
+        for step in range(n_iter):
+            blk.step = step
+            blk.run(k.body, tensors, dtypes, taxes)
+        if k.loop is None:
+            blk.run(k.body, tensors, dtypes, taxes)
+        blk.run(k.epilogue, tensors, dtypes, taxes)
+
+
+def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None) -> dict[str, np.ndarray]:
+    """Run every kernel of the plan on the CPU; returns outputs (float64) by name.
+
+    Inputs are rounded to the plan's dtype first, as the GPU would see them;
+    outputs and intermediates start as NaN (poisoned) so an unwritten tile shows.
+    """
+    sizes = axis_sizes(plan)
+    tensors: dict[str, np.ndarray] = {}
+    dtypes = {t.name: t.dtype for t in plan.tensors}
+    taxes = {t.name: list(t.axes) for t in plan.tensors}
+    for t in plan.tensors:
+        if t.role == "input":
+            if t.name not in inputs:
+                raise PlanError(f"missing input tensor {t.name!r}")
+            x = np.asarray(inputs[t.name], dtype=np.float32)
+            if list(x.shape) != list(t.shape):
+                raise PlanError(f"input {t.name!r} has shape {list(x.shape)}, plan expects {t.shape}")
+            tensors[t.name] = round_to(x, t.dtype)
+        else:
+            tensors[t.name] = np.full(t.shape, np.nan, dtype=np.float32)
+    for k in plan.kernels:
+        run_kernel(k, kernel_config(k, config), sizes, tensors, dtypes, taxes)
+    return {t.name: tensors[t.name].astype(np.float64) for t in plan.tensors if t.role == "output"}
+
+
+# --- scaling a plan down to CPU-sized shapes ------------------------------------
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def scale_down(plan: Plan, tile_cap: int = 16, tiles: int = 2, indexed_cap: int = 2) -> Plan:
+    """The same plan (kernels, ops, loop structure) at small shapes.
+
+    Every tiled axis keeps at least `tiles` tiles so grid and loop logic are
+    exercised; axes only ever indexed (batch-like) shrink to `indexed_cap`.
+    """
+    sizes = axis_sizes(plan)
+    roles: dict[str, set[str]] = {a: set() for a in sizes}
+    for k in plan.kernels:
+        for g in k.grid:
+            roles[g.axis].add("indexed" if g.block == 1 else ("param" if isinstance(g.block, str) else "full"))
+        if k.loop is not None:
+            roles[k.loop.axis].add("param" if isinstance(k.loop.block, str) else "full")
+    new_sizes: dict[str, int] = {}
+    for a, n in sizes.items():
+        if roles[a] == {"indexed"}:
+            new_sizes[a] = min(n, indexed_cap)
+        else:
+            new_sizes[a] = min(n, tile_cap * tiles)
+    kernels = []
+    for k in plan.kernels:
+        params = dict(k.params)
+        defaults = dict(k.defaults)
+        grid = []
+        for g in k.grid:
+            if isinstance(g.block, int) and g.block != 1:
+                g = g.model_copy(update={"block": new_sizes[g.axis]})
+            grid.append(g)
+        blocked = {g.axis: g.block for g in k.grid if isinstance(g.block, str)}
+        if k.loop is not None and isinstance(k.loop.block, str):
+            blocked[k.loop.axis] = k.loop.block
+        for a, p in blocked.items():
+            v = _divisor_at_most(new_sizes[a], min(defaults[p], tile_cap))
+            defaults[p] = v
+            params[p] = sorted({x for x in params[p] if new_sizes[a] % x == 0} | {v})
+        loop = k.loop
+        if loop is not None and isinstance(loop.block, int):
+            loop = loop.model_copy(update={"block": new_sizes[loop.axis]})
+        kernels.append(k.model_copy(update={"grid": grid, "loop": loop, "params": params, "defaults": defaults}))
+    tensors = [t.model_copy(update={"shape": [new_sizes[a] for a in t.axes]}) for t in plan.tensors]
+    graph = dict(plan.graph)
+    if "axes" in graph:
+        graph["axes"] = {a: new_sizes[a] for a in graph["axes"]}
+    return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph})
+
+
+def max_rel_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """Normalised max error: max|out-ref| / max|ref| (NaN anywhere counts as failure)."""
+    if not np.all(np.isfinite(out)):
+        return math.inf
+    scale = float(np.max(np.abs(ref))) or 1.0
+    return float(np.max(np.abs(out - ref))) / scale

@@ -1,0 +1,52 @@
+"""--explain: a plan's derivation and cost in a kernel engineer's words."""
+
+from __future__ import annotations
+
+from pyrunner.plan import Gemm, Kernel, Plan, Reduce
+
+
+def _kernel_words(k: Kernel, tensors: dict[str, list[str]]) -> list[str]:
+    grid = ", ".join(
+        f"{g.axis}" + ("" if g.block == 1 else f"/{k.defaults.get(g.block, g.block) if isinstance(g.block, str) else g.block}")
+        for g in k.grid)
+    lines = [f"kernel {k.name}: grid over ({grid}), {k.defaults.get('threads', k.threads)} threads"]
+    if k.loop is not None:
+        blk = k.defaults.get(k.loop.block, k.loop.block) if isinstance(k.loop.block, str) else k.loop.block
+        stages = k.defaults.get(k.loop.stages, k.loop.stages) if isinstance(k.loop.stages, str) else k.loop.stages
+        lines.append(f"  streams {k.loop.axis} in tiles of {blk}, {stages}-stage pipeline")
+    state = [b.name for b in k.buffers if b.state]
+    if state:
+        lines.append(f"  on-chip state across the loop: {', '.join(state)}")
+    gemms = [op for op in k.prologue + k.body + k.epilogue if isinstance(op, Gemm)]
+    if gemms:
+        lines.append("  tensor-core GEMMs: " + "; ".join(
+            f"{g.c} {'=' if g.clear else '+='} {g.a} @ {g.b} over {g.contract}" for g in gemms))
+    reds = [op for op in k.prologue + k.body + k.epilogue if isinstance(op, Reduce)]
+    if reds:
+        lines.append("  reductions: " + "; ".join(f"{r.fn} of {r.src} over {r.axis} -> {r.dst}" for r in reds))
+    lines.append(f"  reads {', '.join(k.reads)}; writes {', '.join(k.writes)}")
+    if k.fused_rules:
+        lines.append(f"  loop rules: {', '.join(k.fused_rules)}")
+    return lines
+
+
+def explain(plan: Plan) -> str:
+    """Readable summary: derivation steps, kernels, materialized tensors, predicted cost."""
+    out = [f"plan {plan.provenance.plan_hash} for {plan.workload} ({plan.dtype}), "
+           f"{len(plan.kernels)} kernel(s), predicted {plan.cost.total_us:.1f} us"]
+    out.append("derivation:")
+    if not plan.derivation:
+        out.append("  (none: the graph as written)")
+    for i, s in enumerate(plan.derivation, 1):
+        out.append(f"  {i}. {s.rule} at {s.at}")
+    inter = [t for t in plan.tensors if t.role == "intermediate"]
+    out.append("global memory: " + (", ".join(f"{t.name}{t.shape}" for t in inter) + " materialized between kernels"
+                                    if inter else "only inputs and outputs (no intermediate reaches HBM)"))
+    tensors = {t.name: t.axes for t in plan.tensors}
+    for k in plan.kernels:
+        out.extend(_kernel_words(k, tensors))
+    out.append("cost model:")
+    for kc in plan.cost.kernels:
+        out.append(f"  {kc.kernel}: {kc.time_us:.1f} us, {kc.bound}-bound, "
+                   f"{kc.flops / 1e9:.2f} GFLOP, {kc.bytes / 1e6:.1f} MB moved")
+    return "\n".join(out)
