@@ -61,8 +61,9 @@ def axis_sizes(plan: Plan) -> dict[str, int]:
 class _Block:
     """State of one thread block while it runs."""
 
-    def __init__(self, k: Kernel, blocks: dict[str, int], coord: dict[str, int], sizes: dict[str, int]) -> None:
-        self.k, self.blocks, self.coord, self.sizes = k, blocks, coord, sizes
+    def __init__(self, k: Kernel, blocks: dict[str, int], coord: dict[str, int], sizes: dict[str, int],
+                 exact: bool) -> None:
+        self.k, self.blocks, self.coord, self.sizes, self.exact = k, blocks, coord, sizes, exact
         self.buf: dict[str, np.ndarray] = {}
         self.info: dict[str, Buffer] = {b.name: b for b in k.buffers}
         for b in k.buffers:
@@ -85,7 +86,8 @@ class _Block:
     def write(self, name: str, value: np.ndarray) -> None:
         info = self.info[name]
         shape = self.buf[name].shape
-        self.buf[name] = round_to(np.broadcast_to(value, shape), info.dtype).copy()
+        dtype = "float32" if self.exact else info.dtype
+        self.buf[name] = round_to(np.broadcast_to(value, shape), dtype).copy()
 
     def expr(self, e: Expr, dst_axes: list[str]) -> np.ndarray:
         if isinstance(e, Ref):
@@ -108,7 +110,8 @@ class _Block:
             if isinstance(op, Load):
                 self.write(op.dst, tensors[op.src][self.region(taxes[op.src])])
             elif isinstance(op, Store):
-                tensors[op.dst][self.region(taxes[op.dst])] = round_to(self.buf[op.src], dtypes[op.dst])
+                dtype = "float32" if self.exact else dtypes[op.dst]
+                tensors[op.dst][self.region(taxes[op.dst])] = round_to(self.buf[op.src], dtype)
             elif isinstance(op, Fill):
                 v = {"-inf": -np.inf, "inf": np.inf}.get(op.value, op.value) if isinstance(op.value, str) else op.value
                 self.buf[op.dst] = np.full(self.buf[op.dst].shape, v, dtype=np.float32)
@@ -135,7 +138,7 @@ class _Block:
 
 
 def run_kernel(k: Kernel, cfg: dict[str, int], sizes: dict[str, int], tensors: dict[str, np.ndarray],
-               dtypes: dict[str, str], taxes: dict[str, list[str]]) -> None:
+               dtypes: dict[str, str], taxes: dict[str, list[str]], exact: bool = False) -> None:
     blocks = block_sizes(k, cfg)
     for a, b in blocks.items():
         if sizes[a] % b:
@@ -144,7 +147,7 @@ def run_kernel(k: Kernel, cfg: dict[str, int], sizes: dict[str, int], tensors: d
     extents = [sizes[a] // blocks[a] for a in grid_axes]
     n_iter = sizes[k.loop.axis] // blocks[k.loop.axis] if k.loop is not None else 0
     for coords in itertools.product(*(range(e) for e in extents)):
-        blk = _Block(k, blocks, dict(zip(grid_axes, coords)), sizes)
+        blk = _Block(k, blocks, dict(zip(grid_axes, coords)), sizes, exact)
         blk.run(k.prologue, tensors, dtypes, taxes)
         for step in range(n_iter):
             blk.step = step
@@ -154,11 +157,14 @@ def run_kernel(k: Kernel, cfg: dict[str, int], sizes: dict[str, int], tensors: d
         blk.run(k.epilogue, tensors, dtypes, taxes)
 
 
-def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None) -> dict[str, np.ndarray]:
+def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None,
+            exact: bool = False) -> dict[str, np.ndarray]:
     """Run every kernel of the plan on the CPU; returns outputs (float64) by name.
 
     Inputs are rounded to the plan's dtype first, as the GPU would see them;
     outputs and intermediates start as NaN (poisoned) so an unwritten tile shows.
+    With ``exact`` every buffer is float32 (checks the plan's algebra alone,
+    against a float32-level tolerance).
     """
     sizes = axis_sizes(plan)
     tensors: dict[str, np.ndarray] = {}
@@ -171,11 +177,11 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
             x = np.asarray(inputs[t.name], dtype=np.float32)
             if list(x.shape) != list(t.shape):
                 raise PlanError(f"input {t.name!r} has shape {list(x.shape)}, plan expects {t.shape}")
-            tensors[t.name] = round_to(x, t.dtype)
+            tensors[t.name] = x if exact else round_to(x, t.dtype)
         else:
             tensors[t.name] = np.full(t.shape, np.nan, dtype=np.float32)
     for k in plan.kernels:
-        run_kernel(k, kernel_config(k, config), sizes, tensors, dtypes, taxes)
+        run_kernel(k, kernel_config(k, config), sizes, tensors, dtypes, taxes, exact)
     return {t.name: tensors[t.name].astype(np.float64) for t in plan.tensors if t.role == "output"}
 
 
