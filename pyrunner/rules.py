@@ -1,0 +1,288 @@
+"""Rewrite-rule registry: named equalities with side conditions.
+
+Each rule's ``name`` equals the Lean theorem that proves it. Algebraic rules
+rewrite a graph term into an equal term (``apply`` at a root, ``rewrites``
+over a whole graph). Schedule rules say how a loop may compute a term (tiles,
+online state, fused loops); the planner cites them when it forms loops, so they
+have no ``apply``. Every rule has a symbolic check in ``pyrunner.symbolic``.
+
+Matching is by structure and axes only. A rewrite must also keep the matched
+term's axis order, so that every user of the term (and every output layout)
+is unchanged; where an operand order decides the order, the rule picks the one
+that keeps it, and otherwise declines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from pyrunner.errors import UserError
+from pyrunner.graph import (
+    LOG2E,
+    Graph,
+    Term,
+    axis_size,
+    binary,
+    const,
+    matmul,
+    reduce,
+    result_axes,
+    subterms,
+    unary,
+)
+
+
+class RuleError(UserError):
+    """A rule name that the registry does not know."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One proven rewrite: name (= Lean theorem), kind, statement, and for algebraic rules `apply`."""
+
+    name: str
+    kind: Literal["algebraic", "schedule"]
+    statement: str
+    apply: Callable[[Term], Term | None] | None
+
+
+# --- helpers -------------------------------------------------------------------
+
+def _keeps_axes(old: Term, new: Term) -> Term | None:
+    """`new` if it has exactly old's axes in old's order, else None (the rewrite declines)."""
+    return new if result_axes(new) == result_axes(old) else None
+
+
+def _is_binary(t: Term, fn: str) -> bool:
+    return t.op == "binary" and t.fn == fn
+
+
+def _is_max_shifted(x: Term, a: str) -> bool:
+    """Whether x is already y - max_a(y), possibly scaled by a positive constant.
+
+    Such an x has max_a(x) == 0, so shifting it again gains nothing; refusing
+    here keeps repeated rule application finite (also after exp_to_exp2 turns
+    exp(y - m) into exp2((y - m) * LOG2E)).
+    """
+    if _is_binary(x, "sub"):
+        y, m = x.args
+        return m == reduce("max", y, a)
+    if _is_binary(x, "mul"):
+        p, q = x.args
+        if q.op == "const" and q.value > 0:
+            return _is_max_shifted(p, a)
+        if p.op == "const" and p.value > 0:
+            return _is_max_shifted(q, a)
+    if _is_binary(x, "div"):
+        p, q = x.args
+        return q.op == "const" and q.value > 0 and _is_max_shifted(p, a)
+    return False
+
+
+# --- algebraic rules -------------------------------------------------------------
+
+def softmax_max_shift(t: Term) -> Term | None:
+    """div(E(x), sum_a E(x)) -> div(E(x - max_a x), sum_a E(x - max_a x)), E in {exp, exp2}."""
+    if not _is_binary(t, "div"):
+        return None
+    num, den = t.args
+    if num.op != "unary" or num.fn not in ("exp", "exp2"):
+        return None
+    if den.op != "reduce" or den.fn != "sum" or den.args[0] != num:
+        return None
+    x, a = num.args[0], den.axis
+    if a not in result_axes(x) or _is_max_shifted(x, a):
+        return None
+    shifted = unary(num.fn, binary("sub", x, reduce("max", x, a)))
+    return _keeps_axes(t, binary("div", shifted, reduce("sum", shifted, a)))
+
+
+def _pull_out_of_matmul(t: Term, fn: str, scale_side: Literal["right", "either"]) -> Term | None:
+    """matmul(op(X, s), W, a) -> op(matmul(X, W, a), s) when a is not an axis of s.
+
+    `fn` is the elementwise op (mul or div); the op may be either matmul operand.
+    `scale_side` says which operand of the op may be the scale s: only the
+    right one for div (l in P / l), either one for the commutative mul.
+    """
+    if t.op != "matmul":
+        return None
+    a = t.axis
+    for side in (0, 1):
+        inner, other = t.args[side], t.args[1 - side]
+        if not _is_binary(inner, fn):
+            continue
+        p, q = inner.args
+        candidates = [(p, q)] if scale_side == "right" else [(p, q), (q, p)]
+        for x, s in candidates:
+            if a in result_axes(s):
+                continue
+            mm = matmul(x, other, a) if side == 0 else matmul(other, x, a)
+            orders = [(mm, s)] if fn == "div" else [(mm, s), (s, mm)]
+            for first, second in orders:
+                new = _keeps_axes(t, binary(fn, first, second))
+                if new is not None:
+                    return new
+    return None
+
+
+def matmul_div_commute(t: Term) -> Term | None:
+    """matmul(div(P, l), V, a) -> div(matmul(P, V, a), l) when a is not an axis of l (either operand)."""
+    return _pull_out_of_matmul(t, "div", "right")
+
+
+def matmul_row_scale_commute(t: Term) -> Term | None:
+    """matmul(mul(X, s), W, a) -> mul(matmul(X, W, a), s) when a is not an axis of s (either order/operand)."""
+    return _pull_out_of_matmul(t, "mul", "either")
+
+
+def exp_to_exp2(t: Term) -> Term | None:
+    """exp(x) -> exp2(x * LOG2E)."""
+    if t.op != "unary" or t.fn != "exp":
+        return None
+    return _keeps_axes(t, unary("exp2", binary("mul", t.args[0], const(LOG2E))))
+
+
+def mean_to_sum_div(t: Term) -> Term | None:
+    """mean_a(x) -> sum_a(x) / |a|."""
+    if t.op != "reduce" or t.fn != "mean":
+        return None
+    return _keeps_axes(t, binary("div", reduce("sum", t.args[0], t.axis), axis_size(t.axis)))
+
+
+# --- the registry ------------------------------------------------------------------
+
+_RULE_LIST = (
+    Rule(
+        "softmax_max_shift", "algebraic",
+        "E(x) / sum_a E(x) = E(x - m) / sum_a E(x - m) with m = max_a(x), for E in {exp, exp2}, "
+        "when a is an axis of x (holds for any m constant along a; the max keeps E(x - m) <= 1). "
+        "Not applied to an x that is already y - max_a(y) (or that times a positive constant).",
+        softmax_max_shift,
+    ),
+    Rule(
+        "matmul_div_commute", "algebraic",
+        "(P / l) @_a V = (P @_a V) / l, and V @_a (P / l) = (V @_a P) / l, "
+        "when the contracted axis a is not an axis of l (delayed normalisation).",
+        matmul_div_commute,
+    ),
+    Rule(
+        "matmul_row_scale_commute", "algebraic",
+        "(X * s) @_a W = (X @_a W) * s, for either operand order of the product and either matmul "
+        "operand, when the contracted axis a is not an axis of s (row-scale commutation).",
+        matmul_row_scale_commute,
+    ),
+    Rule(
+        "exp_to_exp2", "algebraic",
+        "exp(x) = exp2(x * log2(e)); LOG2E is log2(e) rounded to float64.",
+        exp_to_exp2,
+    ),
+    Rule(
+        "mean_to_sum_div", "algebraic",
+        "mean_a(x) = sum_a(x) / |a|, where |a| is the size of axis a.",
+        mean_to_sum_div,
+    ),
+    Rule(
+        "reduction_tiling", "schedule",
+        "A sum or max over axis a of size T*k equals the same reduction over T tiles of k elements, "
+        "combined by the associative update: running sum r' = r + sum(tile) from r = 0, "
+        "running max r' = max(r, max(tile)) from r = -inf.",
+        None,
+    ),
+    Rule(
+        "online_softmax_rescale", "schedule",
+        "Streaming axis a in tiles with state (m, l, o), m = -inf, l = 0, o = 0: after tile j, "
+        "m' = max(m, max_j x), l' = l * exp(m - m') + sum_j exp(x - m'), "
+        "o' = o * exp(m - m') + sum_j exp(x - m') * v; at the end o / l = softmax_a(x) @_a v. "
+        "The rescaled state equals the direct one for any running shifts m (the max only bounds the "
+        "exponent), so any sum over a whose summand carries exp(x - m) may be kept this way, and "
+        "likewise exp2 with a prescaled x.",
+        None,
+    ),
+    Rule(
+        "shared_operand_fusion", "schedule",
+        "Two matmuls X @_a W1 and X @_a W2 (or X1 @_a W and X2 @_a W) that contract the same axis a "
+        "with a shared operand are computed in one loop over tiles of a: each step loads the shared "
+        "operand's tile once and updates both accumulators; the results equal the separate matmuls.",
+        None,
+    ),
+    Rule(
+        "reduction_in_contraction_loop", "schedule",
+        "A reduction over the axis a that a matmul contracts (e.g. sum_a f(X) beside X @_a W) is "
+        "accumulated tile by tile inside the matmul's loop over a, from the same loaded tile of X; "
+        "the accumulated value equals the direct reduction.",
+        None,
+    ),
+)
+
+RULES: dict[str, Rule] = {r.name: r for r in _RULE_LIST}
+RULE_NAMES: tuple[str, ...] = tuple(RULES)
+ALGEBRAIC_RULE_NAMES: tuple[str, ...] = tuple(r.name for r in _RULE_LIST if r.kind == "algebraic")
+SCHEDULE_RULE_NAMES: tuple[str, ...] = tuple(r.name for r in _RULE_LIST if r.kind == "schedule")
+
+
+def get_rule(name: str) -> Rule:
+    """The rule called `name`; a RuleError listing the known names otherwise."""
+    rule = RULES.get(name)
+    if rule is None:
+        raise RuleError(f"unknown rule {name!r}; known rules: {', '.join(RULE_NAMES)}")
+    return rule
+
+
+# --- applying rules to graphs ---------------------------------------------------------
+
+def substitution_map(roots: Iterable[Term], old: Term, new: Term) -> dict[Term, Term]:
+    """Each term reachable from roots mapped to its rebuilt version with `old` replaced by `new`.
+
+    Every occurrence of `old` in the DAG is replaced (shared subterms are one
+    value); `new` itself is inserted as is, not searched.
+    """
+    mapping: dict[Term, Term] = {}
+    for t in subterms(roots):
+        if t == old:
+            mapping[t] = new
+            continue
+        args = tuple(mapping[a] for a in t.args)
+        mapping[t] = t if args == t.args else t.replace_args(args)
+    return mapping
+
+
+def substitute(roots: Iterable[Term], old: Term, new: Term) -> tuple[Term, ...]:
+    """The roots with every occurrence of `old` replaced by `new`."""
+    roots = tuple(roots)
+    mapping = substitution_map(roots, old, new)
+    return tuple(mapping[r] for r in roots)
+
+
+def replace_in_graph(g: Graph, old: Term, new: Term) -> Graph:
+    """g with `old` replaced by `new` everywhere; labels follow the terms they named."""
+    mapping = substitution_map(g.key(), old, new)
+    labels: dict[Term, str] = {}
+    for t, name in g.labels.items():
+        labels.setdefault(mapping.get(t, t), name)
+    outputs = tuple((n, mapping[t]) for n, t in g.outputs)
+    return Graph(g.name, g.sizes, outputs, labels)
+
+
+def rewrites(g: Graph, rule: Rule) -> list[tuple[Graph, Term]]:
+    """Every graph from applying `rule` at one subterm of g, paired with the matched term.
+
+    Each distinct subterm is one position (a shared subterm is rewritten
+    everywhere it occurs). Graphs equal to one already produced are dropped.
+    Schedule rules have no `apply` and give no rewrites.
+    """
+    if rule.apply is None:
+        return []
+    out: list[tuple[Graph, Term]] = []
+    seen: set[tuple[Term, ...]] = {g.key()}
+    for t in g.terms():
+        new = rule.apply(t)
+        if new is None or new == t or result_axes(new) != result_axes(t):
+            continue
+        g2 = replace_in_graph(g, t, new)
+        if g2.key() in seen:
+            continue
+        seen.add(g2.key())
+        out.append((g2, t))
+    return out

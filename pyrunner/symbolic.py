@@ -1,0 +1,531 @@
+"""Symbolic checks of the rewrite rules (sympy for algebra, z3 for max).
+
+The Lean theorems are the proofs of record, but Lean cannot run here
+(DESIGN section 3), so CI checks every rule in Python instead:
+
+* algebraic rules: the rule's own ``apply`` rewrites a small pattern graph;
+  both sides are evaluated over symbolic entries at small fixed sizes and
+  their difference must simplify to zero (plus the abstract identity where it
+  is more general, e.g. any shift m in softmax);
+* schedule rules: the tiled / online / fused loop is run over symbolic tiles
+  and must give exactly the direct value; max goes through z3 over the reals.
+
+Before simplifying, each claimed equality is probed numerically at random
+points, so a false identity is REFUTED with a counterexample rather than
+merely "not proved". ``WRONG_VARIANTS`` are deliberately false rules that the
+same machinery must reject (tests check that it does).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import sympy as sp
+import z3
+
+from pyrunner.graph import (
+    LOG2E,
+    Term,
+    binary,
+    inp,
+    matmul,
+    reduce,
+    result_axes,
+    subterms,
+    unary,
+)
+from pyrunner.rules import RULE_NAMES, RULES, RuleError
+
+
+@dataclass(frozen=True)
+class ProofResult:
+    """Outcome of one check: ok, and a one-paragraph account of what was shown (or refuted)."""
+
+    ok: bool
+    detail: str
+
+
+class _Refuted(Exception):
+    """A claimed equality is false at a concrete point (carries the message)."""
+
+
+class _Unproved(Exception):
+    """A claimed equality survived probing but did not simplify to zero."""
+
+
+# --- core machinery -------------------------------------------------------------------
+
+def exp2(y: sp.Expr) -> sp.Expr:
+    """2**y written as exp(y ln 2), its definition, so exp/exp2 mix in one normal form."""
+    return sp.exp(y * sp.log(2))
+
+
+_PROBE_SEED = 20240601
+
+
+def _probe(diff: sp.Expr, what: str, points: int = 4) -> None:
+    """Evaluate diff at random positive points; raise _Refuted where it is clearly nonzero."""
+    syms = sorted(diff.free_symbols, key=lambda s: s.name)
+    if not syms:
+        val = complex(sp.N(diff))
+        if abs(val) > 1e-9:
+            raise _Refuted(f"{what}: constant difference {val:.6g}")
+        return
+    f = sp.lambdify(syms, diff, modules=["math"])
+    rng = random.Random(_PROBE_SEED)
+    for _ in range(points):
+        point = [rng.uniform(0.3, 2.0) for _ in syms]
+        val = f(*point)
+        if abs(val) > 1e-9:
+            at = ", ".join(f"{s}={v:.3f}" for s, v in list(zip(syms, point))[:6])
+            raise _Refuted(f"{what}: differs by {val:.6g} at {at}{', ...' if len(syms) > 6 else ''}")
+
+
+def _is_zero(diff: sp.Expr) -> bool:
+    d = sp.expand(diff, power_exp=True)
+    if d == 0 or sp.cancel(sp.together(d)) == 0:
+        return True
+    return sp.simplify(d) == 0
+
+
+def assert_equal(lhs: sp.Expr, rhs: sp.Expr, what: str) -> None:
+    """Probe, then simplify lhs - rhs to zero; raises _Refuted or _Unproved."""
+    diff = sp.sympify(lhs) - sp.sympify(rhs)
+    _probe(diff, what)
+    if not _is_zero(diff):
+        raise _Unproved(f"{what}: lhs - rhs did not simplify to 0")
+
+
+def assert_valid(claim: z3.BoolRef, what: str) -> None:
+    """z3: the claim holds for all values of its free variables (its negation is unsat)."""
+    s = z3.Solver()
+    s.add(z3.Not(claim))
+    res = s.check()
+    if res == z3.sat:
+        raise _Refuted(f"{what}: z3 counterexample {s.model()}")
+    if res != z3.unsat:
+        raise _Unproved(f"{what}: z3 answered {res}")
+
+
+def _run(checks: Callable[[], list[str]]) -> ProofResult:
+    """Run a check body that returns what it showed; turn failures into a not-ok result."""
+    try:
+        shown = checks()
+    except _Refuted as e:
+        return ProofResult(False, f"refuted: {e}")
+    except _Unproved as e:
+        return ProofResult(False, f"not proved: {e}")
+    return ProofResult(True, "; ".join(shown))
+
+
+# --- symbolic evaluation of graph terms ---------------------------------------------------
+
+_SYM_UNARY: dict[str, Callable[[sp.Expr], sp.Expr]] = {
+    "exp": sp.exp,
+    "exp2": exp2,
+    "log": sp.log,
+    "neg": lambda x: -x,
+    "recip": lambda x: 1 / x,
+    "sqrt": sp.sqrt,
+    "rsqrt": lambda x: 1 / sp.sqrt(x),
+    "square": lambda x: x**2,
+    "silu": lambda x: x / (1 + sp.exp(-x)),
+    "sigmoid": lambda x: 1 / (1 + sp.exp(-x)),
+    "tanh": sp.tanh,
+    "relu": lambda x: sp.Max(x, 0),
+    "abs": sp.Abs,
+}
+_SYM_BINARY: dict[str, Callable[[sp.Expr, sp.Expr], sp.Expr]] = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "div": lambda a, b: a / b,
+    "max": sp.Max,
+    "min": sp.Min,
+}
+
+
+def _sym_const(value: float) -> sp.Expr:
+    """Exact value of a graph constant; LOG2E stands for log2(e) itself (checked separately)."""
+    if value == LOG2E:
+        return 1 / sp.log(2)
+    return sp.Rational(value)
+
+
+@dataclass(frozen=True)
+class SymTensor:
+    """A tensor over named axes with one sympy expression per index tuple."""
+
+    axes: tuple[str, ...]
+    vals: dict[tuple[int, ...], sp.Expr]
+
+    def at(self, env: dict[str, int]) -> sp.Expr:
+        return self.vals[tuple(env[a] for a in self.axes)]
+
+
+def sym_evaluate(roots: Sequence[Term], sizes: dict[str, int]) -> dict[Term, SymTensor]:
+    """Evaluate terms over symbolic inputs: input X's entry (i, j) is the real symbol X[i,j]."""
+    memo: dict[Term, SymTensor] = {}
+    for t in subterms(roots):
+        axes = result_axes(t)
+        vals: dict[tuple[int, ...], sp.Expr] = {}
+        for idx in itertools.product(*(range(sizes[a]) for a in axes)):
+            env = dict(zip(axes, idx))
+            vals[idx] = _sym_entry(t, env, memo, sizes)
+        memo[t] = SymTensor(axes, vals)
+    return memo
+
+
+def _sym_entry(t: Term, env: dict[str, int], memo: dict[Term, SymTensor], sizes: dict[str, int]) -> sp.Expr:
+    if t.op == "input":
+        return sp.Symbol(f"{t.name}[{','.join(str(env[a]) for a in t.axes)}]", real=True)
+    if t.op == "const":
+        return _sym_const(t.value)
+    if t.op == "axis_size":
+        return sp.Integer(sizes[t.axis])
+    args = [memo[a] for a in t.args]
+    if t.op == "unary":
+        return _SYM_UNARY[t.fn](args[0].at(env))
+    if t.op == "binary":
+        return _SYM_BINARY[t.fn](args[0].at(env), args[1].at(env))
+    n = sizes[t.axis]
+    if t.op == "reduce":
+        items = [args[0].at({**env, t.axis: i}) for i in range(n)]
+        if t.fn == "sum":
+            return sp.Add(*items)
+        if t.fn == "mean":
+            return sp.Add(*items) / n
+        return sp.Max(*items)
+    if t.op == "matmul":
+        return sp.Add(*(args[0].at({**env, t.axis: i}) * args[1].at({**env, t.axis: i}) for i in range(n)))
+    raise ValueError(f"cannot evaluate op {t.op!r} symbolically")
+
+
+def assert_terms_equal(lhs: Term, rhs: Term, sizes: dict[str, int], what: str) -> None:
+    """Both terms have the same axes and entrywise equal symbolic values at these sizes."""
+    la, ra = result_axes(lhs), result_axes(rhs)
+    if la != ra:
+        raise _Refuted(f"{what}: the two sides have different axes {list(la)} and {list(ra)}")
+    memo = sym_evaluate([lhs, rhs], sizes)
+    for idx, v in memo[lhs].vals.items():
+        assert_equal(v, memo[rhs].vals[idx], f"{what}, entry {idx}")
+
+
+def assert_rule_instance(rule_name: str, lhs: Term, sizes: dict[str, int], what: str) -> Term:
+    """Apply the registered rule to lhs (it must fire) and check the result equals lhs."""
+    apply = RULES[rule_name].apply
+    assert apply is not None
+    rhs = apply(lhs)
+    if rhs is None:
+        raise _Unproved(f"{what}: the rule did not apply to {lhs}")
+    assert_terms_equal(lhs, rhs, sizes, what)
+    return rhs
+
+
+# --- algebraic rules --------------------------------------------------------------------
+
+def _syms(prefix: str, n: int) -> list[sp.Symbol]:
+    return [sp.Symbol(f"{prefix}{i}", real=True) for i in range(n)]
+
+
+def _softmax_shift_identity(shift_per_element: bool) -> Callable[[], list[str]]:
+    """E(x_i - m)/sum_j E(x_j - m) == E(x_i)/sum_j E(x_j); wrong variant: m_i varies with i."""
+    def body() -> list[str]:
+        for n in (2, 3, 4):
+            x = _syms("x", n)
+            m = _syms("m", n) if shift_per_element else [sp.Symbol("m", real=True)] * n
+            for name, e in (("exp", sp.exp), ("exp2", exp2)):
+                den_s = sp.Add(*(e(x[j] - m[j]) for j in range(n)))
+                den = sp.Add(*(e(xj) for xj in x))
+                for i in range(n):
+                    assert_equal(e(x[i] - m[i]) / den_s, e(x[i]) / den, f"{name} ratio, n={n}, i={i}")
+        return ["E(x_i - m)/sum E(x_j - m) = E(x_i)/sum E(x_j) for symbolic m, E in {exp, exp2}, n = 2..4"]
+    return body
+
+
+def _prove_softmax_max_shift() -> list[str]:
+    shown = _softmax_shift_identity(False)()
+    for e in ("exp", "exp2"):
+        x = inp("x", ("i", "a"))
+        ex = unary(e, x)
+        lhs = binary("div", ex, reduce("sum", ex, "a"))
+        assert_rule_instance("softmax_max_shift", lhs, {"i": 2, "a": 3}, f"rule instance with {e}")
+    # the max makes every exponent <= 0 (no overflow) and one of them 0 (denominator >= 1)
+    xs = z3.Reals("x0 x1 x2 x3")
+    m = xs[0]
+    for v in xs[1:]:
+        m = z3.If(v > m, v, m)
+    assert_valid(z3.And(*(v - m <= 0 for v in xs), z3.Or(*(v - m == 0 for v in xs))), "max bound")
+    return shown + ["rule.apply on div(E(x), sum_a E(x)) (i=2, a=3) equals the input term",
+                    "z3: x_i - max(x) <= 0 with equality at some i"]
+
+
+def _matmul_scale_identity(op: str, scale_on_contracted_axis: bool) -> Callable[[], list[str]]:
+    """(X op s) @ W == (X @ W) op s entrywise over symbolic matrices (rows 2, contracted 3, cols 3).
+
+    Wrong variant: s is indexed by the contracted axis k (a column scale of X)
+    and, having nowhere else to go, is applied to the output column j of the
+    same position: X diag(s) W == (X W) diag(s), which is false.
+    """
+    def body() -> list[str]:
+        rows, inner, cols = 2, 3, 3
+        x = sp.Matrix(rows, inner, lambda i, k: sp.Symbol(f"X{i}{k}", real=True))
+        w = sp.Matrix(inner, cols, lambda k, j: sp.Symbol(f"W{k}{j}", real=True))
+        s = _syms("s", max(rows, inner, cols))
+        f = (lambda a, b: a * b) if op == "mul" else (lambda a, b: a / b)
+        for i, j in itertools.product(range(rows), range(cols)):
+            scale_in = s[:inner] if scale_on_contracted_axis else [s[i]] * inner  # s as seen at (i, k)
+            scale_out = s[j] if scale_on_contracted_axis else s[i]
+            lhs = sp.Add(*(f(x[i, k], scale_in[k]) * w[k, j] for k in range(inner)))
+            rhs = f(sp.Add(*(x[i, k] * w[k, j] for k in range(inner))), scale_out)
+            assert_equal(lhs, rhs, f"{op} scale, entry ({i},{j})")
+        return [f"(X {op} s) @ W = (X @ W) {op} s for symbolic 2x3 @ 3x3 with s constant along the contraction"]
+    return body
+
+
+def _prove_matmul_div_commute() -> list[str]:
+    shown = _matmul_scale_identity("div", False)()
+    sizes = {"i": 2, "a": 3, "j": 2, "b": 2}
+    p, l_, v = inp("P", ("i", "a")), inp("l", ("i",)), inp("V", ("a", "j"))
+    assert_rule_instance("matmul_div_commute", matmul(binary("div", p, l_), v, "a"), sizes, "div on the left")
+    pr, vr = inp("P", ("a", "i")), inp("V", ("j", "a"))
+    assert_rule_instance("matmul_div_commute", matmul(vr, binary("div", pr, l_), "a"), sizes, "div on the right")
+    pb, lb, vb = inp("P", ("b", "i", "a")), inp("l", ("b", "i")), inp("V", ("b", "a", "j"))
+    assert_rule_instance("matmul_div_commute", matmul(binary("div", pb, lb), vb, "a"), sizes, "batched")
+    return shown + ["rule.apply on left, right and batched instances equals the input term"]
+
+
+def _prove_matmul_row_scale_commute() -> list[str]:
+    shown = _matmul_scale_identity("mul", False)()
+    sizes = {"i": 2, "a": 3, "j": 2, "b": 2}
+    x, s, w = inp("X", ("i", "a")), inp("s", ("i",)), inp("W", ("a", "j"))
+    assert_rule_instance("matmul_row_scale_commute", matmul(binary("mul", x, s), w, "a"), sizes, "X * s")
+    assert_rule_instance("matmul_row_scale_commute", matmul(binary("mul", s, x), w, "a"), sizes, "s * X")
+    xr, wr = inp("X", ("a", "i")), inp("W", ("j", "a"))
+    assert_rule_instance("matmul_row_scale_commute", matmul(wr, binary("mul", xr, s), "a"), sizes, "right operand")
+    sb = inp("s", ("b",))
+    wb = inp("W", ("b", "a", "j"))
+    assert_rule_instance("matmul_row_scale_commute", matmul(binary("mul", x, sb), wb, "a"), sizes,
+                         "scale on the other operand's batch axis")
+    return shown + ["rule.apply on X*s, s*X, right-operand and batch-axis instances equals the input term"]
+
+
+def _prove_exp_to_exp2() -> list[str]:
+    x = sp.Symbol("x", real=True)
+    assert_equal(sp.exp(x), exp2(x * sp.log(sp.E, 2)), "exp(x) = 2^(x log2 e)")
+    assert_rule_instance("exp_to_exp2", unary("exp", inp("x", ("i",))), {"i": 3}, "rule instance")
+    if abs(LOG2E - 1 / math.log(2)) > 2 * math.ulp(LOG2E):
+        raise _Refuted(f"LOG2E = {LOG2E!r} is not log2(e) to float64 precision")
+    return ["exp(x) = exp2(x * log2 e) for symbolic real x",
+            "rule.apply on exp(x) equals it", "LOG2E is log2(e) within 2 ulp"]
+
+
+def _prove_mean_to_sum_div() -> list[str]:
+    i, n = sp.symbols("i n", integer=True, positive=True)
+    xs, c = sp.IndexedBase("x"), sp.Symbol("c", real=True)
+    # the mean is the c with sum_i (x_i - c) = 0; solve it for any n
+    sol = sp.solve(sp.Sum(xs[i] - c, (i, 1, n)).expand().doit(), c)
+    if len(sol) != 1:
+        raise _Unproved(f"mean characterisation solved to {sol}")
+    assert_equal(sol[0], sp.Sum(xs[i], (i, 1, n)) / n, "mean for symbolic n")
+    for size in (2, 3, 5):
+        assert_rule_instance("mean_to_sum_div", reduce("mean", inp("x", ("r", "a")), "a"),
+                             {"r": 2, "a": size}, f"rule instance, |a|={size}")
+    return ["the c with sum_{i<=n} (x_i - c) = 0 is sum x_i / n for symbolic n",
+            "rule.apply on mean_a(x) equals it for |a| = 2, 3, 5"]
+
+
+# --- schedule rules -----------------------------------------------------------------------
+
+_TILINGS = ((4, 2), (6, 2), (6, 3), (4, 4), (8, 2))
+
+
+def _tiles(n: int, k: int) -> list[range]:
+    return [range(j, j + k) for j in range(0, n, k)]
+
+
+def _z3_max(vals: Iterable[z3.ArithRef]) -> z3.ArithRef:
+    it = iter(vals)
+    m = next(it)
+    for v in it:
+        m = z3.If(v > m, v, m)
+    return m
+
+
+def _reduction_tiling(max_combine: str) -> Callable[[], list[str]]:
+    """Tiled sum == sum; tiled max == max (z3). Wrong variant: partial maxima combined by add."""
+    def body() -> list[str]:
+        for n, k in _TILINGS:
+            x = _syms("x", n)
+            acc = sp.Integer(0)
+            for tile in _tiles(n, k):
+                acc = acc + sp.Add(*(x[i] for i in tile))
+            assert_equal(acc, sp.Add(*x), f"tiled sum n={n}, k={k}")
+            xz = z3.Reals(" ".join(f"x{i}" for i in range(n)))
+            run = None
+            for tile in _tiles(n, k):
+                part = _z3_max(xz[i] for i in tile)
+                if run is None:
+                    run = part  # max's identity -inf: the first tile starts the state
+                elif max_combine == "max":
+                    run = z3.If(part > run, part, run)
+                else:
+                    run = run + part
+            assert_valid(run == _z3_max(xz), f"tiled max n={n}, k={k}")
+        return [(f"sum and max over n elements equal the tile-by-tile update for (n, k) in {list(_TILINGS)} "
+                "(sympy for sum, z3 over the reals for max)")]
+    return body
+
+
+def _online_softmax(rescale_o: bool) -> Callable[[], list[str]]:
+    """The (m, l, o) recurrence with arbitrary running shifts gives exactly softmax(x) @ v.
+
+    The shifts m_1..m_T are free symbols: the identity does not need them to be
+    the maxima (z3 separately shows the running max is the max and keeps every
+    exponent <= 0). v has two columns, so o is a row vector as in attention;
+    v stands for any cofactor of exp(x - m) in a streamed sum.
+    Wrong variant: o is not rescaled by exp(m - m').
+    """
+    def body() -> list[str]:
+        for n_tiles, k in ((2, 2), (3, 2)):
+            n = n_tiles * k
+            x = _syms("x", n)
+            v = [[sp.Symbol(f"v{i}_{c}", real=True) for c in range(2)] for i in range(n)]
+            shifts = _syms("m", n_tiles + 1)
+            for name, e in (("exp", sp.exp), ("exp2", exp2)):
+                m, l_, o = shifts[0], sp.Integer(0), [sp.Integer(0)] * 2
+                for j, tile in enumerate(_tiles(n, k)):
+                    m_new = shifts[j + 1]
+                    alpha = e(m - m_new)
+                    l_ = l_ * alpha + sp.Add(*(e(x[i] - m_new) for i in tile))
+                    o = [(o[c] * alpha if rescale_o else o[c]) + sp.Add(*(e(x[i] - m_new) * v[i][c] for i in tile))
+                         for c in range(2)]
+                    m = m_new
+                den = sp.Add(*(e(xi) for xi in x))
+                for c in range(2):
+                    direct = sp.Add(*(e(x[i]) * v[i][c] for i in range(n))) / den
+                    assert_equal(o[c] / l_, direct, f"{name}, {n_tiles} tiles of {k}, column {c}")
+        # with m the running max: it ends at the global max, never decreases, bounds every exponent
+        xz = z3.Reals(" ".join(f"x{i}" for i in range(6)))
+        run: list[z3.ArithRef] = []
+        for tile in _tiles(6, 2):
+            part = _z3_max(xz[i] for i in tile)
+            run.append(part if not run else z3.If(part > run[-1], part, run[-1]))
+        facts = [run[-1] == _z3_max(xz)]
+        facts += [run[j] <= run[j + 1] for j in range(len(run) - 1)]
+        facts += [xz[i] <= run[j] for j, tile in enumerate(_tiles(6, 2)) for i in tile]
+        assert_valid(z3.And(*facts), "running max")
+        return [("o/l of the rescaled (m, l, o) recurrence = softmax(x) @ v for 2 and 3 tiles of 2, "
+                "two v columns, arbitrary shifts, exp and exp2"),
+                "z3: running max ends at max(x), is monotone, bounds every exponent (alpha, p <= 1)"]
+    return body
+
+
+def _sym_matrix(name: str, rows: int, cols: int) -> sp.Matrix:
+    return sp.Matrix(rows, cols, lambda i, j: sp.Symbol(f"{name}{i}_{j}", real=True))
+
+
+def _assert_matrices_equal(a: sp.Matrix, b: sp.Matrix, what: str) -> None:
+    for (i, j) in itertools.product(range(a.rows), range(a.cols)):
+        assert_equal(a[i, j], b[i, j], f"{what}, entry ({i},{j})")
+
+
+def _prove_shared_operand_fusion() -> list[str]:
+    m, n = 2, 2
+    for d, k in ((4, 2), (6, 3)):
+        x, w1, w2 = _sym_matrix("X", m, d), _sym_matrix("A", d, n), _sym_matrix("B", d, n)
+        acc1, acc2 = sp.zeros(m, n), sp.zeros(m, n)
+        for tile in _tiles(d, k):
+            xt = x[:, tile.start:tile.stop]  # loaded once, used by both products
+            acc1 += xt * w1[tile.start:tile.stop, :]
+            acc2 += xt * w2[tile.start:tile.stop, :]
+        _assert_matrices_equal(acc1, x * w1, f"shared left, first product, d={d}, k={k}")
+        _assert_matrices_equal(acc2, x * w2, f"shared left, second product, d={d}, k={k}")
+        x1, x2, w = _sym_matrix("P", m, d), _sym_matrix("Q", m, d), _sym_matrix("W", d, n)
+        acc1, acc2 = sp.zeros(m, n), sp.zeros(m, n)
+        for tile in _tiles(d, k):
+            wt = w[tile.start:tile.stop, :]
+            acc1 += x1[:, tile.start:tile.stop] * wt
+            acc2 += x2[:, tile.start:tile.stop] * wt
+        _assert_matrices_equal(acc1, x1 * w, f"shared right, first product, d={d}, k={k}")
+        _assert_matrices_equal(acc2, x2 * w, f"shared right, second product, d={d}, k={k}")
+    return [("one loop over tiles of the contracted axis with the shared operand's tile loaded once "
+            "gives both products exactly (shared left or right operand, d/k = 4/2, 6/3)")]
+
+
+def _reduction_in_loop(accumulate: bool) -> Callable[[], list[str]]:
+    """sum_d X^2 accumulated inside X @_d W's loop equals the direct sum. Wrong: reset per tile."""
+    def body() -> list[str]:
+        m, n = 2, 2
+        for d, k in ((4, 2), (6, 3), (6, 2)):
+            x, w = _sym_matrix("X", m, d), _sym_matrix("W", d, n)
+            acc, ss = sp.zeros(m, n), [sp.Integer(0)] * m
+            for tile in _tiles(d, k):
+                xt = x[:, tile.start:tile.stop]
+                acc += xt * w[tile.start:tile.stop, :]
+                part = [sp.Add(*(xt[r, c] ** 2 for c in range(xt.cols))) for r in range(m)]
+                ss = [(ss[r] if accumulate else 0) + part[r] for r in range(m)]
+            _assert_matrices_equal(acc, x * w, f"contraction, d={d}, k={k}")
+            for r in range(m):
+                assert_equal(ss[r], sp.Add(*(x[r, c] ** 2 for c in range(d))), f"sum of squares, d={d}, k={k}, row {r}")
+        return [("sum_d X^2 accumulated from the contraction loop's X tiles equals the direct sum, and the "
+                "contraction is unchanged (d/k = 4/2, 6/3, 6/2)")]
+    return body
+
+
+# --- registries -------------------------------------------------------------------------
+
+PROOFS: dict[str, Callable[[], ProofResult]] = {
+    "softmax_max_shift": lambda: _run(_prove_softmax_max_shift),
+    "matmul_div_commute": lambda: _run(_prove_matmul_div_commute),
+    "matmul_row_scale_commute": lambda: _run(_prove_matmul_row_scale_commute),
+    "exp_to_exp2": lambda: _run(_prove_exp_to_exp2),
+    "mean_to_sum_div": lambda: _run(_prove_mean_to_sum_div),
+    "reduction_tiling": lambda: _run(_reduction_tiling("max")),
+    "online_softmax_rescale": lambda: _run(_online_softmax(rescale_o=True)),
+    "shared_operand_fusion": lambda: _run(_prove_shared_operand_fusion),
+    "reduction_in_contraction_loop": lambda: _run(_reduction_in_loop(accumulate=True)),
+}
+
+WRONG_VARIANTS: dict[str, Callable[[], ProofResult]] = {
+    "row_scale_column_scale": lambda: _run(_matmul_scale_identity("mul", True)),
+    "delayed_norm_contracted_l": lambda: _run(_matmul_scale_identity("div", True)),
+    "online_softmax_no_rescale_o": lambda: _run(_online_softmax(rescale_o=False)),
+    "max_shift_per_element": lambda: _run(_softmax_shift_identity(True)),
+    "tiled_max_combined_by_add": lambda: _run(_reduction_tiling("add")),
+    "reduction_in_loop_reset": lambda: _run(_reduction_in_loop(accumulate=False)),
+}
+
+assert set(PROOFS) == set(RULE_NAMES), "every rule needs a symbolic check"
+
+
+def prove(name: str) -> ProofResult:
+    """Run the symbolic check of rule `name` (RuleError if there is no such rule)."""
+    check = PROOFS.get(name)
+    if check is None:
+        raise RuleError(f"no rule {name!r} to prove; known rules: {', '.join(RULE_NAMES)}")
+    return check()
+
+
+def check_rewrite(lhs: Term, rhs: Term, sizes: dict[str, int]) -> ProofResult:
+    """Check any claimed rewrite lhs -> rhs at these sizes with the same machinery (e.g. a wrong one)."""
+    def body() -> list[str]:
+        assert_terms_equal(lhs, rhs, sizes, f"{lhs} -> {rhs}")
+        return [f"{lhs} = {rhs} at sizes {sizes}"]
+    return _run(body)
+
+
+__all__ = [
+    "PROOFS",
+    "WRONG_VARIANTS",
+    "ProofResult",
+    "assert_equal",
+    "assert_valid",
+    "check_rewrite",
+    "prove",
+    "sym_evaluate",
+]

@@ -1,0 +1,504 @@
+"""Rewrite rules: symbolic proofs, differential tests against the float64 reference, rejections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from pyrunner import workloads
+from pyrunner.graph import (
+    LOG2E,
+    Graph,
+    Term,
+    binary,
+    check,
+    const,
+    inp,
+    matmul,
+    reduce,
+    result_axes,
+    unary,
+)
+from pyrunner.reference import evaluate, random_inputs
+from pyrunner.rules import (
+    ALGEBRAIC_RULE_NAMES,
+    RULE_NAMES,
+    RULES,
+    SCHEDULE_RULE_NAMES,
+    RuleError,
+    get_rule,
+    rewrites,
+    substitute,
+)
+from pyrunner.symbolic import PROOFS, WRONG_VARIANTS, check_rewrite, prove
+
+SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def assert_close(want: np.ndarray, got: np.ndarray) -> None:
+    assert want.shape == got.shape
+    assert np.all(np.isfinite(want))
+    scale = max(1.0, float(np.max(np.abs(want))))
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * scale)
+
+
+def assert_same_values(g: Graph, g2: Graph, seed: int) -> None:
+    check(g2)
+    inputs = random_inputs(g, seed)
+    before, after = evaluate(g, inputs), evaluate(g2, inputs)
+    assert before.keys() == after.keys()
+    for name in before:
+        assert_close(before[name], after[name])
+
+
+def ops_of(g: Graph) -> set[tuple[str, str]]:
+    return {(t.op, t.fn) for t in g.terms()}
+
+
+# --- registry --------------------------------------------------------------------------
+
+def test_registry_names_and_kinds() -> None:
+    assert RULE_NAMES == (
+        "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div",
+        "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop",
+    )
+    for name, rule in RULES.items():
+        assert rule.name == name and rule.statement
+        assert (rule.apply is not None) == (rule.kind == "algebraic")
+    assert set(ALGEBRAIC_RULE_NAMES) | set(SCHEDULE_RULE_NAMES) == set(RULE_NAMES)
+    with pytest.raises(RuleError, match="unknown rule 'nope'"):
+        get_rule("nope")
+    with pytest.raises(RuleError, match="no rule 'nope'"):
+        prove("nope")
+
+
+def test_schedule_rules_give_no_graph_rewrites() -> None:
+    g = workloads.get("Attention", {"h": 1, "t_q": 2, "t_kv": 2, "d": 2})
+    for name in SCHEDULE_RULE_NAMES:
+        assert rewrites(g, RULES[name]) == []
+
+
+# --- symbolic proofs --------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_symbolic_proof_passes(name: str) -> None:
+    res = prove(name)
+    assert res.ok, res.detail
+    assert res.detail
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_VARIANTS))
+def test_wrong_variant_is_refuted_symbolically(name: str) -> None:
+    res = WRONG_VARIANTS[name]()
+    assert not res.ok
+    assert res.detail.startswith("refuted"), res.detail
+
+
+def test_proofs_cover_exactly_the_rules() -> None:
+    assert set(PROOFS) == set(RULE_NAMES)
+
+
+# --- differential tests on the catalog -------------------------------------------------------
+
+@st.composite
+def catalog_graph(draw: st.DrawFn) -> Graph:
+    name = draw(st.sampled_from(sorted(workloads.CATALOG)))
+    axes = workloads.get(name).sizes
+    sizes = {a: draw(st.integers(1, 4)) for a in axes}
+    return workloads.get(name, sizes)
+
+
+@SETTINGS
+@given(g=catalog_graph(), rule=st.sampled_from(ALGEBRAIC_RULE_NAMES), seed=st.integers(0, 2**31))
+def test_catalog_rewrites_keep_values(g: Graph, rule: str, seed: int) -> None:
+    for g2, matched in rewrites(g, RULES[rule]):
+        assert matched in g.terms()
+        assert_same_values(g, g2, seed)
+
+
+@SETTINGS
+@given(g=catalog_graph(), data=st.data(), seed=st.integers(0, 2**31))
+def test_catalog_rewrite_chains_keep_values(g: Graph, data: st.DataObject, seed: int) -> None:
+    """Rules composed in random order (e.g. exp_to_exp2 after the max shift) stay exact."""
+    cur = g
+    for _ in range(4):
+        options = [g2 for r in ALGEBRAIC_RULE_NAMES for g2, _ in rewrites(cur, RULES[r])]
+        if not options:
+            break
+        cur = data.draw(st.sampled_from(options))
+    assert_same_values(g, cur, seed)
+
+
+def test_rules_fire_on_the_seed_workloads() -> None:
+    """The rules the seed workloads need actually match them (by structure, not by name)."""
+    def fired(name: str, sizes: dict[str, int]) -> set[str]:
+        g = workloads.get(name, sizes)
+        return {r for r in ALGEBRAIC_RULE_NAMES if rewrites(g, RULES[r])}
+
+    assert fired("Attention", {"h": 2, "t_q": 3, "t_kv": 4, "d": 2}) == {
+        "softmax_max_shift", "matmul_div_commute", "exp_to_exp2"}
+    assert fired("RMSNorm", {"m": 2, "d": 3, "n": 2}) == {"matmul_row_scale_commute", "mean_to_sum_div"}
+    assert fired("RMSNormMLP", {"m": 2, "d": 3, "n": 2}) == {"matmul_row_scale_commute", "mean_to_sum_div"}
+    assert fired("Matmul", {"m": 2, "d": 3, "n": 2}) == set()
+
+
+def test_shared_subterm_is_rewritten_everywhere() -> None:
+    g = workloads.get("RMSNormMLP", {"m": 2, "d": 3, "n": 2})
+    (g2, matched), = rewrites(g, RULES["mean_to_sum_div"])
+    assert matched.op == "reduce" and matched.fn == "mean"
+    assert ("reduce", "mean") not in ops_of(g2)
+    assert_same_values(g, g2, 0)
+    # the two matmuls read one N: row-scale commutation gives one rewrite per matmul
+    assert len(rewrites(g, RULES["matmul_row_scale_commute"])) == 2
+
+
+def test_max_shift_does_not_fire_twice() -> None:
+    g = workloads.get("Attention", {"h": 1, "t_q": 2, "t_kv": 3, "d": 2})
+    (g2, _), = rewrites(g, RULES["softmax_max_shift"])
+    assert rewrites(g2, RULES["softmax_max_shift"]) == []
+    # nor after exp -> exp2 turned exp(y - max y) into exp2((y - max y) * LOG2E)
+    (g3, _), = rewrites(g2, RULES["exp_to_exp2"])
+    assert ("unary", "exp2") in ops_of(g3)
+    assert rewrites(g3, RULES["softmax_max_shift"]) == []
+    assert_same_values(g, g3, 1)
+
+
+def test_substitute_replaces_every_occurrence() -> None:
+    x = inp("X", ("i",))
+    e = unary("exp", x)
+    root = binary("add", e, unary("neg", e))
+    (new,) = substitute([root], e, unary("tanh", x))
+    assert new == binary("add", unary("tanh", x), unary("neg", unary("tanh", x)))
+
+
+# --- differential tests on random graphs containing each pattern -----------------------------
+
+AXES = ("i", "j", "a", "b")
+SAFE_UNARY = ("tanh", "neg", "square", "sigmoid", "silu", "abs", "exp")
+SAFE_BINARY = ("add", "sub", "mul", "max", "min")
+
+
+class Gen:
+    """Draws small random well-typed terms over AXES with fresh input names."""
+
+    def __init__(self, data: st.DataObject) -> None:
+        self.data = data
+        self.count = 0
+
+    def draw(self, strategy: st.SearchStrategy[Any]) -> Any:
+        return self.data.draw(strategy)
+
+    def input(self, must: tuple[str, ...] = (), avoid: tuple[str, ...] = ()) -> Term:
+        pool = [a for a in AXES if a not in avoid and a not in must]
+        extra = self.draw(st.lists(st.sampled_from(pool), unique=True, max_size=2)) if pool else []
+        axes = list(must) + extra
+        if not axes:
+            axes = [self.draw(st.sampled_from([a for a in AXES if a not in avoid]))]
+        axes = self.draw(st.permutations(axes))
+        self.count += 1
+        return inp(f"in{self.count}", axes)
+
+    def term(self, depth: int, must: tuple[str, ...] = (), avoid: tuple[str, ...] = ()) -> Term:
+        """A term whose axes include `must` and exclude `avoid`."""
+        kind = self.draw(st.integers(0, 5)) if depth > 0 else 0
+        free = [a for a in AXES if a not in must and a not in avoid]
+        if kind in (3, 4) and not free:
+            kind = 0
+        if kind == 0:
+            t = self.input(must, avoid)
+        elif kind == 1:
+            t = unary(self.draw(st.sampled_from(SAFE_UNARY)), self.term(depth - 1, must, avoid))
+        elif kind == 2:
+            t = binary(self.draw(st.sampled_from(SAFE_BINARY)), self.term(depth - 1, must, avoid),
+                       self.term(depth - 1, (), avoid))
+        elif kind == 3:
+            r = self.draw(st.sampled_from(free))
+            t = reduce(self.draw(st.sampled_from(("sum", "max", "mean"))),
+                       self.term(depth - 1, must + (r,), avoid), r)
+        elif kind == 4:
+            c = self.draw(st.sampled_from(free))
+            left = self.term(depth - 1, must + (c,), avoid)
+            t = matmul(left, self.term(depth - 1, (c,), avoid), c)
+        else:
+            den = binary("add", unary("abs", self.term(depth - 1, (), avoid)), const(1.0))
+            t = binary("div", self.term(depth - 1, must, avoid), den)
+        for a in result_axes(t):
+            if a in avoid:  # a matmul's right operand may bring axes back; sum them away
+                t = reduce("sum", t, a)
+        return t
+
+    def positive(self, depth: int, avoid: tuple[str, ...]) -> Term:
+        return binary("add", unary("abs", self.term(depth, (), avoid)), const(0.5))
+
+    def wrap(self, t: Term) -> Term:
+        """Use the pattern inside a larger expression, sometimes."""
+        how = self.draw(st.integers(0, 2))
+        if how == 1:
+            t = binary(self.draw(st.sampled_from(SAFE_BINARY)), t, self.term(1))
+        elif how == 2:
+            t = unary(self.draw(st.sampled_from(("tanh", "neg", "sigmoid"))), t)
+        if not result_axes(t):
+            t = binary("add", t, self.input())
+        return t
+
+
+def graph_of(data: st.DataObject, root: Term) -> Graph:
+    sizes = {a: data.draw(st.integers(1, 3), label=f"|{a}|") for a in AXES}
+    g = Graph("random", sizes, (("out", root),))
+    check(g)
+    return g
+
+
+def pattern_softmax(gen: Gen) -> tuple[Term, bool]:
+    a = gen.draw(st.sampled_from(AXES))
+    x = gen.term(2, (a,))
+    ex = unary(gen.draw(st.sampled_from(("exp", "exp2"))), x)
+    return binary("div", ex, reduce("sum", ex, a)), True
+
+
+def pattern_pull_out(gen: Gen, fn: str) -> tuple[Term, bool]:
+    a = gen.draw(st.sampled_from(AXES))
+    x = gen.term(2, (a,))
+    s = gen.positive(1, (a,)) if fn == "div" else gen.term(1, (), (a,))
+    inner = binary(fn, x, s) if fn == "div" or gen.draw(st.booleans()) else binary(fn, s, x)
+    other = gen.term(1, (a,))
+    mm = matmul(inner, other, a) if gen.draw(st.booleans()) else matmul(other, inner, a)
+    # guaranteed to fire when the scale's axes are among the scaled operand's (else it may keep the order
+    # only by declining)
+    return mm, set(result_axes(s)) <= set(result_axes(x))
+
+
+def pattern_exp(gen: Gen) -> tuple[Term, bool]:
+    return unary("exp", gen.term(2)), True
+
+
+def pattern_mean(gen: Gen) -> tuple[Term, bool]:
+    a = gen.draw(st.sampled_from(AXES))
+    return reduce("mean", gen.term(2, (a,)), a), True
+
+
+PATTERNS = {
+    "softmax_max_shift": pattern_softmax,
+    "matmul_div_commute": lambda gen: pattern_pull_out(gen, "div"),
+    "matmul_row_scale_commute": lambda gen: pattern_pull_out(gen, "mul"),
+    "exp_to_exp2": pattern_exp,
+    "mean_to_sum_div": pattern_mean,
+}
+
+
+def test_every_algebraic_rule_has_a_pattern_generator() -> None:
+    assert set(PATTERNS) == set(ALGEBRAIC_RULE_NAMES)
+
+
+@pytest.mark.parametrize("rule", ALGEBRAIC_RULE_NAMES)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_random_pattern_graphs_keep_values(rule: str, data: st.DataObject, seed: int) -> None:
+    gen = Gen(data)
+    pat, must_fire = PATTERNS[rule](gen)
+    g = graph_of(data, gen.wrap(pat))
+    if not np.all(np.isfinite(evaluate(g, random_inputs(g, seed))["out"])):
+        event("skipped: overflow")
+        return  # the generator made an overflow; nothing to compare
+    found = rewrites(g, RULES[rule])
+    event(f"must fire: {must_fire}, fired: {bool(found)}")
+    if must_fire:
+        assert pat in {m for _, m in found}
+    for g2, _ in found:
+        assert_same_values(g, g2, seed)
+
+
+@SETTINGS
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_random_graphs_every_rule_keeps_values(data: st.DataObject, seed: int) -> None:
+    """Random graphs without a planted pattern: whatever any rule does must be exact."""
+    gen = Gen(data)
+    g = graph_of(data, gen.wrap(gen.term(3)))
+    if not np.all(np.isfinite(evaluate(g, random_inputs(g, seed))["out"])):
+        return
+    for rule in ALGEBRAIC_RULE_NAMES:
+        for g2, _ in rewrites(g, RULES[rule]):
+            assert_same_values(g, g2, seed)
+
+
+# --- side conditions -------------------------------------------------------------------
+
+def test_row_scale_on_contracted_axis_is_not_commuted() -> None:
+    x, w = inp("X", ("m", "d")), inp("W", ("d", "n"))
+    col = inp("s", ("d",))
+    g = Graph("g", {"m": 2, "d": 3, "n": 2}, (("y", matmul(binary("mul", x, col), w, "d")),))
+    assert rewrites(g, RULES["matmul_row_scale_commute"]) == []
+    g_swapped = Graph("g", g.sizes, (("y", matmul(w, binary("mul", col, x), "d")),))
+    assert rewrites(g_swapped, RULES["matmul_row_scale_commute"]) == []
+    # the same shape with a row scale does commute
+    row = inp("s", ("m",))
+    g_row = Graph("g", g.sizes, (("y", matmul(binary("mul", x, row), w, "d")),))
+    (g2, _), = rewrites(g_row, RULES["matmul_row_scale_commute"])
+    assert_same_values(g_row, g2, 3)
+
+
+def test_normaliser_along_contracted_axis_is_not_delayed() -> None:
+    p, v = inp("P", ("m", "t")), inp("V", ("t", "n"))
+    g = Graph("g", {"m": 2, "t": 3, "n": 2}, (("o", matmul(binary("div", p, inp("l", ("m", "t"))), v, "t")),))
+    assert rewrites(g, RULES["matmul_div_commute"]) == []
+    # a numerator is not a normaliser: l / P is not (l @ V) / P
+    g_num = Graph("g", g.sizes, (("o", matmul(binary("div", inp("l", ("m",)), p), v, "t")),))
+    assert rewrites(g_num, RULES["matmul_div_commute"]) == []
+
+
+def test_softmax_shift_needs_matching_denominator() -> None:
+    x = inp("X", ("m", "a"))
+    e = unary("exp", x)
+    sizes = {"m": 2, "a": 3}
+    other_axis = Graph("g", sizes, (("p", binary("div", e, reduce("sum", e, "m"))),))
+    assert len(rewrites(other_axis, RULES["softmax_max_shift"])) == 1  # m is an axis of x: still a softmax
+    not_sum = Graph("g", sizes, (("p", binary("div", e, reduce("max", e, "a"))),))
+    assert rewrites(not_sum, RULES["softmax_max_shift"]) == []
+    other_exp = Graph("g", sizes, (("p", binary("div", e, reduce("sum", unary("exp", unary("neg", x)), "a"))),))
+    assert rewrites(other_exp, RULES["softmax_max_shift"]) == []
+
+
+# --- wrong variants: rejected by the symbolic check and by the numbers ---------------------------
+
+def test_column_scale_commutation_is_rejected() -> None:
+    """X diag(s) W != (X W) diag(s): symbolic check refutes it, numbers disagree."""
+    sizes = {"m": 2, "d": 3, "n": 3}
+    x, w = inp("X", ("m", "d")), inp("W", ("d", "n"))
+    lhs = matmul(binary("mul", x, inp("s", ("d",))), w, "d")
+    wrong = binary("mul", matmul(x, w, "d"), inp("s", ("n",)))  # same s values, read along n
+    res = check_rewrite(lhs, wrong, sizes)
+    assert not res.ok and res.detail.startswith("refuted")
+    ignoring_condition = binary("mul", matmul(x, w, "d"), inp("s", ("d",)))
+    assert not check_rewrite(lhs, ignoring_condition, sizes).ok
+    rng = np.random.default_rng(0)
+    xs, ws, s = rng.standard_normal((2, 3)), rng.standard_normal((3, 3)), rng.uniform(0.5, 2.0, 3)
+    assert not np.allclose((xs * s[None, :]) @ ws, (xs @ ws) * s[None, :], rtol=1e-9)
+    # and the correct rewrite passes the same check
+    row = binary("mul", x, inp("r", ("m",)))
+    assert check_rewrite(matmul(row, w, "d"), binary("mul", matmul(x, w, "d"), inp("r", ("m",))), sizes).ok
+
+
+def online_softmax(x: np.ndarray, v: np.ndarray, k: int, rescale_o: bool = True, base2: bool = False
+                   ) -> np.ndarray:
+    """Stream the last axis of x (rows, n) in tiles of k with state (m, l, o); returns o / l."""
+    e = np.exp2 if base2 else np.exp
+    rows, n = x.shape
+    m = np.full(rows, -np.inf)
+    l_ = np.zeros(rows)
+    o = np.zeros((rows, v.shape[1]))
+    for j in range(0, n, k):
+        xt = x[:, j:j + k]
+        m_new = np.maximum(m, xt.max(axis=1))
+        alpha = e(m - m_new)
+        p = e(xt - m_new[:, None])
+        l_ = l_ * alpha + p.sum(axis=1)
+        o = (o * alpha[:, None] if rescale_o else o) + p @ v[j:j + k]
+        m = m_new
+    return o / l_[:, None]
+
+
+def softmax_matmul(x: np.ndarray, v: np.ndarray) -> np.ndarray:
+    p = np.exp(x - x.max(axis=1, keepdims=True))
+    return (p / p.sum(axis=1, keepdims=True)) @ v
+
+
+def test_online_softmax_without_rescaling_o_is_rejected() -> None:
+    assert not WRONG_VARIANTS["online_softmax_no_rescale_o"]().ok
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3, 8)) + np.repeat(np.arange(4.0), 2)[None, :]  # the max grows tile by tile
+    v = rng.standard_normal((8, 2))
+    assert_close(softmax_matmul(x, v), online_softmax(x, v, 2))
+    assert not np.allclose(online_softmax(x, v, 2, rescale_o=False), softmax_matmul(x, v), rtol=1e-6)
+
+
+# --- schedule rules: tiled numpy computation vs direct -------------------------------------------
+
+@st.composite
+def tiled_axis(draw: st.DrawFn) -> tuple[int, int]:
+    k = draw(st.integers(1, 5))
+    return k * draw(st.integers(1, 5)), k
+
+
+@SETTINGS
+@given(nk=tiled_axis(), rows=st.integers(1, 4), seed=st.integers(0, 2**31))
+def test_reduction_tiling_numeric(nk: tuple[int, int], rows: int, seed: int) -> None:
+    n, k = nk
+    x = np.random.default_rng(seed).standard_normal((rows, n))
+    run_sum, run_max = np.zeros(rows), np.full(rows, -np.inf)
+    for j in range(0, n, k):
+        run_sum = run_sum + x[:, j:j + k].sum(axis=1)
+        run_max = np.maximum(run_max, x[:, j:j + k].max(axis=1))
+    assert_close(x.sum(axis=1), run_sum)
+    assert np.array_equal(x.max(axis=1), run_max)
+
+
+@SETTINGS
+@given(nk=tiled_axis(), rows=st.integers(1, 4), d=st.integers(1, 3), spread=st.floats(0.1, 40.0),
+       base2=st.booleans(), seed=st.integers(0, 2**31))
+def test_online_softmax_numeric(nk: tuple[int, int], rows: int, d: int, spread: float, base2: bool,
+                                seed: int) -> None:
+    n, k = nk
+    rng = np.random.default_rng(seed)
+    s, v = rng.standard_normal((rows, n)) * spread, rng.standard_normal((n, d))
+    x = s * LOG2E if base2 else s  # exp2 streams the prescaled scores: exp2(s * log2 e) = exp(s)
+    assert_close(softmax_matmul(s, v), online_softmax(x, v, k, base2=base2))
+
+
+@SETTINGS
+@given(nk=tiled_axis(), m=st.integers(1, 3), n=st.integers(1, 3), shared_left=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_shared_operand_fusion_numeric(nk: tuple[int, int], m: int, n: int, shared_left: bool, seed: int) -> None:
+    d, k = nk
+    rng = np.random.default_rng(seed)
+    if shared_left:
+        a1 = a2 = rng.standard_normal((m, d))
+        b1, b2 = rng.standard_normal((d, n)), rng.standard_normal((d, n))
+    else:
+        a1, a2 = rng.standard_normal((m, d)), rng.standard_normal((m, d))
+        b1 = b2 = rng.standard_normal((d, n))
+    acc1, acc2 = np.zeros((m, n)), np.zeros((m, n))
+    for j in range(0, d, k):
+        if shared_left:
+            xt = a1[:, j:j + k]  # the shared tile, loaded once for both products
+            acc1, acc2 = acc1 + xt @ b1[j:j + k], acc2 + xt @ b2[j:j + k]
+        else:
+            wt = b1[j:j + k]
+            acc1, acc2 = acc1 + a1[:, j:j + k] @ wt, acc2 + a2[:, j:j + k] @ wt
+    assert_close(a1 @ b1, acc1)
+    assert_close(a2 @ b2, acc2)
+
+
+def tiled_matmul_with_sumsq(x: np.ndarray, w: np.ndarray, k: int, accumulate: bool = True
+                            ) -> tuple[np.ndarray, np.ndarray]:
+    acc, ss = np.zeros((x.shape[0], w.shape[1])), np.zeros(x.shape[0])
+    for j in range(0, x.shape[1], k):
+        xt = x[:, j:j + k]  # one load serves the contraction and the reduction
+        acc = acc + xt @ w[j:j + k]
+        ss = (ss if accumulate else 0.0) + np.square(xt).sum(axis=1)
+    return acc, ss
+
+
+@SETTINGS
+@given(nk=tiled_axis(), m=st.integers(1, 3), n=st.integers(1, 3), seed=st.integers(0, 2**31))
+def test_reduction_in_contraction_loop_numeric(nk: tuple[int, int], m: int, n: int, seed: int) -> None:
+    d, k = nk
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal((m, d)), rng.standard_normal((d, n))
+    acc, ss = tiled_matmul_with_sumsq(x, w, k)
+    assert_close(x @ w, acc)
+    assert_close(np.square(x).sum(axis=1), ss)
+    # and the fused RMSNorm epilogue it enables: (X @ W) * rsqrt(mean) == rmsnorm(X) @ W
+    scale = 1.0 / np.sqrt(ss / d + 1e-6)
+    assert_close((x * (1.0 / np.sqrt(np.square(x).mean(axis=1) + 1e-6))[:, None]) @ w, acc * scale[:, None])
+
+
+def test_reduction_in_loop_reset_is_rejected() -> None:
+    assert not WRONG_VARIANTS["reduction_in_loop_reset"]().ok
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((2, 6)), rng.standard_normal((6, 2))
+    _, ss = tiled_matmul_with_sumsq(x, w, 2, accumulate=False)
+    assert not np.allclose(ss, np.square(x).sum(axis=1))
