@@ -56,7 +56,8 @@ def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
     """Tile extents for an axis: powers of two that divide it, else its small divisors."""
     cands = [b for b in (16, 32, 64, 128, 256) if lo <= b <= hi and b <= size and size % b == 0]
     if not cands:
-        cands = [d for d in range(min(size, hi), 0, -1) if size % d == 0][:3]
+        # a block of 1 would make the axis indexed, not held: never offer it for a tiled axis
+        cands = [d for d in range(min(size, hi), 1, -1) if size % d == 0][:3] or [size]
     return sorted(cands)
 
 

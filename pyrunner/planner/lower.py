@@ -175,6 +175,7 @@ class _Builder:
         self.tensor_dtype, self.sizes, self.dtype, self.s = tensor_dtype, sizes, dtype, s
         self.labels, self.kname = labels, kname
         self.buffers: dict[str, Buffer] = {}
+        self.reserved = set(boundary.values()) | {kname}
         self.buf_of: dict[Term, str] = {}
         self.expr_inline: dict[Term, Expr] = {}
         self.cast_of: dict[tuple[str, str], str] = {}
@@ -191,6 +192,8 @@ class _Builder:
     # --- naming ------------------------------------------------------------
     def fresh(self, base: str) -> str:
         base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or "t"
+        if base in self.reserved:
+            base = f"{base}_tile"
         name, i = base, 1
         while name in self.buffers:
             i += 1
@@ -297,7 +300,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
         for a in result_axes(t) + ((t.axis,) if t.op in ("reduce", "matmul") else ()):
             if a not in all_axes:
                 all_axes.append(a)
-    b = _Builder(root, computed, boundary, tensor_dtype, sizes, dtype, s, labels, kname)
+    b = _Builder(root, computed, boundary, tensor_dtype, sizes, dtype, s, labels, out_tensor)
     b.indexed = {a for a in all_axes if a not in tiled and a not in full and a != s}
     grid: list[GridAxis] = []
     root_axes = result_axes(root)

@@ -1,0 +1,325 @@
+"""``python -m pyrunner``: the command line.
+
+Commands::
+
+    python -m pyrunner PLAN.json [--config K=V ...] [--log FILE] [--small] [--out DIR] [--autotune N]
+                                 [--baselines LIST | --no-baselines] [--seed N] [--budget S] [--quiet]
+        validate, render, compile, check and time a plan (pyrunner.runner.run_plan_file, which
+        reads the namespace: --log -> args.results, --small -> args.cpu, --config -> args.config
+        as a dict PARAM -> int); same as ``python -m pyrunner run PLAN.json``
+    python -m pyrunner validate PLAN.json [--config K=V ...]
+        schema and semantic checks only
+    python -m pyrunner superopt [WORKLOAD] [--graph FILE.json] [--shape AXIS=N ...] [--dtype fp16|bf16]
+                                [--naive] [--top K] [--explain] [--calibrate LOG.jsonl] [--out FILE]
+        search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K)
+    python -m pyrunner report [--log FILE] [--out DIR] [--all]   (pyrunner.report.main(argv))
+    python -m pyrunner schema [--out FILE]
+    python -m pyrunner workloads
+
+Choices made here: the default dtype is fp16; ``--explain`` writes the explanation to
+stderr so stdout stays pure JSON (pipe-able into a file); with ``--graph`` the graph comes
+from the file and a WORKLOAD name, if given, is ignored (with a note). A config key is
+``PARAM`` (every kernel that has it) or ``KERNEL.PARAM``. Every ``UserError`` prints one
+``error: ...`` line on stderr and exits 2; argparse usage errors also exit 2. Files are
+written atomically (temp file + rename), so a failed run leaves no half-written output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from pyrunner.errors import UserError
+
+COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads")
+DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+DEFAULT_DTYPE = "fp16"
+SCHEMA_FILE = Path(__file__).parent / "schema" / "plan.schema.json"
+
+
+# --- helpers ---------------------------------------------------------------------
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Write a whole file or nothing: a temp file in the same folder, then rename."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"output path {str(p)!r} is a directory")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"cannot write {str(p)!r}: folder {str(parent)!r} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def parse_assignments(items: Sequence[str] | None, flag: str, what: str) -> dict[str, int]:
+    """``["a=1", "b=2"]`` -> ``{"a": 1, "b": 2}``; UserError naming the bad item."""
+    out: dict[str, int] = {}
+    for item in items or ():
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key:
+            raise UserError(f"{flag} {item!r}: expected {what}=N")
+        try:
+            n = int(value.strip())
+        except ValueError:
+            raise UserError(f"{flag} {item!r}: {value.strip()!r} is not an integer") from None
+        if n <= 0:
+            raise UserError(f"{flag} {item!r}: the value must be a positive integer")
+        if key in out:
+            raise UserError(f"{flag}: {key!r} is given twice")
+        out[key] = n
+    return out
+
+
+def schema_text() -> str:
+    """The plan JSON Schema exactly as committed in pyrunner/schema/plan.schema.json."""
+    from pyrunner.plan import json_schema
+
+    return json.dumps(json_schema(), indent=2) + "\n"
+
+
+def _plan_json(data: object) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def _note(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+# --- commands --------------------------------------------------------------------
+
+def cmd_run(args: argparse.Namespace) -> int:
+    args.config = parse_assignments(args.config, "--config", "PARAM")
+    try:
+        runner = importlib.import_module("pyrunner.runner")
+    except ModuleNotFoundError as e:
+        if e.name != "pyrunner.runner":
+            raise
+        runner = None
+    if runner is None or not hasattr(runner, "run_plan_file"):
+        rc = cmd_validate(args)
+        _note("note: pyrunner.runner is not available in this checkout; the plan was only validated "
+              "(nothing rendered, compiled, checked or timed)")
+        return rc
+    rc = runner.run_plan_file(args.plan, args)
+    return 0 if rc is None else int(rc)
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from pyrunner.validate import check_config, load_plan
+
+    plan = load_plan(args.plan)
+    config = args.config if isinstance(args.config, dict) else parse_assignments(args.config, "--config", "K")
+    values = check_config(plan, config)
+    kernels = ", ".join(f"{k}({', '.join(f'{p}={v}' for p, v in vals.items()) or 'no params'})"
+                        for k, vals in values.items())
+    print(f"plan {str(args.plan)!r} is valid: workload {plan.workload}, {plan.dtype}, "
+          f"{len(plan.kernels)} kernel(s): {kernels}")
+    return 0
+
+
+def _load_graph(args: argparse.Namespace):
+    from pyrunner import workloads
+    from pyrunner.graph_io import load_graph_file
+
+    shapes = parse_assignments(args.shape, "--shape", "AXIS")
+    if args.graph:
+        if args.workload:
+            _note(f"note: --graph given; ignoring workload name {args.workload!r}")
+        return load_graph_file(args.graph).with_sizes(shapes)
+    if not args.workload:
+        raise UserError("superopt needs a WORKLOAD name (see `python -m pyrunner workloads`) "
+                        "or --graph FILE.json")
+    return workloads.get(args.workload, shapes)
+
+
+def cmd_superopt(args: argparse.Namespace) -> int:
+    if args.top < 1:
+        raise UserError(f"--top must be at least 1, got {args.top}")
+    calibration = None
+    if args.calibrate:
+        calibration = Path(args.calibrate)
+        if not calibration.is_file():
+            raise UserError(f"--calibrate: results log {str(calibration)!r} does not exist")
+    graph = _load_graph(args)
+    try:
+        planner = importlib.import_module("pyrunner.planner")
+    except ModuleNotFoundError as e:
+        if e.name != "pyrunner.planner":
+            raise
+        _note("error: the planner (pyrunner.planner) is not available in this checkout")
+        return 1
+    plans = planner.search(graph, DTYPES[args.dtype], top=args.top, naive=args.naive, calibration=calibration)
+    if not plans:
+        raise UserError(f"the planner found no plan for graph {graph.name!r}")
+    if args.explain:
+        for i, p in enumerate(plans):
+            if len(plans) > 1:
+                _note(f"--- plan {i + 1} of {len(plans)} ---")
+            _note(planner.explain(p).rstrip("\n"))
+    data = [p.model_dump(mode="json") for p in plans]
+    text = _plan_json(data if args.top > 1 else data[0])
+    if args.out:
+        write_text_atomic(args.out, text)
+        _note(f"wrote {len(plans)} plan(s) to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    try:
+        report = importlib.import_module("pyrunner.report")
+    except ModuleNotFoundError as e:
+        if e.name != "pyrunner.report":
+            raise
+        _note("error: the report (pyrunner.report) is not available in this checkout")
+        return 1
+    argv: list[str] = []
+    if args.log:
+        argv += ["--log", str(args.log)]
+    if args.out:
+        argv += ["--out", str(args.out)]
+    if args.all:
+        argv.append("--all")
+    rc = report.main(argv)
+    return 0 if rc is None else int(rc)
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    text = schema_text()
+    if args.out:
+        write_text_atomic(args.out, text)
+        _note(f"wrote the plan JSON Schema to {args.out}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    from pyrunner import workloads
+    from pyrunner.graph import show
+
+    rows = [("workload", "seed", "axes (default sizes)", "inputs", "computes")]
+    for name, make in workloads.CATALOG.items():
+        g = make()
+        rows.append((
+            name,
+            "yes" if name in workloads.SEED_WORKLOADS else "",
+            " ".join(f"{a}={n}" for a, n in g.sizes.items()),
+            " ".join(f"{t.name}[{','.join(t.axes)}]" for t in g.inputs()),
+            "; ".join(f"{n} = {show(t)}" for n, t in g.outputs),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    return 0
+
+
+# --- parser ----------------------------------------------------------------------
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one ``error:`` line plus usage, exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}\n")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("plan", metavar="PLAN.json", help="kernel plan to run")
+    p.add_argument("--config", metavar="K=V", action="append",
+                   help="override a tuning parameter (PARAM=N or KERNEL.PARAM=N); repeatable")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="python -m pyrunner",
+                  description="Superopt runner. `python -m pyrunner PLAN.json` runs a plan; the other "
+                              "commands are below.")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    p = sub.add_parser("run", help="validate, render, compile, check and time a plan (the default)")
+    _run_args(p)
+    p.add_argument("--log", metavar="FILE", dest="results",
+                   help="results log (JSON Lines) to append to (default results/results.jsonl)")
+    p.add_argument("--out", metavar="DIR", help="folder for rendered sources (default results/)")
+    p.add_argument("--small", action="store_true", dest="cpu",
+                   help="skip the GPU: run the plan's tiled algorithm on the CPU at scaled-down shapes")
+    p.add_argument("--autotune", type=int, metavar="N", help="time up to N sampled tile configs, keep the best")
+    p.add_argument("--baselines", metavar="LIST", help="comma-separated baselines to time beside the plan")
+    p.add_argument("--no-baselines", action="store_true", help="time no baselines")
+    p.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh)")
+    p.add_argument("--budget", type=float, metavar="SECONDS", help="time budget of the run")
+    p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("validate", help="check a plan (schema and semantics) without running it")
+    _run_args(p)
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("superopt", help="search for the best plan of a workload or graph file")
+    p.add_argument("workload", nargs="?", metavar="WORKLOAD", help="catalog workload (see `workloads`)")
+    p.add_argument("--graph", metavar="FILE.json", help="graph file; WORKLOAD is then ignored")
+    p.add_argument("--shape", metavar="AXIS=N", action="append", help="resize an axis; repeatable")
+    p.add_argument("--dtype", choices=sorted(DTYPES), default=DEFAULT_DTYPE,
+                   help=f"compute dtype of inputs and outputs (default {DEFAULT_DTYPE})")
+    p.add_argument("--naive", action="store_true", help="no rewrites: one kernel per op")
+    p.add_argument("--top", type=int, default=1, metavar="K", help="print the K best plans as a JSON list")
+    p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")
+    p.add_argument("--calibrate", metavar="LOG.jsonl", help="calibrate the cost model from a results log")
+    p.add_argument("--out", metavar="FILE", help="write the JSON to FILE instead of stdout")
+    p.set_defaults(func=cmd_superopt)
+
+    p = sub.add_parser("report", help="summarise the results log")
+    p.add_argument("--log", metavar="FILE", help="results log to read")
+    p.add_argument("--out", metavar="DIR", help="folder for the report")
+    p.add_argument("--all", action="store_true", help="every record, not only the latest per workload")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("schema", help="export the plan JSON Schema")
+    p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("workloads", help="list the workload catalog")
+    p.set_defaults(func=cmd_workloads)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit code (0 ok, 2 bad input)."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] not in COMMANDS and not args_list[0].startswith("-"):
+        args_list.insert(0, "run")  # `python -m pyrunner PLAN.json`
+    parser = build_parser()
+    try:
+        args = parser.parse_args(args_list)
+        if not getattr(args, "func", None):
+            parser.print_usage(sys.stderr)
+            _note("error: give a PLAN.json to run, or a command: " + ", ".join(COMMANDS))
+            return 2
+        return args.func(args)
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except UserError as e:
+        _note(f"error: {' '.join(str(e).split())}")
+        return e.exit_code
+    except KeyboardInterrupt:
+        _note("interrupted")
+        return 130
+
+
+def entry() -> None:
+    """Console-script entry point (``superopt-py``)."""
+    sys.exit(main())

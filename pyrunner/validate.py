@@ -1,0 +1,476 @@
+"""Plan validation: the schema (pydantic), then the semantics of plan_semantics.
+
+A plan that passes ``validate_plan`` can be rendered and executed without the
+renderer or executor having to re-check anything: every name resolves, every
+tile shape agrees with the ops that use it, and the kernels together compute
+the graph's outputs from its inputs. Each failure is one ``PlanError`` line
+naming the field path (``kernels[0].body[2].dst``) or the kernel and op.
+
+Tuning parameters change tile shapes, so the value-dependent checks run for
+the defaults in ``validate_plan`` and again for a user's ``--config`` in
+``check_config``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pydantic
+
+from pyrunner.errors import GraphError, PlanError
+from pyrunner.graph import Graph, result_axes
+from pyrunner.graph_io import graph_from_json, read_json_file
+from pyrunner.plan import (
+    EXPR_FUNCTIONS,
+    SCHEMA_VERSION,
+    AxisSize,
+    Block,
+    Buffer,
+    Call,
+    Fill,
+    Gemm,
+    GlobalTensor,
+    Kernel,
+    Load,
+    Map,
+    Plan,
+    Reduce,
+    Ref,
+    Store,
+)
+
+SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
+SECTIONS = ("prologue", "body", "epilogue")
+
+
+# --- structure ------------------------------------------------------------------
+
+def load_plan(path: str | Path) -> Plan:
+    """Read, parse and fully validate a plan file."""
+    return validate_plan(read_json_file(path, "plan", PlanError))
+
+
+def validate_plan(data: object) -> Plan:
+    """A parsed JSON document (or a Plan) -> a Plan that passed the schema and every semantic check."""
+    plan = parse_plan(data)
+    check_plan(plan)
+    return plan
+
+
+def parse_plan(data: object) -> Plan:
+    """Schema-level validation only (fields, types, schema_version); a Plan passes through."""
+    if isinstance(data, Plan):
+        return data
+    if not isinstance(data, dict):
+        raise PlanError(f"a plan must be a JSON object, got {_json_type(data)}")
+    if "schema_version" in data:
+        v = data["schema_version"]
+        if isinstance(v, bool) or v not in SUPPORTED_SCHEMA_VERSIONS:
+            supported = ", ".join(str(s) for s in SUPPORTED_SCHEMA_VERSIONS)
+            raise PlanError(f"schema_version: {_short(v)} is not supported; this runner reads "
+                            f"schema_version {supported}")
+    try:
+        return Plan.model_validate(data)
+    except pydantic.ValidationError as e:
+        raise PlanError(format_validation_error(e, data)) from None
+    except RecursionError:
+        raise PlanError("plan is nested too deeply") from None
+
+
+def _json_type(x: object) -> str:
+    names = {type(None): "null", bool: "boolean", int: "number", float: "number", str: "string",
+             list: "list", dict: "object"}
+    return names.get(type(x), type(x).__name__)
+
+
+def _short(x: object, limit: int = 60) -> str:
+    s = repr(x)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def _clean_loc(loc: tuple, data: object, kind: str) -> str:
+    """pydantic's loc -> a field path, dropping union-member tags by walking the document."""
+    path = ""
+    node = data
+    for i, part in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(part, int) and isinstance(node, list) and 0 <= part < len(node):
+            path += f"[{part}]"
+            node = node[part]
+        elif isinstance(part, str) and isinstance(node, dict):
+            tag = not last and part in (node.get("op"), node.get("kind"))
+            if part in node and not tag or last and kind == "missing":
+                path += f".{part}" if path else part
+                node = node.get(part)
+            # else: a union member's tag such as 'gemm' or 'constrained-int'
+    return path or "(plan)"
+
+
+def _message(err: dict, with_input: bool = True) -> str:
+    kind = err.get("type", "")
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        return "unknown field (not part of the schema)"
+    msg = " ".join(str(err.get("msg", "invalid")).split())
+    msg = msg.removeprefix("Value error, ")
+    if with_input and kind not in ("union_tag_not_found", "union_tag_invalid", "value_error") and "input" in err:
+        msg += f" (got {_short(err['input'])})"
+    return msg
+
+
+def format_validation_error(e: pydantic.ValidationError, data: object) -> str:
+    """One line: the first problem's field path and message, plus how many more there are."""
+    groups: dict[str, list[dict]] = {}
+    for err in e.errors():
+        groups.setdefault(_clean_loc(tuple(err.get("loc", ())), data, err.get("type", "")), []).append(err)
+    path, errs = next(iter(groups.items()))
+    if len(errs) == 1:
+        text = _message(errs[0])
+    else:  # one value matched none of a union's members
+        alts = " or ".join(dict.fromkeys(_message(x, with_input=False) for x in errs))
+        got = f" (got {_short(errs[0]['input'])})" if "input" in errs[0] else ""
+        text = f"matches no allowed form: {alts}{got}"
+    more = len(groups) - 1
+    tail = f" [and {more} other error{'s' if more != 1 else ''}]" if more else ""
+    return f"invalid plan: {path}: {text}{tail}"
+
+
+# --- semantics ------------------------------------------------------------------
+
+def plan_graph(plan: Plan) -> Graph:
+    """The plan's source graph (PlanError if it does not parse)."""
+    try:
+        return graph_from_json(plan.graph)
+    except GraphError as e:
+        raise PlanError(f"graph: {e}") from None
+
+
+def check_plan(plan: Plan) -> None:
+    """Every rule of plan_semantics for the defaults of each kernel's parameters."""
+    graph = plan_graph(plan)
+    tensors = _check_tensors(plan, graph)
+    for ki, k in enumerate(plan.kernels):
+        _check_kernel_static(ki, k)
+        _check_kernel(plan, ki, k, dict(k.defaults), graph.sizes, tensors)
+    _check_dataflow(plan, tensors)
+
+
+def check_config(plan: Plan, config: Mapping[str, object]) -> dict[str, dict[str, int]]:
+    """Apply a user tile config; returns each kernel's parameter values.
+
+    A key ``PARAM`` sets that parameter in every kernel that has it, ``KERNEL.PARAM`` in one kernel
+    (the more specific key wins). Each value must be in the parameter's space and the resulting tiles
+    must satisfy the same rules as the defaults.
+    """
+    values = {k.name: dict(k.defaults) for k in plan.kernels}
+    by_name = {k.name: k for k in plan.kernels}
+    unscoped: dict[tuple[str, str], object] = {}
+    scoped: dict[tuple[str, str], object] = {}
+    for key, v in config.items():
+        if not isinstance(key, str) or not key:
+            raise PlanError(f"config: bad key {_short(key)}")
+        kname, _, param = key.rpartition(".")
+        if kname and kname in by_name:
+            if param not in by_name[kname].params:
+                raise PlanError(f"config {key}: kernel {kname!r} has no parameter {param!r}; it has "
+                                f"{sorted(by_name[kname].params) or 'none'}")
+            scoped[(kname, param)] = v
+            continue
+        owners = [k.name for k in plan.kernels if key in k.params]
+        if not owners:
+            known = sorted({p for k in plan.kernels for p in k.params})
+            raise PlanError(f"config {key}: no kernel has a parameter {key!r}; parameters: "
+                            f"{', '.join(known) or 'none'} (or KERNEL.PARAM)")
+        unscoped.update({(o, key): v for o in owners})
+    for (kname, param), v in {**unscoped, **scoped}.items():
+        space = by_name[kname].params[param]
+        if isinstance(v, bool) or not isinstance(v, int) or v not in space:
+            raise PlanError(f"config {param}={_short(v)} for kernel {kname!r}: allowed values are {space}")
+        values[kname][param] = v
+    graph = plan_graph(plan)
+    tensors = {t.name: t for t in plan.tensors}
+    for ki, k in enumerate(plan.kernels):
+        if values[k.name] != k.defaults:
+            _check_kernel(plan, ki, k, values[k.name], graph.sizes, tensors, config=True)
+    return values
+
+
+def _check_tensors(plan: Plan, graph: Graph) -> dict[str, GlobalTensor]:
+    sizes = graph.sizes
+    tensors: dict[str, GlobalTensor] = {}
+    for i, t in enumerate(plan.tensors):
+        where = f"tensors[{i}] {t.name!r}"
+        if t.name in tensors:
+            raise PlanError(f"{where}: a tensor named {t.name!r} is already listed")
+        tensors[t.name] = t
+        if len(set(t.axes)) != len(t.axes):
+            raise PlanError(f"{where}: repeats an axis: {t.axes}")
+        for a, n in zip(t.axes, t.shape, strict=True):
+            if a not in sizes:
+                raise PlanError(f"{where}: unknown axis {a!r}; graph axes are {sorted(sizes)}")
+            if n != sizes[a]:
+                raise PlanError(f"{where}: axis {a!r} has extent {n}, but the graph says {sizes[a]}")
+        want = "float32" if t.role == "intermediate" else plan.dtype
+        if t.dtype != want:
+            raise PlanError(f"{where}: a tensor of role {t.role} must have dtype {want} "
+                            f"(plan dtype {plan.dtype}), got {t.dtype}")
+    ins = {x.name: x.axes for x in graph.inputs()}
+    outs = {n: result_axes(x) for n, x in graph.outputs}
+    for role, want in (("input", ins), ("output", outs)):
+        have = {t.name: t for t in plan.tensors if t.role == role}
+        for name, axes in want.items():
+            if name not in have:
+                raise PlanError(f"tensors: graph {role} {name!r} has no tensor of role {role}")
+            if tuple(have[name].axes) != tuple(axes):
+                raise PlanError(f"tensors: {role} {name!r} has axes {have[name].axes}, but the graph's "
+                                f"{role} has axes {list(axes)}")
+        for name in have:
+            if name not in want:
+                raise PlanError(f"tensors: {name!r} has role {role}, but the graph's {role}s are "
+                                f"{sorted(want)}")
+    return tensors
+
+
+def _check_kernel_static(ki: int, k: Kernel) -> None:
+    """Name-level rules that do not depend on parameter values."""
+    kw = f"kernels[{ki}] {k.name!r}"
+    blocks: list[tuple[str, Block]] = [(f"grid[{i}].block", g.block) for i, g in enumerate(k.grid)]
+    if k.loop is not None:
+        blocks += [("loop.block", k.loop.block), ("loop.stages", k.loop.stages)]
+    blocks.append(("threads", k.threads))
+    for field, b in blocks:
+        if isinstance(b, str) and b not in k.params:
+            raise PlanError(f"{kw}: {field} names parameter {b!r}, which is not in params "
+                            f"({sorted(k.params) or 'none'})")
+
+
+def _resolve(b: Block, values: Mapping[str, int]) -> int:
+    return b if isinstance(b, int) else values[b]
+
+
+def _op_reads_writes(op: object) -> tuple[list[str], list[str]]:
+    """Buffers an op reads and writes (reads happen before writes)."""
+    if isinstance(op, Load):
+        return [], [op.dst]
+    if isinstance(op, Store):
+        return [op.src], []
+    if isinstance(op, Fill):
+        return [], [op.dst]
+    if isinstance(op, Gemm):
+        return [op.a, op.b] + ([] if op.clear else [op.c]), [op.c]
+    if isinstance(op, Map):
+        return [r.buf for r in _refs(op.expr)], [op.dst]
+    if isinstance(op, Reduce):
+        return [op.src] + ([op.dst] if op.accumulate else []), [op.dst]
+    raise PlanError(f"unknown op {op!r}")  # pragma: no cover - the schema admits no other op
+
+
+def _refs(expr: object) -> Iterator[Ref]:
+    return (e for e in _walk(expr) if isinstance(e, Ref))
+
+
+def _walk(expr: object) -> Iterator[object]:
+    """Every node of an expression tree (iteratively: plans may nest deeply)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        yield e
+        if isinstance(e, Call):
+            stack.extend(reversed(e.args))
+
+
+def _calls(expr: object) -> Iterator[Call]:
+    return (e for e in _walk(expr) if isinstance(e, Call))
+
+
+def _ops(k: Kernel) -> Iterator[tuple[str, int, object]]:
+    for section in SECTIONS:
+        for i, op in enumerate(getattr(k, section)):
+            yield section, i, op
+
+
+def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], sizes: Mapping[str, int],
+                  tensors: Mapping[str, GlobalTensor], config: bool = False) -> None:
+    kw = f"kernels[{ki}] {k.name!r}"
+    setting = "with the given config" if config else "with the default parameters"
+
+    # iteration space
+    block: dict[str, int] = {}
+    grid_axes: list[str] = []
+    for i, g in enumerate(k.grid):
+        if g.axis not in sizes:
+            raise PlanError(f"{kw}: grid[{i}] names unknown axis {g.axis!r}; graph axes are {sorted(sizes)}")
+        if g.axis in block:
+            raise PlanError(f"{kw}: grid[{i}] repeats grid axis {g.axis!r}")
+        b = _resolve(g.block, values)
+        if sizes[g.axis] % b:
+            raise PlanError(f"{kw}: grid[{i}] block {b} of axis {g.axis!r} does not divide its size "
+                            f"{sizes[g.axis]} ({setting})")
+        block[g.axis] = b
+        grid_axes.append(g.axis)
+    loop_axis = ""
+    if k.loop is not None:
+        loop_axis = k.loop.axis
+        if loop_axis not in sizes:
+            raise PlanError(f"{kw}: loop names unknown axis {loop_axis!r}; graph axes are {sorted(sizes)}")
+        if loop_axis in block:
+            raise PlanError(f"{kw}: axis {loop_axis!r} is both a grid axis and the loop axis")
+        b = _resolve(k.loop.block, values)
+        if sizes[loop_axis] % b:
+            raise PlanError(f"{kw}: loop block {b} of axis {loop_axis!r} does not divide its size "
+                            f"{sizes[loop_axis]} ({setting})")
+        block[loop_axis] = b
+    indexed = {a for a in grid_axes if block[a] == 1}
+    held = {a for a in grid_axes if block[a] != 1} | ({loop_axis} if loop_axis else set())
+    tiles = {a: sizes[a] // block[a] for a in grid_axes}
+
+    # buffers
+    bufs: dict[str, Buffer] = {}
+    for i, buf in enumerate(k.buffers):
+        bw = f"{kw}: buffers[{i}] {buf.name!r}"
+        if buf.name in bufs:
+            raise PlanError(f"{bw}: a buffer named {buf.name!r} is already declared")
+        if len(set(buf.axes)) != len(buf.axes):
+            raise PlanError(f"{bw}: repeats an axis: {buf.axes}")
+        for a in buf.axes:
+            if a not in held:
+                why = "an indexed grid axis (block 1)" if a in indexed else "not an axis of this kernel"
+                raise PlanError(f"{bw}: axis {a!r} is {why}; a buffer axis must be a grid axis with "
+                                f"block != 1 or the loop axis ({sorted(held) or 'none here'}) ({setting})")
+        bufs[buf.name] = buf
+
+    def tile_axes(t: GlobalTensor, where: str) -> list[str]:
+        for a in t.axes:
+            if a not in block:
+                raise PlanError(f"{where}: tensor {t.name!r} has axis {a!r}, which is neither a grid axis nor "
+                                f"the loop axis of this kernel")
+        return [a for a in t.axes if a not in indexed]
+
+    # ops
+    loaded: list[str] = []
+    stored: list[str] = []
+    written: set[str] = set()
+    written_in_body: set[str] = set()
+    body_writes = {w for op in k.body for w in _op_reads_writes(op)[1]}
+    for section, oi, op in _ops(k):
+        ow = f"{kw} {section}[{oi}] ({getattr(op, 'op', '?')})"
+        reads, writes = _op_reads_writes(op)
+        for name in reads + writes:
+            if name not in bufs:
+                known = ", ".join(bufs) or "none"
+                raise PlanError(f"{ow}: unknown buffer {name!r}; this kernel's buffers: {known}")
+        for name in reads:
+            if name not in written:
+                raise PlanError(f"{ow}: reads buffer {name!r} before anything writes it")
+            if section == "body" and name in body_writes and name not in written_in_body \
+                    and not bufs[name].state and k.loop is not None:
+                raise PlanError(f"{ow}: buffer {name!r} carries its value across loop iterations "
+                                f"(read here before the body writes it); declare it with state=true")
+        if isinstance(op, (Load, Store)):
+            gname = op.src if isinstance(op, Load) else op.dst
+            bname = op.dst if isinstance(op, Load) else op.src
+            if gname not in tensors:
+                raise PlanError(f"{ow}: unknown global tensor {gname!r}; tensors: {', '.join(tensors)}")
+            t = tensors[gname]
+            want = tile_axes(t, ow)
+            if bufs[bname].axes != want:
+                side = "dst" if isinstance(op, Load) else "src"
+                raise PlanError(f"{ow}: {side} buffer {bname!r} has axes {bufs[bname].axes}, but the tile of "
+                                f"{gname!r} has axes {want} (its axes without indexed grid axes, same order) "
+                                f"({setting})")
+            if loop_axis and loop_axis in t.axes and section != "body":
+                raise PlanError(f"{ow}: tensor {gname!r} has the loop axis {loop_axis!r}, so it can only be "
+                                f"accessed in the loop body, not in the {section}")
+            if isinstance(op, Load):
+                loaded.append(gname)
+            else:
+                if t.role == "input":
+                    raise PlanError(f"{ow}: stores into {gname!r}, which is a graph input")
+                racing = [a for a in grid_axes if tiles[a] > 1 and a not in t.axes]
+                if racing:
+                    raise PlanError(f"{ow}: blocks race on {gname!r}: grid axis {racing[0]!r} has "
+                                    f"{tiles[racing[0]]} tiles but is not an axis of the tensor ({setting})")
+                stored.append(gname)
+        elif isinstance(op, Gemm):
+            _check_gemm(ow, op, bufs, plan.dtype)
+        elif isinstance(op, Map):
+            dst = bufs[op.dst]
+            for r in _refs(op.expr):
+                extra = [a for a in bufs[r.buf].axes if a not in dst.axes]
+                if extra:
+                    raise PlanError(f"{ow}: operand {r.buf!r} has axes {bufs[r.buf].axes}, which are not a "
+                                    f"subset of dst {op.dst!r}'s axes {dst.axes} (axis {extra[0]!r})")
+            for e in _walk(op.expr):
+                if isinstance(e, AxisSize) and e.axis not in sizes:
+                    raise PlanError(f"{ow}: size of unknown axis {e.axis!r}; graph axes are {sorted(sizes)}")
+            for c in _calls(op.expr):
+                if c.fn not in EXPR_FUNCTIONS:
+                    raise PlanError(f"{ow}: unknown function {c.fn!r}; known: {', '.join(EXPR_FUNCTIONS)}")
+                if len(c.args) != EXPR_FUNCTIONS[c.fn]:
+                    raise PlanError(f"{ow}: function {c.fn!r} takes {EXPR_FUNCTIONS[c.fn]} argument(s), "
+                                    f"got {len(c.args)}")
+        elif isinstance(op, Reduce):
+            src, dst = bufs[op.src], bufs[op.dst]
+            if op.axis not in src.axes:
+                raise PlanError(f"{ow}: reduces over axis {op.axis!r}, but src {op.src!r} has axes {src.axes}")
+            want = [a for a in src.axes if a != op.axis]
+            if dst.axes != want:
+                raise PlanError(f"{ow}: dst {op.dst!r} has axes {dst.axes}; reducing {op.src!r} over "
+                                f"{op.axis!r} gives axes {want}")
+        written.update(writes)
+        if section == "body":
+            written_in_body.update(writes)
+
+    if k.loop is not None:
+        init = {w for op in k.prologue for w in _op_reads_writes(op)[1]}
+        for buf in k.buffers:
+            if buf.state and buf.name not in init:
+                raise PlanError(f"{kw}: state buffer {buf.name!r} is not initialised in the prologue "
+                                f"(add a fill)")
+    for field, listed, done in (("reads", k.reads, loaded), ("writes", k.writes, stored)):
+        verb = "loads" if field == "reads" else "stores"
+        for name in listed:
+            if name not in tensors:
+                raise PlanError(f"{kw}: {field} lists unknown tensor {name!r}")
+            if name not in done:
+                raise PlanError(f"{kw}: {field} lists {name!r}, but the kernel never {verb} it")
+        for name in done:
+            if name not in listed:
+                raise PlanError(f"{kw}: {verb} {name!r}, but {field} does not list it")
+
+
+def _check_gemm(ow: str, op: Gemm, bufs: Mapping[str, Buffer], dtype: str) -> None:
+    a, b, c = bufs[op.a], bufs[op.b], bufs[op.c]
+    free: list[str] = []
+    for role, buf in (("a", a), ("b", b)):
+        if len(buf.axes) != 2 or op.contract not in buf.axes:
+            raise PlanError(f"{ow}: operand {role} {buf.name!r} must be 2-D holding the contracted axis "
+                            f"{op.contract!r} and one free axis; it has axes {buf.axes}")
+        free.append(next(x for x in buf.axes if x != op.contract))
+        if buf.dtype != dtype:
+            raise PlanError(f"{ow}: operand {role} {buf.name!r} has dtype {buf.dtype}; gemm operands have the "
+                            f"compute dtype {dtype}")
+    if b.scope != "shared":
+        raise PlanError(f"{ow}: operand b {b.name!r} must be in shared memory, it is {b.scope}")
+    if c.axes != free:
+        raise PlanError(f"{ow}: accumulator c {c.name!r} has axes {c.axes}; it must be [free axis of a, free "
+                        f"axis of b] = {free}")
+    if c.dtype != "float32" or c.scope != "fragment":
+        raise PlanError(f"{ow}: accumulator c {c.name!r} must be a float32 fragment, it is a {c.dtype} {c.scope}")
+
+
+def _check_dataflow(plan: Plan, tensors: Mapping[str, GlobalTensor]) -> None:
+    """Kernels run in order: a tensor is read only once it exists; every output gets written."""
+    written: set[str] = set()
+    for ki, k in enumerate(plan.kernels):
+        for name in k.reads:
+            t = tensors[name]
+            if t.role != "input" and name not in written:
+                raise PlanError(f"kernels[{ki}] {k.name!r}: reads {name!r} (role {t.role}) before any earlier "
+                                f"kernel writes it")
+        written.update(k.writes)
+    for t in plan.tensors:
+        if t.role == "output" and t.name not in written:
+            raise PlanError(f"tensors: output {t.name!r} is never written by any kernel")
