@@ -1,0 +1,44 @@
+"""The repository keeps its promises: fixed top level, README and CI in step."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _readme_block(heading: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    lines = [ln.strip() for ln in section.splitlines() if ln.startswith("    ")]
+    assert lines, f"README section {heading!r} has no command"
+    return lines[0]
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    test_cmd = _readme_block("Test")
+    assert test_cmd in ci.splitlines()[-1] or any(ln.strip() == test_cmd for ln in ci.splitlines())
+
+
+def test_ci_performs_the_readme_set_up() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    setup = _readme_block("Set up")
+    venv, install = (part.strip() for part in setup.split("&&"))
+    assert venv in ci
+    assert install.replace(".venv/bin/python -m pip install", "").strip() in ci
+
+
+def test_fixed_top_level() -> None:
+    required = {"lakefile.lean", "lean-toolchain", "Superopt", "pyrunner", "pyproject.toml", "tests",
+                "benchmarks", "README.md", ".ci"}
+    present = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name == ".ci"}
+    assert required <= present | {".ci"}
+
+
+def test_schema_version_documented() -> None:
+    from pyrunner.plan import SCHEMA_VERSION
+
+    schema = (ROOT / "pyrunner" / "schema" / "plan.schema.json").read_text()
+    assert re.search(rf'"const":\s*{SCHEMA_VERSION}', schema) or f'"default": {SCHEMA_VERSION}' in schema
