@@ -1,0 +1,371 @@
+"""The Lean sources agree with the Python side on everything checkable without a Lean compiler.
+
+No Lean toolchain exists on the development machines or in CI (DESIGN section 3), so this test
+reads the Lean files as text: rule names against theorem names, the workload catalog (evaluated
+term by term by a small interpreter for the restricted `let`/application form that
+`Superopt/Workloads.lean` and the helpers of `Superopt/Graph.lean` are written in), the op
+vocabularies, the absence of proof holes, and the package layout lake expects.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyrunner import graph as G
+from pyrunner.workloads import CATALOG
+
+ROOT = Path(__file__).resolve().parents[1]
+LEAN_DIR = ROOT / "Superopt"
+LEAN_TEST_DIR = ROOT / "tests" / "lean"
+
+# The rule names are fixed by the design; pyrunner.rules.RULE_NAMES must carry the same ones.
+RULES = (
+    "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2",
+    "mean_to_sum_div", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
+    "reduction_in_contraction_loop",
+)
+
+
+# --- reading Lean text -----------------------------------------------------------------------
+
+def lean_files() -> list[Path]:
+    return sorted(LEAN_DIR.rglob("*.lean")) + sorted(LEAN_TEST_DIR.rglob("*.lean")) + [ROOT / "lakefile.lean"]
+
+
+def strip_comments(src: str, keep_strings: bool = True) -> str:
+    """Lean source without comments (nested block comments included), optionally without strings.
+
+    Newlines are kept so line structure survives.
+    """
+    out: list[str] = []
+    i, n, depth = 0, len(src), 0
+    while i < n:
+        two = src[i:i + 2]
+        if depth:
+            if two == "/-":
+                depth, i = depth + 1, i + 2
+            elif two == "-/":
+                depth, i = depth - 1, i + 2
+            else:
+                if src[i] == "\n":
+                    out.append("\n")
+                i += 1
+        elif two == "/-":
+            depth, i = 1, i + 2
+        elif two == "--":
+            while i < n and src[i] != "\n":
+                i += 1
+        elif src[i] == '"':
+            j = i + 1
+            while j < n and src[j] != '"':
+                j += 2 if src[j] == "\\" else 1
+            out.append(src[i:j + 1] if keep_strings else '""')
+            i = j + 1
+        else:
+            out.append(src[i])
+            i += 1
+    return "".join(out)
+
+
+@functools.cache
+def code(path: Path) -> str:
+    return strip_comments(path.read_text())
+
+
+def all_theorems() -> set[str]:
+    names: set[str] = set()
+    for p in lean_files():
+        names |= set(re.findall(r"^\s*(?:@\[[^\]]*\]\s*)?(?:protected\s+|private\s+)?theorem\s+([\w.']+)",
+                                code(p), re.M))
+    return names
+
+
+# --- a tiny evaluator for the Lean workload definitions ------------------------------------------
+
+TOKEN = re.compile(r"""\s*(?:(?P<str>"(?:[^"\\]|\\.)*")|(?P<num>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)
+                   |(?P<id>\.?[A-Za-z_][\w.]*)|(?P<punct>[()\[\],]))""", re.X)
+DEF_HEADER = re.compile(
+    r"^def\s+(?P<name>[\w.]+)\s*(?P<binders>(?:\([^()]*\)\s*)*):\s*(?P<ret>[^=]+?)\s*:=\s*$")
+
+
+@dataclass(frozen=True)
+class Ctor:
+    """`.name`: an op constructor; its Lean name is the Python op name."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class LeanDef:
+    name: str
+    params: tuple[str, ...]
+    body: tuple[str, ...]  # statements: `let x := e` lines, then the result expression
+
+
+def _op(kind: tuple[str, ...], what: str) -> Callable[[Any], str]:
+    def get(c: Any) -> str:
+        assert isinstance(c, Ctor) and c.name in kind, f"{what} {c!r} is not one of {kind}"
+        return c.name
+    return get
+
+
+_unary = _op(G.UNARY_OPS, "unary op")
+_binary = _op(G.BINARY_OPS, "binary op")
+_reduce = _op(G.REDUCE_OPS, "reduction")
+
+BUILTINS: dict[str, tuple[int, Callable[..., Any]]] = {
+    "Term.input": (2, lambda name, axes: G.inp(name, axes)),
+    "Term.const": (1, lambda v: G.const(v)),
+    "Term.axisSize": (1, lambda a: G.axis_size(a)),
+    "Term.unary": (2, lambda f, x: G.unary(_unary(f), x)),
+    "Term.binary": (3, lambda f, a, b: G.binary(_binary(f), a, b)),
+    "Term.reduce": (3, lambda f, x, ax: G.reduce(_reduce(f), x, ax)),
+    "Term.matmul": (3, lambda a, b, ax: G.matmul(a, b, ax)),
+    "Graph.mk": (3, lambda name, sizes, outputs: G.Graph(name, dict(sizes), tuple(outputs))),
+}
+
+
+def parse_defs(src: str) -> dict[str, LeanDef]:
+    """Every `def NAME (binders) : T :=` whose body is indented lines; other defs are ignored."""
+    lines = strip_comments(src).splitlines()
+    defs: dict[str, LeanDef] = {}
+    i = 0
+    while i < len(lines):
+        m = DEF_HEADER.match(lines[i])
+        i += 1
+        if not m:
+            continue
+        groups = re.findall(r"\(([^():]+):[^()]*\)", m["binders"])
+        params = tuple(n for group in groups for n in group.split())
+        stmts: list[str] = []
+        base = None
+        while i < len(lines) and (not lines[i].strip() or lines[i][0].isspace()):
+            line = lines[i]
+            i += 1
+            if not line.strip():
+                continue
+            indent = len(line) - len(line.lstrip())
+            if base is None:
+                base = indent
+            if indent == base:
+                stmts.append(line.strip())
+            else:
+                stmts[-1] += " " + line.strip()
+        defs[m["name"]] = LeanDef(m["name"], params, tuple(stmts))
+    return defs
+
+
+class Evaluator:
+    """Evaluates the restricted Lean subset: `let` lines, applications, literals, lists, tuples."""
+
+    def __init__(self, defs: dict[str, LeanDef]) -> None:
+        self.defs = defs
+
+    def call(self, name: str, args: list[Any]) -> Any:
+        if name in BUILTINS:
+            arity, fn = BUILTINS[name]
+            assert len(args) == arity, f"{name} takes {arity} arguments, got {len(args)}"
+            return fn(*args)
+        d = self.defs[name]
+        assert len(args) == len(d.params), f"{name} takes {len(d.params)} arguments, got {len(args)}"
+        env = dict(zip(d.params, args, strict=True))
+        *lets, result = d.body
+        for stmt in lets:
+            m = re.fullmatch(r"let\s+(\w+)\s*:=\s*(.+)", stmt)
+            assert m, f"{name}: expected `let x := e`, got {stmt!r}"
+            env[m[1]] = self.expr(m[2], env)
+        return self.expr(result, env)
+
+    def expr(self, text: str, env: dict[str, Any]) -> Any:
+        toks = self.tokenize(text)
+        value, pos = self.app(toks, 0, env)
+        assert pos == len(toks), f"trailing tokens in {text!r}: {toks[pos:]}"
+        return value
+
+    @staticmethod
+    def tokenize(text: str) -> list[tuple[str, str]]:
+        toks, pos = [], 0
+        while pos < len(text.rstrip()):
+            m = TOKEN.match(text, pos)
+            assert m and m.end() > pos, f"cannot tokenize {text[pos:]!r}"
+            kind = m.lastgroup
+            assert kind is not None
+            toks.append((kind, m[kind]))
+            pos = m.end()
+        return toks
+
+    def app(self, toks: list[tuple[str, str]], pos: int, env: dict[str, Any]) -> tuple[Any, int]:
+        kind, tok = toks[pos]
+        if kind == "id" and not tok.startswith(".") and tok not in env and (
+                tok in BUILTINS or (tok in self.defs and self.defs[tok].params)):
+            args, pos = [], pos + 1
+            while pos < len(toks) and not (toks[pos][0] == "punct" and toks[pos][1] in ")],"):
+                arg, pos = self.atom(toks, pos, env)
+                args.append(arg)
+            return self.call(tok, args), pos
+        return self.atom(toks, pos, env)
+
+    def atom(self, toks: list[tuple[str, str]], pos: int, env: dict[str, Any]) -> tuple[Any, int]:
+        kind, tok = toks[pos]
+        if kind == "str":
+            return tok[1:-1], pos + 1
+        if kind == "num":
+            return (float(tok) if any(c in tok for c in ".eE") else int(tok)), pos + 1
+        if kind == "id":
+            if tok.startswith("."):
+                return Ctor(tok[1:]), pos + 1
+            if tok in env:
+                return env[tok], pos + 1
+            assert tok in self.defs and not self.defs[tok].params, f"unknown or unapplied name {tok!r}"
+            return self.call(tok, []), pos + 1
+        if tok in "([":
+            close = ")" if tok == "(" else "]"
+            items, pos = [], pos + 1
+            while toks[pos] != ("punct", close):
+                item, pos = self.app(toks, pos, env)
+                items.append(item)
+                if toks[pos] == ("punct", ","):
+                    pos += 1
+            if close == "]":
+                return items, pos + 1
+            return (items[0] if len(items) == 1 else tuple(items)), pos + 1
+        raise AssertionError(f"unexpected token {tok!r}")
+
+
+@functools.cache
+def lean_catalog() -> dict[str, G.Graph]:
+    defs = parse_defs((LEAN_DIR / "Graph.lean").read_text())
+    defs.update(parse_defs((LEAN_DIR / "Workloads.lean").read_text()))
+    graphs = Evaluator(defs).call("catalog", [])
+    return {g.name: g for g in graphs}
+
+
+# --- tests -----------------------------------------------------------------------------------------
+
+def test_every_rule_has_a_theorem() -> None:
+    missing = sorted(set(RULES) - all_theorems())
+    assert not missing, f"rules without a Lean theorem in Superopt/: {missing}"
+
+
+def test_python_rule_names_match_the_lean_theorems() -> None:
+    rules = pytest.importorskip("pyrunner.rules", reason="pyrunner/rules.py is not in this tree yet")
+    assert tuple(rules.RULE_NAMES) == RULES
+    assert not set(rules.RULE_NAMES) - all_theorems()
+
+
+def test_lean_rule_catalog_names_the_theorems_in_order() -> None:
+    listed = re.findall(r"``(\w+)", code(LEAN_DIR / "Plan.lean"))
+    assert tuple(listed) == RULES
+
+
+def test_lean_catalog_lists_python_workloads_in_order() -> None:
+    assert list(lean_catalog()) == list(CATALOG)
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_lean_workload_matches_python(name: str) -> None:
+    lean, py = lean_catalog()[name], CATALOG[name]()
+    G.check(lean)
+    assert lean.sizes == py.sizes, "default sizes differ"
+    assert list(lean.sizes) == list(py.sizes), "axes are declared in a different order"
+    assert [(t.name, t.axes) for t in lean.inputs()] == [(t.name, t.axes) for t in py.inputs()]
+    assert lean.outputs == py.outputs, "output terms differ"
+
+
+def test_evaluator_notices_a_changed_workload() -> None:
+    src = (LEAN_DIR / "Workloads.lean").read_text().replace('("t_kv", 4096)]', '("t_kv", 2048)]', 1)
+    defs = parse_defs((LEAN_DIR / "Graph.lean").read_text())
+    defs.update(parse_defs(src))
+    changed = Evaluator(defs).call("attention", [])
+    assert changed.sizes["t_kv"] == 2048
+    assert changed != CATALOG["Attention"]()
+
+
+def _inductive_ctors(name: str) -> list[str]:
+    m = re.search(rf"^inductive {name} where\n(?P<body>(?:\s+\|.*\n)+)", code(LEAN_DIR / "Graph.lean"), re.M)
+    assert m, f"inductive {name} not found"
+    return re.findall(r"\|\s*(\w+)", m["body"])
+
+
+def _name_table(name: str) -> list[tuple[str, str]]:
+    m = re.search(rf"^def {name}\.name : {name} → String\n(?P<body>(?:\s+\|.*\n)+)",
+                  code(LEAN_DIR / "Graph.lean"), re.M)
+    assert m, f"def {name}.name not found"
+    return re.findall(r'\|\s*\.(\w+)\s*=>\s*"(\w+)"', m["body"])
+
+
+@pytest.mark.parametrize("lean_name, python_ops", [
+    ("UnaryOp", G.UNARY_OPS), ("BinaryOp", G.BINARY_OPS), ("ReduceOp", G.REDUCE_OPS)])
+def test_op_vocabulary_matches_graph_py(lean_name: str, python_ops: tuple[str, ...]) -> None:
+    assert tuple(_inductive_ctors(lean_name)) == python_ops
+    table = _name_table(lean_name)
+    assert tuple(n for _, n in table) == python_ops
+    assert all(ctor == n for ctor, n in table), "constructor and Python name differ"
+    m = re.search(rf"^def {lean_name}\.all : List {lean_name} :=(?P<body>[^\]]*\])",
+                  code(LEAN_DIR / "Graph.lean"), re.M)
+    assert m and tuple(re.findall(r"\.(\w+)", m["body"])) == python_ops
+
+
+def test_term_json_ops_match_graph_py() -> None:
+    ops = re.findall(r'\("op", Lean\.Json\.str "(\w+)"\)', code(LEAN_DIR / "Plan.lean"))
+    assert sorted(ops) == sorted(G.ALL_OPS)
+
+
+def test_no_proof_holes() -> None:
+    holes = re.compile(r"\b(sorry|admit|axiom|native_decide|implemented_by)\b")
+    found = []
+    for p in lean_files():
+        for lineno, line in enumerate(strip_comments(p.read_text(), keep_strings=False).splitlines(), 1):
+            if holes.search(line):
+                found.append(f"{p.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    assert not found, "proof holes or trusted code:\n" + "\n".join(found)
+
+
+def test_hole_scan_sees_code_but_not_comments() -> None:
+    src = 'theorem t : True := by\n  -- sorry in a comment\n  /- admit -/ exact sorry\ndef s := "axiom"\n'
+    stripped = strip_comments(src, keep_strings=False)
+    assert re.findall(r"\b(sorry|admit|axiom)\b", stripped) == ["sorry"]
+
+
+def test_modules_have_docstrings_and_core_imports_only() -> None:
+    for p in lean_files():
+        text = p.read_text()
+        body = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("import ", "open "))]
+        assert body and body[0].startswith("/-!"), f"{p.relative_to(ROOT)} must start with a module docstring"
+        for mod in re.findall(r"^import\s+(\S+)", text, re.M):
+            root = mod.split(".")[0]
+            assert root in ("Init", "Std", "Lean", "Lake", "Superopt"), f"{p.name} imports {mod}"
+            if root == "Superopt":
+                assert (ROOT / (mod.replace(".", "/") + ".lean")).is_file(), f"{p.name} imports missing {mod}"
+
+
+def test_basic_imports_every_library_module() -> None:
+    imported = set(re.findall(r"^import\s+(\S+)", (LEAN_DIR / "Basic.lean").read_text(), re.M))
+    modules = {"Superopt." + p.relative_to(LEAN_DIR).with_suffix("").as_posix().replace("/", ".")
+               for p in LEAN_DIR.rglob("*.lean")}
+    assert imported == modules - {"Superopt.Basic", "Superopt.Main"}
+
+
+def test_package_layout() -> None:
+    toolchain = (ROOT / "lean-toolchain").read_text().strip()
+    assert re.fullmatch(r"leanprover/lean4:v\d+\.\d+\.\d+", toolchain), toolchain
+    assert not (ROOT / "Superopt.lean").exists(), "the top level is fixed: no Superopt.lean"
+    lakefile = code(ROOT / "lakefile.lean")
+    assert re.search(r"^package superopt\b", lakefile, re.M)
+    assert re.search(r"^lean_lib Superopt where\n\s+globs := #\[\.submodules `Superopt\]", lakefile, re.M)
+    exes = dict(re.findall(r"^lean_exe (\w+) where\n((?:[ \t]+.*\n?)+)", lakefile, re.M))
+    assert set(exes) == {"superopt", "superopt_test"}
+    for name, body in exes.items():
+        root = re.search(r"root := `([\w.]+)", body)
+        src = re.search(r'srcDir := "([^"]+)"', body)
+        assert root, f"lean_exe {name} has no root"
+        path = ROOT / (src[1] if src else ".") / (root[1].replace(".", "/") + ".lean")
+        assert path.is_file(), f"lean_exe {name}: {path} does not exist"
+    assert re.search(r'testDriver := "superopt_test"', lakefile)
