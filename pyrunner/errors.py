@@ -8,6 +8,10 @@ class UserError(Exception):
 
     exit_code = 2
 
+    def __init__(self, message: str) -> None:
+        # one line, whatever names a user's file smuggles in
+        super().__init__(str(message).replace("\r", "\\r").replace("\n", "\\n"))
+
 
 class GraphError(UserError):
     """A graph that does not type-check (unknown op or axis, shape mismatch)."""

@@ -400,6 +400,8 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             b.ew_elems += elems(t)
             if t.op == "unary" and t.fn in TRANSCENDENTAL:
                 b.trans_elems += elems(t)
+            if t.op == "unary" and t.fn == "exp":  # the hardware evaluates exp as exp2(x * log2 e)
+                b.ew_elems += elems(t)
             e = Call(fn=t.fn, args=[expr(a) for a in t.args])
             us = users.get(t, [])
             inline = (t is not root and len(us) == 1 and us[0].op in ("unary", "binary")
