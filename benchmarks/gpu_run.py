@@ -1,0 +1,296 @@
+"""The one GPU benchmark: plan, render, compile, verify and time every seed workload against PyTorch.
+
+Run on the GPU machine through ``benchmarks/gpu_run.sh`` (it unpacks TileLang and the carried
+wheels first). For each workload of the catalog's seed set (and each ``--graph`` JSON file) in
+each dtype at the DESIGN shapes: plan with ``pyrunner.planner.search``, then run the plan in its
+own process (``pyrunner.runner.run_plan``: compile, verify against the float64 reference, autotune
+over a small sample, time beside eager / torch.compile / max-autotune / the vendor kernel), one
+record each in ``$OUT/results.jsonl``. Then the report (``$OUT/report.md``, ``$OUT/speedups.png``),
+the rendered sources (``$OUT/sources.tar.gz``), the full log (``$OUT/gpu_run.log``), and a short
+table printed last.
+
+Time: everything must end well inside the device tool's 10-minute command limit. Phase 1 warms
+the on-disk caches (TileLang kernels, inductor graphs and autotune picks) in parallel worker
+processes, bounded by a share of the budget; phase 2 runs each plan in its own process under a
+per-run deadline (max-autotune is skipped when the deadline is near) and a hard kill, and a
+killed or crashed run is still logged, from its checkpoint. One failing workload never stops the
+others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DEFAULT_BUDGET_S = 500.0
+WARM_SHARE = 0.45
+"""Fraction of the budget the parallel warm-up phase may use at most."""
+MIN_RUN_S = 25.0
+
+
+class Tee:
+    """Everything printed goes to the terminal and to the full log."""
+
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a", buffering=1)
+
+    def __call__(self, *parts: object) -> None:
+        line = " ".join(str(p) for p in parts)
+        print(line, flush=True)
+        self.fh.write(line + "\n")
+
+    def raw(self, text: str) -> None:
+        self.fh.write(text if text.endswith("\n") else text + "\n")
+
+
+def _env_report(say: Tee) -> None:
+    try:
+        import torch
+
+        dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "NO GPU"
+        say(f"python {sys.version.split()[0]}  torch {torch.__version__}  device: {dev}")
+    except Exception as e:  # noqa: BLE001
+        say(f"torch import failed: {e}")
+    for mod in ("triton", "tilelang", "pydantic"):
+        try:
+            m = __import__(mod)
+            say(f"{mod} {getattr(m, '__version__', '?')}")
+        except Exception as e:  # noqa: BLE001
+            say(f"{mod}: NOT importable ({type(e).__name__}: {e})")
+
+
+# --- planning --------------------------------------------------------------------
+
+def _graphs(args) -> list:
+    from pyrunner import workloads
+    from pyrunner.graph_io import load_graph_file
+
+    out = []
+    for name in args.workloads.split(","):
+        if name:
+            out.append(workloads.get(name))
+    for path in args.graph or []:
+        out.append(load_graph_file(path))
+    return out
+
+
+def _plan_all(args, work: Path, results: Path, say: Tee) -> list[tuple[str, str, Path]]:
+    """Plan every (graph, dtype); a planner failure is logged as a failed record."""
+    from pyrunner.planner import search
+    from pyrunner.results import append_record, make_record
+
+    jobs: list[tuple[str, str, Path]] = []
+    (work / "plans").mkdir(parents=True, exist_ok=True)
+    graphs = _graphs(args)
+    for dtype in args.dtypes.split(","):
+        for g in graphs:
+            t = time.monotonic()
+            try:
+                (plan,) = search(g, dtype, top=1, calibration=args.calibration)
+            except Exception as e:  # noqa: BLE001 - record and go on with the others
+                say(f"PLAN FAILED {g.name} {dtype}: {type(e).__name__}: {e}")
+                append_record(results, make_record(
+                    plan_hash="none", workload=g.name, graph_hash="", shapes=dict(g.sizes), dtype=dtype,
+                    device="planner", status="failed-compile", message=f"planner failed: {type(e).__name__}: {e}"))
+                continue
+            path = work / "plans" / f"{g.name}_{dtype}.json"
+            path.write_text(plan.model_dump_json(indent=1))
+            say(f"planned {g.name:14s} {dtype:9s} plan {plan.provenance.plan_hash}  {len(plan.kernels)} kernel(s)  "
+                f"predicted {plan.cost.total_us:.1f} us  ({time.monotonic() - t:.1f} s)")
+            jobs.append((g.name, dtype, path))
+    return jobs
+
+
+# --- worker processes ---------------------------------------------------------------
+
+def _worker_cmd(args, mode: str, plan: Path, results: Path, work: Path, deadline_s: float,
+                checkpoint: Path | None = None) -> list[str]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--plan", str(plan),
+           "--results", str(results), "--work", str(work), "--autotune", str(args.autotune),
+           "--deadline-s", f"{deadline_s:.0f}", "--baselines", args.baselines]
+    if checkpoint is not None:
+        cmd += ["--checkpoint", str(checkpoint)]
+    return cmd
+
+
+def _run_proc(cmd: list[str], timeout: float, log: Path) -> tuple[int | None, float]:
+    """Run a worker with a hard timeout; returns (exit code or None when killed, seconds)."""
+    t = time.monotonic()
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            rc = proc.wait(timeout=max(1.0, timeout))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the worker and its compile subprocesses, nothing else
+            proc.wait()
+            rc = None
+    return rc, time.monotonic() - t
+
+
+def worker(args) -> int:
+    from rich.console import Console
+
+    from pyrunner.runner import RunOptions, print_record, run_plan
+    from pyrunner.validate import load_plan
+
+    plan = load_plan(args.plan)
+    opts = RunOptions(
+        results=Path(args.results), out_dir=Path(args.work) / "sources", autotune=args.autotune,
+        baselines=tuple(b for b in args.baselines.split(",") if b), deadline=time.monotonic() + args.deadline_s,
+        checkpoint=Path(args.checkpoint) if args.checkpoint else None, warm_only=args.worker == "warm",
+        warmup_ms=25.0, rep_ms=100.0,
+    )
+    console = Console(stderr=True, width=120)
+    rec = run_plan(plan, opts, console)
+    if args.worker == "run":
+        print_record(rec, Console(width=120))
+    return 0 if rec.status in ("ok", "skipped") else 1
+
+
+# --- the supervisor ----------------------------------------------------------------
+
+def _count(results: Path, plan_hash: str) -> int:
+    from pyrunner.results import read_log
+
+    return sum(1 for r in read_log(results) if r.plan_hash == plan_hash)
+
+
+def _warm(args, jobs, results: Path, work: Path, until: float, say: Tee) -> None:
+    if args.jobs <= 1 or not jobs:
+        return
+    say(f"== warm-up: {len(jobs)} plan(s), {args.jobs} at a time, until {until - time.monotonic():.0f} s from now")
+
+    def one(job):
+        name, dtype, plan = job
+        left = until - time.monotonic()
+        if left < 5:
+            return name, dtype, None, 0.0
+        rc, secs = _run_proc(_worker_cmd(args, "warm", plan, results, work, left), left,
+                             work / "logs" / f"warm_{name}_{dtype}.log")
+        return name, dtype, rc, secs
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for name, dtype, rc, secs in pool.map(one, jobs):
+            state = "done" if rc == 0 else ("killed at the warm-up limit" if rc is None else f"exit {rc}")
+            say(f"warm {name:14s} {dtype:9s} {state} ({secs:.0f} s)")
+
+
+def _shapes(plan: dict) -> dict[str, int]:
+    return {a: n for t in plan["tensors"] for a, n in zip(t["axes"], t["shape"], strict=True)}
+
+
+def _timed(args, jobs, results: Path, work: Path, end: float, say: Tee) -> None:
+    from pyrunner.results import append_record, make_record
+    from pyrunner.runner import record_from_checkpoint
+
+    for i, (name, dtype, plan_path) in enumerate(jobs):
+        left = end - time.monotonic()
+        share = left / (len(jobs) - i)
+        plan = json.loads(plan_path.read_text())
+        phash = plan["provenance"]["plan_hash"]
+        if share < MIN_RUN_S / 2:
+            say(f"SKIP {name} {dtype}: out of time budget")
+            append_record(results, make_record(
+                plan_hash=phash, workload=name, graph_hash=plan["provenance"]["graph_hash"],
+                shapes=_shapes(plan), dtype=plan["dtype"],
+                device="", status="skipped", message="not run: gpu_run time budget exhausted"))
+            continue
+        hard = max(share, MIN_RUN_S)
+        soft = max(hard - 10.0, MIN_RUN_S / 2)
+        ck = work / "logs" / f"checkpoint_{name}_{dtype}.json"
+        ck.unlink(missing_ok=True)
+        log = work / "logs" / f"run_{name}_{dtype}.log"
+        before = _count(results, phash)
+        say(f"== run {name} {dtype} plan {phash} (deadline {soft:.0f} s, hard limit {hard:.0f} s)")
+        rc, secs = _run_proc(_worker_cmd(args, "run", plan_path, results, work, soft, ck), hard, log)
+        text = log.read_text(errors="replace")
+        say.raw(f"----- log of run {name} {dtype} -----\n{text}")
+        if _count(results, phash) > before:
+            say(f"   {name} {dtype}: exit {rc} after {secs:.0f} s")
+            continue
+        why = f"killed by gpu_run's time guard after {secs:.0f} s" if rc is None else f"worker exited {rc} (crash?)"
+        rec = record_from_checkpoint(ck, why)
+        if rec is None:
+            tail = " | ".join(text.strip().splitlines()[-3:])[-400:]
+            rec = make_record(plan_hash=phash, workload=name, graph_hash=plan["provenance"]["graph_hash"],
+                              shapes=_shapes(plan),
+                              dtype=plan["dtype"], device="", status="failed-launch",
+                              message=f"{why}; no checkpoint; log tail: {tail}")
+        append_record(results, rec)
+        say(f"   {name} {dtype}: {why}; logged as {rec.status}")
+
+
+def _pack_sources(work: Path, out: Path) -> None:
+    with tarfile.open(out / "sources.tar.gz", "w:gz") as tar:
+        for sub in ("plans", "sources", "logs"):
+            if (work / sub).exists():
+                tar.add(work / sub, arcname=sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from pyrunner.workloads import SEED_WORKLOADS
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu_run")))
+    ap.add_argument("--workloads", default=",".join(SEED_WORKLOADS), help="comma-separated catalog names")
+    ap.add_argument("--graph", action="append", help="a graph JSON file to run too (repeatable)")
+    ap.add_argument("--dtypes", default="bfloat16,float16")
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget for everything")
+    ap.add_argument("--autotune", type=int, default=4, help="configs timed per plan (<= 8; 1 = defaults only)")
+    ap.add_argument("--jobs", type=int, default=6, help="parallel warm-up processes (1 = no warm-up)")
+    ap.add_argument("--baselines", default="eager,vendor,torch_compile,max_autotune")
+    ap.add_argument("--calibration", type=Path, default=None, help="results log the planner calibrates from")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/superopt_gpu_run"))
+    # worker mode (internal)
+    ap.add_argument("--worker", choices=("warm", "run"))
+    ap.add_argument("--plan")
+    ap.add_argument("--results")
+    ap.add_argument("--deadline-s", type=float, default=120.0)
+    ap.add_argument("--checkpoint")
+    args = ap.parse_args(argv)
+    args.autotune = max(1, min(args.autotune, 8))
+    if args.worker:
+        return worker(args)
+
+    start = time.monotonic()
+    end = start + args.budget_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.work / "logs").mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
+    say = Tee(args.out / "gpu_run.log")
+    say(f"== gpu_run: budget {args.budget_s:.0f} s, workloads {args.workloads}, dtypes {args.dtypes}, "
+        f"graphs {args.graph or []}, autotune {args.autotune}, warm-up jobs {args.jobs}")
+    _env_report(say)
+    jobs = _plan_all(args, args.work, results, say)
+    warm_until = time.monotonic() + WARM_SHARE * (end - time.monotonic())
+    _warm(args, jobs, results, args.work, warm_until, say)
+    _timed(args, jobs, results, args.work, end, say)
+
+    from pyrunner.report import latest, short_table
+    from pyrunner.report import main as report_main
+    from pyrunner.results import read_log
+
+    report_main(["--log", str(results), "--out", str(args.out)])
+    _pack_sources(args.work, args.out)
+    records = latest(read_log(results))
+    table = short_table(records)
+    say.raw(table)
+    say(f"== done in {time.monotonic() - start:.0f} s; results in {args.out}")
+    print("\n" + table, flush=True)
+    return 0 if records and all(r.status == "ok" for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

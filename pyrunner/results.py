@@ -1,0 +1,133 @@
+"""Results log: JSON Lines, one validated record per run.
+
+Both planners read this log to re-rank candidates and calibrate their cost
+models, so it must survive a run killed at any moment: each record is one
+``os.write`` of a whole line on an ``O_APPEND`` descriptor, then fsync; a
+reader skips a trailing line without its newline (the only thing a kill can
+leave behind).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pyrunner.errors import UserError
+
+RECORD_VERSION = 1
+TOOL_VERSION = "0.1.0"
+Status = Literal["ok", "failed-verification", "failed-compile", "failed-launch", "skipped"]
+PRIMARY_BASELINE = "torch_compile"
+"""The baseline the headline speedup (and the report's geomean) is taken against."""
+
+
+class LogError(UserError):
+    """A results log that cannot be read (bad record in the middle of the file)."""
+
+
+class RunRecord(BaseModel):
+    """One run of one plan. Times are microseconds (medians); None = not measured.
+
+    ``predicted_us``/``bound`` are the plan's cost-model estimate and its dominant
+    kernel's bound, which the planner's calibration compares with ``plan_us``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    record_version: Literal[1] = RECORD_VERSION
+    timestamp: str = Field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat())
+    tool_version: str = TOOL_VERSION
+    plan_hash: str
+    workload: str
+    graph_hash: str
+    shapes: dict[str, int]
+    dtype: str
+    device: str
+    status: Status
+    message: str = ""
+    seed: int | None = None
+    config: dict[str, dict[str, int]] = {}
+    kernel_times_us: dict[str, float] = {}
+    plan_us: float | None = None
+    predicted_us: float | None = None
+    bound: str | None = None
+    baselines_us: dict[str, float | None] = {}
+    speedups: dict[str, float] = {}
+    best_baseline: str | None = None
+    speedup_vs_best: float | None = None
+    error: float | None = None
+    error_bound: float | None = None
+    extra: dict = {}
+
+
+def speedups(plan_us: float | None, baselines_us: dict[str, float | None]) -> tuple[
+        dict[str, float], str | None, float | None]:
+    """Speedup of the plan over each measured baseline, and over the fastest one."""
+    measured = {k: v for k, v in baselines_us.items() if v is not None and v > 0 and math.isfinite(v)}
+    if plan_us is None or plan_us <= 0 or not measured:
+        return {}, (min(measured, key=measured.get) if measured else None), None
+    per = {k: v / plan_us for k, v in measured.items()}
+    best = min(measured, key=measured.get)
+    return per, best, measured[best] / plan_us
+
+
+def make_record(**fields) -> RunRecord:
+    """A record with speedups derived from ``plan_us`` and ``baselines_us``."""
+    rec = RunRecord(**fields)
+    per, best, vs_best = speedups(rec.plan_us, rec.baselines_us)
+    return rec.model_copy(update={"speedups": per, "best_baseline": best, "speedup_vs_best": vs_best})
+
+
+def _needs_newline(fd: int) -> bool:
+    """True when the file ends in a partial line a killed writer left behind."""
+    size = os.fstat(fd).st_size
+    return size > 0 and os.pread(fd, 1, size - 1) != b"\n"
+
+
+def append_record(path: str | os.PathLike, record: RunRecord) -> None:
+    """Append one record atomically (one write of the whole line), then fsync."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record.model_dump(mode="json"), separators=(",", ":"), allow_nan=False) + "\n").encode()
+    fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if _needs_newline(fd):
+            line = b"\n" + line  # end the torn line so it stays one bad line, not two
+        written = os.write(fd, line)
+        if written != len(line):
+            raise OSError(f"short write to {p}: {written} of {len(line)} bytes")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_log(path: str | os.PathLike, strict: bool = False) -> list[RunRecord]:
+    """All complete records of a log, oldest first.
+
+    A trailing line without a newline (a torn append) is skipped. Any other line
+    that does not validate is skipped too, or raises LogError when ``strict``.
+    """
+    p = Path(path)
+    if not p.exists():
+        return []
+    data = p.read_bytes()
+    lines = data.split(b"\n")
+    complete = lines[:-1]  # the last element is b"" or a torn line
+    out: list[RunRecord] = []
+    for no, raw in enumerate(complete, 1):
+        if not raw.strip():
+            continue
+        try:
+            out.append(RunRecord.model_validate_json(raw))
+        except ValidationError as e:
+            if strict:
+                first = e.errors()[0]
+                where = ".".join(str(x) for x in first["loc"]) or "record"
+                raise LogError(f"{p}:{no}: invalid record ({where}: {first['msg']})") from None
+    return out

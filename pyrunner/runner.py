@@ -1,0 +1,568 @@
+"""Runs one kernel plan end to end: validate, fit, render, compile, verify, time, log.
+
+With a GPU: the plan is compiled, verified on fresh random inputs against the
+float64 reference, optionally autotuned over a small sample of its tuning
+space, and timed beside the PyTorch baselines (eager, torch.compile default and
+max-autotune-no-cudagraphs, and the vendor kernel the graph admits) in one
+process. Without one it does what it can -- render, lower to CUDA, build a cubin
+when nvcc exists, run the plan's tiled algorithm on the CPU at small shapes --
+and says what it skipped. Every run appends one record to the results log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import re
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from pyrunner.errors import DeviceFitError, UserError
+from pyrunner.graph import Graph
+from pyrunner.plan import Plan, plan_hash
+from pyrunner.results import RunRecord, append_record, make_record
+from pyrunner.timing import device_name, gpu_available, kernel_times_us, median_us
+from pyrunner.verify import GpuVerifier, fresh_seed, verify_executor
+
+BASELINES = ("eager", "vendor", "torch_compile", "max_autotune")
+"""Baselines timed beside each plan; ``vendor`` becomes ``sdpa``/``cublas`` where the graph admits one."""
+MAX_AUTOTUNE_CONFIGS = 8
+MAX_AUTOTUNE_MIN_S = 20.0
+"""torch.compile max-autotune (timed last) is skipped when less than this is left before the deadline."""
+AUTOTUNE_MIN_LEFT_S = 15.0
+"""Autotuning stops trying configs when less than this is left before the deadline."""
+COMPILE_MODES = {"torch_compile": None, "max_autotune": "max-autotune-no-cudagraphs"}
+
+Config = dict[str, dict[str, int]]
+
+
+@dataclass
+class RunOptions:
+    """What one run does; ``options_from_args`` builds it from the CLI's namespace."""
+
+    results: Path = Path("results/results.jsonl")
+    out_dir: Path = Path("results")
+    autotune: int = 0
+    baselines: tuple[str, ...] = BASELINES
+    seed: int | None = None
+    config: dict | None = None
+    deadline: float | None = None
+    checkpoint: Path | None = None
+    warm_only: bool = False
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    quiet: bool = False
+    force_cpu: bool = False
+    device: str = "cuda"
+
+
+def options_from_args(args: Any) -> RunOptions:
+    """Read the attributes the CLI may set (any may be missing; defaults apply)."""
+    o = RunOptions()
+
+    def get(name: str, default: Any) -> Any:
+        value = getattr(args, name, None)
+        return default if value is None else value
+
+    o.results = Path(get("results", o.results))
+    o.out_dir = Path(get("out", get("out_dir", o.out_dir)))
+    o.autotune = min(int(get("autotune", 0)), MAX_AUTOTUNE_CONFIGS)
+    if get("no_baselines", False):
+        o.baselines = ()
+    elif get("baselines", None):
+        b = get("baselines", None)
+        o.baselines = tuple(b.split(",") if isinstance(b, str) else b)
+        unknown = [x for x in o.baselines if x not in BASELINES]
+        if unknown:
+            raise UserError(f"--baselines: unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
+    o.seed = get("seed", None)
+    o.config = get("config", None)
+    budget = get("budget", None)
+    if budget is not None:
+        o.deadline = time.monotonic() + float(budget)
+    o.force_cpu = bool(get("cpu", False))
+    o.quiet = bool(get("quiet", False))
+    return o
+
+
+# --- small helpers -------------------------------------------------------------
+
+def _safe_name(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s) or "plan"
+
+
+def hash_of(plan: Plan) -> str:
+    return plan.provenance.plan_hash or plan_hash(plan)
+
+
+def default_config(plan: Plan) -> Config:
+    return {k.name: dict(k.defaults) for k in plan.kernels}
+
+
+def resolve(plan: Plan, config: dict | None) -> Config:
+    """A full per-kernel config from a partial one: ``{kernel: {param: v}}`` or flat ``{param: v}``."""
+    if not config:
+        return default_config(plan)
+    if all(isinstance(v, dict) for v in config.values()):
+        from pyrunner.render import resolve_config
+
+        return resolve_config(plan, config)
+    from pyrunner.validate import check_config
+
+    return check_config(plan, config)
+
+
+def graph_of(plan: Plan) -> Graph:
+    from pyrunner.validate import plan_graph
+
+    return plan_graph(plan)
+
+
+def dominant_bound(plan: Plan) -> str | None:
+    if not plan.cost.kernels:
+        return None
+    return max(plan.cost.kernels, key=lambda k: k.time_us).bound
+
+
+def sample_configs(plan: Plan, n: int, seed: str | int | None = None) -> list[Config]:
+    """The default config plus up to n-1 other distinct points of the tuning space.
+
+    Deterministic for a plan (seeded by its hash), so a warm-up process and the
+    timed run compile the same configs. Points that do not resolve (tiles that
+    do not divide, say) are dropped.
+    """
+    from pyrunner.render import resolve_config
+
+    base = default_config(plan)
+    out = [base]
+    keys = [(k.name, p) for k in plan.kernels for p in k.params]
+    spaces = [next(k for k in plan.kernels if k.name == kn).params[p] for kn, p in keys]
+    if n <= 1 or not keys:
+        return out
+    total = math.prod(len(s) for s in spaces)
+    rng = random.Random(str(seed if seed is not None else hash_of(plan)))
+    if total <= 256:
+        points = list(itertools.product(*spaces))
+        rng.shuffle(points)
+    else:
+        points = [tuple(rng.choice(s) for s in spaces) for _ in range(64)]
+    seen = {tuple(base[kn][p] for kn, p in keys)}
+    for pt in points:
+        if len(out) >= n:
+            break
+        if pt in seen:
+            continue
+        seen.add(pt)
+        cfg: Config = {k.name: {} for k in plan.kernels}
+        for (kn, p), v in zip(keys, pt, strict=True):
+            cfg[kn][p] = v
+        try:
+            resolve_config(plan, cfg)
+        except UserError:
+            continue
+        out.append(cfg)
+    return out
+
+
+def check_fits(plan: Plan, config: Config) -> None:
+    """Raise DeviceFitError if a kernel does not fit the target GPU under config."""
+    from pyrunner.compile import check_fits as fits
+
+    fits(plan, config)
+
+
+def write_source(plan: Plan, out_dir: Path) -> Path:
+    """Render the plan's TileLang module to ``out_dir/<plan_hash>/<workload>.py``."""
+    from pyrunner.render import render
+
+    src = render(plan)
+    path = Path(out_dir) / hash_of(plan) / f"{_safe_name(plan.workload)}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(src)
+    return path
+
+
+def _err(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]
+
+
+def exit_code(rec: RunRecord) -> int:
+    return 0 if rec.status in ("ok", "skipped") else 1
+
+
+# --- one run -------------------------------------------------------------------
+
+@dataclass
+class _Run:
+    plan: Plan
+    graph: Graph
+    opts: RunOptions
+    console: Console
+    phash: str = ""
+    fields: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.phash = hash_of(self.plan)
+        self.fields = {
+            "plan_hash": self.phash, "workload": self.plan.workload, "graph_hash": self.plan.provenance.graph_hash,
+            "shapes": dict(self.graph.sizes), "dtype": self.plan.dtype, "device": "", "status": "skipped",
+            "predicted_us": self.plan.cost.total_us or None, "bound": dominant_bound(self.plan),
+            "baselines_us": {}, "extra": {},
+        }
+
+    def step(self, what: str):
+        """A spinner while a stage runs (nothing when quiet or not a terminal)."""
+        self.fields["extra"]["stage"] = what
+        self.checkpoint()
+        if self.opts.quiet:
+            return nullcontext()
+        self.console.log(escape(f"[{self.phash}] {what}"))
+        return self.console.status(escape(f"[{self.phash}] {what} ..."))
+
+    def checkpoint(self) -> None:
+        """The record so far, so a supervisor can log a run killed mid-way (gpu_run's time guard)."""
+        if self.opts.checkpoint is None:
+            return
+        data = dict(self.fields, message="; ".join(self.notes))
+        tmp = Path(str(self.opts.checkpoint) + ".tmp")
+        tmp.write_text(json.dumps(data, default=str))
+        os.replace(tmp, self.opts.checkpoint)
+
+    def finish(self, status: str, message: str = "") -> RunRecord:
+        msg = "; ".join([m for m in [message, *self.notes] if m])
+        self.fields["extra"].pop("stage", None)
+        rec = make_record(**dict(self.fields, status=status, message=msg))
+        if not self.opts.warm_only:
+            append_record(self.opts.results, rec)
+        return rec
+
+    def time_left(self) -> float:
+        return math.inf if self.opts.deadline is None else self.opts.deadline - time.monotonic()
+
+
+def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None = None,
+             graph: Graph | None = None) -> RunRecord:
+    """Run one validated plan; returns the record it appended to ``opts.results``.
+
+    Raises DeviceFitError (a UserError) when the plan cannot fit the device,
+    after logging it; every other failure becomes a failed record.
+    """
+    opts = opts or RunOptions()
+    console = console or Console(stderr=True)
+    run = _Run(plan, graph or graph_of(plan), opts, console)
+    use_gpu = gpu_available() and not opts.force_cpu
+    run.fields["device"] = device_name() if use_gpu else "cpu"
+    run.fields["seed"] = opts.seed if opts.seed is not None else fresh_seed()
+    try:
+        cfg = resolve(plan, opts.config)
+        run.fields["config"] = cfg
+        with run.step("checking device fit"):
+            check_fits(plan, cfg)
+    except DeviceFitError as e:
+        run.finish("failed-compile", f"does not fit the device: {e}")
+        raise
+    try:
+        with run.step("rendering TileLang"):
+            src = write_source(plan, opts.out_dir)
+        run.fields["extra"]["source"] = str(src)
+    except UserError as e:
+        return run.finish("failed-compile", f"render failed: {e}")
+    except Exception as e:  # noqa: BLE001 - a renderer bug must not lose the record
+        return run.finish("failed-compile", f"render failed: {_err(e)}")
+    if use_gpu:
+        return _run_gpu(run, cfg)
+    return _run_cpu(run, cfg)
+
+
+# --- without a GPU --------------------------------------------------------------
+
+def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
+    from pyrunner.compile import compile_cubin, lower_to_cuda
+
+    plan, opts = run.plan, run.opts
+    out = Path(opts.out_dir) / run.phash
+    done: list[str] = ["validated", "fits the device", "rendered TileLang"]
+    try:
+        with run.step("lowering to CUDA source"):
+            cuda = lower_to_cuda(plan, cfg)
+        for name, text in cuda.items():
+            (out / f"{_safe_name(name)}.cu").write_text(text)
+        done.append(f"lowered {len(cuda)} kernel(s) to CUDA source")
+        if shutil.which("nvcc"):
+            with run.step("compiling cubin with nvcc"):
+                cub = compile_cubin(cuda, out)
+            done.append(cub.message or f"compiled {len(cub)} cubin(s) with nvcc")
+            run.fields["extra"]["cubins"] = [str(p) for p in cub]
+        else:
+            run.notes.append("nvcc not found: cubin not built")
+    except Exception as e:  # noqa: BLE001 - any lowering/nvcc failure is a compile failure
+        return run.finish("failed-compile", f"{_err(e)} (after: {', '.join(done)})")
+    from pyrunner.executor import execute, scale_down
+
+    with run.step("running the tiled algorithm on the CPU at small shapes"):
+        try:
+            small = scale_down(plan)
+            gsmall = graph_of(small)
+        except Exception as e:  # noqa: BLE001
+            return run.finish("failed-verification", f"scale_down failed: {_err(e)}")
+        res = verify_executor(small, gsmall, execute, seed=run.fields["seed"])
+    run.fields.update(error=res.error, error_bound=res.bound)
+    run.fields["extra"]["executor_shapes"] = dict(gsmall.sizes)
+    skipped = "skipped (no GPU): GPU compile, GPU verification, timing, baselines"
+    if not res.ok:
+        return run.finish("failed-verification", f"{res.message}; {skipped}")
+    done.append(f"{res.message} at {dict(gsmall.sizes)}")
+    return run.finish("skipped", "; ".join(done) + f"; {skipped}")
+
+
+# --- with a GPU ------------------------------------------------------------------
+
+def _compile(plan: Plan, cfg: Config) -> Callable:
+    from pyrunner.compile import compile_for_gpu
+
+    return compile_for_gpu(plan, cfg)
+
+
+def _compiled(graph: Graph, mode: str | None) -> Callable:
+    import torch
+
+    from pyrunner.torch_interp import torch_fn
+
+    torch._dynamo.reset()
+    return torch.compile(torch_fn(graph), mode=mode)
+
+
+def warm_baselines(graph: Graph, dtype: str, names: tuple[str, ...] = ("torch_compile", "max_autotune"),
+                   seed: int = 0) -> None:
+    """Compile the torch.compile baselines once so their on-disk caches are hot (gpu_run's warm phase)."""
+    import torch
+
+    from pyrunner.reference import random_inputs
+
+    dt = getattr(torch, dtype)
+    inputs = {k: torch.from_numpy(v).to("cuda", dt) for k, v in random_inputs(graph, seed).items()}
+    with torch.no_grad():
+        for name in names:
+            if name in COMPILE_MODES:
+                _compiled(graph, COMPILE_MODES[name])(**inputs)
+                torch.cuda.synchronize()
+
+
+def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -> tuple[Config, Callable]:
+    """Time up to opts.autotune verified configs (default first); keep the fastest."""
+    tried: list[dict] = []
+    best = (None, cfg, launch)
+    n = run.opts.autotune
+    cands = [cfg] + [c for c in sample_configs(run.plan, n) if c != cfg][: n - 1]  # the compiled one first
+    for i, c in enumerate(cands):
+        if run.time_left() < AUTOTUNE_MIN_LEFT_S and i > 0:
+            run.notes.append(f"autotune stopped after {i} config(s): time budget")
+            break
+        entry: dict = {"config": c}
+        try:
+            fn = launch if i == 0 else None
+            if fn is None:
+                check_fits(run.plan, c)
+                fn = _compile(run.plan, c)
+            res = verifier.check(fn)
+            if not res.ok:
+                entry["status"] = f"failed-verification: {res.message}"
+            else:
+                t = verifier.tensors()
+                entry["time_us"] = median_us(lambda fn=fn, t=t: fn(t), run.opts.warmup_ms, run.opts.rep_ms)
+                if best[0] is None or entry["time_us"] < best[0]:
+                    best = (entry["time_us"], c, fn)
+        except Exception as e:  # noqa: BLE001 - a bad config is skipped, not fatal
+            entry["status"] = _err(e)
+        tried.append(entry)
+    run.fields["extra"]["autotune"] = tried
+    return best[1], best[2]
+
+
+def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
+    import torch
+
+    plan, opts = run.plan, run.opts
+    try:
+        with run.step("compiling with TileLang"):
+            launch = _compile(plan, cfg)
+    except Exception as e:  # noqa: BLE001
+        return run.finish("failed-compile", _err(e))
+    if opts.warm_only:
+        for c in sample_configs(plan, opts.autotune)[1:]:
+            try:
+                _compile(plan, c)
+            except Exception:  # noqa: BLE001, S112 - the timed run reports it
+                continue
+        warm_baselines(run.graph, plan.dtype, tuple(b for b in opts.baselines if b in COMPILE_MODES))
+        return run.finish("skipped", "warm-up only")
+    try:
+        with run.step("verifying against the float64 reference"):
+            verifier = GpuVerifier(plan, run.graph, seed=run.fields["seed"], device=opts.device)
+            res = verifier.check(launch)
+    except Exception as e:  # noqa: BLE001 - launch errors (bad address, ...) end the run
+        return run.finish("failed-launch", _err(e))
+    run.fields.update(error=res.error, error_bound=res.bound)
+    if not res.ok:
+        return run.finish("failed-verification", res.message)
+    run.checkpoint()
+    if opts.autotune > 1:
+        with run.step(f"autotuning over up to {opts.autotune} configs"):
+            cfg, launch = _autotune(run, verifier, cfg, launch)
+        run.fields["config"] = cfg
+    try:
+        with run.step("timing the plan"):
+            tensors = verifier.tensors()
+            run.fields["plan_us"] = median_us(lambda: launch(tensors), opts.warmup_ms, opts.rep_ms)
+            try:
+                run.fields["kernel_times_us"] = kernel_times_us(lambda: launch(tensors),
+                                                                [k.name for k in plan.kernels])
+            except Exception as e:  # noqa: BLE001 - per-kernel times are informative
+                run.notes.append(f"per-kernel times unavailable: {_err(e)}")
+    except Exception as e:  # noqa: BLE001
+        return run.finish("failed-launch", _err(e))
+    run.checkpoint()
+    _time_baselines(run, verifier)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return run.finish("ok", res.message)
+
+
+def _time_baselines(run: _Run, verifier: GpuVerifier) -> None:
+    import torch
+
+    from pyrunner.torch_interp import torch_fn, vendor_fn
+
+    opts, graph = run.opts, run.graph
+    inputs = verifier.inputs
+    errors: dict[str, float] = {}
+    for name in opts.baselines:
+        if name == "vendor":
+            v = vendor_fn(graph)
+            if v is None:
+                continue
+            key, fn = v
+        elif name in COMPILE_MODES:
+            key = name
+            if name == "max_autotune" and run.time_left() < MAX_AUTOTUNE_MIN_S:
+                run.fields["baselines_us"][key] = None
+                run.notes.append(f"{key} skipped: time budget")
+                run.checkpoint()
+                continue
+            fn = None
+        else:
+            key, fn = name, torch_fn(graph)
+        try:
+            with run.step(f"baseline {key}"), torch.no_grad():
+                if fn is None:
+                    fn = _compiled(graph, COMPILE_MODES[name])
+                errors[key] = verifier.check_fn(fn)  # first call also compiles
+                run.fields["baselines_us"][key] = median_us(lambda fn=fn: fn(**inputs), opts.warmup_ms,
+                                                            opts.rep_ms)
+        except Exception as e:  # noqa: BLE001 - a failing baseline is recorded, not fatal
+            run.fields["baselines_us"][key] = None
+            run.notes.append(f"baseline {key} failed: {_err(e)}")
+        run.fields["extra"]["baseline_errors"] = errors
+        run.checkpoint()
+
+
+# --- entry point for the CLI -------------------------------------------------------
+
+def _fmt_us(x: float | None) -> str:
+    return "-" if x is None else f"{x:,.1f}"
+
+
+def print_record(rec: RunRecord, console: Console | None = None) -> None:
+    """A table of one run: status, plan and baseline times, speedups, error."""
+    console = console or Console()
+    if rec.plan_us is None and not rec.baselines_us:
+        _print_status(rec, console)
+        return
+    t = Table(title=f"{rec.workload} {rec.dtype} {rec.shapes}  plan {rec.plan_hash}  on {rec.device}")
+    t.add_column("what")
+    t.add_column("time (us)", justify="right")
+    t.add_column("plan speedup", justify="right")
+    t.add_row("plan", _fmt_us(rec.plan_us), "")
+    for k, v in rec.kernel_times_us.items():
+        t.add_row(f"  kernel {k}", _fmt_us(v), "")
+    for k, v in rec.baselines_us.items():
+        sp = rec.speedups.get(k)
+        t.add_row(k, _fmt_us(v), "-" if sp is None else f"{sp:.2f}x")
+    if rec.speedup_vs_best is not None:
+        t.add_row(f"best baseline ({rec.best_baseline})", _fmt_us(rec.baselines_us.get(rec.best_baseline or "")),
+                  f"{rec.speedup_vs_best:.2f}x")
+    console.print(t)
+    _print_status(rec, console)
+
+
+def _print_status(rec: RunRecord, console: Console) -> None:
+    err = "-" if rec.error is None else f"{rec.error:.2e} (bound {rec.error_bound:.0e})"
+    style = "green" if rec.status in ("ok", "skipped") else "bold red"
+    console.print(f"[{style}]status: {rec.status}[/{style}]  plan {rec.plan_hash}  error: {err}  seed: {rec.seed}")
+    if rec.message:
+        console.print(rec.message, markup=False)
+
+
+def run_plan_file(path: str | os.PathLike, args: Any = None) -> int:
+    """``python -m pyrunner plan.json``: exit 0 on success, 1 on a failed plan; UserError -> CLI exit 2."""
+    from pyrunner.validate import load_plan
+
+    opts = options_from_args(args)
+    console = Console(stderr=True)
+    plan = load_plan(path)
+    try:
+        rec = run_plan(plan, opts, console)
+    except UserError:
+        raise
+    except Exception:  # noqa: BLE001 - a bug: say which plan, keep the traceback
+        console.print(f"[bold red]internal error while running plan {hash_of(plan)}[/bold red]")
+        console.print(traceback.format_exc(), markup=False)
+        return 1
+    print_record(rec, Console())
+    if rec.status not in ("ok", "skipped"):
+        Console(stderr=True).print(f"[bold red]plan {rec.plan_hash} {rec.status}[/bold red]: {rec.message}",
+                                   highlight=False)
+    return exit_code(rec)
+
+
+_COMPILE_STAGES = ("checking device fit", "rendering TileLang", "compiling with TileLang")
+
+
+def record_from_checkpoint(checkpoint: Path, why: str) -> RunRecord | None:
+    """The record of a run that was killed (time guard, crash), built from its last checkpoint.
+
+    A run killed after its plan was timed keeps status ok (its missing baselines
+    are named); before that it failed in the stage it was in.
+    """
+    try:
+        data = json.loads(Path(checkpoint).read_text())
+    except (OSError, ValueError):
+        return None
+    extra = dict(data.get("extra") or {})
+    stage = extra.pop("stage", "unknown stage")
+    data["extra"] = extra
+    if data.get("plan_us") is not None:
+        status = "ok"
+    elif stage in _COMPILE_STAGES:
+        status = "failed-compile"
+    else:
+        status = "failed-launch"
+    note = f"{why} during '{stage}'"
+    data["message"] = "; ".join(m for m in (note, data.get("message", "")) if m)
+    data["status"] = status
+    return make_record(**data)

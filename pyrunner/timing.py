@@ -1,0 +1,127 @@
+"""Median timing with warm-up excluded.
+
+On a GPU, ``triton.testing.do_bench`` (CUDA events, L2 flushed between runs,
+median) when triton is importable, else CUDA events directly. Without a GPU, a
+wall-clock fallback exists only so the code paths can be exercised in tests;
+its numbers are never reported as kernel times.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+WARMUP_MS = 25.0
+REP_MS = 100.0
+
+
+def gpu_available() -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+    return torch.cuda.is_available()
+
+
+def device_name() -> str:
+    """The device results are attributed to ("cpu" when there is no GPU)."""
+    if gpu_available():
+        import torch
+
+        return torch.cuda.get_device_name()
+    return "cpu"
+
+
+def _have_triton() -> bool:
+    try:
+        import triton.testing  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means "not usable"
+        return False
+    return True
+
+
+def _cuda_events(fn: Callable[[], object], warmup_ms: float, rep_ms: float) -> float:
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(5):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 5, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    times = []
+    for _ in range(max(5, int(rep_ms / est))):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        times.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in times)
+
+
+def _wall_clock(fn: Callable[[], object], warmup_ms: float, rep_ms: float, min_reps: int) -> float:
+    t0 = time.perf_counter()
+    fn()
+    est = max((time.perf_counter() - t0) * 1e3, 1e-3)
+    for _ in range(max(1, int(warmup_ms / est))):
+        fn()
+    times = []
+    for _ in range(max(min_reps, int(rep_ms / est))):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def median_ms(fn: Callable[[], object], warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS,
+              *, min_reps: int = 5) -> float:
+    """Median time of one call of fn, in milliseconds, warm-up excluded."""
+    if gpu_available():
+        if _have_triton():
+            from triton.testing import do_bench
+
+            return float(do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+        return _cuda_events(fn, warmup_ms, rep_ms)
+    return _wall_clock(fn, warmup_ms, rep_ms, min_reps)
+
+
+def median_us(fn: Callable[[], object], warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS) -> float:
+    """Median time of one call of fn, in microseconds (the results log's unit)."""
+    return median_ms(fn, warmup_ms, rep_ms) * 1e3
+
+
+def kernel_times_us(fn: Callable[[], object], names: list[str], calls: int = 10) -> dict[str, float]:
+    """Mean device time per call of each GPU kernel fn launches, via the PyTorch profiler.
+
+    A kernel event is attributed to the first of `names` it contains (TileLang
+    names device functions after the prim_func); others keep their own name.
+    Returns {} where the profiler cannot see device activity.
+    """
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return {}
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.events():
+        if getattr(ev, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        us = float(getattr(ev, "device_time", 0.0) or getattr(ev, "cuda_time", 0.0) or 0.0)
+        if us <= 0:
+            continue
+        key = next((n for n in sorted(names, key=len, reverse=True) if n in ev.name), ev.name)
+        out[key] = out.get(key, 0.0) + us / calls
+    return out

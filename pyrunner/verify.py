@@ -1,0 +1,246 @@
+"""Numerical verification before timing: a plan that computes the wrong thing is never timed.
+
+Every check draws fresh random inputs (never zeros: ``reference.random_inputs``
+with a fresh seed, recorded in the log), poisons outputs and intermediates with
+NaN so an unwritten element cannot pass, and compares with the graph's float64
+meaning by the normalised max error ``max|out - ref| / max|ref|``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pyrunner.graph import Graph, result_axes
+from pyrunner.reference import evaluate, random_inputs
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from pyrunner.plan import Plan
+
+BOUNDS: dict[str, float] = {
+    # fp16 keeps 11 significant bits: operand rounding (~5e-4 relative) plus fp16 stores of
+    # intermediates (e.g. the probabilities before P@V) stay well under 1e-2 of the output's range.
+    "float16": 1e-2,
+    # bf16 keeps 8 bits (~4e-3 relative per rounding), so a few chained roundings need 3e-2.
+    "bfloat16": 3e-2,
+    # float32 arithmetic on exactly representable inputs: accumulation-order noise only.
+    "float32": 1e-4,
+}
+"""Per-dtype bound on the normalised max error (compute dtype of the plan)."""
+
+
+
+def executor_bound(plan: Plan) -> float:
+    """Bound for the CPU executor: it follows the plan's buffer dtypes (fp16/bf16 tiles and
+    stores round like the GPU does), so the plan dtype's bound applies; a plan whose
+    buffers and globals are all float32 gets the float32 bound."""
+    dts = {gt.dtype for gt in plan.tensors if gt.role != "input"}
+    dts |= {b.dtype for k in plan.kernels for b in k.buffers}
+    return BOUNDS["float32"] if dts <= {"float32"} else BOUNDS[plan.dtype]
+
+
+def bound_for(dtype: str) -> float:
+    return BOUNDS[dtype]
+
+
+def fresh_seed() -> int:
+    """A new seed per run (recorded in the log) so no plan is tuned to one input."""
+    return secrets.randbits(31)
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    error: float
+    bound: float
+    seed: int
+    per_output: dict[str, float] = field(default_factory=dict)
+    message: str = ""
+
+
+def max_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """Normalised max error; inf when out has a NaN/inf (e.g. an unwritten, poisoned element)."""
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if out.shape != ref.shape:
+        return float("inf")
+    if not np.all(np.isfinite(out)):
+        return float("inf")
+    scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+    diff = float(np.max(np.abs(out - ref))) if ref.size else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
+    import torch
+
+    if tuple(out.shape) != tuple(ref.shape):
+        return float("inf")
+    o = out.to(torch.float64)
+    if not bool(torch.isfinite(o).all()):
+        return float("inf")
+    scale = float(ref.abs().max()) if ref.numel() else 0.0
+    diff = float((o - ref).abs().max()) if ref.numel() else 0.0
+    return diff / scale if scale > 0 else diff
+
+
+def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "") -> VerifyResult:
+    """Turn per-output errors into a verdict with a message naming the worst output."""
+    worst = max(errors, key=lambda k: errors[k]) if errors else ""
+    err = errors[worst] if errors else float("inf")
+    ok = bool(errors) and err <= bound
+    if not errors:
+        msg = "no outputs to compare"
+    elif ok:
+        msg = f"{what}max normalised error {err:.2e} <= {bound:.0e}".strip()
+    elif err == float("inf"):
+        msg = f"{what}output {worst!r} has NaN/inf or wrong shape (unwritten elements stay NaN)"
+    else:
+        msg = f"{what}output {worst!r}: normalised max error {err:.2e} > bound {bound:.0e}"
+    return VerifyResult(ok, err, bound, seed, dict(errors), msg)
+
+
+def output_axes(graph: Graph) -> dict[str, tuple[str, ...]]:
+    return {n: result_axes(t) for n, t in graph.outputs}
+
+
+def _transpose_to(x, have: list[str] | tuple[str, ...], want: tuple[str, ...]):
+    """Put a plan tensor's axes in the graph's order (plans may store outputs permuted)."""
+    have = tuple(have)
+    if have == want or sorted(have) != sorted(want):
+        return x
+    return x.transpose([have.index(a) for a in want]) if isinstance(x, np.ndarray) \
+        else x.permute([have.index(a) for a in want])
+
+
+def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bound: float, seed: int,
+            axes: Mapping[str, list[str]] | None = None, graph: Graph | None = None,
+            what: str = "") -> VerifyResult:
+    """Compare numpy outputs with the float64 reference (missing output = failure)."""
+    want = output_axes(graph) if graph is not None else {}
+    errs: dict[str, float] = {}
+    for name, r in ref.items():
+        if name not in outputs:
+            errs[name] = float("inf")
+            continue
+        o = outputs[name]
+        if axes and name in axes and name in want:
+            o = _transpose_to(np.asarray(o), axes[name], want[name])
+        errs[name] = max_error(o, r)
+    return judge(errs, bound, seed, what)
+
+
+# --- the GPU check -------------------------------------------------------------
+
+_TORCH_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+
+
+def _tdtype(name: str):
+    import torch
+
+    return getattr(torch, _TORCH_DTYPES[name])
+
+
+class GpuVerifier:
+    """Inputs and float64 reference drawn once per run; ``check(launch)`` per candidate.
+
+    The reference is the graph's float64 meaning evaluated on the inputs as the
+    kernel sees them (rounded to the plan dtype). ``reference="torch"`` evaluates it
+    with ``torch_interp`` in float64 on the device (same semantics as
+    ``reference.evaluate``, which tests/test_torch_interp.py checks on every catalog
+    workload) because numpy's einsum takes minutes at full shapes; ``"numpy"`` uses
+    ``reference.evaluate`` itself.
+    """
+
+    def __init__(self, plan: Plan, graph: Graph, seed: int | None = None, device: str = "cuda",
+                 reference: str = "torch") -> None:
+        import torch
+
+        self.plan, self.graph, self.device = plan, graph, device
+        self.seed = fresh_seed() if seed is None else seed
+        self.bound = bound_for(plan.dtype)
+        dt = _tdtype(plan.dtype)
+        raw = random_inputs(graph, self.seed)
+        self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=dt) for k, v in raw.items()}
+        rounded = {k: v.to(torch.float64) for k, v in self.inputs.items()}
+        if reference == "numpy":
+            ref = evaluate(graph, {k: v.cpu().numpy() for k, v in rounded.items()})
+            self.ref = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in ref.items()}
+        else:
+            from pyrunner.torch_interp import torch_fn
+
+            with torch.no_grad():
+                self.ref = torch_fn(graph)(**rounded)
+        self._axes = output_axes(graph)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Global tensors of the plan: inputs filled, everything else poisoned with NaN."""
+        import torch
+
+        out: dict[str, torch.Tensor] = {}
+        graph_in = {t.name: t.axes for t in self.graph.inputs()}
+        for gt in self.plan.tensors:
+            if gt.role == "input":
+                x = _transpose_to(self.inputs[gt.name], graph_in[gt.name], tuple(gt.axes))
+                out[gt.name] = x.to(_tdtype(gt.dtype)).contiguous()
+            else:
+                out[gt.name] = torch.full(gt.shape, float("nan"), dtype=_tdtype(gt.dtype), device=self.device)
+        return out
+
+    def check(self, launch: Callable[[dict], object], what: str = "") -> VerifyResult:
+        """Run launch once on fresh poisoned buffers and compare every graph output."""
+        import torch
+
+        t = self.tensors()
+        launch(t)
+        torch.cuda.synchronize() if self.device.startswith("cuda") else None
+        axes = {gt.name: gt.axes for gt in self.plan.tensors if gt.role == "output"}
+        errs: dict[str, float] = {}
+        for name, ref in self.ref.items():
+            if name not in t:
+                errs[name] = float("inf")
+                continue
+            o = _transpose_to(t[name], axes.get(name, self._axes[name]), self._axes[name])
+            errs[name] = _max_error_torch(o, ref)
+        return judge(errs, self.bound, self.seed, what)
+
+    def check_fn(self, fn: Callable[..., Mapping[str, torch.Tensor]]) -> float:
+        """Normalised max error of a baseline (a torch_interp-style function); informative only."""
+        outs = fn(**self.inputs)
+        return max(_max_error_torch(outs[n], r) for n, r in self.ref.items())
+
+
+# --- the CPU executor check ----------------------------------------------------
+
+def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
+                    bound: float | None = None) -> VerifyResult:
+    """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``.
+
+    Inputs are rounded to the plan dtype first (what the kernel would see), so
+    the remaining error is the executor's own arithmetic and roundings.
+    """
+    bound = executor_bound(plan) if bound is None else bound
+    seed = fresh_seed() if seed is None else seed
+    raw = random_inputs(graph, seed)
+    np_dt = {"float16": np.float16, "bfloat16": None, "float32": np.float32}[plan.dtype]
+    if np_dt is None:
+        import torch
+
+        rounded = {k: torch.from_numpy(v).to(torch.bfloat16).to(torch.float64).numpy() for k, v in raw.items()}
+    else:
+        rounded = {k: v.astype(np_dt).astype(np.float64) for k, v in raw.items()}
+    ref = evaluate(graph, rounded)
+    axes = {gt.name: gt.axes for gt in plan.tensors if gt.role == "output"}
+    try:
+        outs = execute(plan, rounded)
+    except Exception as e:  # noqa: BLE001 - any executor failure is a failed plan
+        return VerifyResult(False, float("inf"), bound, seed, {},
+                            f"CPU executor failed: {type(e).__name__}: {e}")
+    return compare(outs, ref, bound, seed, axes, graph,
+                   "CPU executor: ")

@@ -1,0 +1,67 @@
+"""Shared pytest setup: the `gpu` marker, skipped with a reason where no CUDA GPU exists."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped, saying so, where none is present")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False on this machine")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+@pytest.fixture
+def matmul_plan():
+    """A renderer-fixture GEMM plan carrying its real source graph, at any small size."""
+    from plan_fixtures import gemm_plan
+
+    from pyrunner import workloads
+    from pyrunner.graph_io import graph_to_json
+    from pyrunner.plan import with_hash
+
+    def make(m: int = 64, d: int = 64, n: int = 64, dtype: str = "float16"):
+        p = gemm_plan(m, d, n, dtype)
+        g = graph_to_json(workloads.get("Matmul", {"m": m, "d": d, "n": n}))
+        return with_hash(p.model_copy(update={"graph": g}))
+
+    return make
+
+
+@pytest.fixture
+def fake_launch():
+    """launch(tensors) that computes the graph with torch_interp (float64) and stores the outputs."""
+    from pyrunner.torch_interp import torch_fn
+
+    def make(graph, corrupt=None):
+        fn = torch_fn(graph)
+        names = [t.name for t in graph.inputs()]
+
+        def launch(tensors):
+            out = fn(**{k: tensors[k].double() for k in names})
+            for name, v in out.items():
+                if corrupt is not None:
+                    v = corrupt(v)
+                tensors[name].copy_(v.to(tensors[name].dtype))
+
+        return launch
+
+    return make
