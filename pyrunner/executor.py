@@ -16,7 +16,20 @@ import numpy as np
 
 from pyrunner.errors import PlanError
 from pyrunner.plan import (
-    AxisSize, Buffer, Call, Const, Expr, Fill, Gemm, Kernel, Load, Map, Plan, Reduce, Ref, Store,
+    AxisSize,
+    Buffer,
+    Call,
+    Const,
+    Expr,
+    Fill,
+    Gemm,
+    Kernel,
+    Load,
+    Map,
+    Plan,
+    Reduce,
+    Ref,
+    Store,
 )
 from pyrunner.reference import _BINARY, _UNARY, align
 

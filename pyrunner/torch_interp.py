@@ -179,7 +179,8 @@ def _sdpa_code(m: AttentionMatch, q: str, k: str, v: str, out_axes: tuple[str, .
     batch = tuple(x for x in qa if x in ka and x != m.d)
     q_free = tuple(x for x in qa if x not in batch and x != m.d)
     v_free = tuple(x for x in va if x not in batch and x != m.kv)
-    nb = [math.prod(sizes[x] for x in batch)]
+    # 4-D (1, batch, seq, dim): SDPA's flash and cuDNN backends only take 4-D inputs
+    nb = [1, math.prod(sizes[x] for x in batch)]
     q3 = _reshape(_permute(q, qa, batch + q_free + (m.d,)), nb + [math.prod(sizes[x] for x in q_free), sizes[m.d]])
     k3 = _reshape(_permute(k, ka, batch + (m.kv, m.d)), nb + [sizes[m.kv], sizes[m.d]])
     v3 = _reshape(_permute(v, va, batch + (m.kv,) + v_free), nb + [sizes[m.kv], math.prod(sizes[x] for x in v_free)])

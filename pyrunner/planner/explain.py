@@ -6,9 +6,12 @@ from pyrunner.plan import Gemm, Kernel, Plan, Reduce
 
 
 def _kernel_words(k: Kernel, tensors: dict[str, list[str]]) -> list[str]:
-    grid = ", ".join(
-        f"{g.axis}" + ("" if g.block == 1 else f"/{k.defaults.get(g.block, g.block) if isinstance(g.block, str) else g.block}")
-        for g in k.grid)
+    def block(g) -> str:
+        if g.block == 1:
+            return ""
+        return f"/{k.defaults.get(g.block, g.block) if isinstance(g.block, str) else g.block}"
+
+    grid = ", ".join(f"{g.axis}{block(g)}" for g in k.grid)
     lines = [f"kernel {k.name}: grid over ({grid}), {k.defaults.get('threads', k.threads)} threads"]
     if k.loop is not None:
         blk = k.defaults.get(k.loop.block, k.loop.block) if isinstance(k.loop.block, str) else k.loop.block

@@ -22,7 +22,19 @@ from dataclasses import dataclass, field
 
 from pyrunner.graph import Term, result_axes, subterms
 from pyrunner.plan import (
-    AxisSize, Buffer, Call, Const, Expr, Fill, Gemm, GridAxis, Load, Map, Reduce, Ref, Store,
+    AxisSize,
+    Buffer,
+    Call,
+    Const,
+    Expr,
+    Fill,
+    Gemm,
+    GridAxis,
+    Load,
+    Map,
+    Reduce,
+    Ref,
+    Store,
 )
 
 TRANSCENDENTAL = ("exp", "exp2", "log", "rsqrt", "sqrt", "silu", "sigmoid", "tanh", "gelu", "recip")
@@ -44,6 +56,7 @@ class GemmInfo:
     k_axis: str
     streamed: bool
     flops: float
+    a_in_registers: bool = False
 
 
 @dataclass
@@ -132,13 +145,16 @@ def _exp_scale(t: Term, m: Term) -> tuple[str, float] | None:
     return None
 
 
-def online_factor(t: Term, m: Term, memo: dict[Term, tuple[str, float] | None | bool]) -> tuple[str, float] | None | bool:
+Factor = tuple[str, float] | None | bool
+
+
+def online_factor(t: Term, m: Term, memo: dict[Term, Factor]) -> Factor:
     """How t depends on running max m: False if not at all, (E, c) if t = f * E(-c*m),
     None if the dependence is not a rescalable exponential factor."""
     if t in memo:
         return memo[t]
     if t == m:
-        res: tuple[str, float] | None | bool = None
+        res: Factor = None
     elif m not in subterms([t]):
         res = False
     elif (sc := _exp_scale(t, m)) is not None:
@@ -400,8 +416,8 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             b.ew_elems += elems(t)
             if t.op == "unary" and t.fn in TRANSCENDENTAL:
                 b.trans_elems += elems(t)
-            if t.op == "unary" and t.fn == "exp":  # the hardware evaluates exp as exp2(x * log2 e)
-                b.ew_elems += elems(t)
+            if t.op == "unary" and t.fn == "exp":  # range reduction, then exp2: exp2 is the cheaper primitive
+                b.ew_elems += 4 * elems(t)
             e = Call(fn=t.fn, args=[expr(a) for a in t.args])
             us = users.get(t, [])
             inline = (t is not root and len(us) == 1 and us[0].op in ("unary", "binary")
@@ -451,7 +467,8 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             b_buf = operand(t.args[1], at if t.axis != s else "body", "b")
             fa, fb = gemm_layout(a_buf, b_buf, t.axis)
             streamed = t.axis == s
-            b.gemms.append(GemmInfo(fa, fb, t.axis, streamed, flops=2.0 * elems(t) * sizes[t.axis]))
+            b.gemms.append(GemmInfo(fa, fb, t.axis, streamed, flops=2.0 * elems(t) * sizes[t.axis],
+                                    a_in_registers=b.buffers[a_buf].scope == "fragment"))
             name = b.add_buffer(labels.get(t, "acc"), [fa, fb], "fragment", "float32", state=streamed)
             b.buf_of[t] = name
             if streamed:
@@ -556,7 +573,8 @@ def reuse_in_place(buffers: dict[str, Buffer], ops: dict[str, list]) -> None:
             continue
         for cand in _refs(op.expr):
             c = buffers[cand]
-            if c.state or c.scope != "fragment" or c.dtype != d.dtype or c.axes != d.axes:
+            # loop state is only needed across iterations: after the loop it is an ordinary value
+            if (c.state and sec != "epilogue") or c.scope != "fragment" or c.dtype != d.dtype or c.axes != d.axes:
                 continue
             # non-state buffers are written before they are read in each iteration,
             # so only later ops can still need the operand

@@ -23,7 +23,16 @@ from pyrunner import __version__
 from pyrunner.errors import GraphError
 from pyrunner.graph import Graph, Term, result_axes, show, subterms
 from pyrunner.plan import (
-    CostEstimate, GlobalTensor, Kernel, KernelCost, Plan, Provenance, Step, StreamLoop, canonical_json, with_hash,
+    CostEstimate,
+    GlobalTensor,
+    Kernel,
+    KernelCost,
+    Plan,
+    Provenance,
+    Step,
+    StreamLoop,
+    canonical_json,
+    with_hash,
 )
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, best_config, calibrate
 from pyrunner.planner.lower import Infeasible, Lowered, cone, lower, stream_candidates
@@ -55,7 +64,12 @@ class Candidate:
     total_us: float
 
     def signature(self) -> tuple:
-        return tuple((show(k.low.root), k.low.stream, tuple(sorted(k.est.config.items()))) for k in self.kernels)
+        """Kernel structure: candidates differing only in algebra that lowers alike count once."""
+        def kinds(ops: list) -> tuple[str, ...]:
+            return tuple(sorted(op.op for op in ops if op.op in ("load", "gemm", "reduce", "store")))
+
+        return tuple((tuple(result_axes(k.low.root)), k.low.stream, kinds(k.low.prologue), kinds(k.low.body),
+                      kinds(k.low.epilogue), tuple(sorted(k.est.config.items()))) for k in self.kernels)
 
 
 def derive(g: Graph) -> list[Variant]:
