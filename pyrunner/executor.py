@@ -10,7 +10,6 @@ reference. ``scale_down`` gives the same plan at small shapes.
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 
@@ -30,6 +29,7 @@ from pyrunner.plan import (
     Reduce,
     Ref,
     Store,
+    axis_sizes,
 )
 from pyrunner.reference import _BINARY, _UNARY, align
 
@@ -63,12 +63,6 @@ def block_sizes(k: Kernel, cfg: dict[str, int]) -> dict[str, int]:
     return blocks
 
 
-def axis_sizes(plan: Plan) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for t in plan.tensors:
-        sizes.update(zip(t.axes, t.shape))
-    sizes.update(plan.graph.get("axes", {}))
-    return sizes
 
 
 class _Block:
@@ -248,11 +242,3 @@ def scale_down(plan: Plan, tile_cap: int = 16, tiles: int = 2, indexed_cap: int 
     if "axes" in graph:
         graph["axes"] = {a: new_sizes[a] for a in graph["axes"]}
     return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph})
-
-
-def max_rel_error(out: np.ndarray, ref: np.ndarray) -> float:
-    """Normalised max error: max|out-ref| / max|ref| (NaN anywhere counts as failure)."""
-    if not np.all(np.isfinite(out)):
-        return math.inf
-    scale = float(np.max(np.abs(ref))) or 1.0
-    return float(np.max(np.abs(out - ref))) / scale

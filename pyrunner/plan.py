@@ -21,6 +21,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from pyrunner.errors import PlanError
+
 SCHEMA_VERSION = 1
 
 DType = Literal["float16", "bfloat16", "float32"]
@@ -253,3 +255,18 @@ def with_hash(plan: Plan) -> Plan:
 
 def json_schema() -> dict:
     return Plan.model_json_schema()
+
+
+def axis_sizes(plan: Plan) -> dict[str, int]:
+    """Extent of every axis named by a global tensor (or the source graph); the plan must agree with itself."""
+    sizes: dict[str, int] = {}
+    for t in plan.tensors:
+        for a, n in zip(t.axes, t.shape, strict=True):
+            if sizes.setdefault(a, n) != n:
+                raise PlanError(f"axis {a!r} has extent {n} in tensor {t.name!r} but {sizes[a]} elsewhere")
+    graph_axes = plan.graph.get("axes") if isinstance(plan.graph, dict) else None
+    if isinstance(graph_axes, dict):
+        for a, n in sorted(graph_axes.items()):
+            if isinstance(n, int) and sizes.setdefault(a, n) != n:
+                raise PlanError(f"axis {a!r} has extent {n} in the plan's graph but {sizes[a]} in its tensors")
+    return sizes

@@ -42,6 +42,7 @@ from pyrunner.plan import (
     Reduce,
     Ref,
     Store,
+    axis_sizes,
     plan_hash,
 )
 
@@ -76,19 +77,6 @@ _RESERVED_MODULE = {
 
 # --- plan analysis -----------------------------------------------------------
 
-def axis_sizes(plan: Plan) -> dict[str, int]:
-    """Extent of every axis named by a global tensor (or the source graph); the plan must agree with itself."""
-    sizes: dict[str, int] = {}
-    for t in plan.tensors:
-        for a, n in zip(t.axes, t.shape, strict=True):
-            if sizes.setdefault(a, n) != n:
-                raise PlanError(f"axis {a!r} has extent {n} in tensor {t.name!r} but {sizes[a]} elsewhere")
-    graph_axes = plan.graph.get("axes") if isinstance(plan.graph, dict) else None
-    if isinstance(graph_axes, dict):
-        for a, n in sorted(graph_axes.items()):
-            if isinstance(n, int) and sizes.setdefault(a, n) != n:
-                raise PlanError(f"axis {a!r} has extent {n} in the plan's graph but {sizes[a]} in its tensors")
-    return sizes
 
 
 @dataclass(frozen=True)
