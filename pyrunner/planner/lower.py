@@ -186,12 +186,12 @@ class _Builder:
     """Accumulates buffers and ops while walking the cone in order."""
 
     def __init__(self, root: Term, terms: list[Term], boundary: dict[Term, str], tensor_dtype: dict[str, str],
-                 sizes: dict[str, int], dtype: str, s: str | None, labels: dict[Term, str], kname: str) -> None:
+                 sizes: dict[str, int], dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str) -> None:
         self.root, self.terms, self.boundary = root, terms, boundary
         self.tensor_dtype, self.sizes, self.dtype, self.s = tensor_dtype, sizes, dtype, s
-        self.labels, self.kname = labels, kname
+        self.labels = labels
         self.buffers: dict[str, Buffer] = {}
-        self.reserved = set(boundary.values()) | {kname}
+        self.reserved = set(boundary.values()) | {out_tensor}  # buffer names never shadow tensors
         self.buf_of: dict[Term, str] = {}
         self.expr_inline: dict[Term, Expr] = {}
         self.cast_of: dict[tuple[str, str], str] = {}
@@ -262,7 +262,7 @@ def _choose_tiled(root: Term, terms: list[Term], leaves: list[Term], s: str | No
 
 
 def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], sizes: dict[str, int],
-          dtype: str, s: str | None, labels: dict[Term, str], kname: str, out_tensor: str) -> Lowered:
+          dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str) -> Lowered:
     """Lower the cone of ``root`` with streamed axis ``s`` (None: no loop)."""
     terms = cone(root, boundary)
     computed = [t for t in terms if not (t is not root and (t in boundary or t.op in ("input", "const", "axis_size")))]

@@ -101,10 +101,6 @@ def _short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _labels(v: Variant) -> dict[Term, str]:
-    return dict(v.graph.labels)
-
-
 class Planner:
     """Plans one graph at one dtype; caches kernel lowerings across partitions."""
 
@@ -130,12 +126,12 @@ class Planner:
         if key in self._cache:
             return self._cache[key]
         dtypes = {n: t.dtype for n, t in tensors.items()}
-        nbytes = {n: t.dtype and DTYPE_BYTES[t.dtype] * _prod(t.shape) for n, t in tensors.items()}
+        nbytes = {n: DTYPE_BYTES[t.dtype] * _prod(t.shape) for n, t in tensors.items()}
         best: KernelChoice | None = None
         terms = cone(root, boundary)
         for s in stream_candidates(root, terms):
             try:
-                low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, "k", out_name)
+                low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name)
             except Infeasible:
                 continue
             found = best_config(low, self.sizes, nbytes, self.machine)
@@ -148,7 +144,7 @@ class Planner:
         return best
 
     def partition(self, v: Variant, cut: tuple[Term, ...]) -> Candidate | None:
-        labels = _labels(v)
+        labels = dict(v.graph.labels)
         tensors: dict[str, GlobalTensor] = {}
         boundary: dict[Term, str] = {}
         for t in v.graph.inputs():
