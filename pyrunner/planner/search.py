@@ -112,6 +112,10 @@ class Planner:
         self.machine = machine
         self.sizes = graph.sizes
         self._cache: dict[tuple, KernelChoice | None] = {}
+        self.rejections: dict[str, int] = {}  # why candidate kernels were dropped, for the error message
+
+    def _reject(self, why: str) -> None:
+        self.rejections[why] = self.rejections.get(why, 0) + 1
 
     # --- tensors --------------------------------------------------------------
     def _tensor(self, name: str, t: Term, role: str) -> GlobalTensor:
@@ -132,10 +136,13 @@ class Planner:
         for s in stream_candidates(root, terms):
             try:
                 low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name)
-            except Infeasible:
+            except Infeasible as e:
+                self._reject(str(e))
                 continue
             found = best_config(low, self.sizes, nbytes, self.machine)
             if found is None:
+                self._reject(f"no tile configuration of the {show(root)[:60]} kernel fits the device: "
+                             "tile extents must divide the axes, and tensor-core tiles need multiples of 16x8")
                 continue
             space, est = found
             if best is None or est.time_us < best.est.time_us:
@@ -283,7 +290,9 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     planner = Planner(graph, dtype, machine)
     cands = planner.candidates(naive=naive)
     if not cands:
-        raise GraphError(f"no feasible plan for graph {graph.name!r} at sizes {graph.sizes}")
+        why = sorted(planner.rejections.items(), key=lambda kv: -kv[1])[:2]
+        raise GraphError(f"no feasible plan for graph {graph.name!r} at sizes {graph.sizes}: "
+                         + "; ".join(w for w, _ in why))
     plans: list[Plan] = []
     seen: set[tuple] = set()
     for c in cands:
