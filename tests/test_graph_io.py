@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_mutation import json_values, mutated_documents
 
 from pyrunner import workloads
 from pyrunner.errors import GraphError, UserError
@@ -171,50 +171,12 @@ def test_file_errors(tmp_path: Path) -> None:
 
 # --- property: only GraphError escapes ------------------------------------------------
 
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 50) | st.floats(allow_nan=False) | st.text(max_size=5),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
-    max_leaves=10,
-)
 _BASES = [_base()] + [graph_to_json(workloads.get(n)) for n in ("Attention", "RMSNormMLP")]
 _NAMES = ["X", "H1", "A", "m", "d", "n", "axis", "args", "op", "sum", "max", "softmax", "contract", "Q"]
 
 
-def _paths(x: object, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(x, dict):
-        for k, v in x.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(x, list):
-        for i, v in enumerate(x):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
-@st.composite
-def mutated_graphs(draw) -> object:
-    data = copy.deepcopy(draw(st.sampled_from(_BASES)))
-    for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(data) if p]
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent = data
-        for step in path[:-1]:
-            parent = parent[step]
-        key = path[-1]
-        action = draw(st.sampled_from(["drop", "rename", "name", "json", "move"]))
-        if action == "drop":
-            del parent[key]
-        elif action == "rename" and isinstance(parent, dict):
-            parent[draw(st.sampled_from(_NAMES))] = parent.pop(key)
-        elif action == "name":
-            parent[key] = draw(st.sampled_from(_NAMES))
-        elif action == "move" and isinstance(parent, list) and len(parent) > 1:
-            parent.insert(draw(st.integers(0, len(parent) - 1)), parent.pop(key))
-        else:
-            parent[key] = draw(_json)
-    return data
+def mutated_graphs() -> st.SearchStrategy:
+    return mutated_documents(_BASES, _NAMES)
 
 
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -230,7 +192,7 @@ def test_mutated_graphs_raise_only_graph_errors(data: object) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(_json)
+@given(json_values)
 def test_random_json_graphs(data: object) -> None:
     with pytest.raises(UserError):
         graph_from_json(data)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from json_mutation import json_values, mutated_documents
 
 from pyrunner import workloads
 from pyrunner.errors import PlanError, UserError
@@ -401,50 +401,12 @@ def test_check_config_rechecks_tile_rules() -> None:
 
 # --- property: only UserError escapes ------------------------------------------------
 
-_json = st.recursive(
-    st.none() | st.booleans() | st.integers(-3, 300) | st.floats(allow_nan=False, width=32) | st.text(max_size=6),
-    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=6), kids, max_size=4),
-    max_leaves=12,
-)
 _BASES = {n: doc(n) for n in PLANS}
+_NAMES = ["attention", "Q", "K", "S", "t_q", "t_kv", "d", "gemm", "map", "load", "block_t_q", "float16"]
 
 
-def _paths(x: object, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(x, dict):
-        for k, v in x.items():
-            out += _paths(v, prefix + (k,))
-    elif isinstance(x, list):
-        for i, v in enumerate(x):
-            out += _paths(v, prefix + (i,))
-    return out
-
-
-@st.composite
-def mutated_plans(draw) -> object:
-    data = copy.deepcopy(_BASES[draw(st.sampled_from(sorted(_BASES)))])
-    for _ in range(draw(st.integers(1, 3))):
-        paths = [p for p in _paths(data) if p]
-        if not paths:
-            break
-        path = draw(st.sampled_from(paths))
-        parent = data
-        for step in path[:-1]:
-            parent = parent[step]
-        key = path[-1]
-        action = draw(st.sampled_from(["drop", "rename", "replace", "swap_type", "duplicate"]))
-        if action == "drop":
-            del parent[key]
-        elif action == "rename" and isinstance(parent, dict):
-            parent[key + draw(st.sampled_from(["_", "x", "s"]))] = parent.pop(key)
-        elif action == "swap_type":
-            v = parent[key]
-            parent[key] = [v] if not isinstance(v, list) else (v[0] if v else {})
-        elif action == "duplicate" and isinstance(parent, list):
-            parent.append(copy.deepcopy(parent[key]))
-        else:
-            parent[key] = draw(_json)
-    return data
+def mutated_plans() -> st.SearchStrategy:
+    return mutated_documents(list(_BASES.values()), _NAMES)
 
 
 @settings(max_examples=900, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -457,7 +419,7 @@ def test_mutated_plans_raise_only_user_errors(data: object) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(_json)
+@given(json_values)
 def test_random_json_is_rejected_cleanly(data: object) -> None:
     with pytest.raises(UserError):
         validate_plan(data)
