@@ -264,12 +264,14 @@ def pattern_pull_out(gen: Gen, fn: str) -> tuple[Term, bool]:
     a = gen.draw(st.sampled_from(AXES))
     x = gen.term(2, (a,))
     s = gen.positive(1, (a,)) if fn == "div" else gen.term(1, (), (a,))
-    inner = binary(fn, x, s) if fn == "div" or gen.draw(st.booleans()) else binary(fn, s, x)
+    scaled_first = fn == "div" or gen.draw(st.booleans())
+    inner = binary(fn, x, s) if scaled_first else binary(fn, s, x)
     other = gen.term(1, (a,))
     mm = matmul(inner, other, a) if gen.draw(st.booleans()) else matmul(other, inner, a)
-    # guaranteed to fire when the scale's axes are among the scaled operand's (else it may keep the order
-    # only by declining)
-    return mm, set(result_axes(s)) <= set(result_axes(x))
+    # guaranteed to fire when the scale's axes are among the scaled operand's and the scaled operand
+    # comes first (then op(X, s) has X's axis order); otherwise the rewrite may only keep the
+    # output's axis order by declining, e.g. mul(s[b], X[a,b,i]) has order (b, a, i)
+    return mm, scaled_first and set(result_axes(s)) <= set(result_axes(x))
 
 
 def pattern_exp(gen: Gen) -> tuple[Term, bool]:
