@@ -1,11 +1,19 @@
-"""Shared pytest setup: the `gpu` marker, skipped with a reason where no CUDA GPU exists."""
+"""Shared pytest setup: the `gpu` marker, skipped with a reason where no CUDA GPU exists;
+property tests derandomized under CI (same examples every run, so a landing is reproducible;
+locally they keep exploring new examples)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
