@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from pyrunner.errors import GraphError
 
@@ -107,8 +107,13 @@ def show(t: Term) -> str:
     return f"<{t.op}>"
 
 
-def subterms(roots: Iterable[Term]) -> list[Term]:
-    """All distinct terms reachable from roots, operands before users."""
+def subterms(roots: Iterable[Term], deps: Callable[[Term], Iterable[Term]] | None = None) -> list[Term]:
+    """All distinct terms reachable from roots, operands before users.
+
+    ``deps`` replaces a term's operands as the edges to follow (a caller that
+    computes some sub-graph another way visits only what that way reads).
+    """
+    edges = deps or (lambda t: t.args)
     seen: set[Term] = set()
     order: list[Term] = []
 
@@ -124,7 +129,7 @@ def subterms(roots: Iterable[Term]) -> list[Term]:
             if cur in seen:
                 continue
             stack.append((cur, True))
-            for a in reversed(cur.args):
+            for a in reversed(tuple(edges(cur))):
                 if a not in seen:
                     stack.append((a, False))
 

@@ -208,6 +208,8 @@ def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
     consts: dict[Term, float] = {}
 
     def deps(t: Term) -> tuple[Term, ...]:
+        if t.op != "input" and _is_constant(t):
+            return ()  # folded to a Python number
         if t in attn:
             return (attn[t].q, attn[t].k, attn[t].v)
         if t in softmax:
@@ -216,22 +218,11 @@ def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
 
     # Only the terms the chosen lowering reads are computed (an SDPA hides its scores).
     needed: list[Term] = []
-    seen: set[Term] = set()
-    for r in roots:
-        stack = [(r, False)]
-        while stack:
-            cur, done = stack.pop()
-            if done:
-                if cur not in seen:
-                    seen.add(cur)
-                    needed.append(cur)
-            elif cur not in seen:
-                if cur.op != "input" and _is_constant(cur):
-                    consts[cur] = _constant_value(cur, sizes)
-                    seen.add(cur)
-                    continue
-                stack.append((cur, True))
-                stack.extend((a, False) for a in reversed(deps(cur)) if a not in seen)
+    for t in subterms(roots, deps):
+        if t.op != "input" and _is_constant(t):
+            consts[t] = _constant_value(t, sizes)
+        else:
+            needed.append(t)
 
     name: dict[Term, str] = {}
     lines = ["def baseline(**inputs):",
