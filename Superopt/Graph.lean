@@ -1,7 +1,7 @@
 /-!
 # Graph IR over named axes
 
-The Lean mirror of `pyrunner/graph.py`. A tensor program is a `Term` tree whose leaves are inputs
+The Lean mirror of `pyrunner/ir/graph.py`. A tensor program is a `Term` tree whose leaves are inputs
 (a name and its axes), constants and axis sizes, and whose inner nodes are elementwise unary and
 binary functions, reductions along one axis and matrix products contracting one axis. Axes are
 names, never positions: a binary op aligns its operands by name, and `Term.resultAxes` computes

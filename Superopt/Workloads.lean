@@ -3,7 +3,7 @@ import Superopt.Graph
 /-!
 # Workload catalog
 
-The nine workloads of `pyrunner/workloads.py`, with the same names, inputs (names and axes, in
+The nine workloads of `pyrunner/ir/catalog.py`, with the same names, inputs (names and axes, in
 order), default sizes and output terms. DESIGN section 4 fixes the default sizes; every size is
 a parameter (`Graph.withSizes`).
 

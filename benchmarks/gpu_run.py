@@ -73,8 +73,8 @@ def _env_report(say: Tee) -> None:
 # --- planning --------------------------------------------------------------------
 
 def _graphs(args) -> list:
-    from pyrunner import workloads
-    from pyrunner.graph_io import load_graph_file
+    from pyrunner.ir import catalog as workloads
+    from pyrunner.ir.graph_json import load_graph_file
 
     out = []
     for name in args.workloads.split(","):
@@ -87,8 +87,8 @@ def _graphs(args) -> list:
 
 def _plan_all(args, work: Path, results: Path, say: Tee) -> list[tuple[str, str, Path]]:
     """Plan every (graph, dtype); a planner failure is logged as a failed record."""
+    from pyrunner.log.results import append_record, make_record
     from pyrunner.planner import search
-    from pyrunner.results import append_record, make_record
 
     jobs: list[tuple[str, str, Path]] = []
     (work / "plans").mkdir(parents=True, exist_ok=True)
@@ -142,8 +142,8 @@ def _run_proc(cmd: list[str], timeout: float, log: Path) -> tuple[int | None, fl
 def worker(args) -> int:
     from rich.console import Console
 
-    from pyrunner.runner import RunOptions, print_record, run_plan
-    from pyrunner.validate import load_plan
+    from pyrunner.plan.validate import load_plan
+    from pyrunner.run.runner import RunOptions, print_record, run_plan
 
     plan = load_plan(args.plan)
     opts = RunOptions(
@@ -162,7 +162,7 @@ def worker(args) -> int:
 # --- the supervisor ----------------------------------------------------------------
 
 def _count(results: Path, plan_hash: str) -> int:
-    from pyrunner.results import read_log
+    from pyrunner.log.results import read_log
 
     return sum(1 for r in read_log(results) if r.plan_hash == plan_hash)
 
@@ -192,8 +192,8 @@ def _shapes(plan: dict) -> dict[str, int]:
 
 
 def _timed(args, jobs, results: Path, work: Path, end: float, say: Tee) -> None:
-    from pyrunner.results import append_record, make_record
-    from pyrunner.runner import record_from_checkpoint
+    from pyrunner.log.results import append_record, make_record
+    from pyrunner.run.runner import record_from_checkpoint
 
     for i, (name, dtype, plan_path) in enumerate(jobs):
         left = end - time.monotonic()
@@ -240,7 +240,7 @@ def _pack_sources(work: Path, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pyrunner.workloads import SEED_WORKLOADS
+    from pyrunner.ir.catalog import SEED_WORKLOADS
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu_run")))
@@ -278,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     _warm(args, jobs, results, args.work, warm_until, say)
     _timed(args, jobs, results, args.work, end, say)
 
-    from pyrunner.report import latest, short_table
-    from pyrunner.report import main as report_main
-    from pyrunner.results import read_log
+    from pyrunner.log.report import latest, short_table
+    from pyrunner.log.report import main as report_main
+    from pyrunner.log.results import read_log
 
     report_main(["--log", str(results), "--out", str(args.out)])
     _pack_sources(args.work, args.out)

@@ -13,7 +13,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from pyrunner import workloads
+from pyrunner.ir import catalog as workloads
 from pyrunner.planner import search
 
 

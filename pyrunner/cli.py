@@ -85,7 +85,7 @@ def parse_assignments(items: Sequence[str] | None, flag: str, what: str) -> dict
 
 def schema_text() -> str:
     """The plan JSON Schema exactly as committed in pyrunner/schema/plan.schema.json."""
-    from pyrunner.plan import json_schema
+    from pyrunner.plan.schema import json_schema
 
     return json.dumps(json_schema(), indent=2) + "\n"
 
@@ -103,14 +103,14 @@ def _note(msg: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     args.config = parse_assignments(args.config, "--config", "PARAM")
     try:
-        runner = importlib.import_module("pyrunner.runner")
+        runner = importlib.import_module("pyrunner.run.runner")
     except ModuleNotFoundError as e:
-        if e.name != "pyrunner.runner":
+        if e.name != "pyrunner.run.runner":
             raise
         runner = None
     if runner is None or not hasattr(runner, "run_plan_file"):
         rc = cmd_validate(args)
-        _note("note: pyrunner.runner is not available in this checkout; the plan was only validated "
+        _note("note: pyrunner.run.runner is not available in this checkout; the plan was only validated "
               "(nothing rendered, compiled, checked or timed)")
         return rc
     rc = runner.run_plan_file(args.plan, args)
@@ -118,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from pyrunner.validate import check_config, load_plan
+    from pyrunner.plan.validate import check_config, load_plan
 
     plan = load_plan(args.plan)
     config = args.config if isinstance(args.config, dict) else parse_assignments(args.config, "--config", "K")
@@ -131,8 +131,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _load_graph(args: argparse.Namespace):
-    from pyrunner import workloads
-    from pyrunner.graph_io import load_graph_file
+    from pyrunner.ir import catalog as workloads
+    from pyrunner.ir.graph_json import load_graph_file
 
     shapes = parse_assignments(args.shape, "--shape", "AXIS")
     if args.graph:
@@ -181,11 +181,11 @@ def cmd_superopt(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     try:
-        report = importlib.import_module("pyrunner.report")
+        report = importlib.import_module("pyrunner.log.report")
     except ModuleNotFoundError as e:
-        if e.name != "pyrunner.report":
+        if e.name != "pyrunner.log.report":
             raise
-        _note("error: the report (pyrunner.report) is not available in this checkout")
+        _note("error: the report (pyrunner.log.report) is not available in this checkout")
         return 1
     argv: list[str] = []
     if args.log:
@@ -209,8 +209,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
-    from pyrunner import workloads
-    from pyrunner.graph import show
+    from pyrunner.ir import catalog as workloads
+    from pyrunner.ir.graph import show
 
     rows = [("workload", "seed", "axes (default sizes)", "inputs", "computes")]
     for name, make in workloads.CATALOG.items():

@@ -42,9 +42,9 @@ def matmul_plan():
     """A renderer-fixture GEMM plan carrying its real source graph, at any small size."""
     from plan_fixtures import gemm_plan
 
-    from pyrunner import workloads
-    from pyrunner.graph_io import graph_to_json
-    from pyrunner.plan import with_hash
+    from pyrunner.ir import catalog as workloads
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import with_hash
 
     def make(m: int = 64, d: int = 64, n: int = 64, dtype: str = "float16"):
         p = gemm_plan(m, d, n, dtype)
@@ -57,7 +57,7 @@ def matmul_plan():
 @pytest.fixture
 def fake_launch():
     """launch(tensors) that computes the graph with torch_interp (float64) and stores the outputs."""
-    from pyrunner.torch_interp import torch_fn
+    from pyrunner.run.baselines import torch_fn
 
     def make(graph, corrupt=None):
         fn = torch_fn(graph)

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pyrunner.graph import LOG2E
-from pyrunner.plan import (
+from pyrunner.ir.graph import LOG2E
+from pyrunner.plan.schema import (
     Buffer,
     Call,
     Const,

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from test_validate import attention_plan, rmsnorm_plan
 
-from pyrunner import cli, workloads
+from pyrunner import cli
 from pyrunner.errors import GraphError
-from pyrunner.graph_io import graph_to_json
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir.graph_json import graph_to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXTURE = Path(__file__).parent / "data" / "gated_mixture.json"
@@ -140,14 +141,14 @@ def test_planner_user_error_is_exit_2(monkeypatch, capsys) -> None:
 
 def test_run_calls_runner_with_parsed_args(monkeypatch, capsys, plan_file: Path) -> None:
     seen = {}
-    mod = types.ModuleType("pyrunner.runner")
+    mod = types.ModuleType("pyrunner.run.runner")
 
     def run_plan_file(path, args):
         seen.update(path=path, config=args.config, results=args.results, cpu=args.cpu, seed=args.seed)
         return 1
 
     mod.run_plan_file = run_plan_file
-    monkeypatch.setitem(sys.modules, "pyrunner.runner", mod)
+    monkeypatch.setitem(sys.modules, "pyrunner.run.runner", mod)
     code, _, _ = run([str(plan_file), "--config", "block_t_kv=32", "--config", "attention.stages=1",
                       "--log", "r.jsonl", "--small", "--seed", "7"], capsys)
     assert code == 1
@@ -156,11 +157,11 @@ def test_run_calls_runner_with_parsed_args(monkeypatch, capsys, plan_file: Path)
 
 
 def test_run_without_runner_validates(monkeypatch, capsys, plan_file: Path) -> None:
-    monkeypatch.setitem(sys.modules, "pyrunner.runner", None)
+    monkeypatch.setitem(sys.modules, "pyrunner.run.runner", None)
     code, out, err = run([str(plan_file), "--config", "block_t_kv=32"], capsys)
     assert code == 0
     assert "is valid" in out and "block_t_kv=32" in out
-    assert "pyrunner.runner is not available" in err
+    assert "pyrunner.run.runner is not available" in err
 
 
 def test_validate_ok(capsys, plan_file: Path) -> None:
@@ -200,7 +201,7 @@ MALFORMED = [
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_malformed_plans_exit_2(command: str, case: str, text, frag1: str, frag2: str, tmp_path: Path,
                                 capsys, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "pyrunner.runner", None)  # validation is the same either way
+    monkeypatch.setitem(sys.modules, "pyrunner.run.runner", None)  # validation is the same either way
     path = tmp_path / "missing.json" if text is None else _write(tmp_path, text)
     code, out, err = run([command, str(path)], capsys)
     assert code == 2 and out == ""
@@ -291,9 +292,9 @@ def test_workloads_table(capsys) -> None:
 
 def test_report_passes_flags(monkeypatch, capsys) -> None:
     seen = []
-    mod = types.ModuleType("pyrunner.report")
+    mod = types.ModuleType("pyrunner.log.report")
     mod.main = lambda argv: seen.append(argv) or 0
-    monkeypatch.setitem(sys.modules, "pyrunner.report", mod)
+    monkeypatch.setitem(sys.modules, "pyrunner.log.report", mod)
     code, _, _ = run(["report", "--log", "r.jsonl", "--out", "rep"], capsys)
     assert code == 0 and seen == [["--log", "r.jsonl", "--out", "rep"]]
     code, _, _ = run(["report", "--all"], capsys)

@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from json_mutation import json_values, mutated_documents
 
-from pyrunner import workloads
 from pyrunner.errors import GraphError, UserError
-from pyrunner.graph import check, result_axes
-from pyrunner.graph_io import graph_from_json, graph_to_json, load_graph_file
-from pyrunner.reference import evaluate, random_inputs
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir.graph import check, result_axes
+from pyrunner.ir.graph_json import graph_from_json, graph_to_json, load_graph_file
+from pyrunner.ir.reference import evaluate, random_inputs
 
 DATA = Path(__file__).parent / "data"
 MIXTURE = DATA / "gated_mixture.json"

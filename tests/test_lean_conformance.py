@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from pyrunner import graph as G
-from pyrunner.workloads import CATALOG
+from pyrunner.ir import graph as G
+from pyrunner.ir.catalog import CATALOG
 
 ROOT = Path(__file__).resolve().parents[1]
 LAKE = shutil.which("lake")

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from pyrunner import graph as G
-from pyrunner.workloads import CATALOG
+from pyrunner.ir import graph as G
+from pyrunner.ir.catalog import CATALOG
 
 ROOT = Path(__file__).resolve().parents[1]
 LEAN_DIR = ROOT / "Superopt"
@@ -255,7 +255,7 @@ def test_every_rule_has_a_theorem() -> None:
 
 
 def test_python_rule_names_match_the_lean_theorems() -> None:
-    rules = pytest.importorskip("pyrunner.rules", reason="pyrunner/rules.py is not in this tree yet")
+    rules = pytest.importorskip("pyrunner.rules.registry", reason="pyrunner/rules.py is not in this tree yet")
     assert tuple(rules.RULE_NAMES) == RULES
     assert not set(rules.RULE_NAMES) - all_theorems()
 

@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pyrunner import reference, workloads
-from pyrunner.executor import execute, scale_down
-from pyrunner.graph import GraphBuilder
-from pyrunner.graph_io import graph_from_json
-from pyrunner.plan import Gemm, Load, Map, Plan, Reduce
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir import reference
+from pyrunner.ir.graph import GraphBuilder
+from pyrunner.ir.graph_json import graph_from_json
+from pyrunner.plan.schema import Gemm, Load, Map, Plan, Reduce
 from pyrunner.planner import explain, search
 from pyrunner.planner.search import Planner
-from pyrunner.verify import max_error as max_rel_error
+from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.verify import max_error as max_rel_error
 
 # Bounds on the normalised max error max|out-ref|/max|ref| at CPU scale.
 EXACT_BOUND = 2e-5          # every buffer float32: only the algebra and fp32 rounding differ

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pyrunner import workloads
-from pyrunner.compile import check_fits, compile_cubin, lower_to_cuda
-from pyrunner.graph_io import load_graph_file
+from pyrunner.backend.tilelang.compile import check_fits, compile_cubin, lower_to_cuda
+from pyrunner.backend.tilelang.render import render
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.planner import search
-from pyrunner.render import render
 
 ROOT = Path(__file__).resolve().parent.parent
 HELD_BACK = ROOT / "benchmarks" / "graphs" / "rmsnorm_gelu_up.json"

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pyrunner import reference, workloads
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir import reference
 
 
 def _t(x: np.ndarray) -> torch.Tensor:

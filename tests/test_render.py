@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from plan_fixtures import FIXTURES, REFERENCES, attention_plan, elementwise4d_plan, gemm_plan, rmsnorm_gemm_plan
 
-from pyrunner.compile import (
+from pyrunner.backend.tilelang.compile import (
     H200,
     check_fits,
     compile_cubin,
@@ -19,9 +19,9 @@ from pyrunner.compile import (
     render_kernel_func,
     rendered_module,
 )
+from pyrunner.backend.tilelang.render import kernel_axes, launch_axes, layout_bridges, render, resolve_config
 from pyrunner.errors import DeviceFitError, PlanError
-from pyrunner.plan import Buffer, GridAxis, Load, Plan, Store
-from pyrunner.render import kernel_axes, launch_axes, layout_bridges, render, resolve_config
+from pyrunner.plan.schema import Buffer, GridAxis, Load, Plan, Store
 
 
 def _edit_kernel(plan: Plan, **changes) -> Plan:
@@ -223,7 +223,7 @@ GPU_CASES = [(name, {}, None) for name in sorted(FIXTURES)] + [
 def test_gpu_results_match_float64_reference(name, shape, config, tmp_path):
     import torch
 
-    from pyrunner.compile import compile_for_gpu
+    from pyrunner.backend.tilelang.compile import compile_for_gpu
 
     plan = FIXTURES[name](**shape)
     launch = compile_for_gpu(plan, config, work_dir=tmp_path)

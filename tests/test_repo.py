@@ -38,7 +38,7 @@ def test_fixed_top_level() -> None:
 
 
 def test_schema_version_documented() -> None:
-    from pyrunner.plan import SCHEMA_VERSION
+    from pyrunner.plan.schema import SCHEMA_VERSION
 
     schema = (ROOT / "pyrunner" / "schema" / "plan.schema.json").read_text()
     assert re.search(rf'"const":\s*{SCHEMA_VERSION}', schema) or f'"default": {SCHEMA_VERSION}' in schema

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pyrunner.report import geomean, latest, main, markdown
-from pyrunner.results import append_record, make_record
+from pyrunner.log.report import geomean, latest, main, markdown
+from pyrunner.log.results import append_record, make_record
 
 
 def _rec(workload: str, dtype: str, plan: float | None, tc: float | None, status: str = "ok", **kw):

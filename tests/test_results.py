@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from pyrunner.results import LogError, RunRecord, append_record, make_record, read_log, speedups
+from pyrunner.log.results import LogError, RunRecord, append_record, make_record, read_log, speedups
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def test_sigkill_mid_run_leaves_only_complete_parseable_lines(tmp_path: Path) ->
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(ROOT)!r})
-        from pyrunner.results import append_record, make_record
+        from pyrunner.log.results import append_record, make_record
         i = 0
         while True:
             append_record({str(log)!r}, make_record(plan_hash=f"p{{i}}", workload="W" * 2000, graph_hash="g",

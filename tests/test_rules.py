@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pyrunner import workloads
-from pyrunner.graph import (
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir.graph import (
     LOG2E,
     Graph,
     Term,
@@ -23,8 +23,8 @@ from pyrunner.graph import (
     result_axes,
     unary,
 )
-from pyrunner.reference import evaluate, random_inputs
-from pyrunner.rules import (
+from pyrunner.ir.reference import evaluate, random_inputs
+from pyrunner.rules.registry import (
     ALGEBRAIC_RULE_NAMES,
     RULE_NAMES,
     RULES,
@@ -34,7 +34,7 @@ from pyrunner.rules import (
     rewrites,
     substitute,
 )
-from pyrunner.symbolic import PROOFS, WRONG_VARIANTS, check_rewrite, prove
+from pyrunner.rules.symbolic import PROOFS, WRONG_VARIANTS, check_rewrite, prove
 
 SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -10,19 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from pyrunner import runner
 from pyrunner.errors import DeviceFitError, PlanError
-from pyrunner.reference import evaluate
-from pyrunner.results import read_log
-from pyrunner.runner import RunOptions, run_plan, run_plan_file, sample_configs
-from pyrunner.validate import plan_graph
+from pyrunner.ir.reference import evaluate
+from pyrunner.log.results import read_log
+from pyrunner.plan.validate import plan_graph
+from pyrunner.run import runner
+from pyrunner.run.runner import RunOptions, run_plan, run_plan_file, sample_configs
 
 
 @pytest.fixture
 def fake_executor(monkeypatch):
-    """Stand-in for pyrunner.executor: exact float64 evaluation, scale_down halves every axis."""
-    from pyrunner.graph_io import graph_to_json
-    from pyrunner.plan import with_hash
+    """Stand-in for pyrunner.run.executor: exact float64 evaluation, scale_down halves every axis."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import with_hash
 
     def scale_down(plan):
         g = plan_graph(plan)
@@ -30,10 +30,10 @@ def fake_executor(monkeypatch):
         tensors = [t.model_copy(update={"shape": [small.sizes[a] for a in t.axes]}) for t in plan.tensors]
         return with_hash(plan.model_copy(update={"graph": graph_to_json(small), "tensors": tensors}))
 
-    mod = types.ModuleType("pyrunner.executor")
+    mod = types.ModuleType("pyrunner.run.executor")
     mod.execute = lambda plan, inputs: evaluate(plan_graph(plan), inputs)
     mod.scale_down = scale_down
-    monkeypatch.setitem(sys.modules, "pyrunner.executor", mod)
+    monkeypatch.setitem(sys.modules, "pyrunner.run.executor", mod)
     return mod
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pyrunner.results import read_log
-from pyrunner.runner import RunOptions, run_plan
+from pyrunner.log.results import read_log
+from pyrunner.run.runner import RunOptions, run_plan
 
 pytestmark = pytest.mark.gpu
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 def test_timing_uses_the_gpu_clock() -> None:
     import torch
 
-    from pyrunner.timing import kernel_times_us, median_us
+    from pyrunner.run.timing import kernel_times_us, median_us
 
     a = torch.randn(2048, 2048, device="cuda", dtype=torch.float16)
     assert median_us(lambda: a @ a, 5, 20) > 0

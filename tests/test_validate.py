@@ -10,10 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from json_mutation import json_values, mutated_documents
 
-from pyrunner import workloads
 from pyrunner.errors import PlanError, UserError
-from pyrunner.graph_io import graph_to_json
-from pyrunner.plan import (
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir.graph_json import graph_to_json
+from pyrunner.plan.schema import (
     Buffer,
     Call,
     Const,
@@ -34,7 +34,7 @@ from pyrunner.plan import (
     Store,
     StreamLoop,
 )
-from pyrunner.validate import check_config, load_plan, validate_plan
+from pyrunner.plan.validate import check_config, load_plan, validate_plan
 
 F16 = "float16"
 

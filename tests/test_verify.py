@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from pyrunner.validate import plan_graph
-from pyrunner.verify import (
+from pyrunner.plan.validate import plan_graph
+from pyrunner.run.verify import (
     BOUNDS,
     GpuVerifier,
     bound_for,
@@ -98,7 +98,7 @@ def test_numpy_reference_agrees_with_torch_reference(matmul_plan) -> None:
 
 
 def test_executor_check(matmul_plan) -> None:
-    from pyrunner.reference import evaluate
+    from pyrunner.ir.reference import evaluate
 
     plan = matmul_plan(16, 16, 16)
     g = plan_graph(plan)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pyrunner.plan import Gemm, Kernel, Plan, Reduce
+from pyrunner.plan.schema import Gemm, Kernel, Plan, Reduce
 
 
 def _kernel_words(k: Kernel, tensors: dict[str, list[str]]) -> list[str]:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyrunner.graph import Term, result_axes, subterms
-from pyrunner.plan import (
+from pyrunner.ir.graph import Term, result_axes, subterms
+from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
     Call,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from pyrunner import __version__
 from pyrunner.errors import GraphError
-from pyrunner.graph import Graph, Term, result_axes, show, subterms
-from pyrunner.plan import (
+from pyrunner.ir.graph import Graph, Term, result_axes, show, subterms
+from pyrunner.plan.schema import (
     CostEstimate,
     GlobalTensor,
     Kernel,
@@ -74,7 +74,7 @@ class Candidate:
 
 def derive(g: Graph) -> list[Variant]:
     """All graphs reachable by the algebraic rules (bounded), shortest derivation first."""
-    from pyrunner.rules import RULES, rewrites
+    from pyrunner.rules.registry import RULES, rewrites
 
     algebraic = [r for r in RULES.values() if r.kind == "algebraic"]
     variants = [Variant(g, [])]
@@ -239,13 +239,13 @@ def _prod(xs: list[int]) -> int:
 
 
 def graph_hash(g: Graph) -> str:
-    from pyrunner.graph_io import graph_to_json
+    from pyrunner.ir.graph_json import graph_to_json
 
     return hashlib.sha256(canonical_json(graph_to_json(g)).encode()).hexdigest()[:16]
 
 
 def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
-    from pyrunner.graph_io import graph_to_json
+    from pyrunner.ir.graph_json import graph_to_json
 
     kernels: list[Kernel] = []
     costs: list[KernelCost] = []

@@ -19,9 +19,9 @@ from pathlib import Path
 import pydantic
 
 from pyrunner.errors import GraphError, PlanError
-from pyrunner.graph import Graph, result_axes
-from pyrunner.graph_io import graph_from_json, read_json_file
-from pyrunner.plan import (
+from pyrunner.ir.graph import Graph, result_axes
+from pyrunner.ir.graph_json import graph_from_json, read_json_file
+from pyrunner.plan.schema import (
     EXPR_FUNCTIONS,
     SCHEMA_VERSION,
     AxisSize,

@@ -31,11 +31,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from pyrunner.errors import DeviceFitError, UserError
-from pyrunner.graph import Graph
-from pyrunner.plan import Plan, plan_hash
-from pyrunner.results import RunRecord, append_record, make_record
-from pyrunner.timing import device_name, gpu_available, kernel_times_us, median_us
-from pyrunner.verify import GpuVerifier, fresh_seed, verify_executor
+from pyrunner.ir.graph import Graph
+from pyrunner.log.results import RunRecord, append_record, make_record
+from pyrunner.plan.schema import Plan, plan_hash
+from pyrunner.run.timing import device_name, gpu_available, kernel_times_us, median_us
+from pyrunner.run.verify import GpuVerifier, fresh_seed, verify_executor
 
 BASELINES = ("eager", "vendor", "torch_compile", "max_autotune")
 """Baselines timed beside each plan; ``vendor`` becomes ``sdpa``/``cublas`` where the graph admits one."""
@@ -117,16 +117,16 @@ def resolve(plan: Plan, config: dict | None) -> Config:
     if not config:
         return default_config(plan)
     if all(isinstance(v, dict) for v in config.values()):
-        from pyrunner.render import resolve_config
+        from pyrunner.backend.tilelang.render import resolve_config
 
         return resolve_config(plan, config)
-    from pyrunner.validate import check_config
+    from pyrunner.plan.validate import check_config
 
     return check_config(plan, config)
 
 
 def graph_of(plan: Plan) -> Graph:
-    from pyrunner.validate import plan_graph
+    from pyrunner.plan.validate import plan_graph
 
     return plan_graph(plan)
 
@@ -144,7 +144,7 @@ def sample_configs(plan: Plan, n: int, seed: str | int | None = None) -> list[Co
     timed run compile the same configs. Points that do not resolve (tiles that
     do not divide, say) are dropped.
     """
-    from pyrunner.render import resolve_config
+    from pyrunner.backend.tilelang.render import resolve_config
 
     base = default_config(plan)
     out = [base]
@@ -179,14 +179,14 @@ def sample_configs(plan: Plan, n: int, seed: str | int | None = None) -> list[Co
 
 def check_fits(plan: Plan, config: Config) -> None:
     """Raise DeviceFitError if a kernel does not fit the target GPU under config."""
-    from pyrunner.compile import check_fits as fits
+    from pyrunner.backend.tilelang.compile import check_fits as fits
 
     fits(plan, config)
 
 
 def write_source(plan: Plan, out_dir: Path) -> Path:
     """Render the plan's TileLang module to ``out_dir/<plan_hash>/<workload>.py``."""
-    from pyrunner.render import render
+    from pyrunner.backend.tilelang.render import render
 
     src = render(plan)
     path = Path(out_dir) / hash_of(plan) / f"{_safe_name(plan.workload)}.py"
@@ -292,7 +292,7 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
 # --- without a GPU --------------------------------------------------------------
 
 def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
-    from pyrunner.compile import compile_cubin, lower_to_cuda
+    from pyrunner.backend.tilelang.compile import compile_cubin, lower_to_cuda
 
     plan, opts = run.plan, run.opts
     out = Path(opts.out_dir) / run.phash
@@ -312,7 +312,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
             run.notes.append("nvcc not found: cubin not built")
     except Exception as e:  # noqa: BLE001 - any lowering/nvcc failure is a compile failure
         return run.finish("failed-compile", f"{_err(e)} (after: {', '.join(done)})")
-    from pyrunner.executor import execute, scale_down
+    from pyrunner.run.executor import execute, scale_down
 
     with run.step("running the tiled algorithm on the CPU at small shapes"):
         try:
@@ -333,7 +333,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
 # --- with a GPU ------------------------------------------------------------------
 
 def _compile(plan: Plan, cfg: Config) -> Callable:
-    from pyrunner.compile import compile_for_gpu
+    from pyrunner.backend.tilelang.compile import compile_for_gpu
 
     return compile_for_gpu(plan, cfg)
 
@@ -341,7 +341,7 @@ def _compile(plan: Plan, cfg: Config) -> Callable:
 def _compiled(graph: Graph, mode: str | None) -> Callable:
     import torch
 
-    from pyrunner.torch_interp import torch_fn
+    from pyrunner.run.baselines import torch_fn
 
     torch._dynamo.reset()
     return torch.compile(torch_fn(graph), mode=mode)
@@ -352,7 +352,7 @@ def warm_baselines(graph: Graph, dtype: str, names: tuple[str, ...] = ("torch_co
     """Compile the torch.compile baselines once so their on-disk caches are hot (gpu_run's warm phase)."""
     import torch
 
-    from pyrunner.reference import random_inputs
+    from pyrunner.ir.reference import random_inputs
 
     dt = getattr(torch, dtype)
     inputs = {k: torch.from_numpy(v).to("cuda", dt) for k, v in random_inputs(graph, seed).items()}
@@ -446,7 +446,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
 def _time_baselines(run: _Run, verifier: GpuVerifier) -> None:
     import torch
 
-    from pyrunner.torch_interp import torch_fn, vendor_fn
+    from pyrunner.run.baselines import torch_fn, vendor_fn
 
     opts, graph = run.opts, run.graph
     inputs = verifier.inputs
@@ -520,7 +520,7 @@ def _print_status(rec: RunRecord, console: Console) -> None:
 
 def run_plan_file(path: str | os.PathLike, args: Any = None) -> int:
     """``python -m pyrunner plan.json``: exit 0 on success, 1 on a failed plan; UserError -> CLI exit 2."""
-    from pyrunner.validate import load_plan
+    from pyrunner.plan.validate import load_plan
 
     opts = options_from_args(args)
     console = Console(stderr=True)

@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.errors import GraphError
-from pyrunner.graph import (
+from pyrunner.ir.graph import (
     BINARY_OPS,
     REDUCE_OPS,
     UNARY_OPS,

@@ -21,9 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from pyrunner.errors import DeviceFitError, PlanError
-from pyrunner.plan import Fill, Gemm, Kernel, Load, Map, Plan, Reduce, Store
-from pyrunner.render import (
+from pyrunner.backend.tilelang.render import (
     MAX_GRID_YZ,
     TARGET,
     expr_refs,
@@ -35,6 +33,8 @@ from pyrunner.render import (
     resolve_config,
     resolve_kernel,
 )
+from pyrunner.errors import DeviceFitError, PlanError
+from pyrunner.plan.schema import Fill, Gemm, Kernel, Load, Map, Plan, Reduce, Store
 
 NVCC_FLAGS = ("-std=c++20", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo")
 """The flags TileLang itself passes to nvcc for CUDA kernels (its templates need C++20)."""

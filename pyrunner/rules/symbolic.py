@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import sympy as sp
 import z3
 
-from pyrunner.graph import (
+from pyrunner.ir.graph import (
     LOG2E,
     Term,
     binary,
@@ -38,7 +38,7 @@ from pyrunner.graph import (
     subterms,
     unary,
 )
-from pyrunner.rules import RULE_NAMES, RULES, RuleError
+from pyrunner.rules.registry import RULE_NAMES, RULES, RuleError
 
 
 @dataclass(frozen=True)

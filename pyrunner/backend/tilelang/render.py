@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 
 from pyrunner.errors import PlanError
-from pyrunner.plan import (
+from pyrunner.plan.schema import (
     EXPR_FUNCTIONS,
     AxisSize,
     Buffer,
@@ -773,7 +773,7 @@ def render(plan: Plan) -> str:
     w = _Writer()
     w.line(f'"""TileLang kernels for plan {phash} (workload {plan.workload!r}, {plan.dtype}).')
     w.line()
-    w.line("Rendered by pyrunner.render from the plan's kernel IR; do not edit by hand.")
+    w.line("Rendered by pyrunner.backend.tilelang.render from the plan's kernel IR; do not edit by hand.")
     w.line("Kernels, in launch order:")
     for k in plan.kernels:
         w.line(f"  {k.name}: {_describe(k)}")

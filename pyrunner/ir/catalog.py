@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pyrunner.errors import GraphError
-from pyrunner.graph import Graph, GraphBuilder
+from pyrunner.ir.graph import Graph, GraphBuilder
 
 
 def attention(h: int = 16, t_q: int = 4096, t_kv: int = 4096, d: int = 128) -> Graph:

@@ -14,7 +14,8 @@ import itertools
 import numpy as np
 
 from pyrunner.errors import PlanError
-from pyrunner.plan import (
+from pyrunner.ir.reference import _BINARY, _UNARY, align
+from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
     Call,
@@ -31,7 +32,6 @@ from pyrunner.plan import (
     Store,
     axis_sizes,
 )
-from pyrunner.reference import _BINARY, _UNARY, align
 
 
 def round_to(x: np.ndarray, dtype: str) -> np.ndarray:

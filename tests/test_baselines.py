@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from pyrunner import graph as G
-from pyrunner import workloads
-from pyrunner.graph import Graph, GraphBuilder
-from pyrunner.reference import evaluate, random_inputs
-from pyrunner.torch_interp import attention_matches, torch_fn, torch_source, vendor_fn
+from pyrunner.ir import catalog as workloads
+from pyrunner.ir import graph as G
+from pyrunner.ir.graph import Graph, GraphBuilder
+from pyrunner.ir.reference import evaluate, random_inputs
+from pyrunner.run.baselines import attention_matches, torch_fn, torch_source, vendor_fn
 
 # small, distinct sizes per axis so a transposed axis cannot pass by accident
 SMALL = [8, 12, 16, 20, 24, 6]

@@ -11,7 +11,7 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from pyrunner.results import PRIMARY_BASELINE, RunRecord, read_log
+from pyrunner.log.results import PRIMARY_BASELINE, RunRecord, read_log
 
 DEFAULT_LOG = Path("results/results.jsonl")
 DEFAULT_OUT = Path("benchmarks/results")

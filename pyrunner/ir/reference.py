@@ -7,7 +7,7 @@ from typing import Mapping
 
 import numpy as np
 
-from pyrunner.graph import Graph, Term, result_axes, subterms
+from pyrunner.ir.graph import Graph, Term, result_axes, subterms
 
 _UNARY = {
     "exp": np.exp,

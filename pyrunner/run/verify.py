@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pyrunner.graph import Graph, result_axes
-from pyrunner.reference import evaluate, random_inputs
+from pyrunner.ir.graph import Graph, result_axes
+from pyrunner.ir.reference import evaluate, random_inputs
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from pyrunner.plan import Plan
+    from pyrunner.plan.schema import Plan
 
 BOUNDS: dict[str, float] = {
     # fp16 keeps 11 significant bits: operand rounding (~5e-4 relative) plus fp16 stores of
@@ -173,7 +173,7 @@ class GpuVerifier:
             ref = evaluate(graph, {k: v.cpu().numpy() for k, v in rounded.items()})
             self.ref = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in ref.items()}
         else:
-            from pyrunner.torch_interp import torch_fn
+            from pyrunner.run.baselines import torch_fn
 
             with torch.no_grad():
                 self.ref = torch_fn(graph)(**rounded)

@@ -4,7 +4,7 @@ Each rule's ``name`` equals the Lean theorem that proves it. Algebraic rules
 rewrite a graph term into an equal term (``apply`` at a root, ``rewrites``
 over a whole graph). Schedule rules say how a loop may compute a term (tiles,
 online state, fused loops); the planner cites them when it forms loops, so they
-have no ``apply``. Every rule has a symbolic check in ``pyrunner.symbolic``.
+have no ``apply``. Every rule has a symbolic check in ``pyrunner.rules.symbolic``.
 
 Matching is by structure and axes only. A rewrite must also keep the matched
 term's axis order, so that every user of the term (and every output layout)
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from pyrunner.errors import UserError
-from pyrunner.graph import (
+from pyrunner.ir.graph import (
     LOG2E,
     Graph,
     Term,

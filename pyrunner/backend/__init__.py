@@ -1,0 +1,1 @@
+"""Code generation backends: one sub-package per target language (today TileLang)."""
