@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from pyrunner.ir.graph import LOG2E
+from pyrunner.ir.ops import BINARY, ELEMENTWISE, UNARY
 from pyrunner.plan.schema import (
     Buffer,
     Call,
@@ -195,27 +196,30 @@ def attention_plan(h: int = 2, t_q: int = 256, t_kv: int = 256, d: int = 64, dty
     return _plan("Attention", dtype, tensors, [k])
 
 
+def _needs_positive(name: str) -> bool:
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return not np.isfinite(ELEMENTWISE[name].numpy(np.float64(-0.5)))
+
+
 def _all_functions_expr(x):
-    """An expression using every Map function once (x is the operand, an Expr)."""
-    one = const(1.0)
-    sq1 = call("add", call("square", x), one)
-    part1 = call("sub", call("gelu", x), call("mul", call("silu", x), call("sigmoid", x)))
-    part2 = call("div", call("min", call("max", x, call("neg", call("relu", x))), call("abs", call("tanh", x))),
-                 call("add", const(2.0), call("square", x)))
-    part3 = call("mul", call("log", call("add", call("sqrt", sq1), one)),
-                 call("mul", call("recip", call("add", call("exp", call("neg", x)), one)),
-                      call("add", call("rsqrt", sq1), call("exp2", call("mul", x, const(0.5))))))
-    return call("add", part1, call("add", part2, part3))
+    """An expression using every function of the op table (x is the operand, an Expr).
+
+    Unary functions defined only for positive arguments get p = 1 + x*x/4; binary ones get (x, p).
+    """
+    p = call("add", const(1.0), call("mul", call("mul", x, x), const(0.25)))
+    terms = [call(n, p if _needs_positive(n) else x) for n in UNARY]
+    terms += [call(n, x, p) for n in BINARY]
+    out = terms[0]
+    for t in terms[1:]:
+        out = call("add", out, t)
+    return out
 
 
 def _all_functions_np(x):
-    sig = 1.0 / (1.0 + np.exp(-x))
-    gelu = 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3)))
-    part1 = gelu - (x * sig) * sig
-    part2 = np.minimum(np.maximum(x, -np.maximum(x, 0.0)), np.abs(np.tanh(x))) / (2.0 + x * x)
-    sq1 = x * x + 1.0
-    part3 = np.log(np.sqrt(sq1) + 1.0) * (1.0 / (np.exp(-x) + 1.0)) * (1.0 / np.sqrt(sq1) + np.exp2(x * 0.5))
-    return part1 + part2 + part3
+    """The float64 value of ``_all_functions_expr`` from the op table's numpy meanings."""
+    p = 1.0 + x * x * 0.25
+    out = sum(UNARY[n].numpy(p if _needs_positive(n) else x) for n in UNARY)
+    return out + sum(BINARY[n].numpy(x, p) for n in BINARY)
 
 
 def elementwise4d_plan(a: int = 2, b: int = 3, c: int = 64, e: int = 64, dtype: str = "float16") -> Plan:

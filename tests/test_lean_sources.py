@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from pyrunner.ir import graph as G
+from pyrunner.ir import ops
 from pyrunner.ir.catalog import CATALOG
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -301,16 +302,21 @@ def _name_table(name: str) -> list[tuple[str, str]]:
     return re.findall(r'\|\s*\.(\w+)\s*=>\s*"(\w+)"', m["body"])
 
 
-@pytest.mark.parametrize("lean_name, python_ops", [
-    ("UnaryOp", G.UNARY_OPS), ("BinaryOp", G.BINARY_OPS), ("ReduceOp", G.REDUCE_OPS)])
-def test_op_vocabulary_matches_graph_py(lean_name: str, python_ops: tuple[str, ...]) -> None:
-    assert tuple(_inductive_ctors(lean_name)) == python_ops
+@pytest.mark.parametrize("lean_name, entries", [
+    ("UnaryOp", ops.UNARY), ("BinaryOp", ops.BINARY), ("ReduceOp", ops.REDUCTIONS)])
+def test_op_vocabulary_matches_the_op_table(lean_name: str, entries: dict) -> None:
+    """Each op table entry's Lean constructor exists, in table order, and its name string is the Python name."""
+    python_ops = tuple(entries)
+    assert tuple(_inductive_ctors(lean_name)) == tuple(e.lean for e in entries.values())
     table = _name_table(lean_name)
-    assert tuple(n for _, n in table) == python_ops
-    assert all(ctor == n for ctor, n in table), "constructor and Python name differ"
+    assert table == [(e.lean, e.name) for e in entries.values()]
     m = re.search(rf"^def {lean_name}\.all : List {lean_name} :=(?P<body>[^\]]*\])",
                   code(LEAN_DIR / "Graph.lean"), re.M)
     assert m and tuple(re.findall(r"\.(\w+)", m["body"])) == python_ops
+
+
+def test_term_constructors_match_the_op_table() -> None:
+    assert _inductive_ctors("Term") == [k.lean for k in ops.TERM_KINDS.values()]
 
 
 def test_term_json_ops_match_graph_py() -> None:

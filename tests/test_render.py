@@ -10,7 +10,6 @@ import pytest
 from plan_fixtures import FIXTURES, REFERENCES, attention_plan, elementwise4d_plan, gemm_plan, rmsnorm_gemm_plan
 
 from pyrunner.backend.tilelang.compile import (
-    H200,
     check_fits,
     compile_cubin,
     estimate_kernel,
@@ -19,9 +18,12 @@ from pyrunner.backend.tilelang.compile import (
     render_kernel_func,
     rendered_module,
 )
-from pyrunner.backend.tilelang.render import kernel_axes, launch_axes, layout_bridges, render, resolve_config
+from pyrunner.backend.tilelang.layout import launch_axes, layout_bridges
+from pyrunner.backend.tilelang.render import render
 from pyrunner.errors import DeviceFitError, PlanError
-from pyrunner.plan.schema import Buffer, GridAxis, Load, Plan, Store
+from pyrunner.plan.analysis import kernel_axes, resolve_config
+from pyrunner.plan.schema import Plan, axis_sizes
+from pyrunner.target import H200
 
 
 def _edit_kernel(plan: Plan, **changes) -> Plan:
@@ -88,53 +90,21 @@ def test_layout_bridge_only_where_layouts_disagree():
 def test_more_than_three_grid_axes_fold_into_blockidx_z():
     plan = elementwise4d_plan()
     k = plan.kernels[0]
-    assert launch_axes(k, kernel_axes(plan, k)) == [["e"], ["c"], ["a", "b"]]
+    assert launch_axes(k, kernel_axes(k, axis_sizes(plan))) == [["e"], ["c"], ["a", "b"]]
     source = render(plan)
     assert "a_idx = a_b_fold // SIZE_B" in source and "b_idx = a_b_fold % SIZE_B" in source
 
 
-# --- plan errors -----------------------------------------------------------------
+# --- the renderer trusts validation -----------------------------------------------
 
-def test_load_into_buffer_with_wrong_axes_is_a_plan_error():
-    plan = gemm_plan()
-    bufs = [b if b.name != "X_s" else Buffer(name="X_s", axes=["d", "m"], scope="shared", dtype="float16")
-            for b in plan.kernels[0].buffers]
-    with pytest.raises(PlanError, match=r"buffer 'X_s' has axes \['d', 'm'\].*tile of 'X'"):
-        render(_edit_kernel(plan, buffers=bufs))
-
-
-def test_store_racing_between_blocks_is_a_plan_error():
-    plan = attention_plan()
-    # drop the t_q axis from the output tile: blocks along t_q would all write the same rows
-    k = plan.kernels[0]
-    out = plan.model_copy(update={"kernels": [k.model_copy(update={
-        "grid": [GridAxis(axis="h", block=1), GridAxis(axis="t_q", block="block_t_q"), GridAxis(axis="d", block=64)],
-        "epilogue": [*k.epilogue[:-1], Store(src="out", dst="O")]})]})
-    resolve_config(out)  # valid as is
-    o = out.tensors[3].model_copy(update={"axes": ["h", "d"], "shape": [2, 64]})
-    bad = out.model_copy(update={"tensors": [*out.tensors[:3], o]})
-    with pytest.raises(PlanError, match="races between the blocks of grid axis 't_q'"):
-        resolve_config(bad)
-
-
-def test_config_errors_name_the_problem():
-    plan = gemm_plan()
-    with pytest.raises(PlanError, match="unknown parameter 'block_q'"):
-        resolve_config(plan, {"matmul": {"block_q": 64}})
-    with pytest.raises(PlanError, match=r"block_m=96 is not in its space"):
-        resolve_config(plan, {"matmul": {"block_m": 96}})
-    with pytest.raises(PlanError, match="unknown kernel"):
-        resolve_config(plan, {"nope": {}})
-    small = gemm_plan(m=192)
-    with pytest.raises(PlanError, match="block 128 of axis 'm' does not divide its extent 192"):
-        resolve_config(small)
-
-
-def test_load_of_loop_axis_outside_loop_is_a_plan_error():
+def test_render_rejects_what_validation_does_not_see():
     plan = gemm_plan()
     k = plan.kernels[0]
-    bad = _edit_kernel(plan, prologue=[*k.prologue, Load(src="W", dst="W_s")])
-    with pytest.raises(PlanError, match="loop axis 'd', but the op is in the prologue"):
+    twice = plan.model_copy(update={"kernels": [k, k]})
+    with pytest.raises(PlanError, match="repeats a kernel name"):
+        render(twice)
+    bad = _edit_kernel(plan, params={**k.params, "T": [1]}, defaults={**k.defaults, "T": 1})
+    with pytest.raises(PlanError, match="parameter name 'T' cannot be a Python keyword argument"):
         render(bad)
 
 

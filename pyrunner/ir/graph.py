@@ -13,15 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from pyrunner.errors import GraphError
-
-UNARY_OPS = (
-    "exp", "exp2", "log", "neg", "recip", "sqrt", "rsqrt", "square",
-    "silu", "sigmoid", "tanh", "gelu", "relu", "abs",
-)
-BINARY_OPS = ("add", "sub", "mul", "div", "max", "min")
-REDUCE_OPS = ("sum", "max", "mean")
-LEAF_OPS = ("input", "const", "axis_size")
-ALL_OPS = LEAF_OPS + ("unary", "binary", "reduce", "matmul")
+from pyrunner.ir.ops import ALL_OPS, BINARY_OPS, REDUCE_OPS, TERM_KINDS, UNARY_OPS
 
 LOG2E = 1.4426950408889634
 
@@ -142,23 +134,10 @@ def result_axes(t: Term, memo: dict[Term, tuple[str, ...]] | None = None) -> tup
     """Named axes of a term's value (order is the canonical memory order)."""
     if memo is not None and t in memo:
         return memo[t]
-    if t.op == "input":
-        out = t.axes
-    elif t.op in ("const", "axis_size"):
-        out = ()
-    elif t.op == "unary":
-        out = result_axes(t.args[0], memo)
-    elif t.op == "binary":
-        a, b = (result_axes(x, memo) for x in t.args)
-        out = a + tuple(x for x in b if x not in a)
-    elif t.op == "reduce":
-        out = tuple(x for x in result_axes(t.args[0], memo) if x != t.axis)
-    elif t.op == "matmul":
-        a, b = (result_axes(x, memo) for x in t.args)
-        left = tuple(x for x in a if x != t.axis)
-        out = left + tuple(x for x in b if x != t.axis and x not in left)
-    else:
+    kind = TERM_KINDS.get(t.op)
+    if kind is None:
         raise GraphError(f"unknown op {t.op!r}")
+    out = kind.axes(t, [result_axes(x, memo) for x in t.args])
     if memo is not None:
         memo[t] = out
     return out

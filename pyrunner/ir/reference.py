@@ -1,38 +1,13 @@
-"""Float64 numpy reference interpreter: the meaning of every graph."""
+"""Float64 numpy reference interpreter: the meaning of every graph (op meanings from ``ir.ops``)."""
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import numpy as np
 
 from pyrunner.ir.graph import Graph, Term, result_axes, subterms
-
-_UNARY = {
-    "exp": np.exp,
-    "exp2": np.exp2,
-    "log": np.log,
-    "neg": np.negative,
-    "recip": lambda x: 1.0 / x,
-    "sqrt": np.sqrt,
-    "rsqrt": lambda x: 1.0 / np.sqrt(x),
-    "square": np.square,
-    "silu": lambda x: x / (1.0 + np.exp(-x)),
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "tanh": np.tanh,
-    "gelu": lambda x: 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3))),
-    "relu": lambda x: np.maximum(x, 0.0),
-    "abs": np.abs,
-}
-_BINARY = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.divide,
-    "max": np.maximum,
-    "min": np.minimum,
-}
+from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 
 
 def align(x: np.ndarray, have: tuple[str, ...], want: tuple[str, ...]) -> np.ndarray:
@@ -62,16 +37,14 @@ def evaluate_terms(roots: list[Term], sizes: Mapping[str, int],
             elif t.op == "axis_size":
                 v = np.asarray(float(sizes[t.axis]), dtype=dtype)
             elif t.op == "unary":
-                v = _UNARY[t.fn](memo[t.args[0]]).astype(dtype)
+                v = ELEMENTWISE[t.fn].numpy(memo[t.args[0]]).astype(dtype)
             elif t.op == "binary":
                 a, b = t.args
-                v = _BINARY[t.fn](align(memo[a], axes[a], ax), align(memo[b], axes[b], ax)).astype(dtype)
+                v = ELEMENTWISE[t.fn].numpy(align(memo[a], axes[a], ax), align(memo[b], axes[b], ax)).astype(dtype)
                 v = np.broadcast_to(v, tuple(sizes[x] for x in ax)).copy()
             elif t.op == "reduce":
                 src_axes = axes[t.args[0]]
-                i = src_axes.index(t.axis)
-                fn = {"sum": np.sum, "max": np.max, "mean": np.mean}[t.fn]
-                v = fn(memo[t.args[0]], axis=i).astype(dtype)
+                v = REDUCTIONS[t.fn].numpy(memo[t.args[0]], src_axes.index(t.axis)).astype(dtype)
             elif t.op == "matmul":
                 a, b = t.args
                 letters = {n: chr(ord("a") + i) for i, n in enumerate(sorted(set(axes[a]) | set(axes[b])))}

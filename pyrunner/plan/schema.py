@@ -22,6 +22,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pyrunner.errors import PlanError
+from pyrunner.ir.ops import ELEMENTWISE, TILE_REDUCTIONS
 
 SCHEMA_VERSION = 1
 
@@ -93,22 +94,24 @@ class AxisSize(_Strict):
     axis: str
 
 
+FunctionName = Literal[tuple(ELEMENTWISE)]  # type: ignore[valid-type]
+"""Every elementwise function of the op table (``pyrunner.ir.ops``)."""
+
+TileReduction = Literal[TILE_REDUCTIONS]  # type: ignore[valid-type]
+"""The reductions a tile Reduce op performs."""
+
+
 class Call(_Strict):
     kind: Literal["call"] = "call"
-    fn: str
+    fn: FunctionName
     args: list["Expr"]
 
 
 Expr = Annotated[Union[Ref, Const, AxisSize, Call], Field(discriminator="kind")]
 Call.model_rebuild()
 
-EXPR_FUNCTIONS = {
-    # unary
-    "exp": 1, "exp2": 1, "log": 1, "neg": 1, "recip": 1, "sqrt": 1, "rsqrt": 1,
-    "square": 1, "silu": 1, "sigmoid": 1, "tanh": 1, "gelu": 1, "relu": 1, "abs": 1,
-    # binary
-    "add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2,
-}
+EXPR_FUNCTIONS = {op.name: op.arity for op in ELEMENTWISE.values()}
+"""Function name -> number of arguments, for every function a Map expression may call."""
 
 
 class Load(_Strict):
@@ -156,7 +159,7 @@ class Reduce(_Strict):
     """``dst = fn over axis of src``; with ``accumulate`` combined into dst's value."""
 
     op: Literal["reduce"] = "reduce"
-    fn: Literal["sum", "max"]
+    fn: TileReduction
     src: str
     dst: str
     axis: str

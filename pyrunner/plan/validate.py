@@ -13,7 +13,7 @@ the defaults in ``validate_plan`` and again for a user's ``--config`` in
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pydantic
@@ -21,6 +21,7 @@ import pydantic
 from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.graph_json import graph_from_json, read_json_file
+from pyrunner.plan.analysis import expr_refs, numbered_ops, op_reads_writes, resolve, walk
 from pyrunner.plan.schema import (
     EXPR_FUNCTIONS,
     SCHEMA_VERSION,
@@ -28,7 +29,6 @@ from pyrunner.plan.schema import (
     Block,
     Buffer,
     Call,
-    Fill,
     Gemm,
     GlobalTensor,
     Kernel,
@@ -36,12 +36,10 @@ from pyrunner.plan.schema import (
     Map,
     Plan,
     Reduce,
-    Ref,
     Store,
 )
 
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
-SECTIONS = ("prologue", "body", "epilogue")
 
 
 # --- structure ------------------------------------------------------------------
@@ -189,12 +187,21 @@ def check_config(plan: Plan, config: Mapping[str, object]) -> dict[str, dict[str
         if isinstance(v, bool) or not isinstance(v, int) or v not in space:
             raise PlanError(f"config {param}={_short(v)} for kernel {kname!r}: allowed values are {space}")
         values[kname][param] = v
+    check_values(plan, values)
+    return values
+
+
+def check_values(plan: Plan, values: Mapping[str, Mapping[str, int]]) -> None:
+    """The value-dependent rules (blocks divide, no racing stores, ...) for each kernel's parameter values.
+
+    ``values`` maps every kernel to all its parameters, each already in its space
+    (``plan.analysis.resolve_config`` builds that from a partial config).
+    """
     graph = plan_graph(plan)
     tensors = {t.name: t for t in plan.tensors}
     for ki, k in enumerate(plan.kernels):
         if values[k.name] != k.defaults:
             _check_kernel(plan, ki, k, values[k.name], graph.sizes, tensors, config=True)
-    return values
 
 
 def _check_tensors(plan: Plan, graph: Graph) -> dict[str, GlobalTensor]:
@@ -246,51 +253,6 @@ def _check_kernel_static(ki: int, k: Kernel) -> None:
                             f"({sorted(k.params) or 'none'})")
 
 
-def _resolve(b: Block, values: Mapping[str, int]) -> int:
-    return b if isinstance(b, int) else values[b]
-
-
-def _op_reads_writes(op: object) -> tuple[list[str], list[str]]:
-    """Buffers an op reads and writes (reads happen before writes)."""
-    if isinstance(op, Load):
-        return [], [op.dst]
-    if isinstance(op, Store):
-        return [op.src], []
-    if isinstance(op, Fill):
-        return [], [op.dst]
-    if isinstance(op, Gemm):
-        return [op.a, op.b] + ([] if op.clear else [op.c]), [op.c]
-    if isinstance(op, Map):
-        return [r.buf for r in _refs(op.expr)], [op.dst]
-    if isinstance(op, Reduce):
-        return [op.src] + ([op.dst] if op.accumulate else []), [op.dst]
-    raise PlanError(f"unknown op {op!r}")  # pragma: no cover - the schema admits no other op
-
-
-def _refs(expr: object) -> Iterator[Ref]:
-    return (e for e in _walk(expr) if isinstance(e, Ref))
-
-
-def _walk(expr: object) -> Iterator[object]:
-    """Every node of an expression tree (iteratively: plans may nest deeply)."""
-    stack = [expr]
-    while stack:
-        e = stack.pop()
-        yield e
-        if isinstance(e, Call):
-            stack.extend(reversed(e.args))
-
-
-def _calls(expr: object) -> Iterator[Call]:
-    return (e for e in _walk(expr) if isinstance(e, Call))
-
-
-def _ops(k: Kernel) -> Iterator[tuple[str, int, object]]:
-    for section in SECTIONS:
-        for i, op in enumerate(getattr(k, section)):
-            yield section, i, op
-
-
 def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], sizes: Mapping[str, int],
                   tensors: Mapping[str, GlobalTensor], config: bool = False) -> None:
     kw = f"kernels[{ki}] {k.name!r}"
@@ -304,7 +266,7 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
             raise PlanError(f"{kw}: grid[{i}] names unknown axis {g.axis!r}; graph axes are {sorted(sizes)}")
         if g.axis in block:
             raise PlanError(f"{kw}: grid[{i}] repeats grid axis {g.axis!r}")
-        b = _resolve(g.block, values)
+        b = resolve(g.block, values)
         if sizes[g.axis] % b:
             raise PlanError(f"{kw}: grid[{i}] block {b} of axis {g.axis!r} does not divide its size "
                             f"{sizes[g.axis]} ({setting})")
@@ -317,7 +279,7 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
             raise PlanError(f"{kw}: loop names unknown axis {loop_axis!r}; graph axes are {sorted(sizes)}")
         if loop_axis in block:
             raise PlanError(f"{kw}: axis {loop_axis!r} is both a grid axis and the loop axis")
-        b = _resolve(k.loop.block, values)
+        b = resolve(k.loop.block, values)
         if sizes[loop_axis] % b:
             raise PlanError(f"{kw}: loop block {b} of axis {loop_axis!r} does not divide its size "
                             f"{sizes[loop_axis]} ({setting})")
@@ -353,10 +315,10 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
     stored: list[str] = []
     written: set[str] = set()
     written_in_body: set[str] = set()
-    body_writes = {w for op in k.body for w in _op_reads_writes(op)[1]}
-    for section, oi, op in _ops(k):
+    body_writes = {w for op in k.body for w in op_reads_writes(op)[1]}
+    for section, oi, op in numbered_ops(k):
         ow = f"{kw} {section}[{oi}] ({getattr(op, 'op', '?')})"
-        reads, writes = _op_reads_writes(op)
+        reads, writes = op_reads_writes(op)
         for name in reads + writes:
             if name not in bufs:
                 known = ", ".join(bufs) or "none"
@@ -397,18 +359,16 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
             _check_gemm(ow, op, bufs, plan.dtype)
         elif isinstance(op, Map):
             dst = bufs[op.dst]
-            for r in _refs(op.expr):
-                extra = [a for a in bufs[r.buf].axes if a not in dst.axes]
+            for r in expr_refs(op.expr):
+                extra = [a for a in bufs[r].axes if a not in dst.axes]
                 if extra:
-                    raise PlanError(f"{ow}: operand {r.buf!r} has axes {bufs[r.buf].axes}, which are not a "
+                    raise PlanError(f"{ow}: operand {r!r} has axes {bufs[r].axes}, which are not a "
                                     f"subset of dst {op.dst!r}'s axes {dst.axes} (axis {extra[0]!r})")
-            for e in _walk(op.expr):
+            for e in walk(op.expr):
                 if isinstance(e, AxisSize) and e.axis not in sizes:
                     raise PlanError(f"{ow}: size of unknown axis {e.axis!r}; graph axes are {sorted(sizes)}")
-            for c in _calls(op.expr):
-                if c.fn not in EXPR_FUNCTIONS:
-                    raise PlanError(f"{ow}: unknown function {c.fn!r}; known: {', '.join(EXPR_FUNCTIONS)}")
-                if len(c.args) != EXPR_FUNCTIONS[c.fn]:
+            for c in (e for e in walk(op.expr) if isinstance(e, Call)):
+                if len(c.args) != EXPR_FUNCTIONS[c.fn]:  # the schema admits only known names
                     raise PlanError(f"{ow}: function {c.fn!r} takes {EXPR_FUNCTIONS[c.fn]} argument(s), "
                                     f"got {len(c.args)}")
         elif isinstance(op, Reduce):
@@ -424,7 +384,7 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
             written_in_body.update(writes)
 
     if k.loop is not None:
-        init = {w for op in k.prologue for w in _op_reads_writes(op)[1]}
+        init = {w for op in k.prologue for w in op_reads_writes(op)[1]}
         for buf in k.buffers:
             if buf.state and buf.name not in init:
                 raise PlanError(f"{kw}: state buffer {buf.name!r} is not initialised in the prologue "

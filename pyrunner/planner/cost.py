@@ -1,7 +1,9 @@
 """Analytic cost model: roofline per kernel with tile, wave and pipeline effects.
 
-All machine constants live in ``H200``; ``calibrate`` scales them from measured
-results (the JSON Lines results log), so the planner ranks by what was seen.
+Device numbers come from ``pyrunner.target`` (one ``Device`` per GPU); ``Machine`` adds the
+model's own calibrated efficiencies, which ``calibrate`` scales from measured results (the JSON
+Lines results log), so the planner ranks by what was seen. Which configs fit the device is the
+target's fit check (``pyrunner.target.fit``), never decided here.
 """
 
 from __future__ import annotations
@@ -9,29 +11,24 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param
 from pyrunner.planner.lower import Lowered
+from pyrunner.target.device import DTYPE_BYTES, Device
+from pyrunner.target.device import H200 as H200_DEVICE
+from pyrunner.target.fit import FitModel
 
-DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+__all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "calibrate", "estimate", "fitting_space", "param_space"]
 
 
 @dataclass(frozen=True)
 class Machine:
-    """Device constants (H200 SXM, measured where DESIGN gives a measurement)."""
+    """A device (``pyrunner.target``) plus the cost model's calibrated constants."""
 
-    tc_flops: float = 790e12          # dense fp16/bf16 tensor-core FLOP/s (measured cuBLAS ceiling)
-    cc_flops: float = 60e12           # fp32 CUDA-core element ops/s
-    sfu_ops: float = 4.0e12           # transcendental evaluations/s
-    hbm_bw: float = 4.27e12           # bytes/s, measured copy bandwidth
-    l2_bw: float = 12e12              # bytes/s for re-reads that hit L2
-    launch_us: float = 4.0            # per-kernel launch + tail latency
-    sms: int = 132
-    smem_per_block: int = 200 * 1024  # of 227 KiB: TileLang adds reduction and layout scratch
-    smem_per_sm: int = 228 * 1024
-    regs_per_sm: int = 65536
-    frag_regs_per_thread: int = 192   # budget for fragment tiles (fp32 words) per thread
+    device: Device = field(default=H200_DEVICE)
     loop_reduce_s: float = 0.35e-6    # one tile reduction inside a tensor-core loop: shuffles + barrier
                                       # (measured: fused RMSNorm 100 us vs its bare GEMM 54 us, H200 run 1)
     loop_map_s: float = 0.08e-6       # one elementwise tile pass inside a tensor-core loop
@@ -39,7 +36,12 @@ class Machine:
     memory_efficiency: float = 0.85   # achieved fraction of copy bandwidth (calibrated)
 
     def as_dict(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.__dict__.items()}
+        """Every constant the model used (device throughputs and calibrated factors), for the plan."""
+        d = self.device
+        out = {"tc_flops": d.tc_flops, "cc_flops": d.cc_flops, "sfu_ops": d.sfu_ops, "hbm_bw": d.hbm_bw,
+               "l2_bw": d.l2_bw, "launch_us": d.launch_us, "sms": d.sms, "smem_per_sm": d.smem_per_sm}
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "device"})
+        return {k: float(v) for k, v in out.items()}
 
 
 H200 = Machine()
@@ -69,11 +71,11 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
     m_axes = {g.m_axis for g in low.gemms}
     for a in low.tiled:
         lo = min(64, sizes[a]) if a in m_axes else 16
-        space[f"block_{a}"] = block_candidates(sizes[a], lo=lo)
+        space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
-        space[f"block_{low.stream}"] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 256)
-        space["stages"] = [1, 2, 3]
-    space["threads"] = [128, 256]
+        space[block_param(low.stream)] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 256)
+        space[STAGES_PARAM] = [1, 2, 3]
+    space[THREADS_PARAM] = [128, 256]
     return space
 
 
@@ -82,7 +84,7 @@ def _blocks(low: Lowered, cfg: dict[str, int], sizes: dict[str, int]) -> dict[st
     for g in low.grid:
         out[g.axis] = cfg[g.block] if isinstance(g.block, str) else g.block
     if low.stream is not None:
-        out[low.stream] = cfg[f"block_{low.stream}"]
+        out[low.stream] = cfg[block_param(low.stream)]
     return out
 
 
@@ -90,50 +92,10 @@ def _buf_elems(axes: list[str], blocks: dict[str, int]) -> int:
     return math.prod(blocks[a] for a in axes)
 
 
-def smem_bytes(low: Lowered, cfg: dict[str, int], sizes: dict[str, int]) -> int:
-    blocks = _blocks(low, cfg, sizes)
-    stages = cfg.get("stages", 1)
-    looped = {op.dst for op in low.body if getattr(op, "op", "") == "load"}
-    total = 0
-    for b in low.buffers:
-        if b.scope != "shared":
-            continue
-        n = _buf_elems(b.axes, blocks) * DTYPE_BYTES[b.dtype]
-        total += n * (stages if b.name in looped else 1)
-    return total
-
-
-def frag_words_per_thread(low: Lowered, cfg: dict[str, int], sizes: dict[str, int]) -> float:
-    blocks = _blocks(low, cfg, sizes)
-    words = sum(_buf_elems(b.axes, blocks) * DTYPE_BYTES[b.dtype] / 4 for b in low.buffers if b.scope == "fragment")
-    return words / cfg["threads"]
-
-
-def fits(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], m: Machine = H200) -> str | None:
-    """None if the config fits the device, else why not."""
-    smem = smem_bytes(low, cfg, sizes)
-    if smem > m.smem_per_block:
-        return f"shared memory {smem} B > {m.smem_per_block} B per block"
-    regs = frag_words_per_thread(low, cfg, sizes)
-    if regs > m.frag_regs_per_thread:
-        return f"fragments need {regs:.0f} registers/thread > {m.frag_regs_per_thread}"
-    blocks = _blocks(low, cfg, sizes)
-    warps = cfg["threads"] // 32
-    for g in low.gemms:
-        bm, bn = blocks[g.m_axis], blocks[g.n_axis]
-        if bm % 16 or bn % 8:
-            return f"GEMM tile {bm}x{bn} is not a multiple of the 16x8 MMA shape"
-        if g.a_in_registers and bm < 16 * warps:
-            return f"a register A operand needs {16 * warps} rows for {warps} warps, the tile has {bm}"
-        if (bm // 16) * (bn // 8) < warps:
-            return f"GEMM tile {bm}x{bn} cannot be split among {warps} warps"
-        if bn > 256:
-            return "GEMM tile N > 256"
-    return None
-
-
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
-             m: Machine = H200) -> Estimate:
+             smem: int, m: Machine = H200) -> Estimate:
+    """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block (occupancy)."""
+    dev = m.device
     blocks = _blocks(low, cfg, sizes)
     n_blocks = 1
     for g in low.grid:
@@ -154,14 +116,13 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     written = sum(tensor_bytes[w] for w in low.writes)
     dram = unique + written
 
-    smem = smem_bytes(low, cfg, sizes)
-    threads = cfg["threads"]
-    per_sm = max(1, min(m.smem_per_sm // max(smem, 1), 2048 // threads, 32))
-    slots = m.sms * per_sm
+    threads = cfg[THREADS_PARAM]
+    per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
+    slots = dev.sms * per_sm
     waves = math.ceil(n_blocks / slots)
     wave_eff = n_blocks / (waves * slots)
     # a grid smaller than the machine leaves SMs idle regardless of occupancy
-    util = min(1.0, n_blocks / m.sms) if n_blocks < m.sms else wave_eff
+    util = min(1.0, n_blocks / dev.sms) if n_blocks < dev.sms else wave_eff
 
     flops = sum(g.flops for g in low.gemms)
     tile_eff = 1.0
@@ -172,10 +133,10 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         tile_eff = min(tile_eff, min(1.0, harm / 64.0) * k_eff)
     pipe = 1.0
     if low.stream is not None:
-        pipe = {1: 0.75, 2: 0.92}.get(cfg.get("stages", 1), 1.0)
-    t_tc = flops / (m.tc_flops * m.compute_efficiency * tile_eff * max(util, 1e-3) * pipe) if flops else 0.0
-    t_cc = (low.ew_elems / m.cc_flops + low.trans_elems / m.sfu_ops) / max(util, 1e-3)
-    t_mem = (dram / (m.hbm_bw * m.memory_efficiency) + reread / m.l2_bw) / max(min(1.0, util * 1.5), 1e-3)
+        pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
+    t_tc = flops / (dev.tc_flops * m.compute_efficiency * tile_eff * max(util, 1e-3) * pipe) if flops else 0.0
+    t_cc = (low.ew_elems / dev.cc_flops + low.trans_elems / dev.sfu_ops) / max(util, 1e-3)
+    t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * 1.5), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
     # reductions inside a GEMM loop serialise with the MMAs: a fixed cost per block and step
@@ -186,31 +147,54 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     t_sync = per_step * n_blocks * n_iter / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
     t_compute = t_tc + 0.5 * t_cc + t_sync
     body = max(t_compute, t_mem)
-    time_us = body * 1e6 + m.launch_us
+    time_us = body * 1e6 + dev.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
-    if m.launch_us > body * 1e6:
+    if dev.launch_us > body * 1e6:
         bound = "latency"
     return Estimate(time_us=time_us, flops=flops + low.ew_elems, bytes=dram + reread, bound=bound, smem=smem,
                     config=cfg)
 
 
-def best_config(low: Lowered, sizes: dict[str, int], tensor_bytes: dict[str, int],
-                m: Machine = H200) -> tuple[dict[str, list[int]], Estimate] | None:
-    """Search the kernel's tile space; the cheapest config that fits, or None."""
-    space = param_space(low, sizes)
+def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
+                tensor_bytes: dict[str, int], fit: FitModel, m: Machine = H200) -> Estimate | None:
+    """The cheapest config of ``space`` that fits the device (``fit``), or None."""
     names = sorted(space)
     best: Estimate | None = None
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values))
-        if fits(low, cfg, sizes, m) is not None:
+        if fit.why_not(cfg) is not None:
             continue
-        est = estimate(low, cfg, sizes, tensor_bytes, m)
+        est = estimate(low, cfg, sizes, tensor_bytes, fit.footprint(cfg).smem_bytes, m)
         key = (round(est.time_us, 3), -sum(values))
         if best is None or key < (round(best.time_us, 3), -sum(best.config[n] for n in names)):
             best = est
-    if best is None:
-        return None
-    return space, best
+    return best
+
+
+def fitting_space(space: Mapping[str, list[int]], keep: Mapping[str, int],
+                  ok: Callable[[dict[str, int]], bool]) -> dict[str, list[int]]:
+    """A large sub-space (one value list per parameter) in which every config is ``ok``.
+
+    A tuning space is a product of value lists, so a config that does not fit can only be left out
+    by dropping one of its values. Greedily drop the value (never one of ``keep``, which must be
+    ``ok``) with the most failing configs per passing config it takes along, until none fail. On
+    the catalog this keeps exactly as many configs as an exhaustive search over sub-products.
+    """
+    names = sorted(space)
+    verdict = {vals: ok(dict(zip(names, vals))) for vals in itertools.product(*(space[n] for n in names))}
+    lists = {n: list(space[n]) for n in names}
+    while True:
+        failing: dict[tuple[str, int], int] = {}
+        passing: dict[tuple[str, int], int] = {}
+        for vals in itertools.product(*(lists[n] for n in names)):
+            counts = passing if verdict[vals] else failing
+            for n, x in zip(names, vals):
+                counts[(n, x)] = counts.get((n, x), 0) + 1
+        if not failing:
+            return {n: lists[n] for n in space}
+        droppable = [k for k in failing if k[1] != keep[k[0]]]
+        n, x = max(droppable, key=lambda k: (failing[k] / (passing.get(k, 0) + 1), failing[k], k))
+        lists[n].remove(x)
 
 
 def calibrate(log: Path | None, m: Machine = H200) -> Machine:

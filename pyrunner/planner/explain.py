@@ -2,29 +2,24 @@
 
 from __future__ import annotations
 
+from pyrunner.plan.analysis import default_value, kernel_ops
 from pyrunner.plan.schema import Gemm, Kernel, Plan, Reduce
 
 
 def _kernel_words(k: Kernel, tensors: dict[str, list[str]]) -> list[str]:
-    def block(g) -> str:
-        if g.block == 1:
-            return ""
-        return f"/{k.defaults.get(g.block, g.block) if isinstance(g.block, str) else g.block}"
-
-    grid = ", ".join(f"{g.axis}{block(g)}" for g in k.grid)
-    lines = [f"kernel {k.name}: grid over ({grid}), {k.defaults.get('threads', k.threads)} threads"]
+    grid = ", ".join(g.axis + ("" if g.block == 1 else f"/{default_value(k, g.block)}") for g in k.grid)
+    lines = [f"kernel {k.name}: grid over ({grid}), {default_value(k, k.threads)} threads"]
     if k.loop is not None:
-        blk = k.defaults.get(k.loop.block, k.loop.block) if isinstance(k.loop.block, str) else k.loop.block
-        stages = k.defaults.get(k.loop.stages, k.loop.stages) if isinstance(k.loop.stages, str) else k.loop.stages
-        lines.append(f"  streams {k.loop.axis} in tiles of {blk}, {stages}-stage pipeline")
+        lines.append(f"  streams {k.loop.axis} in tiles of {default_value(k, k.loop.block)}, "
+                     f"{default_value(k, k.loop.stages)}-stage pipeline")
     state = [b.name for b in k.buffers if b.state]
     if state:
         lines.append(f"  on-chip state across the loop: {', '.join(state)}")
-    gemms = [op for op in k.prologue + k.body + k.epilogue if isinstance(op, Gemm)]
+    gemms = [op for op in kernel_ops(k) if isinstance(op, Gemm)]
     if gemms:
         lines.append("  tensor-core GEMMs: " + "; ".join(
             f"{g.c} {'=' if g.clear else '+='} {g.a} @ {g.b} over {g.contract}" for g in gemms))
-    reds = [op for op in k.prologue + k.body + k.epilogue if isinstance(op, Reduce)]
+    reds = [op for op in kernel_ops(k) if isinstance(op, Reduce)]
     if reds:
         lines.append("  reductions: " + "; ".join(f"{r.fn} of {r.src} over {r.axis} -> {r.dst}" for r in reds))
     lines.append(f"  reads {', '.join(k.reads)}; writes {', '.join(k.writes)}")

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pyrunner.ir.graph import Term, result_axes, subterms
+from pyrunner.ir.ops import REDUCTIONS, UNARY
+from pyrunner.plan.analysis import block_param, expr_refs, op_buffers
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -37,7 +39,7 @@ from pyrunner.plan.schema import (
     Store,
 )
 
-TRANSCENDENTAL = ("exp", "exp2", "log", "rsqrt", "sqrt", "silu", "sigmoid", "tanh", "gelu", "recip")
+TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
 
 SHORT_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 
@@ -87,10 +89,6 @@ class Lowered:
     trans_elems: float = 0.0  # of which transcendental (SFU) evaluations
     rules: list[str] = field(default_factory=list)
     terms: frozenset[Term] = frozenset()
-
-
-def block_param(axis: str) -> str:
-    return f"block_{axis}"
 
 
 def cone(root: Term, boundary: dict[Term, str]) -> list[Term]:
@@ -432,7 +430,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             b.ew_elems += elems(t.args[0])
             src = materialize(t.args[0], at)
             name = b.add_buffer(labels.get(t, f"{t.fn}_{t.axis}"), b.tile_axes(result_axes(t)), "fragment", "float32")
-            b.ops[at].append(Reduce(fn="max" if t.fn == "max" else "sum", src=src, dst=name, axis=t.axis,
+            b.ops[at].append(Reduce(fn=REDUCTIONS[t.fn].tile, src=src, dst=name, axis=t.axis,
                                     accumulate=False))
             if t.fn == "mean":
                 b.ops[at].append(Map(dst=name, expr=Call(fn="div", args=[Ref(buf=name), AxisSize(axis=t.axis)])))
@@ -440,7 +438,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
         elif t.op == "reduce":  # accumulator over the streamed axis
             b.ew_elems += elems(t.args[0])
             src = materialize(t.args[0], "body")
-            kind = "max" if t.fn == "max" else "sum"
+            kind = REDUCTIONS[t.fn].tile
             name = b.add_buffer(labels.get(t, f"{t.fn}_{t.axis}"), b.tile_axes(result_axes(t)), "fragment",
                                 "float32", state=True)
             b.ops["prologue"].append(Fill(dst=name, value="-inf" if kind == "max" else 0.0))
@@ -516,28 +514,6 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
     )
 
 
-def _refs(e: Expr) -> list[str]:
-    if isinstance(e, Ref):
-        return [e.buf]
-    if isinstance(e, Call):
-        return [r for a in e.args for r in _refs(a)]
-    return []
-
-
-def _uses(op) -> set[str]:
-    if isinstance(op, Map):
-        return set(_refs(op.expr)) | {op.dst}
-    if isinstance(op, Gemm):
-        return {op.a, op.b, op.c}
-    if isinstance(op, Reduce):
-        return {op.src, op.dst}
-    if isinstance(op, (Load, Fill)):
-        return {op.dst}
-    if isinstance(op, Store):
-        return {op.src}
-    return set()
-
-
 def _rename(op, old: str, new: str):
     def ren_expr(e: Expr) -> Expr:
         if isinstance(e, Ref):
@@ -569,9 +545,9 @@ def reuse_in_place(buffers: dict[str, Buffer], ops: dict[str, list]) -> None:
         if not isinstance(op, Map):
             continue
         d = buffers[op.dst]
-        if d.state or d.scope != "fragment" or op.dst in _refs(op.expr):
+        if d.state or d.scope != "fragment" or op.dst in expr_refs(op.expr):
             continue
-        for cand in _refs(op.expr):
+        for cand in expr_refs(op.expr):
             c = buffers[cand]
             # loop state is only needed across iterations: after the loop it is an ordinary value
             if (c.state and sec != "epilogue") or c.scope != "fragment" or c.dtype != d.dtype or c.axes != d.axes:
@@ -579,7 +555,7 @@ def reuse_in_place(buffers: dict[str, Buffer], ops: dict[str, list]) -> None:
             # non-state buffers are written before they are read in each iteration,
             # so only later ops can still need the operand
             later = [ops[s2][j] for s2, j in seq[pos + 1:]]
-            if any(cand in _uses(o) for o in later):
+            if any(cand in op_buffers(o) for o in later):
                 continue
             old = op.dst
             for s2, j in seq[pos:]:

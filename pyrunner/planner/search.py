@@ -22,6 +22,7 @@ from pathlib import Path
 from pyrunner import __version__
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph import Graph, Term, result_axes, show, subterms
+from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param
 from pyrunner.plan.schema import (
     CostEstimate,
     GlobalTensor,
@@ -34,8 +35,18 @@ from pyrunner.plan.schema import (
     canonical_json,
     with_hash,
 )
-from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, best_config, calibrate
+from pyrunner.planner.cost import (
+    DTYPE_BYTES,
+    H200,
+    Estimate,
+    Machine,
+    best_config,
+    calibrate,
+    fitting_space,
+    param_space,
+)
 from pyrunner.planner.lower import Infeasible, Lowered, cone, lower, stream_candidates
+from pyrunner.target.fit import FitModel
 
 MAX_VARIANTS = 48
 MAX_DEPTH = 6
@@ -51,9 +62,10 @@ class Variant:
 @dataclass
 class KernelChoice:
     low: Lowered
-    space: dict[str, list[int]]
+    kernel: Kernel
+    """The kernel with its full tuning space (defaults: the first values); ``to_plan`` narrows it."""
+    fit: FitModel
     est: Estimate
-    name: str
 
 
 @dataclass
@@ -139,14 +151,15 @@ class Planner:
             except Infeasible as e:
                 self._reject(str(e))
                 continue
-            found = best_config(low, self.sizes, nbytes, self.machine)
-            if found is None:
+            kernel = kernel_of(low, out_name, param_space(low, self.sizes))
+            fit = FitModel(kernel, self.sizes, self.machine.device)
+            est = best_config(low, kernel.params, self.sizes, nbytes, fit, self.machine)
+            if est is None:
                 self._reject(f"no tile configuration of the {show(root)[:60]} kernel fits the device: "
                              "tile extents must divide the axes, and tensor-core tiles need multiples of 16x8")
                 continue
-            space, est = found
             if best is None or est.time_us < best.est.time_us:
-                best = KernelChoice(low, space, est, "")
+                best = KernelChoice(low, kernel, fit, est)
         self._cache[key] = best
         return best
 
@@ -250,22 +263,10 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
     kernels: list[Kernel] = []
     costs: list[KernelCost] = []
     for i, kc in enumerate(c.kernels):
-        low = kc.low
-        name = f"k{i}_{low.writes[0]}"
-        referenced = {g.block for g in low.grid if isinstance(g.block, str)}
-        loop = None
-        if low.stream is not None:
-            loop = StreamLoop(axis=low.stream, block=f"block_{low.stream}", stages="stages")
-            referenced |= {f"block_{low.stream}", "stages"}
-        referenced.add("threads")
-        params = {p: v for p, v in kc.space.items() if p in referenced}
-        defaults = {p: kc.est.config[p] for p in params}
-        rules = list(low.rules)
-        kernels.append(Kernel(
-            name=name, grid=low.grid, loop=loop, threads="threads", buffers=low.buffers,
-            prologue=low.prologue, body=low.body, epilogue=low.epilogue, reads=low.reads, writes=low.writes,
-            params=params, defaults=defaults, fused_rules=rules,
-        ))
+        name = f"k{i}_{kc.low.writes[0]}"
+        defaults = {p: kc.est.config[p] for p in kc.kernel.params}
+        params = fitting_space(kc.kernel.params, defaults, lambda cfg, fit=kc.fit: fit.why_not(cfg) is None)
+        kernels.append(kc.kernel.model_copy(update={"name": name, "params": params, "defaults": defaults}))
         costs.append(KernelCost(kernel=name, flops=kc.est.flops, bytes=kc.est.bytes, time_us=round(kc.est.time_us, 3),
                                 bound=kc.est.bound))
     steps = list(c.variant.steps)
@@ -281,6 +282,18 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
                               graph_hash=graph_hash(planner.graph)),
     )
     return with_hash(plan)
+
+
+def kernel_of(low: Lowered, name: str, space: dict[str, list[int]]) -> Kernel:
+    """The plan kernel of a lowering, with tuning space ``space`` (defaults: each first value)."""
+    loop = None
+    if low.stream is not None:
+        loop = StreamLoop(axis=low.stream, block=block_param(low.stream), stages=STAGES_PARAM)
+    return Kernel(
+        name=name, grid=low.grid, loop=loop, threads=THREADS_PARAM, buffers=low.buffers,
+        prologue=low.prologue, body=low.body, epilogue=low.epilogue, reads=low.reads, writes=low.writes,
+        params=space, defaults={p: v[0] for p, v in space.items()}, fused_rules=list(low.rules),
+    )
 
 
 def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = False,

@@ -38,6 +38,7 @@ from pyrunner.ir.graph import (
     subterms,
     unary,
 )
+from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 from pyrunner.rules.registry import RULE_NAMES, RULES, RuleError
 
 
@@ -124,31 +125,6 @@ def _run(checks: Callable[[], list[str]]) -> ProofResult:
 
 # --- symbolic evaluation of graph terms ---------------------------------------------------
 
-_SYM_UNARY: dict[str, Callable[[sp.Expr], sp.Expr]] = {
-    "exp": sp.exp,
-    "exp2": exp2,
-    "log": sp.log,
-    "neg": lambda x: -x,
-    "recip": lambda x: 1 / x,
-    "sqrt": sp.sqrt,
-    "rsqrt": lambda x: 1 / sp.sqrt(x),
-    "square": lambda x: x**2,
-    "silu": lambda x: x / (1 + sp.exp(-x)),
-    "sigmoid": lambda x: 1 / (1 + sp.exp(-x)),
-    "tanh": sp.tanh,
-    "relu": lambda x: sp.Max(x, 0),
-    "abs": sp.Abs,
-}
-_SYM_BINARY: dict[str, Callable[[sp.Expr, sp.Expr], sp.Expr]] = {
-    "add": lambda a, b: a + b,
-    "sub": lambda a, b: a - b,
-    "mul": lambda a, b: a * b,
-    "div": lambda a, b: a / b,
-    "max": sp.Max,
-    "min": sp.Min,
-}
-
-
 def _sym_const(value: float) -> sp.Expr:
     """Exact value of a graph constant; LOG2E stands for log2(e) itself (checked separately)."""
     if value == LOG2E:
@@ -188,18 +164,11 @@ def _sym_entry(t: Term, env: dict[str, int], memo: dict[Term, SymTensor], sizes:
     if t.op == "axis_size":
         return sp.Integer(sizes[t.axis])
     args = [memo[a] for a in t.args]
-    if t.op == "unary":
-        return _SYM_UNARY[t.fn](args[0].at(env))
-    if t.op == "binary":
-        return _SYM_BINARY[t.fn](args[0].at(env), args[1].at(env))
+    if t.op in ("unary", "binary"):
+        return ELEMENTWISE[t.fn].sympy(sp, *(a.at(env) for a in args))
     n = sizes[t.axis]
     if t.op == "reduce":
-        items = [args[0].at({**env, t.axis: i}) for i in range(n)]
-        if t.fn == "sum":
-            return sp.Add(*items)
-        if t.fn == "mean":
-            return sp.Add(*items) / n
-        return sp.Max(*items)
+        return REDUCTIONS[t.fn].sympy(sp, [args[0].at({**env, t.axis: i}) for i in range(n)])
     if t.op == "matmul":
         return sp.Add(*(args[0].at({**env, t.axis: i}) * args[1].at({**env, t.axis: i}) for i in range(n)))
     raise ValueError(f"cannot evaluate op {t.op!r} symbolically")

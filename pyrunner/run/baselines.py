@@ -20,22 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from pyrunner.ir.graph import Graph, Term, result_axes, subterms
+from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import evaluate_terms
 
 TorchFn = Callable[..., dict[str, torch.Tensor]]
-
-_UNARY = {
-    "exp": "torch.exp({})", "exp2": "torch.exp2({})", "log": "torch.log({})", "neg": "torch.neg({})",
-    "recip": "torch.reciprocal({})", "sqrt": "torch.sqrt({})", "rsqrt": "torch.rsqrt({})",
-    "square": "torch.square({})", "silu": "F.silu({})", "sigmoid": "torch.sigmoid({})", "tanh": "torch.tanh({})",
-    "gelu": "F.gelu({}, approximate='tanh')", "relu": "torch.relu({})", "abs": "torch.abs({})",
-}
-_BINARY = {"add": "{} + {}", "sub": "{} - {}", "mul": "{} * {}", "div": "{} / {}",
-           "max": "torch.maximum({}, {})", "min": "torch.minimum({}, {})"}
-_BINARY_SCALAR = {"max": ("torch.clamp_min({}, {})", "torch.clamp_min({1}, {0})"),
-                  "min": ("torch.clamp_max({}, {})", "torch.clamp_max({1}, {0})")}
-_REDUCE = {"sum": "{}.sum(dim={})", "max": "{}.amax(dim={})", "mean": "{}.mean(dim={})"}
-
 
 # --- structural helpers --------------------------------------------------------
 
@@ -242,17 +230,18 @@ def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
             x, a = softmax[t]
             code = f"torch.softmax({ref(x)}, dim={axes[x].index(a)})"
         elif t.op == "unary":
-            code = _UNARY[t.fn].format(ref(t.args[0]))
+            code = ELEMENTWISE[t.fn].torch.format(ref(t.args[0]))
         elif t.op == "binary":
             a, b = t.args
             xa = ref(a) if a in consts else _broadcast(ref(a), axes[a], axes[t], sizes)
             xb = ref(b) if b in consts else _broadcast(ref(b), axes[b], axes[t], sizes)
-            if t.fn in _BINARY_SCALAR and (a in consts or b in consts):
-                code = _BINARY_SCALAR[t.fn][0 if b in consts else 1].format(xa, xb)
+            op = ELEMENTWISE[t.fn]
+            if op.torch_scalar and (a in consts) != (b in consts):
+                code = op.torch_scalar.format(t=xb, c=xa) if a in consts else op.torch_scalar.format(t=xa, c=xb)
             else:
-                code = _BINARY[t.fn].format(xa, xb)
+                code = op.torch.format(xa, xb)
         elif t.op == "reduce":
-            code = _REDUCE[t.fn].format(ref(t.args[0]), axes[t.args[0]].index(t.axis))
+            code = REDUCTIONS[t.fn].torch.format(ref(t.args[0]), axes[t.args[0]].index(t.axis))
         elif t.op == "matmul":
             a, b = t.args
             code = _matmul_code(ref(a), axes[a], ref(b), axes[b], t.axis, axes[t], sizes)

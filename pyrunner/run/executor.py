@@ -14,7 +14,9 @@ import itertools
 import numpy as np
 
 from pyrunner.errors import PlanError
-from pyrunner.ir.reference import _BINARY, _UNARY, align
+from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
+from pyrunner.ir.reference import align
+from pyrunner.plan.analysis import kernel_geometry, resolve_config
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -44,25 +46,6 @@ def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
         u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
         return u.view(np.float32)
     return x
-
-
-def kernel_config(k: Kernel, config: dict | None) -> dict[str, int]:
-    cfg = dict(k.defaults)
-    cfg.update((config or {}).get(k.name, {}))
-    return cfg
-
-
-def resolve(v: int | str, cfg: dict[str, int]) -> int:
-    return cfg[v] if isinstance(v, str) else v
-
-
-def block_sizes(k: Kernel, cfg: dict[str, int]) -> dict[str, int]:
-    blocks = {g.axis: resolve(g.block, cfg) for g in k.grid}
-    if k.loop is not None:
-        blocks[k.loop.axis] = resolve(k.loop.block, cfg)
-    return blocks
-
-
 
 
 class _Block:
@@ -105,10 +88,7 @@ class _Block:
             return np.float32(self.sizes[e.axis])
         if isinstance(e, Call):
             args = [self.expr(a, dst_axes) for a in e.args]
-            fn = _UNARY.get(e.fn) if len(args) == 1 else _BINARY.get(e.fn)
-            if fn is None:
-                raise PlanError(f"kernel {self.k.name}: unknown function {e.fn!r}")
-            return np.asarray(fn(*args), dtype=np.float32)
+            return np.asarray(ELEMENTWISE[e.fn].numpy(*args), dtype=np.float32)
         raise PlanError(f"kernel {self.k.name}: unknown expression {e!r}")
 
     def run(self, ops: list, tensors: dict[str, np.ndarray], dtypes: dict[str, str],
@@ -134,11 +114,10 @@ class _Block:
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                     self.write(op.dst, self.expr(op.expr, self.info[op.dst].axes))
             elif isinstance(op, Reduce):
-                i = self.info[op.src].axes.index(op.axis)
-                fn = np.max if op.fn == "max" else np.sum
-                r = fn(self.buf[op.src], axis=i)
+                red = REDUCTIONS[op.fn]
+                r = red.numpy(self.buf[op.src], self.info[op.src].axes.index(op.axis))
                 if op.accumulate:
-                    r = np.maximum(self.buf[op.dst], r) if op.fn == "max" else self.buf[op.dst] + r
+                    r = ELEMENTWISE[red.combine].numpy(self.buf[op.dst], r)
                 self.write(op.dst, r)
             else:  # pragma: no cover - the schema admits no other op
                 raise PlanError(f"kernel {self.k.name}: unknown op {op!r}")
@@ -146,13 +125,11 @@ class _Block:
 
 def run_kernel(k: Kernel, cfg: dict[str, int], sizes: dict[str, int], tensors: dict[str, np.ndarray],
                dtypes: dict[str, str], taxes: dict[str, list[str]], exact: bool = False) -> None:
-    blocks = block_sizes(k, cfg)
-    for a, b in blocks.items():
-        if sizes[a] % b:
-            raise PlanError(f"kernel {k.name}: block {b} does not divide axis {a} of size {sizes[a]}")
+    geo = kernel_geometry(k, cfg, sizes)
+    blocks = geo.blocks
     grid_axes = [g.axis for g in k.grid]
-    extents = [sizes[a] // blocks[a] for a in grid_axes]
-    n_iter = sizes[k.loop.axis] // blocks[k.loop.axis] if k.loop is not None else 0
+    extents = [geo.tiles[a] for a in grid_axes]
+    n_iter = geo.loop_steps()
     for coords in itertools.product(*(range(e) for e in extents)):
         blk = _Block(k, blocks, dict(zip(grid_axes, coords)), sizes, exact)
         blk.run(k.prologue, tensors, dtypes, taxes)
@@ -187,8 +164,9 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
             tensors[t.name] = x if exact else round_to(x, t.dtype)
         else:
             tensors[t.name] = np.full(t.shape, np.nan, dtype=np.float32)
+    values = resolve_config(plan, config, in_space=False)
     for k in plan.kernels:
-        run_kernel(k, kernel_config(k, config), sizes, tensors, dtypes, taxes, exact)
+        run_kernel(k, values[k.name], sizes, tensors, dtypes, taxes, exact)
     return {t.name: tensors[t.name].astype(np.float64) for t in plan.tensors if t.role == "output"}
 
 

@@ -33,7 +33,9 @@ from rich.table import Table
 from pyrunner.errors import DeviceFitError, UserError
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
+from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan, plan_hash
+from pyrunner.plan.validate import check_config, check_values
 from pyrunner.run.timing import device_name, gpu_available, kernel_times_us, median_us
 from pyrunner.run.verify import GpuVerifier, fresh_seed, verify_executor
 
@@ -117,10 +119,9 @@ def resolve(plan: Plan, config: dict | None) -> Config:
     if not config:
         return default_config(plan)
     if all(isinstance(v, dict) for v in config.values()):
-        from pyrunner.backend.tilelang.render import resolve_config
-
-        return resolve_config(plan, config)
-    from pyrunner.plan.validate import check_config
+        values = resolve_config(plan, config)
+        check_values(plan, values)
+        return values
 
     return check_config(plan, config)
 
@@ -144,8 +145,6 @@ def sample_configs(plan: Plan, n: int, seed: str | int | None = None) -> list[Co
     timed run compile the same configs. Points that do not resolve (tiles that
     do not divide, say) are dropped.
     """
-    from pyrunner.backend.tilelang.render import resolve_config
-
     base = default_config(plan)
     out = [base]
     keys = [(k.name, p) for k in plan.kernels for p in k.params]
@@ -170,7 +169,7 @@ def sample_configs(plan: Plan, n: int, seed: str | int | None = None) -> list[Co
         for (kn, p), v in zip(keys, pt, strict=True):
             cfg[kn][p] = v
         try:
-            resolve_config(plan, cfg)
+            check_values(plan, resolve_config(plan, cfg))
         except UserError:
             continue
         out.append(cfg)

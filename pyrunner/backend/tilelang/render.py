@@ -10,8 +10,12 @@ preallocated global tensors. Shapes are baked in as module constants.
 Tile parameters stay symbolic in the source (keyword arguments), so the
 structure of the code must not depend on their values: a grid axis whose
 block is a parameter always gets a launch dimension, even if some config
-gives it a single tile. Config-dependent checks (divisibility, racing stores)
-live in ``resolve_config``/``resolve_kernel``.
+gives it a single tile.
+
+The renderer trusts a plan that passed ``pyrunner.plan.validate`` (and a config
+that passed ``check_config``/``check_values``): it re-checks nothing validation
+guarantees. Plan meaning (roles of axes, buffers an op touches) comes from
+``pyrunner.plan.analysis``; op emission from the op table ``pyrunner.ir.ops``.
 
 One thing is added that the plan does not say: where a Map combines
 fragments whose register layouts TileLang cannot reconcile, the renderer
@@ -25,9 +29,11 @@ import math
 import re
 from dataclasses import dataclass
 
+from pyrunner.backend.tilelang.layout import launch_axes, layout_bridges
 from pyrunner.errors import PlanError
+from pyrunner.ir.ops import ELEMENTWISE
+from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops
 from pyrunner.plan.schema import (
-    EXPR_FUNCTIONS,
     AxisSize,
     Buffer,
     Call,
@@ -45,149 +51,16 @@ from pyrunner.plan.schema import (
     axis_sizes,
     plan_hash,
 )
+from pyrunner.target.device import H200
 
-TARGET = {"kind": "cuda", "arch": "sm_90a"}
-MAX_GRID_YZ = 65535
-"""CUDA's limit on gridDim.y and gridDim.z (gridDim.x allows 2**31 - 1)."""
+TARGET = {"kind": "cuda", "arch": H200.arch}
 
-# Module-level helpers the generated code may call from Map expressions: each
-# takes and returns float32 PrimExprs. Only the ones a plan uses are emitted.
-_HELPERS = {
-    "square": ('"""x * x."""', "return x * x"),
-    "recip": ('"""1 / x."""', "return T.float32(1.0) / x"),
-    "sigmoid": ('"""1 / (1 + exp(-x))."""', "return T.float32(1.0) / (T.float32(1.0) + T.exp(-x))"),
-    "silu": ('"""x * sigmoid(x)."""', "return x / (T.float32(1.0) + T.exp(-x))"),
-    "relu": ('"""max(x, 0)."""', "return T.max(x, T.float32(0.0))"),
-    "gelu": (
-        '"""Tanh-approximated gelu: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""',
-        f"return T.float32(0.5) * x * (T.float32(1.0) + T.tanh(T.float32({math.sqrt(2.0 / math.pi)!r})"
-        " * (x + T.float32(0.044715) * x * x * x)))",
-    ),
-}
-_DIRECT = {"exp": "T.exp", "exp2": "T.exp2", "log": "T.log", "sqrt": "T.sqrt", "rsqrt": "T.rsqrt",
-           "tanh": "T.tanh", "abs": "T.abs", "max": "T.max", "min": "T.min"}
-_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _RESERVED_MODULE = {
     "T", "tilelang", "PLAN_HASH", "WORKLOAD", "DTYPE", "ACCUM_DTYPE", "TARGET", "TENSORS", "CONFIG_SPACE",
     "DEFAULT_CONFIG", "KERNELS", "merge_config", "build_kernels", "compile_kernels", "launch", "_COMPILED",
     "tensors", "config", "kernels", "target", "name", "build", "args", "cfg", "key",
-    *_HELPERS,
+    *(op.name for op in ELEMENTWISE.values() if op.helper),
 }
-
-
-# --- plan analysis -----------------------------------------------------------
-
-
-
-@dataclass(frozen=True)
-class AxisRole:
-    """How a kernel iterates one axis: a tiled grid axis, an indexed grid axis, or the loop axis."""
-
-    axis: str
-    kind: str  # "grid" | "indexed" | "loop"
-    block: int | str
-    size: int
-
-
-def kernel_axes(plan: Plan, kernel: Kernel) -> dict[str, AxisRole]:
-    """The roles of the kernel's grid and loop axes, checked against the plan's tensors."""
-    sizes = axis_sizes(plan)
-    roles: dict[str, AxisRole] = {}
-    entries = [(g.axis, g.block, "grid") for g in kernel.grid]
-    if kernel.loop is not None:
-        entries.append((kernel.loop.axis, kernel.loop.block, "loop"))
-    for axis, block, kind in entries:
-        if axis in roles:
-            raise PlanError(f"kernel {kernel.name!r}: axis {axis!r} appears twice among grid and loop axes")
-        if axis not in sizes:
-            raise PlanError(f"kernel {kernel.name!r}: axis {axis!r} is not an axis of any global tensor")
-        _check_block(kernel, axis, block)
-        if kind == "grid" and block == 1:
-            kind = "indexed"
-        roles[axis] = AxisRole(axis, kind, block, sizes[axis])
-    return roles
-
-
-def _check_block(kernel: Kernel, axis: str, block: int | str) -> None:
-    if isinstance(block, str) and block not in kernel.params:
-        raise PlanError(f"kernel {kernel.name!r}: block of axis {axis!r} names unknown parameter {block!r}; "
-                        f"parameters are {sorted(kernel.params)}")
-
-
-def resolve_config(plan: Plan, config: dict | None = None) -> dict[str, dict[str, int]]:
-    """Each kernel's parameter values: its defaults overlaid by ``config`` (kernel -> param -> value)."""
-    by_name = {k.name: k for k in plan.kernels}
-    merged = {k.name: dict(k.defaults) for k in plan.kernels}
-    for kname, params in (config or {}).items():
-        if kname not in by_name:
-            raise PlanError(f"config names unknown kernel {kname!r}; kernels are {list(by_name)}")
-        if not isinstance(params, dict):
-            raise PlanError(f"config for kernel {kname!r} must map parameter names to values")
-        space = by_name[kname].params
-        for p, v in params.items():
-            if p not in space:
-                raise PlanError(f"config for kernel {kname!r} names unknown parameter {p!r}; "
-                                f"parameters are {sorted(space)}")
-            if not isinstance(v, int) or isinstance(v, bool) or v not in space[p]:
-                raise PlanError(f"config for kernel {kname!r}: {p}={v!r} is not in its space {space[p]}")
-            merged[kname][p] = v
-    for k in plan.kernels:
-        resolve_kernel(plan, k, merged[k.name])
-    return merged
-
-
-@dataclass(frozen=True)
-class KernelShape:
-    """A kernel's geometry under one config: block and tile count per axis, threads, stages."""
-
-    blocks: dict[str, int]
-    tiles: dict[str, int]
-    threads: int
-    stages: int
-
-
-def _value(kernel: Kernel, v: int | str, cfg: dict[str, int]) -> int:
-    if isinstance(v, int):
-        return v
-    if v not in cfg:
-        raise PlanError(f"kernel {kernel.name!r}: parameter {v!r} has no value")
-    return cfg[v]
-
-
-def resolve_kernel(plan: Plan, kernel: Kernel, cfg: dict[str, int]) -> KernelShape:
-    """Geometry of ``kernel`` under parameter values ``cfg``; rejects blocks that do not tile their axis."""
-    roles = kernel_axes(plan, kernel)
-    blocks = {a: _value(kernel, r.block, cfg) for a, r in roles.items()}
-    for a, b in blocks.items():
-        if roles[a].size % b:
-            raise PlanError(f"kernel {kernel.name!r}: block {b} of axis {a!r} does not divide its extent "
-                            f"{roles[a].size}")
-    tiles = {a: roles[a].size // b for a, b in blocks.items()}
-    stages = _value(kernel, kernel.loop.stages, cfg) if kernel.loop is not None else 1
-    threads = _value(kernel, kernel.threads, cfg)
-    for op in kernel.prologue + kernel.body + kernel.epilogue:
-        if isinstance(op, Store):
-            dst = _tensor(plan, kernel, op.dst)
-            racing = [g.axis for g in kernel.grid if tiles[g.axis] > 1 and g.axis not in dst.axes]
-            if racing:
-                raise PlanError(f"kernel {kernel.name!r}: store to {op.dst!r} races between the blocks of grid "
-                                f"axis {racing[0]!r} ({tiles[racing[0]]} tiles), which {op.dst!r} does not have")
-    return KernelShape(blocks, tiles, threads, stages)
-
-
-def _tensor(plan: Plan, kernel: Kernel, name: str) -> GlobalTensor:
-    for t in plan.tensors:
-        if t.name == name:
-            return t
-    raise PlanError(f"kernel {kernel.name!r}: unknown global tensor {name!r}")
-
-
-def kernel_args(plan: Plan, kernel: Kernel) -> list[str]:
-    """Global tensors a kernel's prim_func takes, in the plan's tensor order."""
-    used = set(kernel.reads) | set(kernel.writes)
-    for n in used:
-        _tensor(plan, kernel, n)
-    return [t.name for t in plan.tensors if t.name in used]
 
 
 # --- names -------------------------------------------------------------------
@@ -247,6 +120,7 @@ class _Ctx:
     kernel: Kernel
     roles: dict[str, AxisRole]
     buffers: dict[str, Buffer]
+    tensors: dict[str, GlobalTensor]
     names: dict[str, str]  # buffer / global tensor name -> identifier
     size_const: dict[str, str]  # axis -> module constant
     block_expr: dict[str, str]  # axis -> block expression (literal or parameter)
@@ -265,9 +139,6 @@ class _Ctx:
             self.par_vars[axis] = self.local.fresh(f"{axis}_i")
         return self.par_vars[axis]
 
-    def where(self, section: str, i: int) -> str:
-        return f"kernel {self.kernel.name!r}, {section} op {i}"
-
 
 def _paren(expr: str) -> str:
     return f"({expr})" if " " in expr else expr
@@ -278,10 +149,8 @@ def _tuple(items) -> str:
     return f"({items[0]},)" if len(items) == 1 else f"({', '.join(items)})"
 
 
-def _scalar_copy(w: _Writer, ctx: _Ctx, tensor: GlobalTensor, buf: Buffer, load: bool, where: str) -> None:
+def _scalar_copy(w: _Writer, ctx: _Ctx, tensor: GlobalTensor, buf: Buffer, load: bool) -> None:
     """Copy between a 0-d global tensor and a one-element buffer (TileLang's T.copy needs a region)."""
-    if buf.axes:
-        raise PlanError(f"{where}: tensor {tensor.name!r} is a scalar, but buffer {buf.name!r} has axes {buf.axes}")
     g, b = ctx.names[tensor.name], ctx.names[buf.name]
     if load:
         w.line("for _ in T.Parallel(1):")
@@ -294,57 +163,19 @@ def _extent(ctx: _Ctx, buf: Buffer) -> list[str]:
     return [ctx.block_expr[a] for a in buf.axes] if buf.axes else ["1"]
 
 
-def _check_buffers(kernel: Kernel, roles: dict[str, AxisRole], plan: Plan) -> dict[str, Buffer]:
-    bufs: dict[str, Buffer] = {}
-    tensor_names = {t.name for t in plan.tensors}
-    for b in kernel.buffers:
-        if b.name in bufs:
-            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} is declared twice")
-        if b.name in tensor_names:
-            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} has the name of a global tensor")
-        if len(set(b.axes)) != len(b.axes):
-            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} repeats an axis: {b.axes}")
-        for a in b.axes:
-            r = roles.get(a)
-            if r is None or r.kind == "indexed":
-                raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} has axis {a!r}, which is neither a "
-                                "tiled grid axis (block != 1) nor the loop axis of the kernel")
-        bufs[b.name] = b
-    return bufs
-
-
-def _buf(ctx: _Ctx, name: str, where: str) -> Buffer:
-    b = ctx.buffers.get(name)
-    if b is None:
-        raise PlanError(f"{where}: unknown buffer {name!r}; buffers are {sorted(ctx.buffers)}")
-    return b
-
-
-def _region(ctx: _Ctx, tensor: GlobalTensor, buf: Buffer, section: str, where: str) -> str:
-    """Index expression of the tile of ``tensor`` a block touches (the inverse of the buffer's axes)."""
+def _region(ctx: _Ctx, tensor: GlobalTensor) -> str:
+    """Index expression of the tile of ``tensor`` a block touches (validation matched it to the buffer's axes)."""
     parts: list[str] = []
-    held: list[str] = []
+    held = False
     for a in tensor.axes:
-        r = ctx.roles.get(a)
-        if r is None:
-            raise PlanError(f"{where}: axis {a!r} of tensor {tensor.name!r} is neither a grid axis nor the loop "
-                            "axis of the kernel (give it a grid axis with block equal to its extent)")
+        r = ctx.roles[a]
         b = ctx.block_expr[a]
         if r.kind == "indexed":
             parts.append(ctx.coord[a] or "0")
             continue
-        held.append(a)
-        if r.kind == "loop":
-            if section != "body":
-                raise PlanError(f"{where}: tensor {tensor.name!r} has the loop axis {a!r}, but the op is in the "
-                                f"{section}, outside the loop")
-            c = ctx.loop_var
-        else:
-            c = ctx.coord[a]
+        held = True
+        c = ctx.loop_var if r.kind == "loop" else ctx.coord[a]
         parts.append(f"{c} * {b}:({c} + 1) * {b}" if c else f"0:{b}")
-    if held != list(buf.axes):
-        raise PlanError(f"{where}: buffer {buf.name!r} has axes {buf.axes}, but the tile of {tensor.name!r} "
-                        f"{tensor.axes} has axes {held} (indexed axes removed, same order)")
     if not held:  # a single element: give the region extent 1 to match the [1] buffer
         last = parts[-1]
         parts[-1] = f"{last}:{last} + 1"
@@ -360,179 +191,70 @@ def _fill_value(v: float | str, dtype: str) -> str:
 
 
 def _const(v: float) -> str:
-    if math.isnan(v):
+    if math.isnan(v):  # validation does not look at constant values
         raise PlanError("a Map constant is NaN")
     if math.isinf(v):
         return ("-" if v < 0 else "") + 'T.infinity("float32")'
     return f"T.float32({float(v)!r})"
 
 
-def _expr(ctx: _Ctx, e, dst: Buffer, idx: dict[str, str], where: str) -> str:
+def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
     if isinstance(e, Ref):
-        b = _buf(ctx, e.buf, where)
-        extra = [a for a in b.axes if a not in dst.axes]
-        if extra:
-            raise PlanError(f"{where}: map into {dst.name!r} (axes {dst.axes}) reads {b.name!r} with axes "
-                            f"{b.axes}; its axes {extra} are not axes of the destination")
+        b = ctx.buffers[e.buf]
         ix = ", ".join(idx[a] for a in b.axes) if b.axes else "0"
         load = f"{ctx.reroute.get(b.name, ctx.names[b.name])}[{ix}]"
         return load if b.dtype == "float32" else f'T.cast({load}, "float32")'
     if isinstance(e, Const):
         return _const(e.value)
     if isinstance(e, AxisSize):
-        if e.axis not in ctx.size_const:
-            raise PlanError(f"{where}: expression uses the size of axis {e.axis!r}, which no tensor of the plan has")
         return f"T.float32({ctx.size_const[e.axis]})"
-    if isinstance(e, Call):
-        arity = EXPR_FUNCTIONS.get(e.fn)
-        if arity is None:
-            raise PlanError(f"{where}: unknown function {e.fn!r}; known: {sorted(EXPR_FUNCTIONS)}")
-        if len(e.args) != arity:
-            raise PlanError(f"{where}: {e.fn} takes {arity} argument(s), got {len(e.args)}")
-        args = [_expr(ctx, a, dst, idx, where) for a in e.args]
-        if e.fn in _INFIX:
-            return f"({args[0]} {_INFIX[e.fn]} {args[1]})"
-        if e.fn == "neg":
-            return f"(-{args[0]})"
-        if e.fn in _DIRECT:
-            return f"{_DIRECT[e.fn]}({', '.join(args)})"
+    assert isinstance(e, Call)
+    args = [_expr(ctx, a, idx) for a in e.args]
+    op = ELEMENTWISE[e.fn]
+    if op.helper:
         ctx.helpers.add(e.fn)
-        return f"{e.fn}({args[0]})"
-    raise PlanError(f"{where}: unknown expression {e!r}")  # pragma: no cover - pydantic rejects it first
-
-
-def expr_refs(e) -> list[str]:
-    """Buffers a Map expression reads, in order of appearance."""
-    if isinstance(e, Ref):
-        return [e.buf]
-    if isinstance(e, Call):
-        return [r for a in e.args for r in expr_refs(a)]
-    return []
-
-
-def _numbered_ops(kernel: Kernel) -> list[tuple[str, int, object]]:
-    ops = [("prologue", i, op) for i, op in enumerate(kernel.prologue)]
-    ops += [("body", i, op) for i, op in enumerate(kernel.body)]
-    return ops + [("epilogue", i, op) for i, op in enumerate(kernel.epilogue)]
-
-
-def layout_groups(kernel: Kernel) -> dict[str, str]:
-    """Fragment -> representative of its layout group: same-axes fragments one Map touches share a layout."""
-    bufs = {b.name: b for b in kernel.buffers}
-    parent = {b.name: b.name for b in kernel.buffers if b.scope == "fragment"}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for _, _, op in _numbered_ops(kernel):
-        if isinstance(op, Map) and op.dst in parent:
-            for r in expr_refs(op.expr):
-                if r in parent and set(bufs[r].axes) == set(bufs[op.dst].axes):
-                    parent[find(r)] = find(op.dst)
-    return {b: find(b) for b in parent}
-
-
-def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
-    """Fragments that a Map must read through shared memory, keyed by (section, op index).
-
-    TileLang gives each fragment one register layout. A Gemm fixes the layout of its accumulator
-    (and of a fragment A operand); a Map ties together the layouts of the fragments with the same
-    axes that it writes and reads; a Reduce's result follows its source; a group of fragments with
-    neither (computed from shared tiles only) gets a free layout of its own. A Map that broadcasts
-    a lower-rank fragment whose layout has another origin than its destination's -- a row
-    statistic reduced from a freely laid out tile, scaling a GEMM accumulator, say -- cannot be laid
-    out, so the renderer copies that fragment to a shared buffer and the Map reads the copy.
-    """
-    bufs = {b.name: b for b in kernel.buffers}
-    frag = {b.name for b in kernel.buffers if b.scope == "fragment"}
-    ops = _numbered_ops(kernel)
-    group = layout_groups(kernel)
-
-    def find(x: str) -> str:
-        return group[x]
-
-    origin: dict[str, str] = {}
-    for _, _, op in ops:
-        if isinstance(op, Gemm):
-            for x in (op.c, op.a):
-                if x in frag:
-                    origin[find(x)] = "gemm"
-    for _, _, op in ops:  # reduced groups written only from memory (shared or global) pick their own layout
-        if isinstance(op, (Map, Load)) and op.dst in frag and find(op.dst) not in origin:
-            if isinstance(op, Load) or (not any(r in frag for r in expr_refs(op.expr)) and bufs[op.dst].axes):
-                members = [b for b in frag if find(b) == find(op.dst)]
-                if any(isinstance(o, Reduce) and o.src in members for _, _, o in ops):
-                    origin[find(op.dst)] = f"free:{find(op.dst)}"
-    changed = True
-    while changed:  # reduce results follow their source (to a fixpoint: results can be reduced again)
-        changed = False
-        for _, _, op in ops:
-            if isinstance(op, Reduce) and op.dst in frag and find(op.dst) not in origin:
-                src = origin.get(find(op.src)) if op.src in frag else f"free:{op.src}"
-                if src:
-                    origin[find(op.dst)] = src
-                    changed = True
-    out: dict[tuple[str, int], list[str]] = {}
-    for section, i, op in ops:
-        if not isinstance(op, Map) or op.dst not in frag:
-            continue
-        od = origin.get(find(op.dst))
-        need = []
-        for r in expr_refs(op.expr):
-            if r in frag and r not in need and find(r) != find(op.dst) and od and origin.get(find(r)) not in (None, od):
-                need.append(r)
-        if need:
-            out[(section, i)] = need
-    return out
+    return op.emit_tilelang(args)
 
 
 def _gemm_policy_full_row(kernel: Kernel, buffers: dict[str, Buffer], op: Gemm) -> bool:
     """FullRow keeps whole rows of c in one warp: cheap row reductions and a fragment A operand."""
     if buffers[op.a].scope == "fragment":
         return True
-    return any(isinstance(o, Reduce) and o.src == op.c for o in kernel.prologue + kernel.body + kernel.epilogue)
+    return any(isinstance(o, Reduce) and o.src == op.c for o in kernel_ops(kernel))
 
 
 def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
-    where = ctx.where(section, i)
     n = ctx.names
     if isinstance(op, Load):
-        if op.src not in ctx.kernel.reads:
-            raise PlanError(f"{where}: loads {op.src!r}, which is not in the kernel's reads {ctx.kernel.reads}")
-        dst = _buf(ctx, op.dst, where)
-        src = _tensor(ctx.plan, ctx.kernel, op.src)
+        dst = ctx.buffers[op.dst]
+        src = ctx.tensors[op.src]
         if not src.axes:
-            _scalar_copy(w, ctx, src, dst, True, where)
+            _scalar_copy(w, ctx, src, dst, True)
             return
-        w.line(f"T.copy({_region(ctx, src, dst, section, where)}, {n[dst.name]})")
+        w.line(f"T.copy({_region(ctx, src)}, {n[dst.name]})")
     elif isinstance(op, Store):
-        if op.dst not in ctx.kernel.writes:
-            raise PlanError(f"{where}: stores {op.dst!r}, which is not in the kernel's writes {ctx.kernel.writes}")
-        src = _buf(ctx, op.src, where)
-        dst = _tensor(ctx.plan, ctx.kernel, op.dst)
+        src = ctx.buffers[op.src]
+        dst = ctx.tensors[op.dst]
         if not dst.axes:
-            _scalar_copy(w, ctx, dst, src, False, where)
+            _scalar_copy(w, ctx, dst, src, False)
             return
-        w.line(f"T.copy({n[src.name]}, {_region(ctx, dst, src, section, where)})")
+        w.line(f"T.copy({n[src.name]}, {_region(ctx, dst)})")
     elif isinstance(op, Fill):
-        dst = _buf(ctx, op.dst, where)
+        dst = ctx.buffers[op.dst]
         if op.value in (0, 0.0) and not isinstance(op.value, str):
             w.line(f"T.clear({n[dst.name]})")
         else:
             w.line(f"T.fill({n[dst.name]}, {_fill_value(op.value, dst.dtype)})")
     elif isinstance(op, Gemm):
-        _render_gemm(w, ctx, op, where)
+        _render_gemm(w, ctx, op)
     elif isinstance(op, Map):
-        dst = _buf(ctx, op.dst, where)
+        dst = ctx.buffers[op.dst]
         idx = {a: ctx.par_var(a) for a in dst.axes}
         ctx.reroute = {}
         for r in ctx.bridges.get((section, i), []):
             w.line(f"T.copy({n[r]}, {ctx.bridge_names[r]})  # layout bridge: {r!r} and {dst.name!r} disagree")
             ctx.reroute[r] = ctx.bridge_names[r]
-        rhs = _expr(ctx, op.expr, dst, idx, where)
+        rhs = _expr(ctx, op.expr, idx)
         ctx.reroute = {}
         if dst.dtype != "float32":
             rhs = f'T.cast({rhs}, "{dst.dtype}")'
@@ -546,42 +268,17 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
             w.line(f"{n[dst.name]}[0] = {rhs}")
         w.dedent()
     elif isinstance(op, Reduce):
-        src = _buf(ctx, op.src, where)
-        dst = _buf(ctx, op.dst, where)
-        if op.axis not in src.axes:
-            raise PlanError(f"{where}: reduces over {op.axis!r}, which buffer {src.name!r} {src.axes} lacks")
-        want = [a for a in src.axes if a != op.axis]
-        if list(dst.axes) != want:
-            raise PlanError(f"{where}: reduce of {src.name!r} {src.axes} over {op.axis!r} must write a buffer "
-                            f"with axes {want}, but {dst.name!r} has {dst.axes}")
+        src = ctx.buffers[op.src]
+        dst = ctx.buffers[op.dst]
         # TileLang's clear=False combines the reduction into dst's value (dst + r, max(dst, r)).
         w.line(f"T.reduce_{op.fn}({n[src.name]}, {n[dst.name]}, dim={src.axes.index(op.axis)}, "
                f"clear={not op.accumulate})")
-    else:  # pragma: no cover - pydantic rejects unknown ops
-        raise PlanError(f"{where}: unknown op {op!r}")
+    else:  # pragma: no cover - the schema admits no other op
+        raise TypeError(f"not a tile op: {op!r}")
 
 
-def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm, where: str) -> None:
-    a, b, c = (_buf(ctx, x, where) for x in (op.a, op.b, op.c))
-    for buf, role in ((a, "a"), (b, "b"), (c, "c")):
-        if len(buf.axes) != 2:
-            raise PlanError(f"{where}: gemm operand {role}={buf.name!r} must be 2-D, has axes {buf.axes}")
-    for buf, role in ((a, "a"), (b, "b")):
-        if op.contract not in buf.axes:
-            raise PlanError(f"{where}: gemm operand {role}={buf.name!r} {buf.axes} lacks contracted axis "
-                            f"{op.contract!r}")
-        if buf.dtype == "float32":
-            raise PlanError(f"{where}: gemm operand {role}={buf.name!r} is float32; operands must have the "
-                            "compute dtype (float16/bfloat16)")
-    if b.scope != "shared":
-        raise PlanError(f"{where}: gemm operand b={b.name!r} must be a shared buffer, it is {b.scope}")
-    if c.scope != "fragment" or c.dtype != "float32":
-        raise PlanError(f"{where}: gemm accumulator c={c.name!r} must be a float32 fragment")
-    free_a = next(x for x in a.axes if x != op.contract)
-    free_b = next(x for x in b.axes if x != op.contract)
-    if list(c.axes) != [free_a, free_b]:
-        raise PlanError(f"{where}: gemm accumulator {c.name!r} has axes {c.axes}, expected "
-                        f"[{free_a!r}, {free_b!r}] (free axis of a, free axis of b)")
+def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm) -> None:
+    a, b = ctx.buffers[op.a], ctx.buffers[op.b]
     kwargs = []
     if a.axes[0] == op.contract:
         kwargs.append("transpose_A=True")
@@ -592,21 +289,7 @@ def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm, where: str) -> None:
     if op.clear:
         kwargs.append("clear_accum=True")
     n = ctx.names
-    w.line(f"T.gemm({', '.join([n[a.name], n[b.name], n[c.name], *kwargs])})")
-
-
-def launch_axes(kernel: Kernel, roles: dict[str, AxisRole]) -> list[list[str]]:
-    """Grid axes behind blockIdx.x, .y, .z (each list outermost first; more than one axis: folded).
-
-    An axis gets a launch dimension when it has more than one tile or its block is a parameter
-    (the source must not depend on parameter values). The last grid axis varies fastest.
-    """
-    live = [g.axis for g in kernel.grid
-            if isinstance(roles[g.axis].block, str) or roles[g.axis].size // roles[g.axis].block > 1]
-    dims = [[a] for a in reversed(live)]
-    if len(dims) > 3:
-        dims = dims[:2] + [live[: len(live) - 2]]
-    return dims
+    w.line(f"T.gemm({', '.join([n[op.a], n[op.b], n[op.c], *kwargs])})")
 
 
 def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
@@ -648,8 +331,9 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
 
 def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str], size_const: dict[str, str],
                    tensor_ident: dict[str, str], helpers: set[str], build_name: str, func_name: str) -> None:
-    roles = kernel_axes(plan, kernel)
-    buffers = _check_buffers(kernel, roles, plan)
+    roles = kernel_axes(kernel, axis_sizes(plan))
+    buffers = {b.name: b for b in kernel.buffers}
+    tensors = {t.name: t for t in plan.tensors}
     local = _Names(module_names)
     names = {t: tensor_ident[t] for t in tensor_ident}
     for b in kernel.buffers:
@@ -659,7 +343,7 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     bridges = layout_bridges(kernel)
     bridged = sorted({b for bs in bridges.values() for b in bs}, key=[x.name for x in kernel.buffers].index)
     bridge_names = {b: local.fresh(f"{b}_bridge") for b in bridged}
-    ctx = _Ctx(plan, kernel, roles, buffers, names, size_const, block_expr, {}, loop_var, local, helpers, {},
+    ctx = _Ctx(plan, kernel, roles, buffers, tensors, names, size_const, block_expr, {}, loop_var, local, helpers, {},
                bridges, bridge_names, {})
 
     defaults = ", ".join(f"{p}={kernel.defaults[p]}" for p in kernel.params)
@@ -669,7 +353,6 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     args = kernel_args(plan, kernel)
     w.line()
     w.line("@T.prim_func")
-    tensors = {t.name: t for t in plan.tensors}
     w.line(f"def {func_name}(")
     for t in args:
         w.line(f'    {names[t]}: T.Tensor({_tuple(size_const[a] for a in tensors[t].axes)}, "{tensors[t].dtype}"),')
@@ -736,21 +419,16 @@ def _describe(kernel: Kernel) -> str:
 
 def render(plan: Plan) -> str:
     """Source of one Python module running every kernel of ``plan`` with TileLang."""
-    if not plan.kernels:
-        raise PlanError("plan has no kernels")
     names_k = [k.name for k in plan.kernels]
-    if len(set(names_k)) != len(names_k):
+    if len(set(names_k)) != len(names_k):  # validation does not compare kernel names
         raise PlanError(f"plan repeats a kernel name: {names_k}")
-    tnames = [t.name for t in plan.tensors]
-    if len(set(tnames)) != len(tnames):
-        raise PlanError(f"plan repeats a global tensor name: {tnames}")
     sizes = axis_sizes(plan)
     phash = plan.provenance.plan_hash or plan_hash(plan)
 
     params = sorted({p for k in plan.kernels for p in k.params})
     for k in plan.kernels:
         for p in k.params:
-            if not p.isidentifier() or keyword.iskeyword(p) or p in _RESERVED_MODULE:
+            if not p.isidentifier() or keyword.iskeyword(p) or p in _RESERVED_MODULE:  # TileLang-specific
                 raise PlanError(f"kernel {k.name!r}: parameter name {p!r} cannot be a Python keyword argument of "
                                 f"the build function (not an identifier, or one of {sorted(_RESERVED_MODULE)})")
     module = _Names(_RESERVED_MODULE | set(params))
@@ -812,13 +490,13 @@ def render(plan: Plan) -> str:
         w.line(f"    {k.name!r}: {{{', '.join(f'{p!r}: {k.defaults[p]!r}' for p in k.params)}}},")
     w.line("}")
     for h in sorted(helpers):
-        doc, ret = _HELPERS[h]
+        op = ELEMENTWISE[h]
         w.line()
         w.line()
         w.line(f"def {h}(x):")
         w.indent()
-        w.line(doc)
-        w.line(ret)
+        w.line(f'"""{op.doc}"""')
+        w.line(op.tilelang)
         w.dedent()
     w.lines.extend(body.lines)
     _render_runtime(w, plan, build_names)

@@ -1,0 +1,100 @@
+"""TileLang-specific facts about a plan: fragment register layouts, layout bridges, launch dimensions.
+
+TileLang gives each fragment one register layout, fixed by the op that first shapes it, and maps
+grid axes onto at most three launch dimensions. This is knowledge about TileLang, not plan
+meaning (that is ``pyrunner.plan.analysis``); the renderer uses it to emit bridge copies and the
+launch, the fit check (``pyrunner.target.fit``) to count bridge buffers, split GEMMs among warps
+and bound the grid.
+"""
+
+from __future__ import annotations
+
+from pyrunner.plan.analysis import AxisRole, expr_refs, numbered_ops
+from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce
+
+
+def layout_groups(kernel: Kernel) -> dict[str, str]:
+    """Fragment -> representative of its layout group: same-axes fragments one Map touches share a layout."""
+    bufs = {b.name: b for b in kernel.buffers}
+    parent = {b.name: b.name for b in kernel.buffers if b.scope == "fragment"}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for _, _, op in numbered_ops(kernel):
+        if isinstance(op, Map) and op.dst in parent:
+            for r in expr_refs(op.expr):
+                if r in parent and set(bufs[r].axes) == set(bufs[op.dst].axes):
+                    parent[find(r)] = find(op.dst)
+    return {b: find(b) for b in parent}
+
+
+def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
+    """Fragments that a Map must read through shared memory, keyed by (section, op index).
+
+    TileLang gives each fragment one register layout. A Gemm fixes the layout of its accumulator
+    (and of a fragment A operand); a Map ties together the layouts of the fragments with the same
+    axes that it writes and reads; a Reduce's result follows its source; a group of fragments with
+    neither (computed from shared tiles only) gets a free layout of its own. A Map that broadcasts
+    a lower-rank fragment whose layout has another origin than its destination's -- a row
+    statistic reduced from a freely laid out tile, scaling a GEMM accumulator, say -- cannot be laid
+    out, so the renderer copies that fragment to a shared buffer and the Map reads the copy.
+    """
+    bufs = {b.name: b for b in kernel.buffers}
+    frag = {b.name for b in kernel.buffers if b.scope == "fragment"}
+    ops = numbered_ops(kernel)
+    group = layout_groups(kernel)
+
+    def find(x: str) -> str:
+        return group[x]
+
+    origin: dict[str, str] = {}
+    for _, _, op in ops:
+        if isinstance(op, Gemm):
+            for x in (op.c, op.a):
+                if x in frag:
+                    origin[find(x)] = "gemm"
+    for _, _, op in ops:  # reduced groups written only from memory (shared or global) pick their own layout
+        if isinstance(op, (Map, Load)) and op.dst in frag and find(op.dst) not in origin:
+            if isinstance(op, Load) or (not any(r in frag for r in expr_refs(op.expr)) and bufs[op.dst].axes):
+                members = [b for b in frag if find(b) == find(op.dst)]
+                if any(isinstance(o, Reduce) and o.src in members for _, _, o in ops):
+                    origin[find(op.dst)] = f"free:{find(op.dst)}"
+    changed = True
+    while changed:  # reduce results follow their source (to a fixpoint: results can be reduced again)
+        changed = False
+        for _, _, op in ops:
+            if isinstance(op, Reduce) and op.dst in frag and find(op.dst) not in origin:
+                src = origin.get(find(op.src)) if op.src in frag else f"free:{op.src}"
+                if src:
+                    origin[find(op.dst)] = src
+                    changed = True
+    out: dict[tuple[str, int], list[str]] = {}
+    for section, i, op in ops:
+        if not isinstance(op, Map) or op.dst not in frag:
+            continue
+        od = origin.get(find(op.dst))
+        need = []
+        for r in expr_refs(op.expr):
+            if r in frag and r not in need and find(r) != find(op.dst) and od and origin.get(find(r)) not in (None, od):
+                need.append(r)
+        if need:
+            out[(section, i)] = need
+    return out
+
+
+def launch_axes(kernel: Kernel, roles: dict[str, AxisRole]) -> list[list[str]]:
+    """Grid axes behind blockIdx.x, .y, .z (each list outermost first; more than one axis: folded).
+
+    An axis gets a launch dimension when it has more than one tile or its block is a parameter
+    (the source must not depend on parameter values). The last grid axis varies fastest.
+    """
+    live = [g.axis for g in kernel.grid
+            if isinstance(roles[g.axis].block, str) or roles[g.axis].size // roles[g.axis].block > 1]
+    dims = [[a] for a in reversed(live)]
+    if len(dims) > 3:
+        dims = dims[:2] + [live[: len(live) - 2]]
+    return dims

@@ -1,0 +1,220 @@
+"""What a kernel plan means: the one home for facts every stage derives from a plan.
+
+Which buffers each tile op reads and writes, which buffers an expression refers to, the names
+of tuning parameters, parameter values under a config, and a kernel's geometry (block and tile
+count per axis, threads, pipeline stages, the role of every axis). The validator, the renderer,
+the fit check, the CPU executor, the cost model and ``--explain`` all read a plan through these
+functions, so each fact is written once.
+
+Everything here assumes a plan that passed ``plan.validate`` (names resolve, blocks divide their
+axes); the only errors raised are about a user's config (unknown kernel or parameter, a value
+outside its space), which validation of the plan alone cannot rule out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from pyrunner.errors import PlanError
+from pyrunner.plan.schema import (
+    Block,
+    Call,
+    Fill,
+    Gemm,
+    Kernel,
+    Load,
+    Map,
+    Op,
+    Plan,
+    Reduce,
+    Ref,
+    Store,
+    axis_sizes,
+)
+
+SECTIONS = ("prologue", "body", "epilogue")
+STAGES_PARAM = "stages"
+THREADS_PARAM = "threads"
+
+
+# --- names ------------------------------------------------------------------------
+
+def block_param(axis: str) -> str:
+    """The tuning parameter holding the block (tile extent) of ``axis``: the one place it is named."""
+    return f"block_{axis}"
+
+
+# --- ops and expressions ------------------------------------------------------------
+
+def walk(expr: object) -> Iterator[object]:
+    """Every node of an expression tree, pre-order (iterative: plans may nest deeply)."""
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        yield e
+        if isinstance(e, Call):
+            stack.extend(reversed(e.args))
+
+
+def expr_refs(expr: object) -> list[str]:
+    """Buffers an expression reads, in order of appearance (with repeats)."""
+    return [e.buf for e in walk(expr) if isinstance(e, Ref)]
+
+
+def op_reads_writes(op: Op) -> tuple[list[str], list[str]]:
+    """Buffers a tile op reads and writes (its reads happen before its writes)."""
+    if isinstance(op, Load):
+        return [], [op.dst]
+    if isinstance(op, Store):
+        return [op.src], []
+    if isinstance(op, Fill):
+        return [], [op.dst]
+    if isinstance(op, Gemm):
+        return [op.a, op.b] + ([] if op.clear else [op.c]), [op.c]
+    if isinstance(op, Map):
+        return expr_refs(op.expr), [op.dst]
+    if isinstance(op, Reduce):
+        return [op.src] + ([op.dst] if op.accumulate else []), [op.dst]
+    raise TypeError(f"not a tile op: {op!r}")  # pragma: no cover - the schema admits no other op
+
+
+def op_buffers(op: Op) -> set[str]:
+    """Every buffer a tile op mentions (read or written)."""
+    reads, writes = op_reads_writes(op)
+    if isinstance(op, Gemm):
+        reads = reads + [op.c]
+    return set(reads) | set(writes)
+
+
+def numbered_ops(kernel: Kernel) -> list[tuple[str, int, Op]]:
+    """(section, index in section, op) for every op of the kernel, in program order."""
+    return [(s, i, op) for s in SECTIONS for i, op in enumerate(getattr(kernel, s))]
+
+
+def kernel_ops(kernel: Kernel) -> list[Op]:
+    """The kernel's ops in program order (prologue, body, epilogue)."""
+    return [*kernel.prologue, *kernel.body, *kernel.epilogue]
+
+
+def kernel_args(plan: Plan, kernel: Kernel) -> list[str]:
+    """Global tensors a kernel takes, in the plan's tensor order."""
+    used = set(kernel.reads) | set(kernel.writes)
+    return [t.name for t in plan.tensors if t.name in used]
+
+
+# --- parameter values ------------------------------------------------------------------
+
+def resolve(block: Block, values: Mapping[str, int]) -> int:
+    """A block, stage count or thread count under parameter values (literal or parameter name)."""
+    return block if isinstance(block, int) else values[block]
+
+
+def resolve_config(plan: Plan, config: Mapping[str, Mapping[str, int]] | None = None,
+                   in_space: bool = True) -> dict[str, dict[str, int]]:
+    """Each kernel's parameter values: its defaults overlaid by ``config`` (kernel -> param -> value).
+
+    Raises PlanError for an unknown kernel or parameter or (with ``in_space``) a value outside the
+    parameter's space. The CPU executor passes ``in_space=False`` to try tiles a plan does not
+    offer (any block that divides its axis computes the same values).
+    """
+    by_name = {k.name: k for k in plan.kernels}
+    merged = {k.name: dict(k.defaults) for k in plan.kernels}
+    for kname, params in (config or {}).items():
+        if kname not in by_name:
+            raise PlanError(f"config names unknown kernel {kname!r}; kernels are {list(by_name)}")
+        if not isinstance(params, Mapping):
+            raise PlanError(f"config for kernel {kname!r} must map parameter names to values")
+        space = by_name[kname].params
+        for p, v in params.items():
+            if p not in space:
+                raise PlanError(f"config for kernel {kname!r} names unknown parameter {p!r}; "
+                                f"parameters are {sorted(space)}")
+            if not isinstance(v, int) or isinstance(v, bool) or (in_space and v not in space[p]):
+                raise PlanError(f"config for kernel {kname!r}: {p}={v!r} is not in its space {space[p]}")
+            merged[kname][p] = v
+    return merged
+
+
+# --- geometry ------------------------------------------------------------------------
+
+AxisKind = Literal["grid", "indexed", "loop"]
+
+
+@dataclass(frozen=True)
+class AxisRole:
+    """How a kernel iterates one axis: a tiled grid axis, an indexed grid axis (block 1), or the loop axis."""
+
+    axis: str
+    kind: AxisKind
+    block: int | str
+    size: int
+
+
+def kernel_axes(kernel: Kernel, sizes: Mapping[str, int]) -> dict[str, AxisRole]:
+    """The role of each grid and loop axis of a kernel (grid axes first, in grid order)."""
+    roles: dict[str, AxisRole] = {}
+    for g in kernel.grid:
+        roles[g.axis] = AxisRole(g.axis, "indexed" if g.block == 1 else "grid", g.block, sizes[g.axis])
+    if kernel.loop is not None:
+        lp = kernel.loop
+        roles[lp.axis] = AxisRole(lp.axis, "loop", lp.block, sizes[lp.axis])
+    return roles
+
+
+@dataclass(frozen=True)
+class KernelGeometry:
+    """A kernel's shape under one set of parameter values."""
+
+    roles: dict[str, AxisRole]
+    blocks: dict[str, int]
+    """Block (tile extent) of every grid and loop axis."""
+    tiles: dict[str, int]
+    """Number of tiles of every grid and loop axis (blocks along a grid axis, loop steps along the loop axis)."""
+    threads: int
+    stages: int
+    """Software-pipeline depth of the loop (1 without a loop)."""
+
+    @property
+    def indexed(self) -> set[str]:
+        return {a for a, r in self.roles.items() if r.kind == "indexed"}
+
+    @property
+    def held(self) -> set[str]:
+        """Axes that buffers may carry: tiled grid axes and the loop axis."""
+        return {a for a, r in self.roles.items() if r.kind != "indexed"}
+
+    @property
+    def grid_blocks(self) -> int:
+        """Thread blocks launched: the product of the grid axes' tile counts."""
+        n = 1
+        for a, r in self.roles.items():
+            if r.kind != "loop":
+                n *= self.tiles[a]
+        return n
+
+    def loop_steps(self) -> int:
+        loop = [a for a, r in self.roles.items() if r.kind == "loop"]
+        return self.tiles[loop[0]] if loop else 0
+
+
+def kernel_geometry(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[str, int]) -> KernelGeometry:
+    """Geometry of ``kernel`` under parameter ``values`` over axis extents ``sizes``."""
+    roles = kernel_axes(kernel, sizes)
+    blocks = {a: resolve(r.block, values) for a, r in roles.items()}
+    tiles = {a: sizes[a] // b for a, b in blocks.items()}
+    stages = resolve(kernel.loop.stages, values) if kernel.loop is not None else 1
+    return KernelGeometry(roles, blocks, tiles, resolve(kernel.threads, values), stages)
+
+
+def plan_geometry(plan: Plan, config: Mapping[str, Mapping[str, int]] | None = None) -> dict[str, KernelGeometry]:
+    """Every kernel's geometry under ``config`` (kernel -> param -> value; defaults elsewhere)."""
+    values = resolve_config(plan, config)
+    sizes = axis_sizes(plan)
+    return {k.name: kernel_geometry(k, values[k.name], sizes) for k in plan.kernels}
+
+
+def default_value(kernel: Kernel, block: Block) -> int:
+    """A block, stage or thread count at the kernel's default parameters."""
+    return resolve(block, kernel.defaults)

@@ -1,0 +1,78 @@
+"""One description per device: limits, throughputs and dtype sizes.
+
+Everything the planner's cost model and the fit check know about a GPU lives in one ``Device``;
+no other module states a device number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
+"""Bytes per element of every dtype a plan may name."""
+
+
+@dataclass(frozen=True)
+class Device:
+    """A GPU as the planner and the fit check see it.
+
+    Limits are the hardware's (CUDA occupancy tables for the architecture); throughputs are
+    measured where DESIGN gives a measurement, else the vendor's figure.
+    """
+
+    name: str
+    arch: str
+    """CUDA architecture TileLang targets (``sm_90a``: Hopper with wgmma/TMA)."""
+    sms: int
+    smem_per_block: int
+    """Largest dynamic shared memory one block may opt in to, in bytes."""
+    smem_per_sm: int
+    regs_per_sm: int
+    regs_per_thread: int
+    """Largest register count ptxas gives one thread; more spills to local memory."""
+    max_threads: int
+    warp: int
+    max_grid_yz: int
+    """CUDA's limit on gridDim.y and gridDim.z (gridDim.x allows 2**31 - 1)."""
+    l2_bytes: int
+    tc_flops: float
+    """Dense fp16/bf16 tensor-core FLOP/s."""
+    cc_flops: float
+    """fp32 CUDA-core element operations per second."""
+    sfu_ops: float
+    """Transcendental (special-function unit) evaluations per second."""
+    hbm_bw: float
+    """Bytes/s to and from HBM."""
+    l2_bw: float
+    """Bytes/s for re-reads that hit L2."""
+    launch_us: float
+    """Per-kernel launch and tail latency."""
+    dtype_bytes: dict[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
+
+
+H200 = Device(
+    name="H200",
+    arch="sm_90a",
+    sms=132,
+    # Hopper (compute capability 9.0): 228 KiB of shared memory per SM, of which one block may
+    # opt in to 227 KiB (232,448 B); 64K 32-bit registers per SM and at most 255 per thread.
+    # These are the hardware limits; the fit check adds TileLang's own register overhead and
+    # layout-bridge buffers explicitly instead of shaving the limits (the planner used to
+    # assume 200 KiB and 192 registers, the compile stage 227 KiB and 255: one model now).
+    smem_per_block=227 * 1024,
+    smem_per_sm=228 * 1024,
+    regs_per_sm=64 * 1024,
+    regs_per_thread=255,
+    max_threads=1024,
+    warp=32,
+    max_grid_yz=65535,
+    l2_bytes=50 * 1024 * 1024,
+    tc_flops=790e12,   # measured bf16 cuBLAS ceiling (DESIGN section 5)
+    cc_flops=60e12,
+    sfu_ops=4.0e12,
+    hbm_bw=4.27e12,    # measured copy bandwidth (DESIGN section 5)
+    l2_bw=12e12,
+    launch_us=4.0,
+)
+
+DEVICES: dict[str, Device] = {H200.name: H200}

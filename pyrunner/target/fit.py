@@ -1,0 +1,163 @@
+"""Does a kernel fit the device under given tile parameters? The one fit check.
+
+The planner uses it to choose tile configs and to prune the tuning space it emits (every config
+of a plan's space fits); the runner uses it before compiling. A ``FitModel`` does the
+config-independent analysis of one kernel once (which shared buffers are pipelined, which
+fragments are live together, which GEMMs read a register A operand), so checking each of a
+tuning space's configs is arithmetic.
+
+Estimates: shared memory counts every shared buffer (buffers loaded in the loop body once per
+pipeline stage) plus the layout-bridge copies the renderer adds; registers per thread are
+``REG_OVERHEAD`` plus the peak total of fragments live at once, spread over the block's threads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyrunner.backend.tilelang.layout import launch_axes, layout_bridges, layout_groups
+from pyrunner.plan.analysis import KernelGeometry, kernel_geometry, kernel_ops, op_reads_writes
+from pyrunner.plan.schema import Gemm, Kernel, Load, Map
+from pyrunner.target.device import H200, Device
+
+REG_OVERHEAD = 32
+"""Registers per thread assumed for addresses, loop counters and temporaries on top of the fragments."""
+
+
+MAX_GEMM_N = 256
+"""Widest tile a Hopper warpgroup MMA (wgmma) produces in one instruction."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Estimated resources of one kernel under one config."""
+
+    kernel: str
+    smem_bytes: int
+    regs_per_thread: int
+    threads: int
+
+
+def _live_sets(kernel: Kernel, frags: set[str]) -> list[frozenset[str]]:
+    """Fragments counted at each op, by a linear liveness scan.
+
+    A fragment lives from its first to its last mention; state buffers span the whole loop body.
+    At a Map the operands read for the last time do not count (elementwise: the result can reuse
+    their registers); at a Gemm or Reduce they do.
+    """
+    ops = kernel_ops(kernel)
+    body = range(len(kernel.prologue), len(kernel.prologue) + len(kernel.body))
+    first: dict[str, int] = {}
+    last: dict[str, int] = {}
+    for i, op in enumerate(ops):
+        r, w = op_reads_writes(op)
+        for b in (*r, *w):
+            first.setdefault(b, i)
+            last[b] = i
+    for b in kernel.buffers:
+        if b.state and b.name in first and kernel.loop is not None and len(body):
+            first[b.name] = min(first[b.name], body.start)
+            last[b.name] = max(last[b.name], body.stop - 1)
+    out: set[frozenset[str]] = set()
+    for i, op in enumerate(ops):
+        r, w = op_reads_writes(op)
+        live = {b for b in frags if first.get(b, -1) <= i < last.get(b, -1)} | (set(w) & frags)
+        if not isinstance(op, Map):
+            live |= set(r) & frags
+        out.add(frozenset(live))
+    return sorted(out, key=sorted)
+
+
+class FitModel:
+    """The config-independent part of the fit check for one kernel over fixed axis extents."""
+
+    def __init__(self, kernel: Kernel, sizes: Mapping[str, int], device: Device = H200) -> None:
+        self.kernel, self.sizes, self.device = kernel, dict(sizes), device
+        staged = {op.dst for op in kernel.body if isinstance(op, Load)} if kernel.loop else set()
+        bridged = {b for bs in layout_bridges(kernel).values() for b in bs}
+        nbytes = device.dtype_bytes
+        # (axes, bytes per element, copies per stage?) of every shared allocation
+        self.shared = [(tuple(b.axes), nbytes[b.dtype], b.name in staged)
+                       for b in kernel.buffers if b.scope == "shared"]
+        self.shared += [(tuple(b.axes), nbytes[b.dtype], False) for b in kernel.buffers if b.name in bridged]
+        self.frags = {b.name: (tuple(b.axes), nbytes[b.dtype]) for b in kernel.buffers if b.scope == "fragment"}
+        self.live = _live_sets(kernel, set(self.frags))
+        bufs = {b.name: b for b in kernel.buffers}
+        group = layout_groups(kernel)
+        gemms = [op for op in kernel_ops(kernel) if isinstance(op, Gemm)]
+        acc_groups = {group[op.c] for op in gemms if op.c in group}
+        # (accumulator, its axes, A operand, whether A is laid out like an accumulator)
+        self.gemms = [(op.c, tuple(bufs[op.c].axes), op.a, op.a in group and group[op.a] in acc_groups)
+                      for op in gemms]
+
+    def geometry(self, values: Mapping[str, int]) -> KernelGeometry:
+        return kernel_geometry(self.kernel, values, self.sizes)
+
+    def footprint(self, values: Mapping[str, int]) -> Footprint:
+        """Shared bytes per block and registers per thread under parameter ``values``."""
+        geo = self.geometry(values)
+        return self._footprint(geo)
+
+    def _footprint(self, geo: KernelGeometry) -> Footprint:
+        blocks = geo.blocks
+        smem = sum(math.prod(blocks[a] for a in axes) * size * (max(1, geo.stages) if staged else 1)
+                   for axes, size, staged in self.shared)
+        # spread over the block's threads; small (replicated) fragments still take a register each
+        per_thread = {name: max(4, -(-math.prod(blocks[a] for a in axes) * size // geo.threads))
+                      for name, (axes, size) in self.frags.items()}
+        peak = max((sum(per_thread[b] for b in live) for live in self.live), default=0)
+        return Footprint(self.kernel.name, smem, REG_OVERHEAD + -(-peak // 4), geo.threads)
+
+    def why_not(self, values: Mapping[str, int]) -> str | None:
+        """None when the kernel fits the device under ``values``, else the first reason it does not."""
+        dev = self.device
+        geo = self.geometry(values)
+        fp = self._footprint(geo)
+        if fp.threads > dev.max_threads or fp.threads % dev.warp:
+            return f"{fp.threads} threads per block; {dev.name} needs a multiple of {dev.warp} up to {dev.max_threads}"
+        if fp.smem_bytes > dev.smem_per_block:
+            return (f"needs about {fp.smem_bytes / 1024:.1f} KiB of shared memory per block, "
+                    f"{dev.name} allows {dev.smem_per_block / 1024:.0f} KiB")
+        if fp.regs_per_thread > dev.regs_per_thread:
+            return (f"needs about {fp.regs_per_thread} registers per thread for its fragments, "
+                    f"{dev.name} allows {dev.regs_per_thread}")
+        if fp.regs_per_thread * fp.threads > dev.regs_per_sm:
+            return (f"needs about {fp.regs_per_thread * fp.threads} registers per block ({fp.regs_per_thread} x "
+                    f"{fp.threads} threads), {dev.name} has {dev.regs_per_sm} per SM")
+        why = self._gemm_warps(geo)
+        if why:
+            return why
+        for dim, axes in zip("yz", launch_axes(self.kernel, geo.roles)[1:], strict=False):
+            count = math.prod(geo.tiles[a] for a in axes)
+            if count > dev.max_grid_yz:
+                return f"grid axes {axes} launch {count} blocks along gridDim.{dim}; CUDA allows {dev.max_grid_yz}"
+        return None
+
+    def _gemm_warps(self, geo: KernelGeometry) -> str | None:
+        """Each tile GEMM must split among the block's warps: m_w * n_w = warps, 16 rows x 8 columns per warp.
+
+        (384 threads cannot split a 128-wide tile, say.) A GEMM whose A operand is a fragment laid
+        out like another GEMM's accumulator (P = softmax(S) feeding P @ V) needs every warp on its own
+        rows, else TileLang cannot reconcile the two layouts: rows must be a multiple of 16 x warps.
+        """
+        warps = geo.threads // self.device.warp
+        for c, axes, a, a_like_acc in self.gemms:
+            rows, cols = (geo.blocks[x] for x in axes)
+            if cols > MAX_GEMM_N:
+                return f"the {rows}x{cols} tile GEMM into {c!r} is wider than wgmma's N limit of {MAX_GEMM_N}"
+            if a_like_acc and rows % (16 * warps):
+                return (f"the tile GEMM into {c!r} reads its A operand {a!r} from registers, so each of the "
+                        f"{warps} warps ({geo.threads} threads) needs 16 whole rows of it, "
+                        f"but the tile has {rows} rows")
+            if not any(warps % mw == 0 and rows % (16 * mw) == 0 and cols % (8 * (warps // mw)) == 0
+                       for mw in range(1, warps + 1)):
+                return (f"the {rows}x{cols} tile GEMM into {c!r} cannot be split among {warps} warps "
+                        f"({geo.threads} threads): each warp needs a 16x8 multiple")
+        return None
+
+
+def fits(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[str, int], device: Device = H200) -> str | None:
+    """None when ``kernel`` fits ``device`` under parameter ``values``, else why not (one line)."""
+    return FitModel(kernel, sizes, device).why_not(values)
