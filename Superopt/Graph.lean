@@ -11,6 +11,13 @@ The op vocabularies below (`UnaryOp`, `BinaryOp`, `ReduceOp`) carry the same nam
 order, as Python's `UNARY_OPS`, `BINARY_OPS` and `REDUCE_OPS`; `tests/test_lean_sources.py`
 checks that by reading this file.
 
+Constants are exact decimals (`Decimal`, written as Lean scientific literals such as `1e-6`), not
+`Float`s: a plan carries them as JSON numbers, and `Float.toString` would round them to six
+decimals. `Superopt/Json.lean` prints them exactly as Python prints the same float.
+
+Labels (`Graph.labels`) are the names an author gave sub-terms (Python's `name=` arguments); they
+take no part in the meaning of a graph, only in the node names of its JSON form.
+
 The sub-graph helpers at the end (`Term.softmax`, `Term.rmsnorm`, `Term.layernorm`) expand into
 primitive ops exactly as Python's `GraphBuilder` helpers do, so rewrite rules see through them.
 They are written as `let` lines plus one final expression, a form the Python test can evaluate.
@@ -20,6 +27,20 @@ namespace Superopt
 
 /-- An axis is named; its extent lives in the graph's `sizes`. -/
 abbrev Axis := String
+
+/-- The exact decimal `mantissa * 10^(-exponent)`: a constant of a graph. -/
+structure Decimal where
+  mantissa : Int
+  exponent : Nat
+  deriving DecidableEq, Repr, Inhabited
+
+/-- Scientific literals (`1e-6`, `0.5`, `1.4426950408889634`) denote their exact decimal. -/
+instance : OfScientific Decimal where
+  ofScientific m negExp e :=
+    if negExp then ⟨Int.ofNat m, e⟩ else ⟨Int.ofNat (m * 10 ^ e), 0⟩
+
+/-- Natural-number literals are decimals with no fractional part. -/
+instance (n : Nat) : OfNat Decimal n := ⟨⟨Int.ofNat n, 0⟩⟩
 
 /-- Elementwise functions of one operand (Python `UNARY_OPS`). -/
 inductive UnaryOp where
@@ -85,7 +106,7 @@ inductive Term where
   /-- A named input tensor with its axes (in memory order). -/
   | input (name : String) (axes : List Axis)
   /-- A scalar constant, broadcast everywhere. -/
-  | const (value : Float)
+  | const (value : Decimal)
   /-- The extent of an axis, as a scalar. -/
   | axisSize (axis : Axis)
   /-- An elementwise function of one operand. -/
@@ -96,7 +117,7 @@ inductive Term where
   | reduce (fn : ReduceOp) (arg : Term) (axis : Axis)
   /-- The product of `lhs` and `rhs` contracting the axis `contract` both carry. -/
   | matmul (lhs rhs : Term) (contract : Axis)
-  deriving Repr, Inhabited
+  deriving Repr, Inhabited, BEq
 
 /-- Named axes of a term's value, in canonical memory order (Python `result_axes`). -/
 def Term.resultAxes : Term → List Axis
@@ -106,11 +127,11 @@ def Term.resultAxes : Term → List Axis
   | .unary _ x => Term.resultAxes x
   | .binary _ a b =>
     let left := Term.resultAxes a
-    left ++ (Term.resultAxes b).filter (fun y => !left.contains y)
-  | .reduce _ x ax => (Term.resultAxes x).filter (fun y => y != ax)
+    left ++ (Term.resultAxes b).filter (fun y => decide (y ∉ left))
+  | .reduce _ x ax => (Term.resultAxes x).filter (fun y => decide (y ≠ ax))
   | .matmul a b ax =>
-    let left := (Term.resultAxes a).filter (fun y => y != ax)
-    left ++ (Term.resultAxes b).filter (fun y => y != ax && !left.contains y)
+    let left := (Term.resultAxes a).filter (fun y => decide (y ≠ ax))
+    left ++ (Term.resultAxes b).filter (fun y => decide (y ≠ ax ∧ y ∉ left))
 
 /-- The inputs a term reads, left to right, repeats included. -/
 def Term.inputs : Term → List (String × List Axis)
@@ -126,11 +147,15 @@ def Term.inputs : Term → List (String × List Axis)
 def dedupByName (l : List (String × List Axis)) : List (String × List Axis) :=
   l.foldl (fun acc p => if acc.any (fun q => q.1 == p.1) then acc else acc ++ [p]) []
 
-/-- A named set of output terms plus the extents of the axes they use (Python `Graph`). -/
+/--
+A named set of output terms plus the extents of the axes they use (Python `Graph`), and the
+names the author gave sub-terms (`labels`, first entry of a term wins, as Python's `setdefault`).
+-/
 structure Graph where
   name : String
   sizes : List (Axis × Nat)
   outputs : List (String × Term)
+  labels : List (Term × String)
   deriving Repr, Inhabited
 
 /-- The graph's distinct inputs in order of first use (Python `Graph.inputs`). -/
@@ -158,12 +183,12 @@ def Term.softmax (x : Term) (ax : Axis) : Term :=
   Term.binary .div e (Term.reduce .sum e ax)
 
 /-- `rmsnorm` along `ax`: `x * rsqrt (mean_ax (x^2) + eps)`, no learned weight. -/
-def Term.rmsnorm (x : Term) (ax : Axis) (eps : Float) : Term :=
+def Term.rmsnorm (x : Term) (ax : Axis) (eps : Decimal) : Term :=
   let ms := Term.reduce .mean (Term.unary .square x) ax
   Term.binary .mul x (Term.unary .rsqrt (Term.binary .add ms (Term.const eps)))
 
 /-- `layernorm` along `ax` without affine weights. -/
-def Term.layernorm (x : Term) (ax : Axis) (eps : Float) : Term :=
+def Term.layernorm (x : Term) (ax : Axis) (eps : Decimal) : Term :=
   let centered := Term.binary .sub x (Term.reduce .mean x ax)
   let variance := Term.reduce .mean (Term.unary .square centered) ax
   Term.binary .mul centered (Term.unary .rsqrt (Term.binary .add variance (Term.const eps)))

@@ -51,6 +51,18 @@ theorem matmul_div_commute (ks : List ι) (p v : ι → α) (d : α) :
     listSum_map_mul_right ks (fun k => p k * v k) (inv d),
     ScalarField.div_eq_mul_inv]
 
+theorem mul_div_eq_mul_inv (v p d : α) : v * (p / d) = v * p * inv d := by
+  rw [ScalarField.div_eq_mul_inv, ScalarField.mul_assoc]
+
+theorem mul_swap_left (s x w : α) : s * x * w = x * s * w := by
+  rw [ScalarField.mul_comm s x]
+
+theorem mul_swap_right (w s x : α) : w * (s * x) = w * (x * s) := by
+  rw [ScalarField.mul_comm s x]
+
+theorem exp_sub_mul (a m b : α) : exp (a - m) * b = exp a * b * exp (-m) := by
+  rw [exp_sub a m, scalar_mul_right_comm (exp a) (exp (-m)) b]
+
 /-- Row-scale commutation: `(X * s) @ W = (X @ W) * s` for `s` constant along the contraction. -/
 theorem matmul_row_scale_commute (ks : List ι) (x w : ι → α) (s : α) :
     listSum (ks.map fun k => x k * s * w k) = listSum (ks.map fun k => x k * w k) * s := by
@@ -58,23 +70,124 @@ theorem matmul_row_scale_commute (ks : List ι) (x w : ι → α) (s : α) :
       (fun k => scalar_mul_right_comm (x k) s (w k))]
   exact listSum_map_mul_right ks (fun k => x k * w k) s
 
+/-- `matmul_div_commute` with the divided operand on the right: `V @ (P / l) = (V @ P) / l`. -/
+theorem matmul_div_commute_right (ks : List ι) (v p : ι → α) (d : α) :
+    listSum (ks.map fun k => v k * (p k / d)) = listSum (ks.map fun k => v k * p k) / d := by
+  rw [listSum_map_ext ks (fun k => v k * (p k / d)) (fun k => v k * p k * inv d)
+      (fun k => mul_div_eq_mul_inv (v k) (p k) d),
+    listSum_map_mul_right ks (fun k => v k * p k) (inv d),
+    ScalarField.div_eq_mul_inv]
+
+/-- Row-scale commutation with the scale on the left of the product: `(s * X) @ W = (X @ W) * s`. -/
+theorem matmul_row_scale_commute_scale_left (ks : List ι) (x w : ι → α) (s : α) :
+    listSum (ks.map fun k => s * x k * w k) = listSum (ks.map fun k => x k * w k) * s := by
+  rw [listSum_map_ext ks (fun k => s * x k * w k) (fun k => x k * s * w k)
+      (fun k => mul_swap_left s (x k) (w k))]
+  exact matmul_row_scale_commute ks x w s
+
+/-- Row-scale commutation in the right matmul operand: `W @ (X * s) = (W @ X) * s`. -/
+theorem matmul_row_scale_commute_right (ks : List ι) (w x : ι → α) (s : α) :
+    listSum (ks.map fun k => w k * (x k * s)) = listSum (ks.map fun k => w k * x k) * s := by
+  rw [listSum_map_ext ks (fun k => w k * (x k * s)) (fun k => w k * x k * s)
+      (fun k => (ScalarField.mul_assoc (w k) (x k) s).symm)]
+  exact listSum_map_mul_right ks (fun k => w k * x k) s
+
+/-- Row-scale commutation in the right operand, scale on the left: `W @ (s * X) = (W @ X) * s`. -/
+theorem matmul_row_scale_commute_right_scale_left (ks : List ι) (w x : ι → α) (s : α) :
+    listSum (ks.map fun k => w k * (s * x k)) = listSum (ks.map fun k => w k * x k) * s := by
+  rw [listSum_map_ext ks (fun k => w k * (s * x k)) (fun k => w k * (x k * s))
+      (fun k => mul_swap_right (w k) s (x k))]
+  exact matmul_row_scale_commute_right ks w x s
+
 /-- `exp x = exp2 (x * log2 e)`, from `exp2 y = exp (y * ln 2)` and `log2 e * ln 2 = 1`. -/
 theorem exp_to_exp2 (x : α) : exp x = exp2 (x * log2e) := by
   rw [ScalarField.exp2_eq (x * log2e), ScalarField.mul_assoc x log2e ln2,
     ScalarField.log2e_mul_ln2 (α := α), ScalarField.mul_one x]
 
+/-- `exp (x - m) = exp2 (x * log2 e - m * log2 e)`: `exp_to_exp2` after the max shift. -/
+theorem exp_to_exp2_shifted (x m : α) : exp (x - m) = exp2 (x * log2e - m * log2e) := by
+  rw [exp_to_exp2 (x - m), sub_mul_distrib]
+
+/--
+The exp2 form of the shifted softmax (what `softmax_max_shift` then `exp_to_exp2` produce):
+`exp2 (x i * log2 e - m * log2 e) / Σ_j exp2 (x j * log2 e - m * log2 e) = softmax (x) i`, for
+any shift `m` (the planner uses `m = max_j x j`, see `exp_to_exp2_max_shift`).
+-/
+theorem softmax_exp2_shift (js : List ι) (x : ι → α) (m : α) (i : ι) :
+    exp2 (x i * log2e - m * log2e) / listSum (js.map fun j => exp2 (x j * log2e - m * log2e)) =
+      exp (x i) / listSum (js.map fun j => exp (x j)) := by
+  rw [← exp_to_exp2_shifted (x i) m,
+    listSum_map_ext js (fun j => exp2 (x j * log2e - m * log2e)) (fun j => exp (x j - m))
+      (fun j => (exp_to_exp2_shifted (x j) m).symm)]
+  exact softmax_max_shift js x m i
+
+/-- `softmax_exp2_shift` with the shift the planner inserts: the max over the row. -/
+theorem exp_to_exp2_max_shift (j₀ : ι) (js : List ι) (x : ι → α) (i : ι) :
+    exp2 (x i * log2e - listMax (x j₀) (js.map x) * log2e) /
+        listSum ((j₀ :: js).map fun j => exp2 (x j * log2e - listMax (x j₀) (js.map x) * log2e)) =
+      exp (x i) / listSum ((j₀ :: js).map fun j => exp (x j)) :=
+  softmax_exp2_shift (j₀ :: js) x (listMax (x j₀) (js.map x)) i
+
 /-- `mean = sum / n`, where `n` is the extent of the reduced axis (definitional). -/
 theorem mean_to_sum_div (l : List α) : listMean l = listSum l / (natToScalar l.length : α) := rfl
 
 /--
-Splitting a reduction into tiles combined by an associative update: a sum over `l₁ ++ l₂` is
-the sum of the tiles' sums, and a max over a list split into two non-empty tiles is the max of
-the tiles' maxima.
+Two tiles: a sum over `l₁ ++ l₂` is the sum of the tiles' sums, and a max over a list split into
+two non-empty tiles is the max of the tiles' maxima.
 -/
-theorem reduction_tiling (l₁ l₂ : List α) (a b : α) :
+theorem reduction_tiling_two (l₁ l₂ : List α) (a b : α) :
     listSum (l₁ ++ l₂) = listSum l₁ + listSum l₂ ∧
       listMax a (l₁ ++ b :: l₂) = fmax (listMax a l₁) (listMax b l₂) :=
   ⟨listSum_append l₁ l₂, listMax_append a b l₁ l₂⟩
+
+/-- The keys of consecutive tiles, in order. -/
+def flattenTiles : List (List α) → List α
+  | [] => []
+  | t :: rest => t ++ flattenTiles rest
+
+/-- The keys of consecutive non-empty tiles (each a first key and the rest), in order. -/
+def flattenNonEmpty : List (α × List α) → List α
+  | [] => []
+  | t :: rest => t.1 :: (t.2 ++ flattenNonEmpty rest)
+
+/-- The tiled sum loop: the running value `r` updated by `r' = r + sum(tile)` tile after tile. -/
+def runSum (r : α) : List (List α) → α
+  | [] => r
+  | t :: rest => runSum (r + listSum t) rest
+
+/-- The tiled max loop: `r' = max(r, max(tile))` tile after tile, over non-empty tiles. -/
+def runMax (r : α) : List (α × List α) → α
+  | [] => r
+  | t :: rest => runMax (fmax r (listMax t.1 t.2)) rest
+
+theorem runSum_eq (r : α) (tiles : List (List α)) :
+    runSum r tiles = r + listSum (flattenTiles tiles) := by
+  induction tiles generalizing r with
+  | nil => simp only [runSum, flattenTiles, listSum, scalar_add_zero]
+  | cons t rest ih => simp only [runSum, flattenTiles, ih, listSum_append, ScalarField.add_assoc]
+
+theorem runMax_eq (a : α) (l : List α) (tiles : List (α × List α)) :
+    runMax (listMax a l) tiles = listMax a (l ++ flattenNonEmpty tiles) := by
+  induction tiles generalizing l with
+  | nil => simp only [runMax, flattenNonEmpty, List.append_nil]
+  | cons t rest ih =>
+    simp only [runMax, flattenNonEmpty]
+    rw [← listMax_append a t.1 l t.2, ih]
+    simp only [List.append_assoc, List.cons_append]
+
+/--
+Splitting a reduction into any number of tiles, combined by the associative update the kernels
+run: the sum loop `r' = r + sum(tile)` from `r = 0` over the tiles gives the sum over all their
+keys, and the max loop `r' = max(r, max(tile))` started from the first tile's max gives the max
+over all keys. (Python starts the max loop from `-inf`; the scalar laws have no `-inf`, so the
+loop starts from the first tile, which is the same value.) `reduction_tiling_two` is the two-tile
+case.
+-/
+theorem reduction_tiling (tiles : List (List α)) (a : α) (l : List α)
+    (rest : List (α × List α)) :
+    runSum ScalarField.zero tiles = listSum (flattenTiles tiles) ∧
+      runMax (listMax a l) rest = listMax a (l ++ flattenNonEmpty rest) :=
+  ⟨by rw [runSum_eq, ScalarField.zero_add], runMax_eq a l rest⟩
 
 /-! ## Online softmax -/
 
@@ -136,6 +249,57 @@ theorem online_softmax_rescale (s v : ι → α) (m m' : α) (prev tile : List �
   simp only [OnlineState.step, OnlineState.ofTile, sumExp_rescale, sumExpV_rescale, sumExp_append,
     sumExpV_append]
 
+/-- `Σ_{j ∈ t} exp (s j - m) * v j = (Σ_{j ∈ t} exp (s j) * v j) * exp (-m)`. -/
+theorem sumExpV_shift (s v : ι → α) (m : α) (t : List ι) :
+    sumExpV s v m t = listSum (t.map fun j => exp (s j) * v j) * exp (-m) := by
+  unfold sumExpV
+  rw [listSum_map_ext t (fun j => exp (s j - m) * v j) (fun j => exp (s j) * v j * exp (-m))
+      (fun j => exp_sub_mul (s j) m (v j))]
+  exact listSum_map_mul_right t (fun j => exp (s j) * v j) (exp (-m))
+
+/-- The tiles' keys, in order. -/
+def allKeys : List (α × List ι) → List ι
+  | [] => []
+  | t :: rest => t.2 ++ allKeys rest
+
+/-- The shift of the last tile (`m` when there is none). -/
+def lastShift (m : α) : List (α × List ι) → α
+  | [] => m
+  | t :: rest => lastShift t.1 rest
+
+/-- The streamed loop: each tile comes with the running shift the kernel uses for it. -/
+def OnlineState.run (s v : ι → α) (st : OnlineState α) : List (α × List ι) → OnlineState α
+  | [] => st
+  | t :: rest => OnlineState.run s v (st.step s v t.1 t.2) rest
+
+/-- After any tiles, the streamed state is the direct state over all their keys. -/
+theorem online_run_ofTile (s v : ι → α) (tiles : List (α × List ι)) (m : α) (prev : List ι) :
+    OnlineState.run s v (OnlineState.ofTile s v m prev) tiles =
+      OnlineState.ofTile s v (lastShift m tiles) (prev ++ allKeys tiles) := by
+  induction tiles generalizing m prev with
+  | nil => simp only [OnlineState.run, lastShift, allKeys, List.append_nil]
+  | cons t rest ih =>
+    simp only [OnlineState.run, lastShift, allKeys, online_softmax_rescale, ih, List.append_assoc]
+
+/--
+The end-to-end online-softmax claim: start from `l = 0`, `o = 0` (any initial shift `m₀`; the
+kernel's `-inf` is one), stream the tiles with any running shifts (the kernel's running maxima
+are one choice), and after the last tile `o / l` is softmax · V over all the keys:
+`Σ_j (exp (s j) / Σ_k exp (s k)) * v j`.
+-/
+theorem online_softmax_final (s v : ι → α) (m₀ : α) (tiles : List (α × List ι)) :
+    (OnlineState.run s v ⟨m₀, ScalarField.zero, ScalarField.zero⟩ tiles).o /
+        (OnlineState.run s v ⟨m₀, ScalarField.zero, ScalarField.zero⟩ tiles).l =
+      listSum ((allKeys tiles).map fun j =>
+        exp (s j) / listSum ((allKeys tiles).map fun k => exp (s k)) * v j) := by
+  have h₀ : (⟨m₀, ScalarField.zero, ScalarField.zero⟩ : OnlineState α) =
+      OnlineState.ofTile s v m₀ [] := rfl
+  rw [h₀, online_run_ofTile, List.nil_append]
+  simp only [OnlineState.ofTile]
+  rw [sumExpV_shift, sumExp, listSum_exp_sub,
+    mul_div_mul_right _ _ (exp (-lastShift m₀ tiles)) (ScalarField.exp_ne_zero _),
+    matmul_div_commute]
+
 /-! ## Loop fusion -/
 
 /--
@@ -148,16 +312,23 @@ theorem shared_operand_fusion (ks : List ι) (x a b : ι → α) :
   fold2_eq (fun k => x k * a k) (fun k => x k * b k) ks
 
 /--
-A reduction over the same axis as a contraction, computed inside the contraction's loop: one
-`fold2` accumulates `Σ x²` and `Σ x * w` together, and scaling the contraction afterwards by any
-function `g` of the reduction equals contracting the row-scaled operand (RMSNorm + matmul in one
-kernel).
+A reduction over the axis a contraction contracts, computed inside the contraction's loop: one
+`fold2` accumulates `Σ f` (any summand `f` of the loaded tile: `x²` for RMSNorm, `x` for a mean)
+and `Σ x * w` together, and scaling the contraction afterwards by any function `g` of the
+reduction equals contracting the row-scaled operand (RMSNorm + matmul in one kernel).
 -/
-theorem reduction_in_contraction_loop (ks : List ι) (x w : ι → α) (g : α → α) :
-    (fold2 (fun k => x k * x k) (fun k => x k * w k) ks).2 *
-        g (fold2 (fun k => x k * x k) (fun k => x k * w k) ks).1 =
-      listSum (ks.map fun k => x k * g (listSum (ks.map fun j => x j * x j)) * w k) := by
-  rw [fold2_eq (fun k => x k * x k) (fun k => x k * w k) ks]
-  exact (matmul_row_scale_commute ks x w (g (listSum (ks.map fun j => x j * x j)))).symm
+theorem reduction_in_contraction_loop (ks : List ι) (f x w : ι → α) (g : α → α) :
+    (fold2 f (fun k => x k * w k) ks).2 * g (fold2 f (fun k => x k * w k) ks).1 =
+      listSum (ks.map fun k => x k * g (listSum (ks.map f)) * w k) := by
+  rw [fold2_eq f (fun k => x k * w k) ks]
+  exact (matmul_row_scale_commute ks x w (g (listSum (ks.map f)))).symm
+
+/-! ## Elementwise products -/
+
+/-- `a * b = b * a` for elementwise products (operands aligned by axis name). -/
+theorem elementwise_mul_comm (a b : α) : a * b = b * a := ScalarField.mul_comm a b
+
+/-- `(a * b) * c = a * (b * c)` for elementwise products. -/
+theorem elementwise_mul_assoc (a b c : α) : a * b * c = a * (b * c) := ScalarField.mul_assoc a b c
 
 end Superopt

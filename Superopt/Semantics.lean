@@ -35,6 +35,7 @@ class ScalarField (α : Type) extends Add α, Mul α, Sub α, Neg α, Div α whe
   zero_add : ∀ a : α, zero + a = a
   neg_add_cancel : ∀ a : α, -a + a = zero
   sub_eq_add_neg : ∀ a b : α, a - b = a + -b
+  neg_mul : ∀ a b : α, -a * b = -(a * b)
   mul_assoc : ∀ a b c : α, a * b * c = a * (b * c)
   mul_comm : ∀ a b : α, a * b = b * a
   one_mul : ∀ a : α, one * a = a
@@ -122,6 +123,15 @@ theorem sub_add_sub_cancel (a m m' : α) : a - m + (m - m') = a - m' := by
     ScalarField.sub_eq_add_neg a m', ScalarField.add_assoc a (-m) (m + -m'),
     ← ScalarField.add_assoc (-m) m (-m'), ScalarField.neg_add_cancel m,
     ScalarField.zero_add (-m')]
+
+theorem scalar_add_zero (a : α) : a + ScalarField.zero = a := by
+  rw [ScalarField.add_comm]
+  exact ScalarField.zero_add a
+
+/-- `(a - b) * c = a * c - b * c`. -/
+theorem sub_mul_distrib (a b c : α) : (a - b) * c = a * c - b * c := by
+  rw [ScalarField.sub_eq_add_neg a b, ScalarField.right_distrib, ScalarField.neg_mul,
+    ← ScalarField.sub_eq_add_neg]
 
 theorem exp_sub (a m : α) : exp (a - m) = exp a * exp (-m) := by
   rw [ScalarField.sub_eq_add_neg a m, ScalarField.exp_add a (-m)]

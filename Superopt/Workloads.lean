@@ -9,7 +9,8 @@ a parameter (`Graph.withSizes`).
 
 Format (read by `tests/test_lean_sources.py`, which evaluates these definitions and compares
 them with the Python catalog term by term): each workload is a `def NAME : Graph :=` whose body
-is `let` lines, one per line, followed by one `Graph.mk NAME SIZES OUTPUTS` expression; terms
+is `let` lines, one per line, followed by one `Graph.mk NAME SIZES OUTPUTS LABELS` expression
+(LABELS: the sub-terms Python names with `name=`, in the order Python names them); terms
 are built only with the `Term` constructors and the helpers of `Superopt/Graph.lean`. Keep that
 form when adding a workload, and add it to `catalog` in Python's order.
 -/
@@ -24,30 +25,32 @@ def attention : Graph :=
   let s := Term.matmul q k "d"
   let p := Term.softmax s "t_kv"
   Graph.mk "Attention" [("h", 16), ("t_q", 4096), ("d", 128), ("t_kv", 4096)]
-    [("O", Term.matmul p v "t_kv")]
+    [("O", Term.matmul p v "t_kv")] [(s, "S"), (p, "P")]
 
 /-- silu(X W_gate) * (X W_up). -/
 def swiglu : Graph :=
   let x := Term.input "X" ["m", "d"]
   let wg := Term.input "W_gate" ["d", "n"]
   let wu := Term.input "W_up" ["d", "n"]
-  let gate := Term.unary .silu (Term.matmul x wg "d")
+  let g := Term.matmul x wg "d"
+  let u := Term.matmul x wu "d"
   Graph.mk "SwiGLU" [("m", 1024), ("d", 2048), ("n", 2048)]
-    [("Y", Term.binary .mul gate (Term.matmul x wu "d"))]
+    [("Y", Term.binary .mul (Term.unary .silu g) u)] [(g, "G"), (u, "U")]
 
 /-- X W. -/
 def matmul : Graph :=
   let x := Term.input "X" ["m", "d"]
   let w := Term.input "W" ["d", "n"]
   Graph.mk "Matmul" [("m", 1024), ("d", 4096), ("n", 4096)]
-    [("Y", Term.matmul x w "d")]
+    [("Y", Term.matmul x w "d")] []
 
 /-- (X * S) W with S = 1/sqrt(mean_d(X^2) + 1e-6); no learned weight. -/
 def rmsnorm : Graph :=
   let x := Term.input "X" ["m", "d"]
   let w := Term.input "W" ["d", "n"]
+  let nx := Term.rmsnorm x "d" 1e-6
   Graph.mk "RMSNorm" [("m", 1024), ("d", 4096), ("n", 4096)]
-    [("Y", Term.matmul (Term.rmsnorm x "d" 1e-6) w "d")]
+    [("Y", Term.matmul nx w "d")] [(nx, "N")]
 
 /-- (N W_up) * (N W_gate) with N = rmsnorm(X); no silu. -/
 def rmsnormMlp : Graph :=
@@ -56,7 +59,7 @@ def rmsnormMlp : Graph :=
   let wg := Term.input "W_gate" ["d", "n"]
   let nx := Term.rmsnorm x "d" 1e-6
   Graph.mk "RMSNormMLP" [("m", 1024), ("d", 1024), ("n", 1024)]
-    [("Y", Term.binary .mul (Term.matmul nx wu "d") (Term.matmul nx wg "d"))]
+    [("Y", Term.binary .mul (Term.matmul nx wu "d") (Term.matmul nx wg "d"))] [(nx, "N")]
 
 /-- softmax(Q K^T / sqrt(d)) V: the scale must travel through the rewrites. -/
 def scaledAttention : Graph :=
@@ -64,8 +67,9 @@ def scaledAttention : Graph :=
   let k := Term.input "K" ["h", "t_kv", "d"]
   let v := Term.input "V" ["h", "t_kv", "d"]
   let s := Term.binary .mul (Term.matmul q k "d") (Term.unary .rsqrt (Term.axisSize "d"))
+  let p := Term.softmax s "t_kv"
   Graph.mk "ScaledAttention" [("h", 16), ("t_q", 4096), ("d", 128), ("t_kv", 4096)]
-    [("O", Term.matmul (Term.softmax s "t_kv") v "t_kv")]
+    [("O", Term.matmul p v "t_kv")] [(s, "S"), (p, "P")]
 
 /-- Grouped-query attention: `group` query heads share each K/V head. -/
 def groupedQueryAttention : Graph :=
@@ -73,25 +77,28 @@ def groupedQueryAttention : Graph :=
   let k := Term.input "K" ["kv_h", "t_kv", "d"]
   let v := Term.input "V" ["kv_h", "t_kv", "d"]
   let s := Term.binary .mul (Term.matmul q k "d") (Term.unary .rsqrt (Term.axisSize "d"))
+  let p := Term.softmax s "t_kv"
   Graph.mk "GroupedQueryAttention"
     [("kv_h", 4), ("group", 4), ("t_q", 4096), ("d", 128), ("t_kv", 4096)]
-    [("O", Term.matmul (Term.softmax s "t_kv") v "t_kv")]
+    [("O", Term.matmul p v "t_kv")] [(s, "S"), (p, "P")]
 
 /-- gelu(X W_gate) * (X W_up), tanh-approximated gelu. -/
 def geglu : Graph :=
   let x := Term.input "X" ["m", "d"]
   let wg := Term.input "W_gate" ["d", "n"]
   let wu := Term.input "W_up" ["d", "n"]
-  let gate := Term.unary .gelu (Term.matmul x wg "d")
+  let g := Term.matmul x wg "d"
+  let u := Term.matmul x wu "d"
   Graph.mk "GeGLU" [("m", 1024), ("d", 2048), ("n", 2048)]
-    [("Y", Term.binary .mul gate (Term.matmul x wu "d"))]
+    [("Y", Term.binary .mul (Term.unary .gelu g) u)] [(g, "G"), (u, "U")]
 
 /-- layernorm(X) W, no affine weight, eps 1e-5. -/
 def layernormMatmul : Graph :=
   let x := Term.input "X" ["m", "d"]
   let w := Term.input "W" ["d", "n"]
+  let nx := Term.layernorm x "d" 1e-5
   Graph.mk "LayerNormMatmul" [("m", 1024), ("d", 4096), ("n", 4096)]
-    [("Y", Term.matmul (Term.layernorm x "d" 1e-5) w "d")]
+    [("Y", Term.matmul nx w "d")] [(nx, "N")]
 
 /-- Every workload, in the order of Python's `CATALOG`. -/
 def catalog : List Graph :=

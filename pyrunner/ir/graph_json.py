@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ HELPER_EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 NODE_OPS = tuple(dict.fromkeys(UNARY_OPS + BINARY_OPS + REDUCE_OPS + ("matmul",) + HELPER_OPS
                                + ("size", "const")))
 _TOP_FIELDS = ("name", "axes", "inputs", "nodes", "outputs")
+_GENERATED = re.compile(r"t[0-9]+")
 
 
 # --- reading -------------------------------------------------------------------
@@ -311,7 +313,9 @@ def graph_from_json(data: object) -> Graph:
     outputs = r.outputs(data["outputs"])
     g = Graph(name, dict(r.sizes), outputs)
     live = set(g.terms())
-    labels = {t: n for t, n in r.b.labels.items() if t in live}
+    # names graph_to_json generates (t1, t2, ...) are not the author's: keeping them as labels
+    # would rename a plan's buffers after a write/read round trip
+    labels = {t: n for t, n in r.b.labels.items() if t in live and not _GENERATED.fullmatch(n)}
     for n, t in outputs:  # the output name wins, as in GraphBuilder.output
         labels[t] = n
     g = Graph(name, dict(r.sizes), outputs, labels)

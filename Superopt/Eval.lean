@@ -1,0 +1,293 @@
+import Superopt.Graph
+import Superopt.Rules
+
+/-!
+# Term-level semantics
+
+`Term.eval` gives every graph term its tensor over an abstract scalar type: a tensor is a
+function of an `Index` (a position along every named axis), so operands of a binary op are
+aligned by axis name for free; a reduction or contraction along an axis is a finite sum (or
+maximum, or mean) over the positions `0, ..., n-1` of that axis, by the recursion of
+`Superopt/Semantics.lean`.
+
+The algebraic rewrite rules are restated here on terms, with the side conditions Python checks
+(`pyrunner/rules/registry.py`): for the matmul rules, the contracted axis is not among the scale's
+or divisor's axes (`a ∉ s.resultAxes`). Each is proved from its scalar theorem in
+`Superopt/Rules.lean` plus `Term.eval_set`: a term's value does not move along an axis it does not
+have.
+
+The elementwise functions Python has beyond the scalar laws (`log`, `silu`, ...) are the fields of
+`ScalarOps`; no rule needs a law about them.
+-/
+
+namespace Superopt
+
+/-- A position along every named axis. -/
+abbrev Index := Axis → Nat
+
+/-- The index `i` moved to position `k` along the axis `a`. -/
+def Index.set (i : Index) (a : Axis) (k : Nat) : Index := fun y => if y = a then k else i y
+
+theorem Index.set_set (i : Index) (a : Axis) (k j : Nat) :
+    Index.set (Index.set i a k) a j = Index.set i a j := by
+  funext y
+  simp only [Index.set]
+  by_cases h : y = a
+  · simp only [if_pos h]
+  · simp only [if_neg h]
+
+theorem Index.set_comm {a b : Axis} (h : a ≠ b) (i : Index) (k j : Nat) :
+    Index.set (Index.set i a k) b j = Index.set (Index.set i b j) a k := by
+  funext y
+  simp only [Index.set]
+  by_cases ha : y = a
+  · have hb : ¬ y = b := fun hb => h (ha.symm.trans hb)
+    simp only [if_pos ha, if_neg hb]
+  · simp only [if_neg ha]
+
+/-- The elementwise functions and constants beyond the scalar laws of `ScalarField`. -/
+class ScalarOps (α : Type) where
+  /-- The scalar a decimal constant denotes. -/
+  ofDecimal : Decimal → α
+  log : α → α
+  sqrt : α → α
+  rsqrt : α → α
+  silu : α → α
+  sigmoid : α → α
+  tanh : α → α
+  gelu : α → α
+  relu : α → α
+  abs : α → α
+  fmin : α → α → α
+
+/-- Where a graph's values come from: the axis extents and a value for every input element. -/
+structure Ctx (α : Type) where
+  size : Axis → Nat
+  /-- The element of input `name` at the given positions (one per input axis, in order). -/
+  input : String → List Nat → α
+
+section Eval
+
+variable {α : Type} [ScalarField α] [ScalarOps α]
+
+/-- The scalar function of a unary op. -/
+def UnaryOp.eval : UnaryOp → α → α
+  | .exp => ScalarField.exp
+  | .exp2 => ScalarField.exp2
+  | .log => ScalarOps.log
+  | .neg => fun a => -a
+  | .recip => ScalarField.inv
+  | .sqrt => ScalarOps.sqrt
+  | .rsqrt => ScalarOps.rsqrt
+  | .square => fun a => a * a
+  | .silu => ScalarOps.silu
+  | .sigmoid => ScalarOps.sigmoid
+  | .tanh => ScalarOps.tanh
+  | .gelu => ScalarOps.gelu
+  | .relu => ScalarOps.relu
+  | .abs => ScalarOps.abs
+
+/-- The scalar function of a binary op. -/
+def BinaryOp.eval : BinaryOp → α → α → α
+  | .add => fun a b => a + b
+  | .sub => fun a b => a - b
+  | .mul => fun a b => a * b
+  | .div => fun a b => a / b
+  | .max => ScalarField.fmax
+  | .min => ScalarOps.fmin
+
+/-- A reduction of the values along one axis (`max` of no values is `zero`; axes are non-empty). -/
+def ReduceOp.eval : ReduceOp → List α → α
+  | .sum => listSum
+  | .mean => listMean
+  | .max => fun l =>
+    match l with
+    | [] => ScalarField.zero
+    | b :: rest => listMax b rest
+
+theorem ReduceOp.eval_sum (l : List α) : ReduceOp.eval .sum l = listSum l := rfl
+
+/-- The value of a term at an index. -/
+def Term.eval (ctx : Ctx α) : Term → Index → α
+  | .input n axes, i => ctx.input n (axes.map i)
+  | .const d, _ => ScalarOps.ofDecimal d
+  | .axisSize a, _ => natToScalar (ctx.size a)
+  | .unary f x, i => UnaryOp.eval f (Term.eval ctx x i)
+  | .binary f a b, i => BinaryOp.eval f (Term.eval ctx a i) (Term.eval ctx b i)
+  | .reduce f x ax, i =>
+    ReduceOp.eval f ((List.range (ctx.size ax)).map fun k => Term.eval ctx x (Index.set i ax k))
+  | .matmul a b ax, i =>
+    listSum ((List.range (ctx.size ax)).map fun k =>
+      Term.eval ctx a (Index.set i ax k) * Term.eval ctx b (Index.set i ax k))
+
+theorem map_set_of_not_mem (i : Index) (a : Axis) (k : Nat) :
+    ∀ axes : List Axis, a ∉ axes → axes.map (Index.set i a k) = axes.map i := by
+  intro axes
+  induction axes with
+  | nil => intro _; rfl
+  | cons y ys ih =>
+    intro h
+    have hy : ¬ y = a := fun hy => h (List.mem_cons.2 (Or.inl hy.symm))
+    have hys : a ∉ ys := fun hm => h (List.mem_cons.2 (Or.inr hm))
+    rw [List.map_cons, List.map_cons, ih hys]
+    simp only [Index.set, if_neg hy]
+
+/-- A term's value does not change along an axis it does not have. -/
+theorem Term.eval_set (ctx : Ctx α) (a : Axis) (k : Nat) (t : Term) :
+    ∀ i : Index, a ∉ t.resultAxes → Term.eval ctx t (Index.set i a k) = Term.eval ctx t i := by
+  induction t with
+  | input n axes =>
+    intro i h
+    simp only [Term.resultAxes] at h
+    simp only [Term.eval, map_set_of_not_mem i a k axes h]
+  | const d => intro i _; simp only [Term.eval]
+  | axisSize ax => intro i _; simp only [Term.eval]
+  | unary f x ih =>
+    intro i h
+    simp only [Term.resultAxes] at h
+    simp only [Term.eval, ih i h]
+  | binary f p q ihp ihq =>
+    intro i h
+    simp only [Term.resultAxes] at h
+    have hp : a ∉ p.resultAxes := fun hm => h (List.mem_append.2 (Or.inl hm))
+    have hq : a ∉ q.resultAxes := by
+      intro hm
+      by_cases hpm : a ∈ p.resultAxes
+      · exact hp hpm
+      · exact h (List.mem_append.2 (Or.inr (List.mem_filter.2 ⟨hm, decide_eq_true hpm⟩)))
+    simp only [Term.eval, ihp i hp, ihq i hq]
+  | reduce f x ax ih =>
+    intro i h
+    simp only [Term.resultAxes] at h
+    by_cases hax : a = ax
+    · subst hax
+      simp only [Term.eval, Index.set_set]
+    · have hx : a ∉ x.resultAxes := fun hm => h (List.mem_filter.2 ⟨hm, decide_eq_true hax⟩)
+      have ih' : ∀ j : Index, Term.eval ctx x (Index.set j a k) = Term.eval ctx x j :=
+        fun j => ih j hx
+      simp only [Term.eval, Index.set_comm hax, ih']
+  | matmul p q ax ihp ihq =>
+    intro i h
+    simp only [Term.resultAxes] at h
+    by_cases hax : a = ax
+    · subst hax
+      simp only [Term.eval, Index.set_set]
+    · have hp : a ∉ p.resultAxes := fun hm =>
+        h (List.mem_append.2 (Or.inl (List.mem_filter.2 ⟨hm, decide_eq_true hax⟩)))
+      have hq : a ∉ q.resultAxes := by
+        intro hm
+        by_cases hl : a ∈ (p.resultAxes).filter (fun y => decide (y ≠ ax))
+        · exact h (List.mem_append.2 (Or.inl hl))
+        · exact h (List.mem_append.2 (Or.inr (List.mem_filter.2 ⟨hm, decide_eq_true ⟨hax, hl⟩⟩)))
+      have ihp' : ∀ j : Index, Term.eval ctx p (Index.set j a k) = Term.eval ctx p j :=
+        fun j => ihp j hp
+      have ihq' : ∀ j : Index, Term.eval ctx q (Index.set j a k) = Term.eval ctx q j :=
+        fun j => ihq j hq
+      simp only [Term.eval, Index.set_comm hax, ihp', ihq']
+
+/-! ## The algebraic rules on terms (same side conditions as Python) -/
+
+/--
+`softmax_max_shift` on terms: `exp (x - max_a x) / sum_a exp (x - max_a x)` equals
+`exp x / sum_a exp x` at every index.
+-/
+theorem term_softmax_max_shift (ctx : Ctx α) (x : Term) (a : Axis) (i : Index) :
+    Term.eval ctx (.binary .div (.unary .exp (.binary .sub x (.reduce .max x a)))
+        (.reduce .sum (.unary .exp (.binary .sub x (.reduce .max x a))) a)) i =
+      Term.eval ctx (.binary .div (.unary .exp x) (.reduce .sum (.unary .exp x) a)) i := by
+  simp only [Term.eval, UnaryOp.eval, BinaryOp.eval, ReduceOp.eval_sum, Index.set_set]
+  rw [listSum_exp_sub, exp_sub]
+  exact mul_div_mul_right _ _ _ (ScalarField.exp_ne_zero _)
+
+/-- `matmul_div_commute` on terms: `(P / l) @_a V = (P @_a V) / l` when `a` is not an axis of `l`. -/
+theorem term_matmul_div_commute (ctx : Ctx α) (p l v : Term) (a : Axis)
+    (h : a ∉ l.resultAxes) (i : Index) :
+    Term.eval ctx (.matmul (.binary .div p l) v a) i =
+      Term.eval ctx (.binary .div (.matmul p v a) l) i := by
+  have hl : ∀ k, Term.eval ctx l (Index.set i a k) = Term.eval ctx l i :=
+    fun k => Term.eval_set ctx a k l i h
+  simp only [Term.eval, BinaryOp.eval, hl]
+  exact matmul_div_commute _ _ _ _
+
+/-- The operand-swapped form Python also applies: `V @_a (P / l) = (V @_a P) / l`. -/
+theorem term_matmul_div_commute_right (ctx : Ctx α) (v p l : Term) (a : Axis)
+    (h : a ∉ l.resultAxes) (i : Index) :
+    Term.eval ctx (.matmul v (.binary .div p l) a) i =
+      Term.eval ctx (.binary .div (.matmul v p a) l) i := by
+  have hl : ∀ k, Term.eval ctx l (Index.set i a k) = Term.eval ctx l i :=
+    fun k => Term.eval_set ctx a k l i h
+  simp only [Term.eval, BinaryOp.eval, hl]
+  exact matmul_div_commute_right _ _ _ _
+
+/-- `matmul_row_scale_commute` on terms: `(X * s) @_a W = (X @_a W) * s`, `a` not an axis of `s`. -/
+theorem term_matmul_row_scale_commute (ctx : Ctx α) (x s w : Term) (a : Axis)
+    (h : a ∉ s.resultAxes) (i : Index) :
+    Term.eval ctx (.matmul (.binary .mul x s) w a) i =
+      Term.eval ctx (.binary .mul (.matmul x w a) s) i := by
+  have hs : ∀ k, Term.eval ctx s (Index.set i a k) = Term.eval ctx s i :=
+    fun k => Term.eval_set ctx a k s i h
+  simp only [Term.eval, BinaryOp.eval, hs]
+  exact matmul_row_scale_commute _ _ _ _
+
+/-- Scale on the left of the product: `(s * X) @_a W = (X @_a W) * s`. -/
+theorem term_matmul_row_scale_commute_scale_left (ctx : Ctx α) (s x w : Term) (a : Axis)
+    (h : a ∉ s.resultAxes) (i : Index) :
+    Term.eval ctx (.matmul (.binary .mul s x) w a) i =
+      Term.eval ctx (.binary .mul (.matmul x w a) s) i := by
+  have hs : ∀ k, Term.eval ctx s (Index.set i a k) = Term.eval ctx s i :=
+    fun k => Term.eval_set ctx a k s i h
+  simp only [Term.eval, BinaryOp.eval, hs]
+  exact matmul_row_scale_commute_scale_left _ _ _ _
+
+/-- Scaled operand on the right of the matmul: `W @_a (X * s) = (W @_a X) * s`. -/
+theorem term_matmul_row_scale_commute_right (ctx : Ctx α) (w x s : Term) (a : Axis)
+    (h : a ∉ s.resultAxes) (i : Index) :
+    Term.eval ctx (.matmul w (.binary .mul x s) a) i =
+      Term.eval ctx (.binary .mul (.matmul w x a) s) i := by
+  have hs : ∀ k, Term.eval ctx s (Index.set i a k) = Term.eval ctx s i :=
+    fun k => Term.eval_set ctx a k s i h
+  simp only [Term.eval, BinaryOp.eval, hs]
+  exact matmul_row_scale_commute_right _ _ _ _
+
+/-- Scaled operand on the right, scale on the left: `W @_a (s * X) = (W @_a X) * s`. -/
+theorem term_matmul_row_scale_commute_right_scale_left (ctx : Ctx α) (w s x : Term) (a : Axis)
+    (h : a ∉ s.resultAxes) (i : Index) :
+    Term.eval ctx (.matmul w (.binary .mul s x) a) i =
+      Term.eval ctx (.binary .mul (.matmul w x a) s) i := by
+  have hs : ∀ k, Term.eval ctx s (Index.set i a k) = Term.eval ctx s i :=
+    fun k => Term.eval_set ctx a k s i h
+  simp only [Term.eval, BinaryOp.eval, hs]
+  exact matmul_row_scale_commute_right_scale_left _ _ _ _
+
+/--
+`exp_to_exp2` on terms: `exp x = exp2 (x * c)` where the constant `c` denotes `log2 e` (Python's
+`LOG2E` is log2 e rounded to float64; over exact scalars the hypothesis says `c` is log2 e).
+-/
+theorem term_exp_to_exp2 (ctx : Ctx α) (x : Term) (c : Decimal)
+    (hc : ScalarOps.ofDecimal c = (ScalarField.log2e : α)) (i : Index) :
+    Term.eval ctx (.unary .exp x) i = Term.eval ctx (.unary .exp2 (.binary .mul x (.const c))) i := by
+  simp only [Term.eval, UnaryOp.eval, BinaryOp.eval, hc]
+  exact exp_to_exp2 _
+
+/-- `mean_to_sum_div` on terms: `mean_a x = sum_a x / |a|`. -/
+theorem term_mean_to_sum_div (ctx : Ctx α) (x : Term) (a : Axis) (i : Index) :
+    Term.eval ctx (.reduce .mean x a) i =
+      Term.eval ctx (.binary .div (.reduce .sum x a) (.axisSize a)) i := by
+  simp only [Term.eval, ReduceOp.eval, BinaryOp.eval, listMean, List.length_map, List.length_range]
+
+/-- `elementwise_mul_comm` on terms: `a * b = b * a`, operands aligned by axis name. -/
+theorem term_elementwise_mul_comm (ctx : Ctx α) (p q : Term) (i : Index) :
+    Term.eval ctx (.binary .mul p q) i = Term.eval ctx (.binary .mul q p) i := by
+  simp only [Term.eval, BinaryOp.eval]
+  exact elementwise_mul_comm _ _
+
+/-- `elementwise_mul_assoc` on terms: `(a * b) * c = a * (b * c)`. -/
+theorem term_elementwise_mul_assoc (ctx : Ctx α) (p q r : Term) (i : Index) :
+    Term.eval ctx (.binary .mul (.binary .mul p q) r) i =
+      Term.eval ctx (.binary .mul p (.binary .mul q r)) i := by
+  simp only [Term.eval, BinaryOp.eval]
+  exact elementwise_mul_assoc _ _ _
+
+end Eval
+
+end Superopt
