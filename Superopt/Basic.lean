@@ -1,6 +1,9 @@
 import Superopt.Graph
 import Superopt.Semantics
 import Superopt.Rules
+import Superopt.Eval
+import Superopt.Model
+import Superopt.Json
 import Superopt.Workloads
 import Superopt.Plan
 
@@ -9,11 +12,16 @@ import Superopt.Plan
 
 The library's root module: importing it brings in every part of the Lean package.
 
-* `Superopt.Graph`: the graph IR over named axes (mirror of `pyrunner/ir/graph.py`).
+* `Superopt.Graph`: the graph IR over named axes (mirror of `pyrunner/ir/graph.py`), exact decimal
+  constants.
 * `Superopt.Semantics`: the scalar laws (`ScalarField`) and finite sums, maxima and means.
 * `Superopt.Rules`: one theorem per rewrite rule, named as the plans name the rule.
+* `Superopt.Eval`: `Term.eval` (each term's tensor over the scalar laws) and the algebraic rules
+  restated on terms with Python's side conditions.
+* `Superopt.Model`: a two-element model of the scalar laws (the laws are consistent).
+* `Superopt.Json`: the graph JSON format of `pyrunner/ir/graph_json.py`, numbers printed exactly.
 * `Superopt.Workloads`: the workload catalog (mirror of `pyrunner/ir/catalog.py`).
-* `Superopt.Plan`: JSON output of graphs and rules, and the command line of `superopt`.
+* `Superopt.Plan`: the `superopt` command line (Lean front, Python search engine).
 
 `Superopt.Main` (the executable's `main`) is kept out of this root on purpose.
 -/

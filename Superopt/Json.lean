@@ -27,6 +27,8 @@ def jsonString (s : String) : String :=
     if c = '"' then acc ++ "\\\""
     else if c = '\\' then acc ++ "\\\\"
     else if c = '\n' then acc ++ "\\n"
+    else if c = '\r' then acc ++ "\\r"
+    else if c = '\t' then acc ++ "\\t"
     else if c.toNat < 32 then
       acc ++ "\\u00" ++ String.singleton (Nat.digitChar (c.toNat / 16)) ++
         String.singleton (Nat.digitChar (c.toNat % 16))
@@ -88,12 +90,9 @@ def Decimal.graphText (d : Decimal) : String :=
   let n : Int := Int.ofNat ds.length
   if d.mantissa = 0 then "0"
   else if pt ≥ n ∧ pt ≤ 17 then
-    let v := ds.toNat! * 10 ^ (pt - n).toNat
+    let v := ds.toNat?.getD 0 * 10 ^ (pt - n).toNat
     if v < 2 ^ 53 then (if d.mantissa < 0 then "-" else "") ++ toString v else d.pyRepr
   else d.pyRepr
-
-/-- A JSON number parsed by `Lean.Json` is exact, so it converts to a `Decimal` exactly. -/
-def Decimal.ofParts (mantissa : Int) (exponent : Nat) : Decimal := ⟨mantissa, exponent⟩
 
 /-! ## Graph to JSON (Python's `graph_to_json`) -/
 

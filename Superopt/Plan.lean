@@ -1,26 +1,31 @@
 import Lean.Data.Json
 import Superopt.Graph
 import Superopt.Rules
+import Superopt.Json
 import Superopt.Workloads
 
 /-!
-# Plan emission (graph stage) and the `superopt` command line
+# The `superopt` command line: Lean is the front, Python the search engine
 
-`superopt WORKLOAD [--shape AXIS=N]...` prints a JSON document with the workload's graph (sizes,
-inputs, outputs with their axes and terms) and the names of the proven rewrite rules;
-`superopt --rules` prints the rules; `superopt --list` prints the catalog's names.
+`superopt W [--shape AXIS=N]... [--dtype fp16|bf16] [--top K] [--naive] [--calibrate LOG]`:
 
-The full Lean planner (derivation search, kernel partitioning, tiling, cost model and kernel-plan
-emission following `pyrunner/schema/plan.schema.json`) is future work: today the executable
-Python twin in `pyrunner/` plans, and the document printed here says `"status": "graph-only"`.
-What this module already pins down is the part both planners must agree on: the graph and the
-rule names. The rule catalog names each theorem through a resolved name (double backquote), so
-it cannot drift from `Superopt/Rules.lean`.
+1. builds the graph of workload `W` from the Lean catalog (`Superopt/Workloads.lean`), resized;
+2. writes it as graph JSON (`Graph.jsonText`, the format of `pyrunner/ir/graph_json.py`) to a
+   temporary file;
+3. runs the Python engine on it as a subprocess: the interpreter named by `SUPEROPT_PYTHON`, else
+   `python3`, with `engineArgs` (`-m pyrunner superopt --graph FILE` plus the options given);
+4. parses the plan(s) it prints and checks each one: every derivation step names a rule that has
+   a theorem (`ruleCatalog`), and the plan's embedded graph is the Lean graph;
+5. prints the engine's output unchanged, so it is byte for byte what
+   `python -m pyrunner superopt W ...` prints.
 
-Graph JSON format (the same keys the Python side produces): a term is an object with `op` one of
-`input`, `const`, `axis_size`, `unary`, `binary`, `reduce`, `matmul`; `fn` for functions and
-reductions; `axis` for reductions, contractions and axis sizes; `name`/`axes` for inputs;
-`value` for constants; `args` for operands.
+A missing Python, an engine error, a failed check, an unknown workload or a bad option is one
+`superopt: error: ...` line on stderr and exit code 2. `--list` lists the catalog, `--rules` the
+rules with their theorems, `--graph-json W [--shape ...]` prints the graph JSON step 2 writes.
+
+The rule catalog names each theorem through a resolved name (double backquote), so it cannot
+drift from `Superopt/Rules.lean`; `tests/test_lean_sources.py` checks it against
+`pyrunner.rules.RULE_NAMES`.
 -/
 
 namespace Superopt
@@ -43,74 +48,23 @@ def ruleCatalog : List RuleInfo := [
   ⟨``matmul_row_scale_commute, "(X * s) @ W = (X @ W) * s when s is constant along the contraction"⟩,
   ⟨``exp_to_exp2, "exp(x) = exp2(x * log2(e))"⟩,
   ⟨``mean_to_sum_div, "mean_a(x) = sum_a(x) / |a|"⟩,
-  ⟨``reduction_tiling, "a sum or max over an axis is the combination of its tiles' sums or maxima"⟩,
+  ⟨``reduction_tiling, "a sum or max over an axis is the tiled loop's running sum or max"⟩,
   ⟨``online_softmax_rescale,
     "the online-softmax state (m, l, o) rescaled to a new shift and merged with a tile equals the direct computation"⟩,
   ⟨``shared_operand_fusion, "two contractions sharing an operand computed in one loop equal the separate ones"⟩,
   ⟨``reduction_in_contraction_loop,
-    "a reduction over the contracted axis computed inside the contraction's loop, then used as a row scale"⟩]
+    "a reduction over the contracted axis computed inside the contraction's loop, then used as a row scale"⟩,
+  ⟨``elementwise_mul_comm, "a * b = b * a for elementwise products"⟩,
+  ⟨``elementwise_mul_assoc, "(a * b) * c = a * (b * c) for elementwise products"⟩]
 
 /-- The rule names, in catalog order. -/
 def ruleNames : List String := ruleCatalog.map (·.name)
 
-/-- The version of this Lean package, reported in its output. -/
-def version : String := "0.1.0"
-
-/-- A term as JSON (nested; shared subterms appear once per use). -/
-def Term.json : Term → Lean.Json
-  | .input n axes =>
-    Lean.Json.mkObj [("op", Lean.Json.str "input"), ("name", Lean.Json.str n),
-      ("axes", Lean.toJson axes)]
-  | .const v => Lean.Json.mkObj [("op", Lean.Json.str "const"), ("value", Lean.toJson v)]
-  | .axisSize a => Lean.Json.mkObj [("op", Lean.Json.str "axis_size"), ("axis", Lean.Json.str a)]
-  | .unary f x =>
-    Lean.Json.mkObj [("op", Lean.Json.str "unary"), ("fn", Lean.Json.str f.name),
-      ("args", Lean.Json.arr #[Term.json x])]
-  | .binary f a b =>
-    Lean.Json.mkObj [("op", Lean.Json.str "binary"), ("fn", Lean.Json.str f.name),
-      ("args", Lean.Json.arr #[Term.json a, Term.json b])]
-  | .reduce f x ax =>
-    Lean.Json.mkObj [("op", Lean.Json.str "reduce"), ("fn", Lean.Json.str f.name),
-      ("axis", Lean.Json.str ax), ("args", Lean.Json.arr #[Term.json x])]
-  | .matmul a b ax =>
-    Lean.Json.mkObj [("op", Lean.Json.str "matmul"), ("axis", Lean.Json.str ax),
-      ("args", Lean.Json.arr #[Term.json a, Term.json b])]
-
-/-- An input's name and axes as JSON. -/
-def inputJson (p : String × List Axis) : Lean.Json :=
-  Lean.Json.mkObj [("name", Lean.Json.str p.1), ("axes", Lean.toJson p.2)]
-
-/-- An output's name, axes and term as JSON. -/
-def outputJson (p : String × Term) : Lean.Json :=
-  Lean.Json.mkObj [("name", Lean.Json.str p.1), ("axes", Lean.toJson p.2.resultAxes),
-    ("term", p.2.json)]
-
-/-- A graph as JSON. -/
-def Graph.json (g : Graph) : Lean.Json :=
-  Lean.Json.mkObj [
-    ("name", Lean.Json.str g.name),
-    ("sizes", Lean.Json.mkObj (g.sizes.map fun p => (p.1, Lean.toJson p.2))),
-    ("inputs", Lean.Json.arr (g.inputs.map inputJson).toArray),
-    ("outputs", Lean.Json.arr (g.outputs.map outputJson).toArray)]
-
-/-- A rule as JSON. -/
-def ruleJson (r : RuleInfo) : Lean.Json :=
-  Lean.Json.mkObj [("name", Lean.Json.str r.name), ("statement", Lean.Json.str r.statement),
-    ("theorem", Lean.Json.str r.decl.toString)]
-
-/-- What `superopt --rules` prints. -/
-def rulesDocument : Lean.Json :=
-  Lean.Json.mkObj [("rules", Lean.Json.arr (ruleCatalog.map ruleJson).toArray)]
-
-/-- What `superopt WORKLOAD` prints: the graph stage of a plan. -/
-def planDocument (g : Graph) : Lean.Json :=
-  Lean.Json.mkObj [
-    ("planner", Lean.Json.str "lean-superopt"),
-    ("version", Lean.Json.str version),
-    ("status", Lean.Json.str "graph-only"),
-    ("workload", Lean.Json.str g.name),
-    ("graph", g.json),
-    ("rules", Lean.toJson ruleNames)]
+/-- What `superopt --rules` prints: one object per rule. -/
+def rulesDocument : String :=
+  jsonObj [("rules", jsonList (ruleCatalog.map fun r =>
+    jsonObj [("name", jsonString r.name), ("theorem", jsonString r.decl.toString),
+      ("statement", jsonString r.statement)]))]
 
 /-- The catalog workload called `name`, ignoring case (like Python's `workloads.get`). -/
 def findWorkload (name : String) : Option Graph :=
@@ -121,58 +75,174 @@ def catalogNames : String := ", ".intercalate (Workloads.catalog.map (·.name))
 
 /-- The usage line. -/
 def usage : String :=
-  "usage: superopt WORKLOAD [--shape AXIS=N]... | superopt --rules | superopt --list"
+  "usage: superopt WORKLOAD [--shape AXIS=N]... [--dtype fp16|bf16] [--top K] [--naive] " ++
+    "[--calibrate LOG.jsonl] | superopt --graph-json WORKLOAD [--shape AXIS=N]... | " ++
+    "superopt --list | superopt --rules"
 
-/-- Parses one `AXIS=N`. -/
+/-- What the command line asks for, besides the workload. -/
+structure Options where
+  shapes : List (Axis × Nat) := []
+  dtype : Option String := none
+  top : Option Nat := none
+  naive : Bool := false
+  calibrate : Option String := none
+
+/-- Parses one `AXIS=N` with `N` a positive integer. -/
 def parseShape (spec : String) : Except String (Axis × Nat) :=
   match spec.splitOn "=" with
   | [a, n] =>
-    match n.toNat? with
-    | some k => .ok (a, k)
-    | none => .error s!"--shape {spec}: the size must be a natural number"
+    match n.trim.toNat? with
+    | some k => if k = 0 then .error s!"--shape {spec}: the size must be positive" else .ok (a.trim, k)
+    | none => .error s!"--shape {spec}: the size must be a positive integer"
   | _ => .error s!"--shape {spec}: expected AXIS=N"
 
-/-- Parses the options after the workload name: only `--shape AXIS=N`, repeated. -/
-def parseShapes : List String → Except String (List (Axis × Nat))
-  | [] => .ok []
-  | "--shape" :: spec :: rest => do
-    let shape ← parseShape spec
-    let tail ← parseShapes rest
-    return shape :: tail
+/-- Parses the options after the workload name. -/
+def parseOptions (o : Options) : List String → Except String Options
+  | [] => .ok o
+  | "--shape" :: spec :: rest =>
+    match parseShape spec with
+    | .ok p => parseOptions { o with shapes := o.shapes ++ [p] } rest
+    | .error e => .error e
+  | "--dtype" :: d :: rest =>
+    if d = "fp16" ∨ d = "bf16" then parseOptions { o with dtype := some d } rest
+    else .error s!"--dtype {d}: expected fp16 or bf16"
+  | "--top" :: k :: rest =>
+    match k.toNat? with
+    | some n => if n = 0 then .error "--top must be at least 1" else parseOptions { o with top := some n } rest
+    | none => .error s!"--top {k}: expected a positive integer"
+  | "--naive" :: rest => parseOptions { o with naive := true } rest
+  | "--calibrate" :: path :: rest => parseOptions { o with calibrate := some path } rest
   | arg :: _ => .error s!"unexpected argument '{arg}'; {usage}"
+
+/-- The options the engine gets besides the graph: the ones given, in a fixed order. -/
+def Options.passThrough (o : Options) : List String :=
+  (match o.dtype with | some d => ["--dtype", d] | none => []) ++
+  (match o.top with | some k => ["--top", toString k] | none => []) ++
+  (if o.naive then ["--naive"] else []) ++
+  (match o.calibrate with | some p => ["--calibrate", p] | none => [])
+
+/-- The engine's command-line arguments (after the interpreter) for a graph file. -/
+def engineArgs (graphFile : String) (o : Options) : List String :=
+  ["-m", "pyrunner", "superopt", "--graph", graphFile] ++ o.passThrough
+
+/-- The last non-empty line of a text (the engine's one-line error). -/
+def lastLine (text : String) : String :=
+  let lines := ((text.splitOn "\n").map String.trim).filter (fun l => !l.isEmpty)
+  match lines.reverse with
+  | l :: _ => l
+  | [] => "(no message)"
+
+/-- Checks one plan against the Lean graph (as parsed JSON) and the rule catalog. -/
+def checkPlan (graph : Lean.Json) (plan : Lean.Json) : Except String Unit := do
+  if (plan.getObjValD "graph").compress != graph.compress then
+    throw "the plan's embedded graph is not the Lean graph"
+  match plan.getObjValD "derivation" with
+  | .arr steps =>
+    for step in steps do
+      match step.getObjValD "rule" with
+      | .str r =>
+        if !(ruleNames.contains r) then
+          throw s!"the plan's derivation uses rule '{r}', which has no theorem in Superopt/Rules.lean"
+      | _ => throw "a derivation step of the plan names no rule"
+  | _ => throw "the plan has no derivation list"
+
+/-- Checks the engine's output: one plan, or a list of plans (`--top K`, K > 1). -/
+def checkOutput (graphText : String) (output : String) : Except String Unit := do
+  let graph ← match Lean.Json.parse graphText with
+    | .ok j => pure j
+    | .error e => throw s!"internal error: the Lean graph JSON does not parse: {e}"
+  let parsed ← match Lean.Json.parse output with
+    | .ok j => pure j
+    | .error e => throw s!"the engine's output is not JSON: {e}"
+  match parsed with
+  | .arr plans =>
+    if plans.size = 0 then throw "the engine returned no plan"
+    for p in plans do
+      checkPlan graph p
+  | p => checkPlan graph p
+
+/-- Prints one error line; the exit code for bad input. -/
+def fail (msg : String) : IO UInt32 := do
+  IO.eprintln s!"superopt: error: {msg}"
+  return 2
+
+/-- The sized graph of a workload, or the error line. -/
+def sizedGraph (name : String) (o : Options) : Except String Graph :=
+  match findWorkload name with
+  | none => .error s!"unknown workload '{name}'; the catalog has: {catalogNames}"
+  | some g => g.withSizes o.shapes
+
+/-- Runs `python ARGS`; its standard output, or the error line. -/
+def spawnEngine (python : String) (args : List String) : IO (Except String String) := do
+  try
+    let out ← IO.Process.output { cmd := python, args := args.toArray }
+    if out.exitCode = 0 then
+      return .ok out.stdout
+    else
+      return .error s!"the Python engine failed (exit {out.exitCode}): {lastLine out.stderr}"
+  catch e =>
+    return .error s!"cannot run the Python engine '{python}' (set SUPEROPT_PYTHON): {e}"
+
+/-- Runs the engine on the graph and returns its output, or the error line. -/
+def runEngine (g : Graph) (o : Options) : IO (Except String String) := do
+  let python := (← IO.getEnv "SUPEROPT_PYTHON").getD "python3"
+  let dir := (← IO.getEnv "TMPDIR").getD "/tmp"
+  let stamp ← IO.monoNanosNow
+  let path := s!"{dir}/superopt-graph-{stamp}.json"
+  try
+    IO.FS.writeFile (System.FilePath.mk path) (g.jsonText ++ "\n")
+  catch e =>
+    return .error s!"cannot write the graph file {path}: {e}"
+  let result ← spawnEngine python (engineArgs path o)
+  try
+    IO.FS.removeFile (System.FilePath.mk path)
+  catch _ =>
+    pure ()
+  return result
 
 /-- The command line; exit code 2 for bad input, as in the Python runner. -/
 def runCli (args : List String) : IO UInt32 := do
   match args with
-  | [] =>
-    IO.eprintln usage
-    return 2
+  | [] => fail usage
   | ["--help"] =>
     IO.println usage
     return 0
   | ["--rules"] =>
-    IO.println rulesDocument.pretty
+    IO.println rulesDocument
     return 0
   | ["--list"] =>
-    IO.println (Lean.toJson (Workloads.catalog.map (·.name))).pretty
+    for g in Workloads.catalog do
+      IO.println g.name
     return 0
-  | name :: rest =>
-    match parseShapes rest with
-    | .error e =>
-      IO.eprintln s!"superopt: {e}"
-      return 2
-    | .ok shapes =>
-      match findWorkload name with
-      | none =>
-        IO.eprintln s!"superopt: unknown workload '{name}'; the catalog has: {catalogNames}"
-        return 2
-      | some g =>
-        match g.withSizes shapes with
-        | .error e =>
-          IO.eprintln s!"superopt: {e}"
-          return 2
-        | .ok sized =>
-          IO.println (planDocument sized).pretty
+  | "--graph-json" :: name :: rest =>
+    match parseOptions {} rest with
+    | .error e => fail e
+    | .ok o =>
+      if o.dtype.isSome || o.top.isSome || o.naive || o.calibrate.isSome then
+        fail "--graph-json takes only --shape options"
+      else
+        match sizedGraph name o with
+        | .error e => fail e
+        | .ok g =>
+          IO.println g.jsonText
           return 0
+  | name :: rest =>
+    if name.startsWith "-" then
+      fail s!"unexpected argument '{name}'; {usage}"
+    else
+      match parseOptions {} rest with
+      | .error e => fail e
+      | .ok o =>
+        match sizedGraph name o with
+        | .error e => fail e
+        | .ok g =>
+          match (← runEngine g o) with
+          | .error e => fail e
+          | .ok output =>
+            match checkOutput g.jsonText output with
+            | .error e => fail e
+            | .ok _ =>
+              IO.print output
+              return 0
 
 end Superopt

@@ -4,7 +4,8 @@ No Lean toolchain exists on the development machines or in CI (DESIGN section 3)
 reads the Lean files as text: rule names against theorem names, the workload catalog (evaluated
 term by term by a small interpreter for the restricted `let`/application form that
 `Superopt/Workloads.lean` and the helpers of `Superopt/Graph.lean` are written in), the op
-vocabularies, the absence of proof holes, and the package layout lake expects.
+vocabularies, the absence of proof holes and of trusted or unchecked code, and the package layout
+lake expects. `tests/test_lean_protocol.py` covers the subprocess protocol of `lake exe superopt`.
 """
 
 from __future__ import annotations
@@ -21,17 +22,21 @@ import pytest
 from pyrunner.ir import graph as G
 from pyrunner.ir import ops
 from pyrunner.ir.catalog import CATALOG
+from pyrunner.ir.graph_json import graph_to_json
 
 ROOT = Path(__file__).resolve().parents[1]
 LEAN_DIR = ROOT / "Superopt"
 LEAN_TEST_DIR = ROOT / "tests" / "lean"
 
-# The rule names are fixed by the design; pyrunner.rules.RULE_NAMES must carry the same ones.
+# The rule names fixed by the design; pyrunner.rules.RULE_NAMES carries them (and may add more).
 RULES = (
     "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2",
     "mean_to_sum_div", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
     "reduction_in_contraction_loop",
 )
+# Trusted or unchecked code: none of it may appear outside comments and strings.
+HOLES = re.compile(r"\b(sorry|admit|axiom|native_decide|implemented_by|partial|unsafe|opaque)\b"
+                   r"|@\[\s*extern\b|#exit\b|\bset_option\s+[\w.]*maxHeartbeats\s+0\b")
 
 
 # --- reading Lean text -----------------------------------------------------------------------
@@ -129,8 +134,19 @@ BUILTINS: dict[str, tuple[int, Callable[..., Any]]] = {
     "Term.binary": (3, lambda f, a, b: G.binary(_binary(f), a, b)),
     "Term.reduce": (3, lambda f, x, ax: G.reduce(_reduce(f), x, ax)),
     "Term.matmul": (3, lambda a, b, ax: G.matmul(a, b, ax)),
-    "Graph.mk": (3, lambda name, sizes, outputs: G.Graph(name, dict(sizes), tuple(outputs))),
+    "Graph.mk": (4, lambda name, sizes, outputs, labels: _graph(name, sizes, outputs, labels)),
 }
+
+
+def _graph(name: str, sizes: list, outputs: list, labels: list) -> G.Graph:
+    """A graph with labels as Python's GraphBuilder keeps them: the first label of a term wins,
+    an output's name overrides it."""
+    names: dict[G.Term, str] = {}
+    for t, label in labels:
+        names.setdefault(t, label)
+    for out, t in outputs:
+        names[t] = out
+    return G.Graph(name, dict(sizes), tuple(outputs), names)
 
 
 def parse_defs(src: str) -> dict[str, LeanDef]:
@@ -250,20 +266,34 @@ def lean_catalog() -> dict[str, G.Graph]:
 
 # --- tests -----------------------------------------------------------------------------------------
 
+def lean_rule_catalog() -> tuple[str, ...]:
+    """The rule names `Superopt/Plan.lean` accepts in a plan (its `ruleCatalog`), in order."""
+    m = re.search(r"^def ruleCatalog : List RuleInfo := \[(?P<body>.*?)\]$", code(LEAN_DIR / "Plan.lean"), re.M | re.S)
+    assert m, "def ruleCatalog not found in Superopt/Plan.lean"
+    return tuple(re.findall(r"``(\w+)", m["body"]))
+
+
 def test_every_rule_has_a_theorem() -> None:
     missing = sorted(set(RULES) - all_theorems())
     assert not missing, f"rules without a Lean theorem in Superopt/: {missing}"
 
 
-def test_python_rule_names_match_the_lean_theorems() -> None:
-    rules = pytest.importorskip("pyrunner.rules.registry", reason="pyrunner/rules.py is not in this tree yet")
-    assert tuple(rules.RULE_NAMES) == RULES
-    assert not set(rules.RULE_NAMES) - all_theorems()
+def test_every_python_rule_has_a_lean_theorem() -> None:
+    from pyrunner.rules.registry import RULE_NAMES
+
+    assert tuple(RULE_NAMES[:len(RULES)]) == RULES
+    missing = sorted(set(RULE_NAMES) - all_theorems())
+    assert not missing, f"Python rules without a Lean theorem in Superopt/: {missing}"
 
 
-def test_lean_rule_catalog_names_the_theorems_in_order() -> None:
-    listed = re.findall(r"``(\w+)", code(LEAN_DIR / "Plan.lean"))
-    assert tuple(listed) == RULES
+def test_lean_rule_catalog_covers_python_rules_in_order() -> None:
+    from pyrunner.rules.registry import RULE_NAMES
+
+    listed = lean_rule_catalog()
+    assert len(set(listed)) == len(listed), "a rule is listed twice"
+    assert not set(listed) - all_theorems(), "ruleCatalog names a missing theorem"
+    assert [r for r in listed if r in RULE_NAMES] == list(RULE_NAMES), \
+        "the Lean rule catalog must list every Python rule, in Python's order"
 
 
 def test_lean_catalog_lists_python_workloads_in_order() -> None:
@@ -278,6 +308,16 @@ def test_lean_workload_matches_python(name: str) -> None:
     assert list(lean.sizes) == list(py.sizes), "axes are declared in a different order"
     assert [(t.name, t.axes) for t in lean.inputs()] == [(t.name, t.axes) for t in py.inputs()]
     assert lean.outputs == py.outputs, "output terms differ"
+    assert graph_to_json(lean) == graph_to_json(py), "labels (node names) differ"
+
+
+def test_evaluator_notices_a_changed_label() -> None:
+    src = (LEAN_DIR / "Workloads.lean").read_text().replace('[(s, "S"), (p, "P")]', '[(s, "S")]', 1)
+    defs = parse_defs((LEAN_DIR / "Graph.lean").read_text())
+    defs.update(parse_defs(src))
+    changed = Evaluator(defs).call("attention", [])
+    assert changed == CATALOG["Attention"]()  # same terms: labels do not take part in equality
+    assert graph_to_json(changed) != graph_to_json(CATALOG["Attention"]())
 
 
 def test_evaluator_notices_a_changed_workload() -> None:
@@ -315,22 +355,23 @@ def test_op_vocabulary_matches_the_op_table(lean_name: str, entries: dict) -> No
     assert m and tuple(re.findall(r"\.(\w+)", m["body"])) == python_ops
 
 
-def test_term_constructors_match_the_op_table() -> None:
-    assert _inductive_ctors("Term") == [k.lean for k in ops.TERM_KINDS.values()]
+def test_term_constructors_match_the_op_table_and_the_json_writer() -> None:
+    ctors = _inductive_ctors("Term")
+    assert ctors == [k.lean for k in ops.TERM_KINDS.values()]
+    m = re.search(r"^def Naming\.node .*?(?=^def |\Z)", code(LEAN_DIR / "Json.lean"), re.M | re.S)
+    assert m, "def Naming.node not found in Superopt/Json.lean"
+    assert re.findall(r"\|\s*\.(\w+)", m[0]) == ctors, "the JSON writer must handle every Term constructor"
+    assert re.findall(r'\("op", jsonString "(\w+)"\)', m[0]) == ["size", "matmul"]
 
 
-def test_term_json_ops_match_graph_py() -> None:
-    ops = re.findall(r'\("op", Lean\.Json\.str "(\w+)"\)', code(LEAN_DIR / "Plan.lean"))
-    assert sorted(ops) == sorted(G.ALL_OPS)
+def holes_in(src: str) -> list[str]:
+    """The lines of Lean source with a proof hole or trusted code outside comments and strings."""
+    lines = strip_comments(src, keep_strings=False).splitlines()
+    return [f"{n}: {line.strip()}" for n, line in enumerate(lines, 1) if HOLES.search(line)]
 
 
 def test_no_proof_holes() -> None:
-    holes = re.compile(r"\b(sorry|admit|axiom|native_decide|implemented_by)\b")
-    found = []
-    for p in lean_files():
-        for lineno, line in enumerate(strip_comments(p.read_text(), keep_strings=False).splitlines(), 1):
-            if holes.search(line):
-                found.append(f"{p.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    found = [f"{p.relative_to(ROOT)}:{hole}" for p in lean_files() for hole in holes_in(p.read_text())]
     assert not found, "proof holes or trusted code:\n" + "\n".join(found)
 
 
@@ -338,6 +379,22 @@ def test_hole_scan_sees_code_but_not_comments() -> None:
     src = 'theorem t : True := by\n  -- sorry in a comment\n  /- admit -/ exact sorry\ndef s := "axiom"\n'
     stripped = strip_comments(src, keep_strings=False)
     assert re.findall(r"\b(sorry|admit|axiom)\b", stripped) == ["sorry"]
+
+
+@pytest.mark.parametrize("line", [
+    "partial def f : Nat → Nat", "unsafe def g := 1", "opaque h : Nat", "@[extern \"c_fn\"] def k := 1",
+    "@[ extern \"c\"] def k := 1", "#exit", "set_option maxHeartbeats 0 in", "set_option synthInstance.maxHeartbeats 0",
+    "theorem t : True := sorry", "axiom bad : False", "attribute [implemented_by f] g", "by native_decide"])
+def test_hole_scan_rejects(line: str) -> None:
+    found = holes_in(f"def ok := 1\n{line}\n")
+    assert len(found) == 1 and found[0].startswith("2: ")
+
+
+@pytest.mark.parametrize("line", [
+    "set_option maxHeartbeats 400000 in", "def partialSum := 1", "-- partial in a comment",
+    'def s := "unsafe opaque #exit"', "/- @[extern \"x\"] -/ def k := 1", "theorem axioms_ok : True := trivial"])
+def test_hole_scan_allows(line: str) -> None:
+    assert holes_in(f"{line}\n") == []
 
 
 def test_modules_have_docstrings_and_core_imports_only() -> None:

@@ -3,10 +3,15 @@ import Superopt.Basic
 /-!
 # Lean-side tests (`lake test`)
 
-Runtime checks of the executable parts of the package: the op vocabularies, `resultAxes` on the
-workloads, the catalog, resizing and the rule catalog. The theorems themselves are checked by
-`lake build` (the kernel); `tests/test_lean_conformance.py` compares the executable's output
-with the Python side where `lake` is available.
+Runtime checks of the executable parts of the package: the op vocabularies, `resultAxes`, the
+catalog, resizing, option parsing, the rule catalog, the exact number printer and the graph JSON
+writer. The theorems themselves are checked by `lake build` (the kernel).
+
+`goldenGraphs` holds, for every catalog workload, the text of `json.dumps(graph_to_json(g))` as
+Python prints it; `tests/test_lean_protocol.py` checks that these strings are still what Python
+prints, and this test checks that `Graph.jsonText` prints them, so the Lean writer and the Python
+writer agree without a Lean compiler on the Python side. `numberTable` does the same for the
+number printer: Python checks each expected string against its own `repr`.
 -/
 
 open Superopt
@@ -28,6 +33,62 @@ def resized (name : String) (shapes : List (Axis × Nat)) : Option (List (Axis �
     | .ok h => some h.sizes
     | .error _ => none
   | none => none
+
+/-- The graph JSON of a workload, resized (empty when anything is refused). -/
+def graphText (name : String) (shapes : List (Axis × Nat)) : String :=
+  match findWorkload name with
+  | some g =>
+    match g.withSizes shapes with
+    | .ok h => h.jsonText
+    | .error _ => ""
+  | none => ""
+
+/-- Python's `json.dumps(graph_to_json(CATALOG[name]()))` for every catalog workload. -/
+def goldenGraphs : List (String × String) := [
+  ("Attention",
+    "{\"name\": \"Attention\", \"axes\": {\"h\": 16, \"t_q\": 4096, \"d\": 128, \"t_kv\": 4096}, \"inputs\": {\"Q\": [\"h\", \"t_q\", \"d\"], \"K\": [\"h\", \"t_kv\", \"d\"], \"V\": [\"h\", \"t_kv\", \"d\"]}, \"nodes\": [{\"name\": \"S\", \"op\": \"matmul\", \"args\": [\"Q\", \"K\"], \"contract\": \"d\"}, {\"name\": \"t1\", \"op\": \"exp\", \"args\": [\"S\"]}, {\"name\": \"t2\", \"op\": \"sum\", \"args\": [\"t1\"], \"axis\": \"t_kv\"}, {\"name\": \"P\", \"op\": \"div\", \"args\": [\"t1\", \"t2\"]}, {\"name\": \"O\", \"op\": \"matmul\", \"args\": [\"P\", \"V\"], \"contract\": \"t_kv\"}], \"outputs\": [\"O\"]}"),
+  ("SwiGLU",
+    "{\"name\": \"SwiGLU\", \"axes\": {\"m\": 1024, \"d\": 2048, \"n\": 2048}, \"inputs\": {\"X\": [\"m\", \"d\"], \"W_gate\": [\"d\", \"n\"], \"W_up\": [\"d\", \"n\"]}, \"nodes\": [{\"name\": \"G\", \"op\": \"matmul\", \"args\": [\"X\", \"W_gate\"], \"contract\": \"d\"}, {\"name\": \"t1\", \"op\": \"silu\", \"args\": [\"G\"]}, {\"name\": \"U\", \"op\": \"matmul\", \"args\": [\"X\", \"W_up\"], \"contract\": \"d\"}, {\"name\": \"Y\", \"op\": \"mul\", \"args\": [\"t1\", \"U\"]}], \"outputs\": [\"Y\"]}"),
+  ("Matmul",
+    "{\"name\": \"Matmul\", \"axes\": {\"m\": 1024, \"d\": 4096, \"n\": 4096}, \"inputs\": {\"X\": [\"m\", \"d\"], \"W\": [\"d\", \"n\"]}, \"nodes\": [{\"name\": \"Y\", \"op\": \"matmul\", \"args\": [\"X\", \"W\"], \"contract\": \"d\"}], \"outputs\": [\"Y\"]}"),
+  ("RMSNorm",
+    "{\"name\": \"RMSNorm\", \"axes\": {\"m\": 1024, \"d\": 4096, \"n\": 4096}, \"inputs\": {\"X\": [\"m\", \"d\"], \"W\": [\"d\", \"n\"]}, \"nodes\": [{\"name\": \"t1\", \"op\": \"square\", \"args\": [\"X\"]}, {\"name\": \"t2\", \"op\": \"mean\", \"args\": [\"t1\"], \"axis\": \"d\"}, {\"name\": \"t3\", \"op\": \"add\", \"args\": [\"t2\", 1e-06]}, {\"name\": \"t4\", \"op\": \"rsqrt\", \"args\": [\"t3\"]}, {\"name\": \"N\", \"op\": \"mul\", \"args\": [\"X\", \"t4\"]}, {\"name\": \"Y\", \"op\": \"matmul\", \"args\": [\"N\", \"W\"], \"contract\": \"d\"}], \"outputs\": [\"Y\"]}"),
+  ("RMSNormMLP",
+    "{\"name\": \"RMSNormMLP\", \"axes\": {\"m\": 1024, \"d\": 1024, \"n\": 1024}, \"inputs\": {\"X\": [\"m\", \"d\"], \"W_up\": [\"d\", \"n\"], \"W_gate\": [\"d\", \"n\"]}, \"nodes\": [{\"name\": \"t1\", \"op\": \"square\", \"args\": [\"X\"]}, {\"name\": \"t2\", \"op\": \"mean\", \"args\": [\"t1\"], \"axis\": \"d\"}, {\"name\": \"t3\", \"op\": \"add\", \"args\": [\"t2\", 1e-06]}, {\"name\": \"t4\", \"op\": \"rsqrt\", \"args\": [\"t3\"]}, {\"name\": \"N\", \"op\": \"mul\", \"args\": [\"X\", \"t4\"]}, {\"name\": \"t5\", \"op\": \"matmul\", \"args\": [\"N\", \"W_up\"], \"contract\": \"d\"}, {\"name\": \"t6\", \"op\": \"matmul\", \"args\": [\"N\", \"W_gate\"], \"contract\": \"d\"}, {\"name\": \"Y\", \"op\": \"mul\", \"args\": [\"t5\", \"t6\"]}], \"outputs\": [\"Y\"]}"),
+  ("ScaledAttention",
+    "{\"name\": \"ScaledAttention\", \"axes\": {\"h\": 16, \"t_q\": 4096, \"d\": 128, \"t_kv\": 4096}, \"inputs\": {\"Q\": [\"h\", \"t_q\", \"d\"], \"K\": [\"h\", \"t_kv\", \"d\"], \"V\": [\"h\", \"t_kv\", \"d\"]}, \"nodes\": [{\"name\": \"t1\", \"op\": \"matmul\", \"args\": [\"Q\", \"K\"], \"contract\": \"d\"}, {\"name\": \"t2\", \"op\": \"size\", \"axis\": \"d\"}, {\"name\": \"t3\", \"op\": \"rsqrt\", \"args\": [\"t2\"]}, {\"name\": \"S\", \"op\": \"mul\", \"args\": [\"t1\", \"t3\"]}, {\"name\": \"t4\", \"op\": \"exp\", \"args\": [\"S\"]}, {\"name\": \"t5\", \"op\": \"sum\", \"args\": [\"t4\"], \"axis\": \"t_kv\"}, {\"name\": \"P\", \"op\": \"div\", \"args\": [\"t4\", \"t5\"]}, {\"name\": \"O\", \"op\": \"matmul\", \"args\": [\"P\", \"V\"], \"contract\": \"t_kv\"}], \"outputs\": [\"O\"]}"),
+  ("GroupedQueryAttention",
+    "{\"name\": \"GroupedQueryAttention\", \"axes\": {\"kv_h\": 4, \"group\": 4, \"t_q\": 4096, \"d\": 128, \"t_kv\": 4096}, \"inputs\": {\"Q\": [\"kv_h\", \"group\", \"t_q\", \"d\"], \"K\": [\"kv_h\", \"t_kv\", \"d\"], \"V\": [\"kv_h\", \"t_kv\", \"d\"]}, \"nodes\": [{\"name\": \"t1\", \"op\": \"matmul\", \"args\": [\"Q\", \"K\"], \"contract\": \"d\"}, {\"name\": \"t2\", \"op\": \"size\", \"axis\": \"d\"}, {\"name\": \"t3\", \"op\": \"rsqrt\", \"args\": [\"t2\"]}, {\"name\": \"S\", \"op\": \"mul\", \"args\": [\"t1\", \"t3\"]}, {\"name\": \"t4\", \"op\": \"exp\", \"args\": [\"S\"]}, {\"name\": \"t5\", \"op\": \"sum\", \"args\": [\"t4\"], \"axis\": \"t_kv\"}, {\"name\": \"P\", \"op\": \"div\", \"args\": [\"t4\", \"t5\"]}, {\"name\": \"O\", \"op\": \"matmul\", \"args\": [\"P\", \"V\"], \"contract\": \"t_kv\"}], \"outputs\": [\"O\"]}"),
+  ("GeGLU",
+    "{\"name\": \"GeGLU\", \"axes\": {\"m\": 1024, \"d\": 2048, \"n\": 2048}, \"inputs\": {\"X\": [\"m\", \"d\"], \"W_gate\": [\"d\", \"n\"], \"W_up\": [\"d\", \"n\"]}, \"nodes\": [{\"name\": \"G\", \"op\": \"matmul\", \"args\": [\"X\", \"W_gate\"], \"contract\": \"d\"}, {\"name\": \"t1\", \"op\": \"gelu\", \"args\": [\"G\"]}, {\"name\": \"U\", \"op\": \"matmul\", \"args\": [\"X\", \"W_up\"], \"contract\": \"d\"}, {\"name\": \"Y\", \"op\": \"mul\", \"args\": [\"t1\", \"U\"]}], \"outputs\": [\"Y\"]}"),
+  ("LayerNormMatmul",
+    "{\"name\": \"LayerNormMatmul\", \"axes\": {\"m\": 1024, \"d\": 4096, \"n\": 4096}, \"inputs\": {\"X\": [\"m\", \"d\"], \"W\": [\"d\", \"n\"]}, \"nodes\": [{\"name\": \"t1\", \"op\": \"mean\", \"args\": [\"X\"], \"axis\": \"d\"}, {\"name\": \"t2\", \"op\": \"sub\", \"args\": [\"X\", \"t1\"]}, {\"name\": \"t3\", \"op\": \"square\", \"args\": [\"t2\"]}, {\"name\": \"t4\", \"op\": \"mean\", \"args\": [\"t3\"], \"axis\": \"d\"}, {\"name\": \"t5\", \"op\": \"add\", \"args\": [\"t4\", 1e-05]}, {\"name\": \"t6\", \"op\": \"rsqrt\", \"args\": [\"t5\"]}, {\"name\": \"N\", \"op\": \"mul\", \"args\": [\"t2\", \"t6\"]}, {\"name\": \"Y\", \"op\": \"matmul\", \"args\": [\"N\", \"W\"], \"contract\": \"d\"}], \"outputs\": [\"Y\"]}")]
+
+/-- Python's text for Attention resized to `t_kv=64`, `d=32`. -/
+def goldenResized : String :=
+  "{\"name\": \"Attention\", \"axes\": {\"h\": 16, \"t_q\": 4096, \"d\": 32, \"t_kv\": 64}, \"inputs\": {\"Q\": [\"h\", \"t_q\", \"d\"], \"K\": [\"h\", \"t_kv\", \"d\"], \"V\": [\"h\", \"t_kv\", \"d\"]}, \"nodes\": [{\"name\": \"S\", \"op\": \"matmul\", \"args\": [\"Q\", \"K\"], \"contract\": \"d\"}, {\"name\": \"t1\", \"op\": \"exp\", \"args\": [\"S\"]}, {\"name\": \"t2\", \"op\": \"sum\", \"args\": [\"t1\"], \"axis\": \"t_kv\"}, {\"name\": \"P\", \"op\": \"div\", \"args\": [\"t1\", \"t2\"]}, {\"name\": \"O\", \"op\": \"matmul\", \"args\": [\"P\", \"V\"], \"contract\": \"t_kv\"}], \"outputs\": [\"O\"]}"
+
+/-- Decimals and the text Python's `repr` gives the float nearest to each. -/
+def numberTable : List (Decimal × String) := [
+  (1e-6, "1e-06"),
+  (1e-5, "1e-05"),
+  (1.4426950408889634, "1.4426950408889634"),
+  (0.5, "0.5"),
+  (2, "2.0"),
+  (1e16, "1e+16"),
+  (1e-4, "0.0001"),
+  (123.456, "123.456"),
+  (1e22, "1e+22"),
+  (0.001, "0.001"),
+  (9007199254740992, "9007199254740992.0"),
+  (6.02214076e23, "6.02214076e+23"),
+  (2.5e-7, "2.5e-07")]
+
+/-- The text a decimal gets after a round trip through `Lean.Json` (parse, then back). -/
+def roundTrip (d : Decimal) : Option String :=
+  match Lean.Json.parse d.pyRepr with
+  | .ok (.num n) => some (Decimal.pyRepr ⟨n.mantissa, n.exponent⟩)
+  | _ => none
 
 /-- Each check: a label and whether it holds. -/
 def checks : List (String × Bool) := [
@@ -54,12 +115,29 @@ def checks : List (String × Bool) := [
   ("resize", resized "Matmul" [("m", 8), ("n", 16)] == some [("m", 8), ("d", 4096), ("n", 16)]),
   ("resize refuses an unknown axis", resized "Matmul" [("zz", 8)] == none),
   ("resize refuses zero", resized "Matmul" [("m", 0)] == none),
-  ("shape parsing", parseShapes ["--shape", "m=8"] matches .ok [("m", 8)]),
-  ("bad shape refused", parseShapes ["--shape", "m=x"] matches .error _),
-  ("nine rules", ruleNames.length == 9),
+  ("shape parsing", (parseOptions {} ["--shape", "m=8"]).toOption.map (·.shapes) == some [("m", 8)]),
+  ("bad shape refused", (parseOptions {} ["--shape", "m=x"]).toOption.isNone),
+  ("zero shape refused", (parseOptions {} ["--shape", "m=0"]).toOption.isNone),
+  ("bad dtype refused", (parseOptions {} ["--dtype", "fp8"]).toOption.isNone),
+  ("top zero refused", (parseOptions {} ["--top", "0"]).toOption.isNone),
+  ("unknown option refused", (parseOptions {} ["--bogus"]).toOption.isNone),
+  ("engine command line", ((parseOptions {} ["--top", "3", "--dtype", "bf16", "--calibrate", "r.jsonl"]).toOption.map
+      (engineArgs "g.json")) == some ["-m", "pyrunner", "superopt", "--graph", "g.json", "--dtype", "bf16",
+        "--top", "3", "--calibrate", "r.jsonl"]),
+  ("eleven rules", ruleNames.length == 11),
   ("rule names", ruleNames == ["softmax_max_shift", "matmul_div_commute",
     "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div", "reduction_tiling",
-    "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop"])]
+    "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop",
+    "elementwise_mul_comm", "elementwise_mul_assoc"]),
+  ("last line of an error", lastLine "Traceback\nerror: no plan\n\n" == "error: no plan"),
+  ("json string escapes", jsonString "a\"b\\c\n" == "\"a\\\"b\\\\c\\n\""),
+  ("graph JSON of the resized Attention", graphText "Attention" [("t_kv", 64), ("d", 32)] == goldenResized)]
+  ++ (numberTable.map fun p => (s!"number {p.2}", p.1.pyRepr == p.2))
+  ++ (numberTable.map fun p => (s!"number {p.2} survives Lean.Json", roundTrip p.1 == some p.2))
+  ++ [("constant 1e-6 in a graph", (1e-6 : Decimal).graphText == "1e-06"),
+    ("integral constant in a graph", (2 : Decimal).graphText == "2"),
+    ("integral decimal constant in a graph", (2.50e1 : Decimal).graphText == "25")]
+  ++ (goldenGraphs.map fun p => (s!"graph JSON of {p.1}", graphText p.1 [] == p.2))
 
 /-- Runs every check; exit code 1 when any fails. -/
 def main : IO UInt32 := do
