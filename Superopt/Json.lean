@@ -43,7 +43,7 @@ def jsonObj (fields : List (String × String)) : String :=
   "{" ++ ", ".intercalate (fields.map fun p => jsonString p.1 ++ ": " ++ p.2) ++ "}"
 
 /-- `k` zeros. -/
-def zeros (k : Nat) : String := String.mk (List.replicate k '0')
+def zeros (k : Nat) : String := "".pushn '0' k
 
 /-- Drops trailing zeros of `m` (at most `fuel` of them), lowering the exponent `e` for each. -/
 def stripZeros : Nat → Nat → Int → Nat × Int
@@ -62,12 +62,12 @@ def Decimal.digitsPoint (d : Decimal) : String × Int :=
 
 /-- Python's `repr` of the float nearest to `d` (see the module note for when it is exact). -/
 def Decimal.pyRepr (d : Decimal) : String :=
-  if d.mantissa = 0 then "0.0" else
   let sign := if d.mantissa < 0 then "-" else ""
   let ds := d.digitsPoint.1
   let pt := d.digitsPoint.2
   let n : Int := Int.ofNat ds.length
-  if pt < -3 ∨ pt > 16 then
+  if d.mantissa = 0 then "0.0"
+  else if pt < -3 ∨ pt > 16 then
     let x := pt - 1
     let mant := if ds.length = 1 then ds else ds.take 1 ++ "." ++ ds.drop 1
     let xs := toString x.natAbs
@@ -159,8 +159,8 @@ def Naming.generated (s : Naming) (t : Term) : Naming :=
 /-- The names of every node: inputs, then outputs, then labels, then generated ones. -/
 def Graph.naming (g : Graph) (terms : List Term) : Naming :=
   let s0 : Naming := {
-    names := terms.filterMap (fun t => t.inputName?.map (fun n => (t, n)))
-    used := terms.filterMap Term.inputName?
+    names := terms.filterMap (fun t => t.inputName?.map (fun n => (t, n))),
+    used := terms.filterMap Term.inputName?,
     counter := 0 }
   let s1 := g.outputs.foldl (fun s o => s.claim o.2 (some o.1)) s0
   let s2 := terms.foldl (fun s t => s.claim t (g.label t)) s1
