@@ -199,6 +199,14 @@ theorem term_softmax_max_shift (ctx : Ctx α) (x : Term) (a : Axis) (i : Index) 
   rw [listSum_exp_sub, exp_sub]
   exact mul_div_mul_right _ _ _ (ScalarField.exp_ne_zero _)
 
+/-- `softmax_max_shift` on terms with `E = exp2`, as Python also applies it. -/
+theorem term_softmax_max_shift_exp2 (ctx : Ctx α) (x : Term) (a : Axis) (i : Index) :
+    Term.eval ctx (.binary .div (.unary .exp2 (.binary .sub x (.reduce .max x a)))
+        (.reduce .sum (.unary .exp2 (.binary .sub x (.reduce .max x a))) a)) i =
+      Term.eval ctx (.binary .div (.unary .exp2 x) (.reduce .sum (.unary .exp2 x) a)) i := by
+  simp only [Term.eval, UnaryOp.eval, BinaryOp.eval, ReduceOp.eval_sum, Index.set_set]
+  exact softmax_shift_exp2 _ _ _ _
+
 /-- `matmul_div_commute` on terms: `(P / l) @_a V = (P @_a V) / l` when `a` is not an axis of `l`. -/
 theorem term_matmul_div_commute (ctx : Ctx α) (p l v : Term) (a : Axis)
     (h : a ∉ l.resultAxes) (i : Index) :

@@ -40,6 +40,32 @@ theorem softmax_max_shift (js : List ι) (x : ι → α) (m : α) (i : ι) :
   exact mul_div_mul_right (exp (x i)) (listSum (js.map fun j => exp (x j))) (exp (-m))
     (ScalarField.exp_ne_zero (-m))
 
+/-- `exp2 (y - m) = exp (y * ln 2 - m * ln 2)`. -/
+theorem exp2_sub_eq (y m : α) : exp2 (y - m) = exp (y * ln2 - m * ln2) := by
+  rw [ScalarField.exp2_eq, sub_mul_distrib]
+
+/--
+The shift in exp2 form (Python applies `softmax_max_shift` with `E = exp2` too):
+`exp2 (y - m) / Σ_j exp2 (x j - m) = exp2 y / Σ_j exp2 (x j)`, for any numerator `y`.
+-/
+theorem softmax_shift_exp2 (js : List ι) (x : ι → α) (y m : α) :
+    exp2 (y - m) / listSum (js.map fun j => exp2 (x j - m)) =
+      exp2 y / listSum (js.map fun j => exp2 (x j)) := by
+  rw [exp2_sub_eq y m,
+    listSum_map_ext js (fun j => exp2 (x j - m)) (fun j => exp (x j * ln2 - m * ln2))
+      (fun j => exp2_sub_eq (x j) m),
+    ScalarField.exp2_eq y,
+    listSum_map_ext js (fun j => exp2 (x j)) (fun j => exp (x j * ln2))
+      (fun j => ScalarField.exp2_eq (x j)),
+    listSum_exp_sub, exp_sub]
+  exact mul_div_mul_right _ _ _ (ScalarField.exp_ne_zero _)
+
+/-- `softmax_max_shift` with `E = exp2`. -/
+theorem softmax_max_shift_exp2 (js : List ι) (x : ι → α) (m : α) (i : ι) :
+    exp2 (x i - m) / listSum (js.map fun j => exp2 (x j - m)) =
+      exp2 (x i) / listSum (js.map fun j => exp2 (x j)) :=
+  softmax_shift_exp2 js x (x i) m
+
 /--
 Delayed normalisation: `(P / d) @ V = (P @ V) / d` when `d` is constant along the contracted
 axis (here: `d` does not depend on the index `k`).
