@@ -7,7 +7,7 @@ import Superopt.Workloads
 /-!
 # The `superopt` command line: Lean is the front, Python the search engine
 
-`superopt W [--shape AXIS=N]... [--dtype fp16|bf16] [--top K] [--naive] [--calibrate LOG]`:
+`superopt W [--shape AXIS=N]... [--dtype fp16|bf16] [--top K] [--naive] [--explain] [--calibrate LOG]`:
 
 1. builds the graph of workload `W` from the Lean catalog (`Superopt/Workloads.lean`), resized;
 2. writes it as graph JSON (`Graph.jsonText`, the format of `pyrunner/ir/graph_json.py`) to a
@@ -17,7 +17,8 @@ import Superopt.Workloads
 4. parses the plan(s) it prints and checks each one: every derivation step names a rule that has
    a theorem (`ruleCatalog`), and the plan's embedded graph is the Lean graph;
 5. prints the engine's output unchanged, so it is byte for byte what
-   `python -m pyrunner superopt W ...` prints.
+   `python -m pyrunner superopt W ...` prints (the engine's notes, such as `--explain`, go to
+   stderr as they came).
 
 A missing Python, an engine error, a failed check, an unknown workload or a bad option is one
 `superopt: error: ...` line on stderr and exit code 2. `--list` lists the catalog, `--rules` the
@@ -75,7 +76,7 @@ def catalogNames : String := ", ".intercalate (Workloads.catalog.map (·.name))
 
 /-- The usage line. -/
 def usage : String :=
-  "usage: superopt WORKLOAD [--shape AXIS=N]... [--dtype fp16|bf16] [--top K] [--naive] " ++
+  "usage: superopt WORKLOAD [--shape AXIS=N]... [--dtype fp16|bf16] [--top K] [--naive] [--explain] " ++
     "[--calibrate LOG.jsonl] | superopt --graph-json WORKLOAD [--shape AXIS=N]... | " ++
     "superopt --list | superopt --rules"
 
@@ -85,6 +86,7 @@ structure Options where
   dtype : Option String := none
   top : Option Nat := none
   naive : Bool := false
+  explain : Bool := false
   calibrate : Option String := none
 
 /-- Parses one `AXIS=N` with `N` a positive integer. -/
@@ -111,6 +113,7 @@ def parseOptions (o : Options) : List String → Except String Options
     | some n => if n = 0 then .error "--top must be at least 1" else parseOptions { o with top := some n } rest
     | none => .error s!"--top {k}: expected a positive integer"
   | "--naive" :: rest => parseOptions { o with naive := true } rest
+  | "--explain" :: rest => parseOptions { o with explain := true } rest
   | "--calibrate" :: path :: rest => parseOptions { o with calibrate := some path } rest
   | arg :: _ => .error s!"unexpected argument '{arg}'; {usage}"
 
@@ -119,6 +122,7 @@ def Options.passThrough (o : Options) : List String :=
   (match o.dtype with | some d => ["--dtype", d] | none => []) ++
   (match o.top with | some k => ["--top", toString k] | none => []) ++
   (if o.naive then ["--naive"] else []) ++
+  (if o.explain then ["--explain"] else []) ++
   (match o.calibrate with | some p => ["--calibrate", p] | none => [])
 
 /-- The engine's command-line arguments (after the interpreter) for a graph file. -/
@@ -172,19 +176,19 @@ def sizedGraph (name : String) (o : Options) : Except String Graph :=
   | none => .error s!"unknown workload '{name}'; the catalog has: {catalogNames}"
   | some g => g.withSizes o.shapes
 
-/-- Runs `python ARGS`; its standard output, or the error line. -/
-def spawnEngine (python : String) (args : List String) : IO (Except String String) := do
+/-- Runs `python ARGS`; its standard output and standard error, or the error line. -/
+def spawnEngine (python : String) (args : List String) : IO (Except String (String × String)) := do
   try
     let out ← IO.Process.output { cmd := python, args := args.toArray }
     if out.exitCode = 0 then
-      return .ok out.stdout
+      return .ok (out.stdout, out.stderr)
     else
       return .error s!"the Python engine failed (exit {out.exitCode}): {lastLine out.stderr}"
   catch e =>
     return .error s!"cannot run the Python engine '{python}' (set SUPEROPT_PYTHON): {e}"
 
-/-- Runs the engine on the graph and returns its output, or the error line. -/
-def runEngine (g : Graph) (o : Options) : IO (Except String String) := do
+/-- Runs the engine on the graph: its standard output and standard error, or the error line. -/
+def runEngine (g : Graph) (o : Options) : IO (Except String (String × String)) := do
   let python := (← IO.getEnv "SUPEROPT_PYTHON").getD "python3"
   let dir := (← IO.getEnv "TMPDIR").getD "/tmp"
   let stamp ← IO.monoNanosNow
@@ -218,7 +222,7 @@ def runCli (args : List String) : IO UInt32 := do
     match parseOptions {} rest with
     | .error e => fail e
     | .ok o =>
-      if o.dtype.isSome || o.top.isSome || o.naive || o.calibrate.isSome then
+      if o.dtype.isSome || o.top.isSome || o.naive || o.explain || o.calibrate.isSome then
         fail "--graph-json takes only --shape options"
       else
         match sizedGraph name o with
@@ -238,10 +242,11 @@ def runCli (args : List String) : IO UInt32 := do
         | .ok g =>
           match (← runEngine g o) with
           | .error e => fail e
-          | .ok output =>
+          | .ok (output, notes) =>
             match checkOutput g.jsonText output with
             | .error e => fail e
             | .ok _ =>
+              IO.eprint notes
               IO.print output
               return 0
 

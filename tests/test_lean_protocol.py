@@ -69,7 +69,7 @@ def python_planner(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_engine_command_line_is_the_documented_one() -> None:
     assert engine_prefix() == ["-m", "pyrunner", "superopt", "--graph", "graphFile"]
-    assert pass_through_order() == ["--dtype", "--top", "--naive", "--calibrate"]
+    assert pass_through_order() == ["--dtype", "--top", "--naive", "--explain", "--calibrate"]
 
 
 @pytest.mark.parametrize("name", list(CATALOG))
@@ -89,6 +89,7 @@ def test_engine_on_the_lean_graph_prints_the_python_plan(name: str, tmp_path: Pa
     ("Attention", {"t_kv": 64, "d": 32}, ["--top", "2"]),
     ("RMSNorm", {"m": 64, "d": 256, "n": 128}, ["--dtype", "bf16"]),
     ("SwiGLU", {}, ["--naive"]),
+    ("Matmul", {"m": 64, "d": 128, "n": 64}, ["--explain"]),
 ])
 def test_options_pass_through(name: str, shapes: dict[str, int], options: list[str], tmp_path: Path) -> None:
     graph_file = tmp_path / "graph.json"
