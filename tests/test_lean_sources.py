@@ -281,19 +281,19 @@ def test_every_rule_has_a_theorem() -> None:
 def test_every_python_rule_has_a_lean_theorem() -> None:
     from pyrunner.rules.registry import RULE_NAMES
 
-    assert tuple(RULE_NAMES[:len(RULES)]) == RULES
+    assert set(RULES) <= set(RULE_NAMES)
     missing = sorted(set(RULE_NAMES) - all_theorems())
     assert not missing, f"Python rules without a Lean theorem in Superopt/: {missing}"
 
 
-def test_lean_rule_catalog_covers_python_rules_in_order() -> None:
+def test_lean_rule_catalog_covers_python_rules() -> None:
     from pyrunner.rules.registry import RULE_NAMES
 
     listed = lean_rule_catalog()
     assert len(set(listed)) == len(listed), "a rule is listed twice"
     assert not set(listed) - all_theorems(), "ruleCatalog names a missing theorem"
-    assert [r for r in listed if r in RULE_NAMES] == list(RULE_NAMES), \
-        "the Lean rule catalog must list every Python rule, in Python's order"
+    assert not set(RULE_NAMES) - set(listed), "the Lean rule catalog must list every Python rule"
+    assert [r for r in listed if r in RULES] == list(RULES), "the design's rules come in the design's order"
 
 
 def test_lean_catalog_lists_python_workloads_in_order() -> None:
