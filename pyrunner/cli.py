@@ -4,15 +4,14 @@ Commands::
 
     python -m pyrunner PLAN.json [--config K=V ...] [--log FILE] [--small] [--out DIR] [--autotune N]
                                  [--baselines LIST | --no-baselines] [--seed N] [--budget S] [--quiet]
-        validate, render, compile, check and time a plan (pyrunner.runner.run_plan_file, which
-        reads the namespace: --log -> args.results, --small -> args.cpu, --config -> args.config
-        as a dict PARAM -> int); same as ``python -m pyrunner run PLAN.json``
+        validate, render, compile, check and time a plan: the flags become one typed
+        ``pyrunner.run.runner.RunOptions`` for ``run_plan_file``; same as ``python -m pyrunner run PLAN.json``
     python -m pyrunner validate PLAN.json [--config K=V ...]
         schema and semantic checks only
     python -m pyrunner superopt [WORKLOAD] [--graph FILE.json] [--shape AXIS=N ...] [--dtype fp16|bf16]
                                 [--naive] [--top K] [--explain] [--calibrate LOG.jsonl] [--out FILE]
         search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K)
-    python -m pyrunner report [--log FILE] [--out DIR] [--all]   (pyrunner.report.main(argv))
+    python -m pyrunner report [--log FILE] [--out DIR] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
 
@@ -22,16 +21,18 @@ from the file and a WORKLOAD name, if given, is ignored (with a note). A config 
 ``PARAM`` (every kernel that has it) or ``KERNEL.PARAM``. Every ``UserError`` prints one
 ``error: ...`` line on stderr and exits 2; argparse usage errors also exit 2. Files are
 written atomically (temp file + rename), so a failed run leaves no half-written output.
+The runner and planner (torch, TileLang) are imported by the commands that use them, so
+``validate``, ``schema`` and ``workloads`` start fast.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,29 +101,38 @@ def _note(msg: str) -> None:
 
 # --- commands --------------------------------------------------------------------
 
+def run_options(args: argparse.Namespace):
+    """The ``run`` flags as the runner's typed options (unknown baselines: UserError)."""
+    from pyrunner.run.runner import BASELINES, MAX_AUTOTUNE_CONFIGS, RunOptions
+
+    opts = RunOptions(
+        autotune=min(args.autotune or 0, MAX_AUTOTUNE_CONFIGS),
+        baselines=() if args.no_baselines else
+        (tuple(b for b in args.baselines.split(",") if b) if args.baselines else BASELINES),
+        seed=args.seed,
+        config=parse_assignments(args.config, "--config", "PARAM"),
+        deadline=None if args.budget is None else time.monotonic() + args.budget,
+        quiet=args.quiet,
+        force_cpu=args.cpu,
+    )
+    if args.results:
+        opts.results = Path(args.results)
+    if args.out:
+        opts.out_dir = Path(args.out)
+    return opts
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    args.config = parse_assignments(args.config, "--config", "PARAM")
-    try:
-        runner = importlib.import_module("pyrunner.run.runner")
-    except ModuleNotFoundError as e:
-        if e.name != "pyrunner.run.runner":
-            raise
-        runner = None
-    if runner is None or not hasattr(runner, "run_plan_file"):
-        rc = cmd_validate(args)
-        _note("note: pyrunner.run.runner is not available in this checkout; the plan was only validated "
-              "(nothing rendered, compiled, checked or timed)")
-        return rc
-    rc = runner.run_plan_file(args.plan, args)
-    return 0 if rc is None else int(rc)
+    from pyrunner.run.runner import run_plan_file
+
+    return run_plan_file(args.plan, run_options(args))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from pyrunner.plan.validate import check_config, load_plan
 
     plan = load_plan(args.plan)
-    config = args.config if isinstance(args.config, dict) else parse_assignments(args.config, "--config", "K")
-    values = check_config(plan, config)
+    values = check_config(plan, parse_assignments(args.config, "--config", "K"))
     kernels = ", ".join(f"{k}({', '.join(f'{p}={v}' for p, v in vals.items()) or 'no params'})"
                         for k, vals in values.items())
     print(f"plan {str(args.plan)!r} is valid: workload {plan.workload}, {plan.dtype}, "
@@ -153,22 +163,17 @@ def cmd_superopt(args: argparse.Namespace) -> int:
         calibration = Path(args.calibrate)
         if not calibration.is_file():
             raise UserError(f"--calibrate: results log {str(calibration)!r} does not exist")
+    from pyrunner.planner import explain, search
+
     graph = _load_graph(args)
-    try:
-        planner = importlib.import_module("pyrunner.planner")
-    except ModuleNotFoundError as e:
-        if e.name != "pyrunner.planner":
-            raise
-        _note("error: the planner (pyrunner.planner) is not available in this checkout")
-        return 1
-    plans = planner.search(graph, DTYPES[args.dtype], top=args.top, naive=args.naive, calibration=calibration)
+    plans = search(graph, DTYPES[args.dtype], top=args.top, naive=args.naive, calibration=calibration)
     if not plans:
         raise UserError(f"the planner found no plan for graph {graph.name!r}")
     if args.explain:
         for i, p in enumerate(plans):
             if len(plans) > 1:
                 _note(f"--- plan {i + 1} of {len(plans)} ---")
-            _note(planner.explain(p).rstrip("\n"))
+            _note(explain(p).rstrip("\n"))
     data = [p.model_dump(mode="json") for p in plans]
     text = _plan_json(data if args.top > 1 else data[0])
     if args.out:
@@ -180,13 +185,8 @@ def cmd_superopt(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    try:
-        report = importlib.import_module("pyrunner.log.report")
-    except ModuleNotFoundError as e:
-        if e.name != "pyrunner.log.report":
-            raise
-        _note("error: the report (pyrunner.log.report) is not available in this checkout")
-        return 1
+    from pyrunner.log.report import main as report_main
+
     argv: list[str] = []
     if args.log:
         argv += ["--log", str(args.log)]
@@ -194,7 +194,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         argv += ["--out", str(args.out)]
     if args.all:
         argv.append("--all")
-    rc = report.main(argv)
+    rc = report_main(argv)
     return 0 if rc is None else int(rc)
 
 

@@ -139,29 +139,31 @@ def test_planner_user_error_is_exit_2(monkeypatch, capsys) -> None:
 
 # --- run / validate ----------------------------------------------------------------
 
-def test_run_calls_runner_with_parsed_args(monkeypatch, capsys, plan_file: Path) -> None:
-    seen = {}
-    mod = types.ModuleType("pyrunner.run.runner")
+def test_run_passes_typed_options_to_the_runner(monkeypatch, capsys, plan_file: Path) -> None:
+    from pyrunner.run import runner
 
-    def run_plan_file(path, args):
-        seen.update(path=path, config=args.config, results=args.results, cpu=args.cpu, seed=args.seed)
+    seen = {}
+
+    def run_plan_file(path, opts):
+        seen.update(path=path, opts=opts)
         return 1
 
-    mod.run_plan_file = run_plan_file
-    monkeypatch.setitem(sys.modules, "pyrunner.run.runner", mod)
+    monkeypatch.setattr(runner, "run_plan_file", run_plan_file)
     code, _, _ = run([str(plan_file), "--config", "block_t_kv=32", "--config", "attention.stages=1",
-                      "--log", "r.jsonl", "--small", "--seed", "7"], capsys)
-    assert code == 1
-    assert seen == {"path": str(plan_file), "config": {"block_t_kv": 32, "attention.stages": 1},
-                    "results": "r.jsonl", "cpu": True, "seed": 7}
+                      "--log", "r.jsonl", "--small", "--seed", "7", "--autotune", "99", "--baselines", "eager"],
+                     capsys)
+    assert code == 1 and seen["path"] == str(plan_file)
+    opts = seen["opts"]
+    assert isinstance(opts, runner.RunOptions)
+    assert opts.config == {"block_t_kv": 32, "attention.stages": 1}
+    assert (opts.results, opts.force_cpu, opts.seed, opts.baselines) == (Path("r.jsonl"), True, 7, ("eager",))
+    assert opts.autotune == runner.MAX_AUTOTUNE_CONFIGS and opts.out_dir == runner.RunOptions().out_dir
+    assert opts.deadline is None and not opts.quiet
 
 
-def test_run_without_runner_validates(monkeypatch, capsys, plan_file: Path) -> None:
-    monkeypatch.setitem(sys.modules, "pyrunner.run.runner", None)
-    code, out, err = run([str(plan_file), "--config", "block_t_kv=32"], capsys)
-    assert code == 0
-    assert "is valid" in out and "block_t_kv=32" in out
-    assert "pyrunner.run.runner is not available" in err
+def test_run_rejects_unknown_baselines(capsys, plan_file: Path) -> None:
+    code, _, err = run([str(plan_file), "--baselines", "eager,cudnn"], capsys)
+    assert code == 2 and "unknown baseline(s) ['cudnn']" in error_line(err)
 
 
 def test_validate_ok(capsys, plan_file: Path) -> None:
@@ -201,7 +203,6 @@ MALFORMED = [
 @pytest.mark.parametrize("command", ["validate", "run"])
 def test_malformed_plans_exit_2(command: str, case: str, text, frag1: str, frag2: str, tmp_path: Path,
                                 capsys, monkeypatch) -> None:
-    monkeypatch.setitem(sys.modules, "pyrunner.run.runner", None)  # validation is the same either way
     path = tmp_path / "missing.json" if text is None else _write(tmp_path, text)
     code, out, err = run([command, str(path)], capsys)
     assert code == 2 and out == ""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import sys
 import types
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -66,8 +65,8 @@ def test_cpu_path_executor_mismatch_fails_with_exit_1(tmp_path, monkeypatch, mat
     plan = matmul_plan(128, 128, 128)
     path = tmp_path / "plan.json"
     path.write_text(plan.model_dump_json())
-    args = Namespace(results=str(tmp_path / "r.jsonl"), out=str(tmp_path / "o"), quiet=True)
-    assert run_plan_file(path, args) == 1
+    opts = RunOptions(results=tmp_path / "r.jsonl", out_dir=tmp_path / "o", quiet=True)
+    assert run_plan_file(path, opts) == 1
     err = capsys.readouterr().err
     assert plan.provenance.plan_hash in err and "failed-verification" in err
     (rec,) = read_log(tmp_path / "r.jsonl", strict=True)
@@ -78,7 +77,7 @@ def test_invalid_plan_file_is_a_user_error(tmp_path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schema_version": 1, "workload": "x"}))
     with pytest.raises(PlanError):
-        run_plan_file(bad, Namespace(results=str(tmp_path / "r.jsonl"), quiet=True))
+        run_plan_file(bad, RunOptions(results=tmp_path / "r.jsonl", quiet=True))
     assert not (tmp_path / "r.jsonl").exists()
 
 

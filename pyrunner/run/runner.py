@@ -24,7 +24,6 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -53,51 +52,32 @@ Config = dict[str, dict[str, int]]
 
 @dataclass
 class RunOptions:
-    """What one run does; ``options_from_args`` builds it from the CLI's namespace."""
+    """What one run does (the CLI builds it from its flags; benchmarks/gpu_run.py directly)."""
 
     results: Path = Path("results/results.jsonl")
     out_dir: Path = Path("results")
     autotune: int = 0
+    """Sampled tile configs to time besides the default (0: only the default)."""
     baselines: tuple[str, ...] = BASELINES
     seed: int | None = None
     config: dict | None = None
+    """Tile config: ``{kernel: {param: v}}`` or flat ``{PARAM or KERNEL.PARAM: v}``."""
     deadline: float | None = None
+    """``time.monotonic()`` by which the run must end (None: no limit)."""
     checkpoint: Path | None = None
     warm_only: bool = False
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
     quiet: bool = False
     force_cpu: bool = False
+    """Skip the GPU even where one exists (``--small``)."""
     device: str = "cuda"
 
-
-def options_from_args(args: Any) -> RunOptions:
-    """Read the attributes the CLI may set (any may be missing; defaults apply)."""
-    o = RunOptions()
-
-    def get(name: str, default: Any) -> Any:
-        value = getattr(args, name, None)
-        return default if value is None else value
-
-    o.results = Path(get("results", o.results))
-    o.out_dir = Path(get("out", get("out_dir", o.out_dir)))
-    o.autotune = min(int(get("autotune", 0)), MAX_AUTOTUNE_CONFIGS)
-    if get("no_baselines", False):
-        o.baselines = ()
-    elif get("baselines", None):
-        b = get("baselines", None)
-        o.baselines = tuple(b.split(",") if isinstance(b, str) else b)
-        unknown = [x for x in o.baselines if x not in BASELINES]
+    def __post_init__(self) -> None:
+        self.results, self.out_dir = Path(self.results), Path(self.out_dir)
+        unknown = [x for x in self.baselines if x not in BASELINES]
         if unknown:
             raise UserError(f"--baselines: unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
-    o.seed = get("seed", None)
-    o.config = get("config", None)
-    budget = get("budget", None)
-    if budget is not None:
-        o.deadline = time.monotonic() + float(budget)
-    o.force_cpu = bool(get("cpu", False))
-    o.quiet = bool(get("quiet", False))
-    return o
 
 
 # --- small helpers -------------------------------------------------------------
@@ -517,11 +497,11 @@ def _print_status(rec: RunRecord, console: Console) -> None:
         console.print(rec.message, markup=False)
 
 
-def run_plan_file(path: str | os.PathLike, args: Any = None) -> int:
+def run_plan_file(path: str | os.PathLike, opts: RunOptions | None = None) -> int:
     """``python -m pyrunner plan.json``: exit 0 on success, 1 on a failed plan; UserError -> CLI exit 2."""
     from pyrunner.plan.validate import load_plan
 
-    opts = options_from_args(args)
+    opts = opts or RunOptions()
     console = Console(stderr=True)
     plan = load_plan(path)
     try:
