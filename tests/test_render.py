@@ -18,12 +18,12 @@ from pyrunner.backend.tilelang.compile import (
     render_kernel_func,
     rendered_module,
 )
-from pyrunner.backend.tilelang.layout import launch_axes, layout_bridges
 from pyrunner.backend.tilelang.render import render
 from pyrunner.errors import DeviceFitError, PlanError
 from pyrunner.plan.analysis import kernel_axes, resolve_config
 from pyrunner.plan.schema import Plan, axis_sizes
 from pyrunner.target import H200
+from pyrunner.target.layout import launch_axes, layout_bridges
 
 
 def _edit_kernel(plan: Plan, **changes) -> Plan:

@@ -22,10 +22,10 @@ Format (one JSON object)::
 
 Node kinds (``op``):
 
-- unary ``exp exp2 log neg recip sqrt rsqrt square silu sigmoid tanh gelu relu abs``
-  (``graph.UNARY_OPS``): ``args`` has one operand.
-- binary ``add sub mul div max min`` (``graph.BINARY_OPS``): two operands, broadcast by axis name.
-- reductions ``sum max mean`` (``graph.REDUCE_OPS``) with ``"axis"``: one operand. ``max`` is the
+- unary functions (``exp``, ``silu``, ...: every entry of ``pyrunner.ir.ops.UNARY``): ``args`` has
+  one operand.
+- binary ``add sub mul div max min`` (``ops.BINARY``): two operands, broadcast by axis name.
+- reductions ``sum max mean`` (``ops.REDUCTIONS``) with ``"axis"``: one operand. ``max`` is the
   reduction when ``axis`` is given and the binary maximum otherwise.
 - ``matmul`` with ``"contract"``: two operands that both have the contracted axis.
 - helpers ``softmax`` / ``rmsnorm`` / ``layernorm`` with ``"axis"`` (and optional ``"eps"``, defaults
@@ -41,6 +41,9 @@ no output depends on are allowed and dropped.
 the labels as node names where it can, generating ``t<N>`` names otherwise, so
 ``graph_from_json(graph_to_json(g))`` has the same output terms and sizes as ``g``. Every problem
 raises ``GraphError`` with one message naming the field or node at fault.
+
+Why one module: reading and writing are the two halves of the one format specified above; kept
+together so the round trip ``graph_from_json(graph_to_json(g))`` stays visibly exact.
 """
 
 from __future__ import annotations

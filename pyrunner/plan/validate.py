@@ -9,6 +9,9 @@ naming the field path (``kernels[0].body[2].dst``) or the kernel and op.
 Tuning parameters change tile shapes, so the value-dependent checks run for
 the defaults in ``validate_plan`` and again for a user's ``--config`` in
 ``check_config``.
+
+Why one module: every rule of a plan's meaning is checked here, once, with the field path of its
+error; ``_check_kernel`` is still to be split per op (issue 7, owned by the plan-validation work).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ exponential factor ``E(c*(x - m))``; every sum that consumes it is then kept
 relative to the running max and rescaled when it grows
 (``online_softmax_rescale``). Any other dependence of the loop on a finished
 reduction makes the candidate infeasible: it would need a second pass.
+
+Why one module: phases, the online-rescale factor analysis and the tile builder are one algorithm;
+``lower()`` is still to be split into per-op functions (issue 7, owned by the planner work).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ Before simplifying, each claimed equality is probed numerically at random
 points, so a false identity is REFUTED with a counterexample rather than
 merely "not proved". ``WRONG_VARIANTS`` are deliberately false rules that the
 same machinery must reject (tests check that it does).
+
+Why one module: the checking machinery (probe, simplify, z3) and the check of each rule are read
+side by side, one check per rule name of ``rules.registry``.
 """
 
 from __future__ import annotations

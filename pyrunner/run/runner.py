@@ -7,6 +7,9 @@ max-autotune-no-cudagraphs, and the vendor kernel the graph admits) in one
 process. Without one it does what it can -- render, lower to CUDA, build a cubin
 when nvcc exists, run the plan's tiled algorithm on the CPU at small shapes --
 and says what it skipped. Every run appends one record to the results log.
+
+Why one module: the steps of one run (fit, render, compile, verify, time, log, checkpoint) build one
+results record together and must agree on what a failure at each step records.
 """
 
 from __future__ import annotations

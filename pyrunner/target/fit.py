@@ -17,10 +17,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyrunner.backend.tilelang.layout import launch_axes, layout_bridges, layout_groups
 from pyrunner.plan.analysis import KernelGeometry, kernel_geometry, kernel_ops, op_reads_writes
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map
 from pyrunner.target.device import H200, Device
+from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
 
 REG_OVERHEAD = 32
 """Registers per thread assumed for addresses, loop counters and temporaries on top of the fragments."""

@@ -20,6 +20,10 @@ guarantees. Plan meaning (roles of axes, buffers an op touches) comes from
 One thing is added that the plan does not say: where a Map combines
 fragments whose register layouts TileLang cannot reconcile, the renderer
 routes the odd one through a small shared buffer (``layout_bridges``).
+
+Why one module: the source writer, identifier naming and the per-op emitters share one
+rendering context (names, block coordinates, helpers) and read as one map from plan ops to TileLang;
+plan meaning and TileLang layout rules live in ``plan.analysis`` and ``target.layout``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,6 @@ import math
 import re
 from dataclasses import dataclass
 
-from pyrunner.backend.tilelang.layout import launch_axes, layout_bridges
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops
@@ -52,6 +55,7 @@ from pyrunner.plan.schema import (
     plan_hash,
 )
 from pyrunner.target.device import H200
+from pyrunner.target.layout import launch_axes, layout_bridges
 
 TARGET = {"kind": "cuda", "arch": H200.arch}
 

@@ -1,10 +1,10 @@
-"""TileLang-specific facts about a plan: fragment register layouts, layout bridges, launch dimensions.
+"""What TileLang makes of a plan: fragment register layouts, layout bridges, launch dimensions.
 
 TileLang gives each fragment one register layout, fixed by the op that first shapes it, and maps
-grid axes onto at most three launch dimensions. This is knowledge about TileLang, not plan
-meaning (that is ``pyrunner.plan.analysis``); the renderer uses it to emit bridge copies and the
-launch, the fit check (``pyrunner.target.fit``) to count bridge buffers, split GEMMs among warps
-and bound the grid.
+grid axes onto at most three launch dimensions. This is knowledge about the target toolchain,
+not plan meaning (that is ``pyrunner.plan.analysis``), so it lives with the device model: the fit
+check (``target.fit``) uses it to count bridge buffers, split GEMMs among warps and bound the
+grid, and the renderer (``backend.tilelang.render``) to emit bridge copies and the launch.
 """
 
 from __future__ import annotations

@@ -1,0 +1,100 @@
+"""The package's shape: no import cycles, subpackages layered along the pipeline, short modules.
+
+Imports are read from the source (every ``import``, also those inside functions), so a cycle
+hidden behind a lazy import counts too.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "pyrunner"
+MAX_LINES = 400
+LONG_MARK = "Why one module:"
+
+# Each subpackage may import only from earlier layers (or itself): the folder list is the pipeline.
+LAYERS = [
+    {"pyrunner", "errors"},
+    {"ir"},
+    {"rules", "plan", "log"},
+    {"target"},
+    {"planner", "backend"},
+    {"run"},
+    {"cli"},
+    {"__main__"},
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def _imports(path: Path) -> set[str]:
+    """pyrunner modules imported anywhere in the file (``from a.b import c`` counts a.b.c if a module)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+        elif isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+    return {m for m in out if m in MODULES}
+
+
+GRAPH = {m: _imports(p) - {m} for m, p in MODULES.items()}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "pyrunner"
+    for i, layer in enumerate(LAYERS):
+        if top in layer:
+            return i
+    raise AssertionError(f"{module}: subpackage {top!r} has no layer in tests/test_architecture.py")
+
+
+def test_no_import_cycles() -> None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(GRAPH[m]):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_subpackages_import_only_earlier_layers() -> None:
+    bad = [f"{m} imports {d}" for m, deps in GRAPH.items() for d in sorted(deps) if _layer(d) > _layer(m)]
+    assert not bad, "imports against the pipeline order:\n" + "\n".join(bad)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_module_has_a_docstring_and_long_ones_say_why(module: str) -> None:
+    path = MODULES[module]
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if path.name == "__init__.py" and not path.read_text().strip():
+        return
+    assert doc, f"{module} has no module docstring"
+    lines = len(path.read_text().splitlines())
+    if lines > MAX_LINES:
+        assert LONG_MARK in doc, f"{module} has {lines} lines: split it or say '{LONG_MARK} ...' in its docstring"
