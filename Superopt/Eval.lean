@@ -58,6 +58,7 @@ class ScalarOps (α : Type) where
   gelu : α → α
   relu : α → α
   abs : α → α
+  softplus : α → α
   fmin : α → α → α
 
 /-- Where a graph's values come from: the axis extents and a value for every input element. -/
@@ -86,6 +87,7 @@ def UnaryOp.eval : UnaryOp → α → α
   | .gelu => ScalarOps.gelu
   | .relu => ScalarOps.relu
   | .abs => ScalarOps.abs
+  | .softplus => ScalarOps.softplus
 
 /-- The scalar function of a binary op. -/
 def BinaryOp.eval : BinaryOp → α → α → α

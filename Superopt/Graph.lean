@@ -45,7 +45,7 @@ instance (n : Nat) : OfNat Decimal n := ⟨⟨Int.ofNat n, 0⟩⟩
 /-- Elementwise functions of one operand (Python `UNARY_OPS`). -/
 inductive UnaryOp where
   | exp | exp2 | log | neg | recip | sqrt | rsqrt | square
-  | silu | sigmoid | tanh | gelu | relu | abs
+  | silu | sigmoid | tanh | gelu | relu | abs | softplus
   deriving DecidableEq, Repr, Inhabited
 
 /-- Elementwise functions of two operands, broadcast by axis name (Python `BINARY_OPS`). -/
@@ -74,6 +74,7 @@ def UnaryOp.name : UnaryOp → String
   | .gelu => "gelu"
   | .relu => "relu"
   | .abs => "abs"
+  | .softplus => "softplus"
 
 /-- The name Python uses for a binary function. -/
 def BinaryOp.name : BinaryOp → String
@@ -93,7 +94,7 @@ def ReduceOp.name : ReduceOp → String
 /-- Every unary function, in Python's order. -/
 def UnaryOp.all : List UnaryOp :=
   [.exp, .exp2, .log, .neg, .recip, .sqrt, .rsqrt, .square,
-    .silu, .sigmoid, .tanh, .gelu, .relu, .abs]
+    .silu, .sigmoid, .tanh, .gelu, .relu, .abs, .softplus]
 
 /-- Every binary function, in Python's order. -/
 def BinaryOp.all : List BinaryOp := [.add, .sub, .mul, .div, .max, .min]

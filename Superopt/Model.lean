@@ -87,6 +87,7 @@ instance : ScalarOps Two where
   gelu := fun a => a
   relu := fun a => a
   abs := fun a => a
+  softplus := fun a => a
   fmin := Two.mul
 
 /-- The model is not trivial: its `one` and `zero` differ. -/

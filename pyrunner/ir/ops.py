@@ -123,6 +123,10 @@ UNARY: dict[str, Elementwise] = {op.name: op for op in (
     _u("relu", "max(x, 0).", lambda x: np.maximum(x, 0.0), "torch.relu({0})", "return T.max(x, T.float32(0.0))",
        lambda sp, x: sp.Max(x, 0), False, helper=True),
     _u("abs", "|x|.", np.abs, "torch.abs({0})", "T.abs({0})", lambda sp, x: sp.Abs(x), False),
+    _u("softplus", "log(1 + exp(x)), as max(x, 0) + log(1 + exp(-|x|)) so large |x| cannot overflow.",
+       lambda x: np.logaddexp(0.0, x), "F.softplus({0})",
+       "return T.max(x, T.float32(0.0)) + T.log(T.float32(1.0) + T.exp(-T.abs(x)))",
+       lambda sp, x: sp.log(1 + sp.exp(x)), True, helper=True),
 )}
 
 BINARY: dict[str, Elementwise] = {op.name: op for op in (

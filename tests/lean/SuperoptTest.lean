@@ -92,11 +92,11 @@ def roundTrip (d : Decimal) : Option String :=
 
 /-- Each check: a label and whether it holds. -/
 def checks : List (String × Bool) := [
-  ("14 unary, 6 binary, 3 reduce functions",
-    UnaryOp.all.length == 14 && BinaryOp.all.length == 6 && ReduceOp.all.length == 3),
+  ("15 unary, 6 binary, 3 reduce functions",
+    UnaryOp.all.length == 15 && BinaryOp.all.length == 6 && ReduceOp.all.length == 3),
   ("unary names", (UnaryOp.all.map UnaryOp.name) ==
     ["exp", "exp2", "log", "neg", "recip", "sqrt", "rsqrt", "square", "silu", "sigmoid",
-      "tanh", "gelu", "relu", "abs"]),
+      "tanh", "gelu", "relu", "abs", "softplus"]),
   ("binary names", (BinaryOp.all.map BinaryOp.name) == ["add", "sub", "mul", "div", "max", "min"]),
   ("reduce names", (ReduceOp.all.map ReduceOp.name) == ["sum", "max", "mean"]),
   ("nine workloads", Workloads.catalog.length == 9),
