@@ -102,7 +102,7 @@ BAD = [
     ("nodes type", lambda d: d.update(nodes={}), "graph field 'nodes': expected a list, got object"),
     ("node type", lambda d: d["nodes"].insert(0, "H1"), "nodes[0]: expected an object, got string"),
     ("node without name", lambda d: d["nodes"][0].pop("name"), "nodes[0] field 'name': expected a non-empty string"),
-    ("unknown op", lambda d: _node(d, "A").update(op="hadamard_cube"), "node 'A' (nodes[2]): unknown op 'hadamard_cube'"),
+    ("unknown op", lambda d: _node(d, "A").update(op="hadamard"), "node 'A' (nodes[2]): unknown op 'hadamard'"),
     ("missing op", lambda d: _node(d, "A").pop("op"), "node 'A' (nodes[2]): unknown op None"),
     ("unknown field", lambda d: _node(d, "A").update(axis="n"), "node 'A' (nodes[2]): unknown field 'axis' for op"),
     ("unary arity", lambda d: _node(d, "A").update(args=["H1", "H2"]), "op 'relu' takes 1 operand(s), got 2"),

@@ -1,7 +1,9 @@
 """Symbolic checks of the rewrite rules (sympy for algebra, z3 for max).
 
 The Lean theorems are the proofs of record, but Lean cannot run here
-(DESIGN section 3), so CI checks every rule in Python instead:
+(DESIGN section 3), so CI checks every rule in Python instead (for all sizes
+where sympy can, ``ALL_SIZES``; otherwise at small fixed sizes, and each
+result says which):
 
 * algebraic rules: the rule's own ``apply`` rewrites a small pattern graph;
   both sides are evaluated over symbolic entries at small fixed sizes and
@@ -46,7 +48,7 @@ from pyrunner.rules.registry import RULE_NAMES, RULES, RuleError
 
 
 @dataclass(frozen=True)
-class ProofResult:
+class CheckResult:
     """Outcome of one check: ok, and a one-paragraph account of what was shown (or refuted)."""
 
     ok: bool
@@ -115,15 +117,15 @@ def assert_valid(claim: z3.BoolRef, what: str) -> None:
         raise _Unproved(f"{what}: z3 answered {res}")
 
 
-def _run(checks: Callable[[], list[str]]) -> ProofResult:
+def _run(checks: Callable[[], list[str]]) -> CheckResult:
     """Run a check body that returns what it showed; turn failures into a not-ok result."""
     try:
         shown = checks()
     except _Refuted as e:
-        return ProofResult(False, f"refuted: {e}")
+        return CheckResult(False, f"refuted: {e}")
     except _Unproved as e:
-        return ProofResult(False, f"not proved: {e}")
-    return ProofResult(True, "; ".join(shown))
+        return CheckResult(False, f"not proved: {e}")
+    return CheckResult(True, "; ".join(shown))
 
 
 # --- symbolic evaluation of graph terms ---------------------------------------------------
@@ -219,7 +221,7 @@ def _softmax_shift_identity(shift_per_element: bool) -> Callable[[], list[str]]:
     return body
 
 
-def _prove_softmax_max_shift() -> list[str]:
+def _check_softmax_max_shift() -> list[str]:
     shown = _softmax_shift_identity(False)()
     for e in ("exp", "exp2"):
         x = inp("x", ("i", "a"))
@@ -259,7 +261,7 @@ def _matmul_scale_identity(op: str, scale_on_contracted_axis: bool) -> Callable[
     return body
 
 
-def _prove_matmul_div_commute() -> list[str]:
+def _check_matmul_div_commute() -> list[str]:
     shown = _matmul_scale_identity("div", False)()
     sizes = {"i": 2, "a": 3, "j": 2, "b": 2}
     p, l_, v = inp("P", ("i", "a")), inp("l", ("i",)), inp("V", ("a", "j"))
@@ -271,7 +273,7 @@ def _prove_matmul_div_commute() -> list[str]:
     return shown + ["rule.apply on left, right and batched instances equals the input term"]
 
 
-def _prove_matmul_row_scale_commute() -> list[str]:
+def _check_matmul_row_scale_commute() -> list[str]:
     shown = _matmul_scale_identity("mul", False)()
     sizes = {"i": 2, "a": 3, "j": 2, "b": 2}
     x, s, w = inp("X", ("i", "a")), inp("s", ("i",)), inp("W", ("a", "j"))
@@ -286,7 +288,7 @@ def _prove_matmul_row_scale_commute() -> list[str]:
     return shown + ["rule.apply on X*s, s*X, right-operand and batch-axis instances equals the input term"]
 
 
-def _prove_exp_to_exp2() -> list[str]:
+def _check_exp_to_exp2() -> list[str]:
     x = sp.Symbol("x", real=True)
     assert_equal(sp.exp(x), exp2(x * sp.log(sp.E, 2)), "exp(x) = 2^(x log2 e)")
     assert_rule_instance("exp_to_exp2", unary("exp", inp("x", ("i",))), {"i": 3}, "rule instance")
@@ -296,7 +298,7 @@ def _prove_exp_to_exp2() -> list[str]:
             "rule.apply on exp(x) equals it", "LOG2E is log2(e) within 2 ulp"]
 
 
-def _prove_mean_to_sum_div() -> list[str]:
+def _check_mean_to_sum_div() -> list[str]:
     i, n = sp.symbols("i n", integer=True, positive=True)
     xs, c = sp.IndexedBase("x"), sp.Symbol("c", real=True)
     # the mean is the c with sum_i (x_i - c) = 0; solve it for any n
@@ -406,7 +408,7 @@ def _assert_matrices_equal(a: sp.Matrix, b: sp.Matrix, what: str) -> None:
         assert_equal(a[i, j], b[i, j], f"{what}, entry ({i},{j})")
 
 
-def _prove_shared_operand_fusion() -> list[str]:
+def _check_shared_operand_fusion() -> list[str]:
     m, n = 2, 2
     for d, k in ((4, 2), (6, 3)):
         x, w1, w2 = _sym_matrix("X", m, d), _sym_matrix("A", d, n), _sym_matrix("B", d, n)
@@ -451,19 +453,35 @@ def _reduction_in_loop(accumulate: bool) -> Callable[[], list[str]]:
 
 # --- registries -------------------------------------------------------------------------
 
-PROOFS: dict[str, Callable[[], ProofResult]] = {
-    "softmax_max_shift": lambda: _run(_prove_softmax_max_shift),
-    "matmul_div_commute": lambda: _run(_prove_matmul_div_commute),
-    "matmul_row_scale_commute": lambda: _run(_prove_matmul_row_scale_commute),
-    "exp_to_exp2": lambda: _run(_prove_exp_to_exp2),
-    "mean_to_sum_div": lambda: _run(_prove_mean_to_sum_div),
-    "reduction_tiling": lambda: _run(_reduction_tiling("max")),
-    "online_softmax_rescale": lambda: _run(_online_softmax(rescale_o=True)),
-    "shared_operand_fusion": lambda: _run(_prove_shared_operand_fusion),
-    "reduction_in_contraction_loop": lambda: _run(_reduction_in_loop(accumulate=True)),
+ALL_SIZES = ("exp_to_exp2", "mean_to_sum_div")
+"""Rules whose check is shown for symbolic x and n (every size). The other checks evaluate both
+sides at the fixed sizes they name (n = 2..4 elements or tiles, 2x3 and 3x3 matrices, ...):
+evidence that catches wrong rules (``WRONG_VARIANTS``), not proofs for all sizes; the Lean
+theorems are the proofs."""
+
+
+def _scoped(name: str, body: Callable[[], list[str]]) -> Callable[[], CheckResult]:
+    """Run a rule's check; its detail starts by saying whether it holds for all sizes or fixed ones."""
+    def run() -> CheckResult:
+        res = _run(body)
+        scope = "for all sizes" if name in ALL_SIZES else "at fixed sizes"
+        return CheckResult(res.ok, f"{scope}: {res.detail}") if res.ok else res
+    return run
+
+
+RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
+    "softmax_max_shift": _scoped("softmax_max_shift", _check_softmax_max_shift),
+    "matmul_div_commute": _scoped("matmul_div_commute", _check_matmul_div_commute),
+    "matmul_row_scale_commute": _scoped("matmul_row_scale_commute", _check_matmul_row_scale_commute),
+    "exp_to_exp2": _scoped("exp_to_exp2", _check_exp_to_exp2),
+    "mean_to_sum_div": _scoped("mean_to_sum_div", _check_mean_to_sum_div),
+    "reduction_tiling": _scoped("reduction_tiling", _reduction_tiling("max")),
+    "online_softmax_rescale": _scoped("online_softmax_rescale", _online_softmax(rescale_o=True)),
+    "shared_operand_fusion": _scoped("shared_operand_fusion", _check_shared_operand_fusion),
+    "reduction_in_contraction_loop": _scoped("reduction_in_contraction_loop", _reduction_in_loop(accumulate=True)),
 }
 
-WRONG_VARIANTS: dict[str, Callable[[], ProofResult]] = {
+WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "row_scale_column_scale": lambda: _run(_matmul_scale_identity("mul", True)),
     "delayed_norm_contracted_l": lambda: _run(_matmul_scale_identity("div", True)),
     "online_softmax_no_rescale_o": lambda: _run(_online_softmax(rescale_o=False)),
@@ -472,18 +490,18 @@ WRONG_VARIANTS: dict[str, Callable[[], ProofResult]] = {
     "reduction_in_loop_reset": lambda: _run(_reduction_in_loop(accumulate=False)),
 }
 
-assert set(PROOFS) == set(RULE_NAMES), "every rule needs a symbolic check"
+assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"
 
 
-def prove(name: str) -> ProofResult:
+def check_rule(name: str) -> CheckResult:
     """Run the symbolic check of rule `name` (RuleError if there is no such rule)."""
-    check = PROOFS.get(name)
+    check = RULE_CHECKS.get(name)
     if check is None:
-        raise RuleError(f"no rule {name!r} to prove; known rules: {', '.join(RULE_NAMES)}")
+        raise RuleError(f"no rule {name!r} to check; known rules: {', '.join(RULE_NAMES)}")
     return check()
 
 
-def check_rewrite(lhs: Term, rhs: Term, sizes: dict[str, int]) -> ProofResult:
+def check_rewrite(lhs: Term, rhs: Term, sizes: dict[str, int]) -> CheckResult:
     """Check any claimed rewrite lhs -> rhs at these sizes with the same machinery (e.g. a wrong one)."""
     def body() -> list[str]:
         assert_terms_equal(lhs, rhs, sizes, f"{lhs} -> {rhs}")
@@ -492,12 +510,13 @@ def check_rewrite(lhs: Term, rhs: Term, sizes: dict[str, int]) -> ProofResult:
 
 
 __all__ = [
-    "PROOFS",
+    "RULE_CHECKS",
+    "ALL_SIZES",
     "WRONG_VARIANTS",
-    "ProofResult",
+    "CheckResult",
     "assert_equal",
     "assert_valid",
     "check_rewrite",
-    "prove",
+    "check_rule",
     "sym_evaluate",
 ]
