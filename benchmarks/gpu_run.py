@@ -3,7 +3,7 @@
 Run on the GPU machine through ``benchmarks/gpu_run.sh`` (it unpacks TileLang and the carried
 wheels first). For each workload of the catalog's seed set (and each ``--graph`` JSON file) in
 each dtype at the DESIGN shapes: plan with ``pyrunner.planner.search``, then run the plan in its
-own process (``pyrunner.runner.run_plan``: compile, verify against the float64 reference, autotune
+own process (``pyrunner.run.runner.run_plan``: compile, verify against the float64 reference, autotune
 over a small sample, time beside eager / torch.compile / max-autotune / the vendor kernel), one
 record each in ``$OUT/results.jsonl``. Then the report (``$OUT/report.md``, ``$OUT/speedups.png``),
 the rendered sources (``$OUT/sources.tar.gz``), the full log (``$OUT/gpu_run.log``), and a short

@@ -1,3 +1,10 @@
-"""Superopt's Python side: graph IR, planner twin, plan runner."""
+"""Superopt's Python side. The subpackages follow the pipeline, each importing only earlier ones:
+
+``ir`` (graph IR, the op table, float64 reference, catalog) -> ``rules`` (proven rewrites) and
+``plan`` (plan schema, validation, analysis) -> ``target`` (device model and fit check) ->
+``planner`` (search, lowering, cost) and ``backend.tilelang`` (render, compile) -> ``run``
+(runner, verification, CPU executor, PyTorch baselines, timing) -> ``cli``; ``log`` holds the
+results log and report. ``tests/test_architecture.py`` checks the layering.
+"""
 
 __version__ = "0.1.0"

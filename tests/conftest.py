@@ -56,7 +56,7 @@ def matmul_plan():
 
 @pytest.fixture
 def fake_launch():
-    """launch(tensors) that computes the graph with torch_interp (float64) and stores the outputs."""
+    """launch(tensors) that computes the graph with run.baselines.torch_fn (float64) and stores the outputs."""
     from pyrunner.run.baselines import torch_fn
 
     def make(graph, corrupt=None):

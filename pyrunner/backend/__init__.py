@@ -1,1 +1,1 @@
-"""Code generation backends: one sub-package per target language (today TileLang)."""
+"""Stage 5a, code generation: one sub-package per target language (today TileLang); plans arrive validated."""

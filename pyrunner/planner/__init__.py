@@ -1,4 +1,4 @@
-"""The Python planner (the executable twin of the Lean one)."""
+"""Stage 3, search: derivations, kernel partitions, loop structure, tiles, ranked by cost (the Lean planner's twin)."""
 
 from pyrunner.planner.explain import explain
 from pyrunner.planner.search import search

@@ -8,7 +8,8 @@
    small subsets otherwise.
 3. Loop structure: for each kernel, every axis it reduces may be streamed
    (``lower.lower``); infeasible structures are dropped.
-4. Tile configs: ``cost.best_config`` per kernel. Plans rank by total
+4. Tile configs: ``cost.best_config`` per kernel, among configs that fit the device
+   (``target.fit``); the emitted tuning space keeps only fitting ones. Plans rank by total
    predicted time; ties prefer shorter derivations.
 """
 

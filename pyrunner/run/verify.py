@@ -152,8 +152,8 @@ class GpuVerifier:
 
     The reference is the graph's float64 meaning evaluated on the inputs as the
     kernel sees them (rounded to the plan dtype). ``reference="torch"`` evaluates it
-    with ``torch_interp`` in float64 on the device (same semantics as
-    ``reference.evaluate``, which tests/test_torch_interp.py checks on every catalog
+    with ``run.baselines.torch_fn`` in float64 on the device (same semantics as
+    ``ir.reference.evaluate``, which tests/test_baselines.py checks on every catalog
     workload) because numpy's einsum takes minutes at full shapes; ``"numpy"`` uses
     ``reference.evaluate`` itself.
     """
@@ -211,7 +211,7 @@ class GpuVerifier:
         return judge(errs, self.bound, self.seed, what)
 
     def check_fn(self, fn: Callable[..., Mapping[str, torch.Tensor]]) -> float:
-        """Normalised max error of a baseline (a torch_interp-style function); informative only."""
+        """Normalised max error of a baseline (a ``run.baselines`` function); informative only."""
         outs = fn(**self.inputs)
         return max(_max_error_torch(outs[n], r) for n, r in self.ref.items())
 

@@ -1,4 +1,6 @@
-"""Target devices: one description per GPU (``device``) and the one fit check (``fit``)."""
+"""Target devices: one description per GPU (``device``), the one fit check (``fit``) and what TileLang
+makes of a plan on it (``layout``). Read by the planner (cost, tile choice) and the runner (fit).
+"""
 
 from pyrunner.target.device import DEVICES, DTYPE_BYTES, H200, Device
 

@@ -462,7 +462,7 @@ def render(plan: Plan) -> str:
     w.line()
     w.line("Reference check: this module only computes. pyrunner's runner allocates every global tensor,")
     w.line("poisons the outputs, calls launch(), and compares the outputs with the float64 reference")
-    w.line("(pyrunner.reference.evaluate) on fresh random inputs.")
+    w.line("(pyrunner.ir.reference.evaluate) on fresh random inputs.")
     w.line('"""')
     w.line()
     w.line("import tilelang")
