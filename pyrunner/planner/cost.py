@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param
+from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve
 from pyrunner.planner.lower import Lowered
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
@@ -80,9 +80,8 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
 
 
 def _blocks(low: Lowered, cfg: dict[str, int], sizes: dict[str, int]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for g in low.grid:
-        out[g.axis] = cfg[g.block] if isinstance(g.block, str) else g.block
+    """Block of every grid and loop axis of the lowering under ``cfg``."""
+    out = {g.axis: resolve(g.block, cfg) for g in low.grid}
     if low.stream is not None:
         out[low.stream] = cfg[block_param(low.stream)]
     return out
