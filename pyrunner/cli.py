@@ -14,6 +14,7 @@ Commands::
     python -m pyrunner report [--log FILE] [--out DIR] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
+    python -m pyrunner export PLAN.json --out kernel.py   (a standalone TileLang + torch module)
 
 Choices made here: the default dtype is fp16; ``--explain`` writes the explanation to
 stderr so stdout stays pure JSON (pipe-able into a file); with ``--graph`` the graph comes
@@ -38,7 +39,7 @@ from pathlib import Path
 
 from pyrunner.errors import UserError
 
-COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads")
+COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads", "export")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 DEFAULT_DTYPE = "fp16"
 SCHEMA_FILE = Path(__file__).parent / "schema" / "plan.schema.json"
@@ -208,6 +209,15 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from pyrunner.frontend.export import export_source
+    from pyrunner.plan.validate import load_plan
+
+    write_text_atomic(args.out, export_source(load_plan(args.plan)))
+    _note(f"wrote a standalone TileLang + torch module to {args.out} (call its forward(...))")
+    return 0
+
+
 def cmd_workloads(args: argparse.Namespace) -> int:
     from pyrunner.ir import catalog as workloads
     from pyrunner.ir.graph import show
@@ -291,6 +301,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("schema", help="export the plan JSON Schema")
     p.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
     p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("export", help="write a plan as one standalone TileLang + torch module")
+    p.add_argument("plan", metavar="PLAN.json", help="kernel plan to export")
+    p.add_argument("--out", metavar="FILE.py", required=True, help="module to write")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("workloads", help="list the workload catalog")
     p.set_defaults(func=cmd_workloads)

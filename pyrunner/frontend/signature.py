@@ -1,0 +1,120 @@
+"""What a plan expects from its caller and gives back, in the graph's own axis order.
+
+A plan may store a tensor with its axes permuted (the planner picks memory
+orders); the caller never sees that: inputs arrive and outputs leave in the
+order the graph declares. Shared by ``load`` and ``export`` so both present the
+same function.
+"""
+
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass
+
+from pyrunner.errors import PlanError
+from pyrunner.ir.graph import Graph, result_axes
+from pyrunner.plan.schema import Plan
+
+RESERVED = frozenset({"config"})
+"""Names a wrapper needs for itself; a graph input may not take them."""
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One argument or result: graph axes, shape, dtype, and the plan's memory order."""
+
+    name: str
+    axes: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    plan_axes: tuple[str, ...]
+
+    def describe(self) -> str:
+        return f"{self.name}[{', '.join(f'{a}={n}' for a, n in zip(self.axes, self.shape, strict=True))}] {self.dtype}"
+
+
+@dataclass(frozen=True)
+class Signature:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.outputs)
+
+
+def input_order(plan: Plan, graph: Graph) -> list[str]:
+    """Inputs in the order the plan's graph declares them (its JSON ``inputs`` object)."""
+    declared = plan.graph.get("inputs") if isinstance(plan.graph, dict) else None
+    used = {t.name for t in graph.inputs()}
+    order = [n for n in declared if n in used] if isinstance(declared, dict) else []
+    return order + sorted(used - set(order))
+
+
+def signature(plan: Plan, graph: Graph) -> Signature:
+    """The call signature of a plan; PlanError if a name cannot be a Python parameter."""
+    by_name = {t.name: t for t in plan.tensors}
+    graph_axes = {t.name: t.axes for t in graph.inputs()}
+    ins = []
+    for name in input_order(plan, graph):
+        if not name.isidentifier() or keyword.iskeyword(name) or name in RESERVED or name.startswith("_"):
+            raise PlanError(f"input {name!r} cannot be a Python parameter name (not an identifier, a keyword, "
+                            f"private, or one of {sorted(RESERVED)})")
+        gt = by_name.get(name)
+        if gt is None or gt.role != "input":
+            raise PlanError(f"graph input {name!r} is not an input tensor of the plan")
+        axes = graph_axes[name]
+        ins.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes)))
+    outs = []
+    for name, term in graph.outputs:
+        gt = by_name.get(name)
+        if gt is None or gt.role != "output":
+            raise PlanError(f"graph output {name!r} is not an output tensor of the plan")
+        axes = result_axes(term)
+        outs.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes)))
+    return Signature(tuple(ins), tuple(outs))
+
+
+def bind(sig: Signature, args: tuple, kwargs: dict) -> dict[str, object]:
+    """Positional (graph order) and keyword arguments -> name -> value, with Python's own rules."""
+    from pyrunner.frontend.errors import FrontendError
+
+    names = sig.input_names
+    if len(args) > len(names):
+        raise FrontendError(f"takes {len(names)} input(s) ({', '.join(names)}), got {len(args)} positional")
+    bound = dict(zip(names, args, strict=False))
+    for k, v in kwargs.items():
+        if k not in names:
+            raise FrontendError(f"unexpected input {k!r}; the inputs are {', '.join(names)}")
+        if k in bound:
+            raise FrontendError(f"input {k!r} given twice (positionally and by keyword)")
+        bound[k] = v
+    missing = [n for n in names if n not in bound]
+    if missing:
+        raise FrontendError(f"missing input(s) {', '.join(missing)}; expected {', '.join(names)}")
+    return bound
+
+
+def check_tensor(spec: TensorSpec, value: object) -> None:
+    """Type, dtype and shape of one argument (the device is checked once a GPU is known)."""
+    import torch
+
+    from pyrunner.frontend.errors import FrontendError
+
+    if not isinstance(value, torch.Tensor):
+        raise FrontendError(f"input {spec.name!r} must be a torch.Tensor, got {type(value).__name__}")
+    if str(value.dtype).removeprefix("torch.") != spec.dtype:
+        raise FrontendError(f"input {spec.name!r} has dtype {value.dtype}, the plan needs torch.{spec.dtype} "
+                            f"({spec.describe()})")
+    if tuple(value.shape) != spec.shape:
+        raise FrontendError(f"input {spec.name!r} has shape {tuple(value.shape)}, the plan needs {spec.shape} "
+                            f"({spec.describe()})")
+
+
+def permutation(have: tuple[str, ...], want: tuple[str, ...]) -> list[int]:
+    """Dims of a tensor laid out as ``have`` that put it in order ``want``."""
+    return [have.index(a) for a in want]
