@@ -5,5 +5,6 @@ Importing this package registers the ``torch.compile(..., backend="superopt")`` 
 
 from pyrunner.frontend.export import export_source
 from pyrunner.frontend.load import LoadedPlan, load
+from pyrunner.frontend.optimize import Optimized, optimize
 
-__all__ = ["LoadedPlan", "export_source", "load"]
+__all__ = ["LoadedPlan", "Optimized", "export_source", "load", "optimize"]

@@ -1,0 +1,163 @@
+"""Cut an FX graph into regions the graph IR can express.
+
+Regions are contiguous runs of the graph's topological order (so each is
+convex: no path leaves a region and comes back), grown greedily node by node.
+A region ends where the next node cannot be mapped (it stays with PyTorch, and
+the reason is kept) or would make a value hold one axis twice (the next region
+then sees its operands as fresh inputs). Nodes computing Python values from
+shapes are folded to constants (shapes are static). A region that the planner
+cannot plan is split in two at the contraction nearest its middle, and so on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyrunner.frontend.trace import AxisConflict, RegionGraph, RegionTrace, Unmappable, finish, unmappable
+
+ANCHORS = {"matmul": 1, "mm": 1, "bmm": 1, "linear": 1, "einsum": 1, "scaled_dot_product_attention": 2}
+"""Contractions per op: the planner's search grows fast with them."""
+MAX_CONTRACTIONS = 4
+"""A segment with more contractions is cut before it is planned."""
+MAX_CHAIN = 2
+"""Nor may a chain of dependent contractions in one segment be longer (attention's QK^T then PV is 2)."""
+
+
+@dataclass
+class Partition:
+    """Segments of tensor nodes, each a candidate region, and the nodes left to PyTorch with why."""
+
+    segments: list[list[Any]] = field(default_factory=list)
+    fallbacks: list[tuple[Any, str]] = field(default_factory=list)
+
+
+def example_values(gm: Any, inputs: tuple) -> dict[Any, Any]:
+    """Node -> example value (tensors as meta-device stand-ins, Python values as they are)."""
+    import torch
+    import torch.fx
+
+    out: dict[Any, Any] = {}
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):  # type: ignore[override]
+            r = super().run_node(n)
+            out[n] = torch.empty(r.shape, dtype=r.dtype, device="meta") if isinstance(r, torch.Tensor) else r
+            return r
+
+    with torch.no_grad():
+        Recorder(gm).run(*inputs)
+    return out
+
+
+def is_tensor_node(node: Any, meta: Callable[[Any], Any]) -> bool:
+    import torch
+
+    return node.op in ("call_function", "call_method", "call_module") and isinstance(meta(node), torch.Tensor)
+
+
+def partition(gm: Any, meta: Callable[[Any], Any], strict: bool = False) -> Partition:
+    """Greedy regions; with ``strict`` the first unmappable node raises instead of falling back."""
+    part = Partition()
+    cur = RegionTrace(meta)
+
+    def close() -> None:
+        nonlocal cur
+        if cur.nodes:
+            part.segments.append(list(cur.nodes))
+        cur = RegionTrace(meta)
+
+    for node in gm.graph.nodes:
+        if not is_tensor_node(node, meta):
+            continue
+        trial = cur.snapshot()
+        try:
+            trial.add(node)
+            cur = trial
+            continue
+        except Unmappable as e:
+            if strict:
+                raise
+            close()
+            part.fallbacks.append((node, str(e)))
+            continue
+        except AxisConflict:
+            close()
+        fresh = RegionTrace(meta)
+        try:
+            fresh.add(node)
+            cur = fresh
+        except AxisConflict as e:
+            err = unmappable(node, f"its result would hold one axis twice ({e}); the graph IR names every axis")
+            if strict:
+                raise err from None
+            part.fallbacks.append((node, str(err)))
+        except Unmappable as e:
+            if strict:
+                raise
+            part.fallbacks.append((node, str(e)))
+    close()
+    return part
+
+
+def segment_outputs(nodes: list[Any], meta: Callable[[Any], Any]) -> list[Any]:
+    """Nodes of a segment whose tensors are needed outside it (by a later node or the graph's output)."""
+    inside = set(nodes)
+    outs = []
+    for n in nodes:
+        if any(u not in inside and (u.op == "output" or is_tensor_node(u, meta)) for u in n.users):
+            outs.append(n)
+    return outs
+
+
+def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
+              axis_names: dict[str, tuple[str, ...]] | None = None) -> RegionGraph | None:
+    """Translate a segment from scratch; None when it computes nothing (only views of its inputs)."""
+    rt = RegionTrace(meta)
+    for n in nodes:
+        rt.add(n)
+    outs = [n for n in segment_outputs(nodes, meta) if rt.values[n].term.op != "input"]
+    if not outs:
+        return None
+    return finish(rt, outs, name, axis_names)
+
+
+def contractions(nodes: list[Any]) -> int:
+    from pyrunner.frontend.trace import target_name
+
+    return sum(ANCHORS.get(target_name(n), 0) for n in nodes)
+
+
+def stages(nodes: list[Any]) -> list[list[Any]]:
+    """Cut a segment (first fit, in order) so each piece stays within MAX_CONTRACTIONS and MAX_CHAIN.
+
+    The planner's search grows quickly with contractions; pieces it still cannot plan are
+    split further by ``split``.
+    """
+    from pyrunner.frontend.trace import target_name
+
+    pieces: list[list[Any]] = [[]]
+    depth: dict[Any, int] = {}
+    total = 0
+    for n in nodes:
+        w = ANCHORS.get(target_name(n), 0)
+        d = w + max((depth[a] for a in n.all_input_nodes if a in depth), default=0)
+        if pieces[-1] and (d > MAX_CHAIN or total + w > MAX_CONTRACTIONS):
+            pieces.append([])
+            depth, total = {}, 0
+            d = w
+        pieces[-1].append(n)
+        depth[n] = d
+        total += w
+    return pieces
+
+
+def split(nodes: list[Any]) -> tuple[list[Any], list[Any]]:
+    """Two contiguous halves, cut before the contraction nearest the middle (or at the middle)."""
+    from pyrunner.frontend.trace import target_name
+
+    mid = len(nodes) / 2
+    anchors = [i for i, n in enumerate(nodes) if i > 0 and ANCHORS.get(target_name(n))]
+    cut = min(anchors, key=lambda i: abs(i - mid)) if anchors else max(1, len(nodes) // 2)
+    return nodes[:cut], nodes[cut:]

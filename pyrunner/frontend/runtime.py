@@ -1,0 +1,150 @@
+"""Put compiled regions back into the FX graph, as PyTorch custom ops.
+
+Each region becomes one op ``torch.ops.superopt.region<N>`` (with a fake
+implementation giving output shapes, so inductor and ``make_fx`` treat it as an
+opaque kernel); its FX nodes are erased and their users read the op's outputs.
+Python values computed from shapes are folded to constants first.
+
+A region's executor is the plan's kernels (``pyrunner.load``) on the GPU, or the
+float64 reference interpreter (``executor="reference"``) that lets everything
+here be checked on a CPU.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pyrunner.frontend.trace import RegionGraph
+from pyrunner.plan.schema import Plan
+
+Impl = Callable[[dict[str, Any]], tuple]
+"""IR input name -> tensor, to the graph's outputs (IR axis order) as a tuple."""
+
+_LIB: Any = None
+_COUNTER = itertools.count()
+_LOCK = threading.Lock()
+
+
+def plan_impl(plan: Plan, verify: bool = True) -> Impl:
+    """The plan's kernels; inputs cast to the plan dtype (verify: float64 check on first call)."""
+    import torch
+
+    from pyrunner.frontend.load import LoadedPlan
+
+    f = LoadedPlan(plan, verify=verify)
+    dt = getattr(torch, plan.dtype)
+
+    def run(feed: dict[str, Any]) -> tuple:
+        out = f(**{k: v.to(dt) for k, v in feed.items()})
+        return out if isinstance(out, tuple) else (out,)
+
+    run.loaded = f  # type: ignore[attr-defined]
+    return run
+
+
+def reference_impl(rg: RegionGraph) -> Impl:
+    """The region's graph evaluated in float64 by ``ir.reference`` (any device; for checking)."""
+    import torch
+
+    from pyrunner.ir.reference import evaluate
+
+    def run(feed: dict[str, Any]) -> tuple:
+        device = next(iter(feed.values())).device
+        outs = evaluate(rg.graph, {k: v.detach().to("cpu", torch.float64).numpy() for k, v in feed.items()})
+        return tuple(torch.from_numpy(outs[n]).to(device) for n, _ in rg.graph.outputs)
+
+    return run
+
+
+def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> Callable[..., tuple]:
+    """Tensors in region-input order -> outputs shaped and typed like the FX nodes they replace."""
+    dtypes = [meta(node).dtype for _, node, _, _ in rg.outputs]
+
+    def run(*xs: Any) -> tuple:
+        feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
+        outs = impl(feed)
+        return tuple(o.permute(perm).reshape(shape).to(dt).contiguous()
+                     for o, (_, _, perm, shape), dt in zip(outs, rg.outputs, dtypes, strict=True))
+
+    return run
+
+
+def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int, ...], Any]]) -> Any:
+    """A fresh custom op ``superopt::region<N>(Tensor x0, ...) -> (Tensor, ...)`` running ``fn``."""
+    import torch
+
+    global _LIB
+    with _LOCK:
+        if _LIB is None:
+            _LIB = torch.library.Library("superopt", "FRAGMENT")
+        name = f"region{next(_COUNTER)}"
+    ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
+    _LIB.define(f"{name}({', '.join(f'Tensor x{i}' for i in range(n_in))}) -> {ret}")
+
+    def impl(*xs: Any):
+        r = fn(*xs)
+        return r[0] if len(outs) == 1 else r
+
+    def fake(*xs: Any):
+        dev = xs[0].device
+        r = tuple(torch.empty(shape, dtype=dt, device=dev) for shape, dt in outs)
+        return r[0] if len(outs) == 1 else r
+
+    _LIB.impl(name, impl, "CompositeExplicitAutograd")
+    torch.library.register_fake(f"superopt::{name}", fake, lib=_LIB)
+    return getattr(torch.ops.superopt, name).default
+
+
+def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[Any], Any]) -> Any:
+    """Replace each region's nodes in ``gm`` (in place) by a call of its op; returns gm, recompiled."""
+    import operator
+
+    import torch
+
+    graph = gm.graph
+    _fold_python_values(gm, meta)
+    replaced: dict[Any, Any] = {}
+    for rg, impl in regions:
+        fn = region_callable(rg, impl, meta)
+        op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
+        args = tuple(replaced.get(src, src) for _, src, _ in rg.inputs)
+        with graph.inserting_after(rg.nodes[-1]):  # every input is defined by then, no outside user yet
+            call = graph.call_function(op, args)
+        prev = call
+        for i, (_, node, _, _) in enumerate(rg.outputs):
+            new = call
+            if len(rg.outputs) > 1:
+                with graph.inserting_after(prev):
+                    new = prev = graph.call_function(operator.getitem, (call, i))
+            node.replace_all_uses_with(new)
+            replaced[node] = new
+        for node in reversed(rg.nodes):
+            if not node.users:
+                graph.erase_node(node)
+    graph.eliminate_dead_code()
+    graph.lint()
+    gm.recompile()
+    _ = torch  # the ops live in torch.ops.superopt
+    return gm
+
+
+def _fold_python_values(gm: Any, meta: Callable[[Any], Any]) -> None:
+    """Shape arithmetic (``x.shape[-1] ** -0.5``) becomes literals: shapes are static here."""
+    import torch
+    import torch.fx
+
+    for node in list(gm.graph.nodes):
+        if node.op not in ("call_function", "call_method") or isinstance(meta(node), torch.Tensor):
+            continue
+        value = meta(node)
+        if isinstance(value, torch.Size):
+            value = tuple(value)
+        if not isinstance(value, (int, float, bool, tuple, list, torch.Size)) or isinstance(value, torch.Tensor):
+            continue
+        for user in list(node.users):
+            user.args = torch.fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
+            user.kwargs = torch.fx.node.map_arg(user.kwargs,
+                                                lambda n, node=node, value=value: value if n is node else n)
