@@ -8,3 +8,7 @@ from pyrunner.frontend.load import LoadedPlan, load
 from pyrunner.frontend.optimize import Optimized, optimize
 
 __all__ = ["LoadedPlan", "Optimized", "export_source", "load", "optimize"]
+
+from pyrunner.frontend.backend import register as _register  # noqa: E402
+
+_register()

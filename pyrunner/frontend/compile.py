@@ -53,7 +53,8 @@ class Report:
             est = f"{c.plan.cost.total_us:g} us est. (unfused {c.naive_us:g} us)" if c.plan and c.naive_us else ""
             k = f"{len(c.plan.kernels)} kernel(s) plan {c.plan.provenance.plan_hash}" if c.plan else "reference"
             lines.append(f"  {g.name}: {len(c.region.nodes)} op(s) -> {k} {est} {c.check}".rstrip())
-        lines += [f"  fallback {what}: {why}" for what, why in self.fallbacks]
+        lines += [f"  fallback: {why if why.startswith('cannot map') else f'{what}: {why}'}"
+                  for what, why in self.fallbacks]
         return "\n".join(lines)
 
 

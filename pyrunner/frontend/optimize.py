@@ -30,6 +30,12 @@ def fx_trace(fn: Callable) -> Any:
         def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:  # noqa: ARG002
             return False
 
+        def _filter_traceback_frames(self, summary):  # type: ignore[override]
+            import traceback
+
+            user = [f for f in summary if "/torch/" not in f.filename and "/pyrunner/frontend/" not in f.filename]
+            return traceback.StackSummary.from_list(user[-1:])
+
     tracer = Tracer()
     tracer.record_stack_traces = True
     root = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()

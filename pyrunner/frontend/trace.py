@@ -603,6 +603,7 @@ def ident(name: str) -> str:
 def finish(rt: RegionTrace, outputs: list[Any], name: str,
            axis_names: dict[str, tuple[str, ...]] | None = None) -> RegionGraph:
     """Name the axes, merge input uses that ended up alike, and build the checked IR graph."""
+    _merge_uses(rt)
     names = _name_axes(rt, axis_names or {})
     final: dict[str, str] = {v: names[rt.axes.find(v)] for v in rt.axes.parent}
     # input uses: one IR input per (node, final axes)
@@ -657,6 +658,23 @@ def finish(rt: RegionTrace, outputs: list[Any], name: str,
     g = Graph(name, sizes, tuple(outs), labels)
     check(g)
     return RegionGraph(g, list(rt.nodes), inputs, out_specs)
+
+
+def _merge_uses(rt: RegionTrace) -> None:
+    """Give later uses of one input the axes of an earlier use wherever no value then holds an axis twice."""
+    first: dict[Any, list[InputUse]] = {}
+    for u in rt.uses:
+        for prev in first.setdefault(u.node, []):
+            saved = copy.deepcopy(rt.axes)
+            try:
+                for a, b in zip(prev.dims, u.dims, strict=True):
+                    if a is not None and b is not None:
+                        rt.axes.unify(a, b)
+                rt.check_distinct()
+                break
+            except AxisConflict:
+                rt.axes = saved
+        first[u.node].append(u)
 
 
 def _name_axes(rt: RegionTrace, axis_names: dict[str, tuple[str, ...]]) -> dict[str, str]:
