@@ -5,6 +5,8 @@
 # then runs benchmarks/gpu_run.py, which writes results.jsonl, report.md, speedups.png,
 # gpu_run.log and sources.tar.gz to $OUT and prints a short table last.
 # TOTAL_S (default 540) bounds the whole command, unpacking included; the tool's limit is 600 s.
+# SCRIPT runs another script in the same environment (it must take --out and --budget-s), e.g.
+#   SCRIPT=benchmarks/torch_demo.py TOTAL_S=230 bash benchmarks/gpu_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -25,4 +27,4 @@ export PYTHONUNBUFFERED=1
 spent=$(( $(date +%s) - start ))
 budget=$(( ${TOTAL_S:-540} - spent - 25 ))
 echo "unpacked TileLang and wheels in ${spent} s; gpu_run budget ${budget} s"
-exec python3 benchmarks/gpu_run.py --out "$OUT" --budget-s "$budget" "$@"
+exec python3 "${SCRIPT:-benchmarks/gpu_run.py}" --out "$OUT" --budget-s "$budget" "$@"

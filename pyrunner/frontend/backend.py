@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pyrunner.frontend.compile import Options, Report, compile_graph
 
-log = logging.getLogger("pyrunner.frontend")
+_log = logging.getLogger("pyrunner.frontend")
 LAST_REPORTS: list[Report] = []
 """Reports of the graphs compiled by this process, newest last."""
 
@@ -52,7 +53,7 @@ def _whole_graph_reason(gm: Any, example_inputs: list, executor: str) -> str | N
 
 
 def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor", executor: str = "gpu",
-                     verify: bool = True) -> Callable:
+                     verify: bool = True, log: str | None = None) -> Callable:
     """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``)."""
     from pyrunner.frontend.partition import example_values
 
@@ -65,16 +66,16 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         return finish(gm, example_inputs)
     values = example_values(gm, tuple(example_inputs))
     opts = Options(executor=executor, verify=verify, must_beat_unfused=executor == "gpu",
-                   progress=log.info, name="graph")
+                   progress=_log.info, name="graph", log=Path(log) if log else None, source="backend")
     gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     report.regions, report.fallbacks = rep.regions, rep.fallbacks
-    log.info("superopt backend: %s", report.summary())
+    _log.info("superopt backend: %s", report.summary())
     return finish(gm, example_inputs)
 
 
 def superopt(gm: Any, example_inputs: list, options: dict | None = None) -> Callable:
     """The function registered as ``backend="superopt"``; ``torch.compile(options=...)`` keys are
-    ``compile_fx_graph``'s keywords (``fallback``, ``executor``, ``verify``)."""
+    ``compile_fx_graph``'s keywords (``fallback``, ``executor``, ``verify``, ``log``)."""
     return compile_fx_graph(gm, example_inputs, **(options or {}))
 
 

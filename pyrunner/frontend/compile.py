@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from pyrunner.errors import UserError
@@ -42,6 +43,7 @@ class Report:
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
 
     def fallback(self, nodes: list[Any], why: str) -> None:
+        why = " ".join(str(why).split())[:600]
         what = ", ".join(f"{op_name(n)} ({where(n)})" for n in nodes[:3]) + (" ..." if len(nodes) > 3 else "")
         self.fallbacks.append((what, why))
         log.warning("superopt: left to PyTorch: %s: %s", what, why)
@@ -49,10 +51,10 @@ class Report:
     def summary(self) -> str:
         lines = [f"{len(self.regions)} region(s) as Superopt kernels, {len(self.fallbacks)} fallback(s)"]
         for c in self.regions:
-            g = c.region.graph
+            label = c.region.label
             est = f"{c.plan.cost.total_us:g} us est. (unfused {c.naive_us:g} us)" if c.plan and c.naive_us else ""
             k = f"{len(c.plan.kernels)} kernel(s) plan {c.plan.provenance.plan_hash}" if c.plan else "reference"
-            lines.append(f"  {g.name}: {len(c.region.nodes)} op(s) -> {k} {est} {c.check}".rstrip())
+            lines.append(f"  {label}: {len(c.region.nodes)} op(s) -> {k} {est} {c.check}".rstrip())
         lines += [f"  fallback: {why if why.startswith('cannot map') else f'{what}: {why}'}"
                   for what, why in self.fallbacks]
         return "\n".join(lines)
@@ -61,7 +63,8 @@ class Report:
 @dataclass
 class Options:
     executor: str = "gpu"
-    """``gpu``: plan, compile and verify kernels; ``reference``: float64 interpreter per region (CPU checks)."""
+    """``gpu``: plan, compile and verify kernels; ``reference``: float64 interpreter per region (CPU checks);
+    ``plan``: plan only, change nothing (to know the plans ahead, e.g. to compile them in parallel)."""
     dtype: str | None = None
     verify: bool = True
     must_beat_unfused: bool = False
@@ -69,6 +72,9 @@ class Options:
     axis_names: dict[str, tuple[str, ...]] | None = None
     progress: Callable[[str], None] | None = None
     name: str = "fn"
+    log: Path | None = None
+    """Results log (JSON Lines) that gets one record per region kept as kernels (the chosen plan)."""
+    source: str = "optimize"
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -99,24 +105,32 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     try:
         dtype = region_dtype(rg, meta, opts.dtype)
         t0 = time.perf_counter()
-        say(f"planning {rg.graph.name}: {len(nodes)} op(s), axes {rg.graph.sizes}")
+        say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}")
         plan = search(rg.graph, dtype)[0]
         say(f"  plan {plan.provenance.plan_hash}: {len(plan.kernels)} kernel(s), {plan.cost.total_us:g} us est., "
             f"{time.perf_counter() - t0:.2f} s")
-    except UserError as e:
+    except Exception as e:  # noqa: BLE001 - a planner failure (or bug) leaves the ops to PyTorch, never wrong
+        if not isinstance(e, UserError):
+            e = UserError(f"planner failed: {type(e).__name__}: {e}")
         if len(nodes) > 1:
             a, b = split(nodes)
-            say(f"  no plan for {rg.graph.name} ({e}); splitting {len(a)} + {len(b)} op(s)")
+            say(f"  no plan for {rg.label} ({e}); splitting {len(a)} + {len(b)} op(s)")
             return compile_segment(a, meta, opts, report, counter) + compile_segment(b, meta, opts, report, counter)
         report.fallback(nodes, f"no plan: {e}")
         return []
     naive = None
     if opts.must_beat_unfused:
-        naive = search(rg.graph, dtype, naive=True)[0].cost.total_us
-        if plan.cost.total_us >= naive:
+        try:
+            naive = search(rg.graph, dtype, naive=True)[0].cost.total_us
+        except Exception:  # noqa: BLE001 - the ops have no unfused plan either: nothing to compare with
+            naive = None
+        if naive is not None and plan.cost.total_us >= naive:
             report.fallback(nodes, f"the cost model predicts no gain over unfused ops ({plan.cost.total_us:g} us "
                                    f"vs {naive:g} us)")
             return []
+    if opts.executor == "plan":
+        report.regions.append(RegionChoice(rg, plan, naive))
+        return []
     impl = plan_impl(plan, verify=False)
     try:
         say(f"  compiling {len(plan.kernels)} kernel(s)")
@@ -128,11 +142,29 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
             res = loaded.check(device)
             check = f"verified ({res.message})"
             say(f"  {check}")
-    except UserError as e:
-        report.fallback(nodes, str(e))
+    except Exception as e:  # noqa: BLE001 - compile or check failed: the ops stay with PyTorch
+        report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
     report.regions.append(RegionChoice(rg, plan, naive, check))
+    if opts.log is not None:
+        _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
+
+
+def _record(opts: Options, rg: RegionGraph, plan: Plan, loaded: Any, nodes: list[Any]) -> None:
+    """One results-log record for a chosen plan: what it replaced, its estimate, its check."""
+    from pyrunner.log.results import append_record, make_record
+    from pyrunner.run.timing import device_name
+
+    res = loaded.verified
+    append_record(opts.log, make_record(
+        plan_hash=loaded.hash, workload=f"{opts.source}:{rg.label}", graph_hash=plan.provenance.graph_hash,
+        shapes=dict(rg.graph.sizes), dtype=plan.dtype, device=device_name(), status="ok",
+        message=f"chosen by pyrunner.frontend ({opts.source}) for {len(nodes)} op(s): "
+                + ", ".join(op_name(n) for n in nodes[:8]),
+        seed=getattr(res, "seed", None), predicted_us=plan.cost.total_us,
+        error=getattr(res, "error", None), error_bound=getattr(res, "bound", None),
+        extra={"frontend": opts.source, "region": rg.label, "ops": [n.name for n in nodes]}))
 
 
 def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bool) -> tuple[Any, Report]:

@@ -12,8 +12,10 @@ down to single ops stays a PyTorch op, with a warning.
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from pyrunner.frontend.compile import Options, Report, compile_graph
@@ -68,12 +70,14 @@ class Optimized:
 
 
 def optimize(fn: Callable, *example_inputs: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
-             verify: bool = True, executor: str = "gpu", progress: bool = True) -> Optimized:
+             verify: bool = True, executor: str = "gpu", progress: bool = True,
+             log: str | os.PathLike | None = None) -> Optimized:
     """Trace, plan, compile and verify ``fn`` at the shapes of ``example_inputs``; returns a callable.
 
     ``axes`` names the axes of inputs (``{"x": "td"}`` or ``{"x": ("t", "d")}``); others get letters.
     ``dtype`` forces the kernels' dtype (``float16``/``bfloat16``; default: the inputs').
     ``executor="reference"`` runs each region in the float64 interpreter instead (no GPU needed).
+    ``log`` (a results-log path) records each chosen plan.
     """
     if executor not in ("gpu", "reference"):
         raise FrontendError(f"executor {executor!r}: choose 'gpu' or 'reference'")
@@ -86,7 +90,7 @@ def optimize(fn: Callable, *example_inputs: Any, axes: dict[str, Any] | None = N
     names = {k: tuple(v) for k, v in (axes or {}).items()}
     say = (lambda s: print(f"superopt: {s}", file=sys.stderr, flush=True)) if progress else None
     opts = Options(executor=executor, dtype=dtype, verify=verify, axis_names=names, progress=say,
-                   name=_ident(getattr(fn, "__name__", type(fn).__name__)))
+                   name=_ident(getattr(fn, "__name__", type(fn).__name__)), log=Path(log) if log else None)
     gm, report = compile_graph(gm, values.__getitem__, opts, strict=True)
     if say:
         say(report.summary())

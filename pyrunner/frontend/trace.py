@@ -550,6 +550,7 @@ def _einsum(rt: RegionTrace, node: Any, a: _Args) -> Value:
     rt.made(Value(vals[1].term, tuple(letter[ch] for ch in specs[1])))
     if not shared:
         return rt.made(Value(ir.binary("mul", vals[0].term, vals[1].term), out_dims))
+    shared.sort(key=lambda ch: -rt.extent(letter[ch]))  # the tile GEMM takes the longest; the rest are sums
     c = letter[shared[0]]
     term = ir.matmul(vals[0].term, vals[1].term, c)
     rt.made(Value(term, out_dims + tuple(letter[ch] for ch in shared[1:])))
@@ -593,6 +594,10 @@ class RegionGraph:
     """IR input name, the FX node that feeds it, the shape it is viewed as (size-1 dims dropped)."""
     outputs: list[tuple[str, Any, list[int], tuple[int, ...]]]
     """IR output name, the FX node it replaces, the permutation from IR order, the node's shape."""
+    label: str = ""
+    """For messages; the graph itself is named ``region`` with inputs ``in<k>`` and outputs ``out<k>``,
+    so equal regions (the layers of a model, or two traces of one function) give one plan and one
+    cached binary."""
 
 
 def ident(name: str) -> str:
@@ -615,10 +620,7 @@ def finish(rt: RegionTrace, outputs: list[Any], name: str,
         axes = tuple(final[d] for d in u.dims if d)
         key = (u.node, axes)
         if key not in by_key:
-            base = ident(u.node.name)
-            nm, k = base, 1
-            while nm in taken:
-                nm, k = f"{base}_{k}", k + 1
+            nm = f"in{len(by_key)}"
             taken.add(nm)
             by_key[key] = nm
             inputs.append((nm, u.node, tuple(rt.extent(d) for d in u.dims if d)))
@@ -643,10 +645,7 @@ def finish(rt: RegionTrace, outputs: list[Any], name: str,
     for node in outputs:
         v = rt.values[node]
         term = rename(v.term)
-        nm = ident(node.name)
-        while nm in taken:
-            nm += "_out"
-        taken.add(nm)
+        nm = f"out{len(outs)}"
         have = ir.result_axes(term)
         want = tuple(final[d] for d in v.dims if d)
         if sorted(have) != sorted(want) or not have:
@@ -655,9 +654,9 @@ def finish(rt: RegionTrace, outputs: list[Any], name: str,
         out_specs.append((nm, node, [have.index(a) for a in want], tuple(rt.meta(node).shape)))
     sizes = {names[r]: rt.axes.size[r] for r in {rt.axes.find(v) for v in rt.axes.parent}}
     labels = {t: nm for nm, t in outs}
-    g = Graph(name, sizes, tuple(outs), labels)
+    g = Graph("region", sizes, tuple(outs), labels)
     check(g)
-    return RegionGraph(g, list(rt.nodes), inputs, out_specs)
+    return RegionGraph(g, list(rt.nodes), inputs, out_specs, name)
 
 
 def _merge_uses(rt: RegionTrace) -> None:
