@@ -168,6 +168,7 @@ def round_trips(plans: dict, out: Path, table: Table, small: bool, deadline: flo
     import torch
 
     import pyrunner
+    from pyrunner.backend.tilelang.render import resolve_config
     from pyrunner.frontend.cache import device_key, entry_dir
     from pyrunner.frontend.export import export_source
 
@@ -198,7 +199,7 @@ def round_trips(plans: dict, out: Path, table: Table, small: bool, deadline: flo
                       f"{time.perf_counter() - t0:.1f} s")
             ins = exp / f"{name}.inputs.pt"
             torch.save({k: v.cpu() for k, v in inputs.items()}, ins)
-            cfg = {k.name: dict(k.defaults) for k in plan.kernels}
+            cfg = resolve_config(plan, None)  # what load() compiled: its cache entry
             plan_path = exp / f"{name}.plan.json"
             plan_path.write_text(plan.model_dump_json())
             cases[name] = {"module": str(mod_path), "inputs": str(ins), "order": list(f.sig.input_names),
