@@ -89,7 +89,8 @@ class LoadedPlan:
         bound = bind(self.sig, args, kwargs)
         for spec in self.sig.inputs:
             check_tensor(spec, bound[spec.name])
-        require_gpu()
+        if self._launch is None:
+            require_gpu()
         device = _common_device(bound)
         launch = self.compile(device)
         if self.verify and self.verified is None:
