@@ -168,9 +168,9 @@ def round_trips(plans: dict, out: Path, table: Table, small: bool, deadline: flo
     import torch
 
     import pyrunner
-    from pyrunner.backend.tilelang.render import resolve_config
     from pyrunner.frontend.cache import device_key, entry_dir
     from pyrunner.frontend.export import export_source
+    from pyrunner.plan.analysis import resolve_config
 
     exp = out / "export"
     exp.mkdir(parents=True, exist_ok=True)

@@ -81,7 +81,7 @@ def test_cache_key_separates_plan_config_device_and_version(plan, monkeypatch, t
     base = entry_dir(plan, cfg, "H200-sm90", "0.1.15")
     assert base.is_relative_to(tmp_path) and plan.provenance.plan_hash in base.name
     other_plan = search(catalog.get("RMSNormMLP", {"m": 128, "d": 128, "n": 128}), "fp16")[0]
-    other_cfg = {k: {**v, "threads": 256} for k, v in cfg.items()}
+    other_cfg = {k: {**v, "threads": 2 * v["threads"]} for k, v in cfg.items()}
     variants = {entry_dir(other_plan, cfg, "H200-sm90", "0.1.15"), entry_dir(plan, other_cfg, "H200-sm90", "0.1.15"),
                 entry_dir(plan, cfg, "A100-sm80", "0.1.15"), entry_dir(plan, cfg, "H200-sm90", "0.1.16")}
     assert base not in variants and len(variants) == 4

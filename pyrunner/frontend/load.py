@@ -64,8 +64,8 @@ class LoadedPlan:
         if self._launch is not None:
             return self._launch
         require_gpu()
-        from pyrunner.backend.tilelang.render import resolve_config
         from pyrunner.frontend.cache import compile_cached, device_key
+        from pyrunner.plan.analysis import resolve_config
 
         cfg = resolve_config(self.plan, self.config)
         self._launch, self.cache_hit = compile_cached(self.plan, cfg, device_key(device))

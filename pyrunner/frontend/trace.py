@@ -29,6 +29,7 @@ from typing import Any
 
 from pyrunner.frontend.errors import FrontendError
 from pyrunner.ir import graph as ir
+from pyrunner.ir import ops
 from pyrunner.ir.graph import Graph, Term, check
 
 Dims = tuple[str | None, ...]
@@ -250,17 +251,30 @@ def _is_tensor(x: Any) -> bool:
 
 # --- the op table ------------------------------------------------------------------------
 
-UNARY = {
-    "exp": "exp", "exp2": "exp2", "log": "log", "neg": "neg", "reciprocal": "recip", "sqrt": "sqrt",
-    "rsqrt": "rsqrt", "square": "square", "silu": "silu", "sigmoid": "sigmoid", "tanh": "tanh", "relu": "relu",
-    "abs": "abs",
-}
-BINARY = {
-    "add": "add", "iadd": "add", "radd": "add", "sub": "sub", "isub": "sub", "rsub": "sub", "mul": "mul",
-    "imul": "mul", "rmul": "mul", "truediv": "div", "itruediv": "div", "div": "div", "rtruediv": "div",
-    "maximum": "max", "minimum": "min",
-}
-REVERSED = {"rsub", "rtruediv"}
+def _torch_names() -> tuple[dict[str, str], dict[str, str]]:
+    """PyTorch function/method/operator name -> IR op, read from the op table's PyTorch forms."""
+    unary: dict[str, str] = {}
+    for op in ops.UNARY.values():
+        m = re.fullmatch(r"(?:torch|F)\.(\w+)\(\{0\}\)", op.torch)
+        if m:
+            unary[m.group(1)] = op.name
+    binary: dict[str, str] = {}
+    infix = {"+": ("add",), "-": ("sub",), "*": ("mul",), "/": ("truediv", "div")}
+    for op in ops.BINARY.values():
+        m = re.fullmatch(r"\{0\} (\S) \{1\}", op.torch) or re.fullmatch(r"torch\.(\w+)\(\{0\}, \{1\}\)", op.torch)
+        if not m:
+            continue
+        for name in infix.get(m.group(1), (m.group(1),)):
+            for form in (name, f"i{name}", f"r{name}"):  # x += y, 1 - x
+                binary[form] = op.name
+    return unary, binary
+
+
+UNARY, BINARY = _torch_names()
+REDUCE = {m.group(1): r.name for r in ops.REDUCTIONS.values()
+          if (m := re.fullmatch(r"\{0\}\.(\w+)\(dim=\{1\}\)", r.torch))}
+"""Tensor method name -> IR reduction (``amax`` -> ``max``), from the op table's PyTorch forms."""
+REVERSED = {"rsub", "rtruediv", "rdiv"}
 IDENTITY = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as", "identity"}
 POW = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "recip"}
 MODULES = {
@@ -378,7 +392,7 @@ def _dispatch(rt: RegionTrace, node: Any, name: str, a: _Args) -> Value:  # noqa
         if hi is not None:
             x = rt.binary("min", x, rt.tensor(hi, node))
         return x
-    if name in ("sum", "mean", "amax"):
+    if name in REDUCE:
         return _reduction(rt, node, name, a)
     if name in ("matmul", "mm", "bmm"):
         return _matmul(rt, _tv(rt, node, x0), _tv(rt, node, a.get(1, "other", a.get(1, "mat2"))))
@@ -430,9 +444,7 @@ def _reduction(rt: RegionTrace, node: Any, name: str, a: _Args) -> Value:
     x = _tv(rt, node, a.get(0, "input"))
     dim = a.get(1, "dim")
     keep = bool(a.get(2, "keepdim", False))
-    if a.kwargs.get("dtype") is not None:
-        keep = keep  # a dtype request only changes the accumulation type, which is float32 already
-    fn = {"sum": "sum", "mean": "mean", "amax": "max"}[name]
+    fn = REDUCE[name]
     dims = list(range(len(x.dims))) if dim is None or dim == [] or dim == () else [d % len(x.dims) for d in _ints(dim)]
     if not keep and len(dims) == len(x.dims):
         raise unmappable(node, "a reduction to a scalar has no axis left; the graph IR's outputs need one")
