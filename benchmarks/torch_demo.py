@@ -118,9 +118,15 @@ def warm_worker(paths: list[str]) -> int:
     return 0
 
 
-def warm(plan_files: list[Path], jobs: int, timeout: float, table: Table) -> None:
+def warm(plan_files: list[tuple[Path, int]], jobs: int, timeout: float, table: Table) -> None:
+    """Compile (path, kernel count) plans in ``jobs`` processes, longest first to the least loaded."""
     t0 = time.perf_counter()
-    groups = [[str(p) for p in plan_files[i::jobs]] for i in range(jobs)]
+    groups: list[list[str]] = [[] for _ in range(jobs)]
+    load = [0] * jobs
+    for path, kernels in sorted(plan_files, key=lambda pk: -pk[1]):
+        i = load.index(min(load))
+        groups[i].append(str(path))
+        load[i] += kernels
     procs = [subprocess.Popen([sys.executable, __file__, "--warm", *g], cwd=ROOT) for g in groups if g]
     for p in procs:
         try:
@@ -267,6 +273,7 @@ def decoder_demo(m, x, table: Table, deadline: float) -> None:
             y = opt(x)
             e = err(y, ref)
             table.add("decoder optimize", f"err {e:.2e}", f"{'OK' if e <= BOUND else 'ABOVE BOUND'}; "
+                      f"vs eager bf16 {err(y, y_eager.double()):.2e}; "
                       f"{opt.report.summary().splitlines()[0]}; built in {time.perf_counter() - t0:.0f} s")
             for line in opt.report.summary().splitlines()[1:]:
                 table.add("  optimize region", line.strip())
@@ -286,6 +293,7 @@ def decoder_demo(m, x, table: Table, deadline: float) -> None:
                 e = err(y, ref)
                 extra = LAST_REPORTS[-1].summary().splitlines() if backend == "superopt" and LAST_REPORTS else []
                 table.add(f"decoder {name}", f"err {e:.2e}", f"{'OK' if e <= BOUND else 'ABOVE BOUND'}; "
+                          f"vs eager bf16 {err(y, y_eager.double()):.2e}; "
                           f"compiled in {time.perf_counter() - t0:.0f} s" + (f"; {extra[0]}" if extra else ""))
                 for line in extra[1:]:
                     table.add("  backend", line.strip())
@@ -307,7 +315,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "results" / "torch_demo"))
     ap.add_argument("--budget-s", type=float, default=220.0)
-    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--small", action="store_true", help="CPU check of the script: plan and export only")
     ap.add_argument("--warm", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -336,7 +344,7 @@ def main() -> int:
     for i, p in enumerate(list(plans.values()) + dplans):
         f = pdir / f"{i:02d}_{p.workload}_{p.provenance.plan_hash}.json"
         f.write_text(p.model_dump_json())
-        files.append(f)
+        files.append((f, len(p.kernels)))
     if not args.small:
         warm(files, args.jobs, 0.45 * args.budget_s, table)
     round_trips(plans, out, table, args.small, start + 0.6 * args.budget_s)
