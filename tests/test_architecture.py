@@ -24,6 +24,7 @@ LAYERS = [
     {"target"},
     {"planner", "backend"},
     {"run"},
+    {"frontend"},
     {"cli"},
     {"__main__"},
 ]
@@ -49,7 +50,11 @@ def _imports(path: Path) -> set[str]:
     return {m for m in out if m in MODULES}
 
 
-GRAPH = {m: _imports(p) - {m} for m, p in MODULES.items()}
+FACADE = {"pyrunner": {"pyrunner.frontend"}}
+"""The package root's lazy ``__getattr__`` re-exports the PyTorch entry points (``pyrunner.load``,
+``pyrunner.optimize``): an attribute lookup on first use, not an import dependency of the root."""
+
+GRAPH = {m: _imports(p) - {m} - FACADE.get(m, set()) for m, p in MODULES.items()}
 
 
 def _layer(module: str) -> int:

@@ -17,7 +17,8 @@ from pyrunner.frontend.backend import LAST_REPORTS
 from pyrunner.frontend.errors import FrontendError
 from pyrunner.frontend.optimize import fx_trace
 from pyrunner.frontend.partition import example_values, partition, region_of, stages
-from pyrunner.frontend.trace import Unmappable, target_name
+from pyrunner.frontend.torchops import target_name
+from pyrunner.frontend.trace import Unmappable
 from pyrunner.planner import search
 
 VIEWS = ("t", "getattr", "transpose", "permute", "view", "reshape", "unsqueeze", "squeeze", "contiguous")

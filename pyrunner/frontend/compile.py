@@ -17,8 +17,9 @@ from typing import Any
 
 from pyrunner.errors import UserError
 from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
+from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.runtime import Impl, assemble, plan_impl, reference_impl
-from pyrunner.frontend.trace import RegionGraph, op_name, where
+from pyrunner.frontend.trace import op_name, where
 from pyrunner.plan.schema import Plan
 
 log = logging.getLogger("pyrunner.frontend")

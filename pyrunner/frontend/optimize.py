@@ -98,6 +98,6 @@ def optimize(fn: Callable, *example_inputs: Any, axes: dict[str, Any] | None = N
 
 
 def _ident(name: str) -> str:
-    from pyrunner.frontend.trace import ident
+    from pyrunner.frontend.region import ident
 
     return ident(name)

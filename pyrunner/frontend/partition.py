@@ -15,7 +15,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pyrunner.frontend.trace import AxisConflict, RegionGraph, RegionTrace, Unmappable, finish, unmappable
+from pyrunner.frontend.region import RegionGraph, finish
+from pyrunner.frontend.torchops import new_trace
+from pyrunner.frontend.trace import AxisConflict, Unmappable, unmappable
 
 ANCHORS = {"matmul": 1, "mm": 1, "bmm": 1, "linear": 1, "einsum": 1, "scaled_dot_product_attention": 2}
 """Contractions per op: the planner's search grows fast with them."""
@@ -60,13 +62,13 @@ def is_tensor_node(node: Any, meta: Callable[[Any], Any]) -> bool:
 def partition(gm: Any, meta: Callable[[Any], Any], strict: bool = False) -> Partition:
     """Greedy regions; with ``strict`` the first unmappable node raises instead of falling back."""
     part = Partition()
-    cur = RegionTrace(meta)
+    cur = new_trace(meta)
 
     def close() -> None:
         nonlocal cur
         if cur.nodes:
             part.segments.append(list(cur.nodes))
-        cur = RegionTrace(meta)
+        cur = new_trace(meta)
 
     for node in gm.graph.nodes:
         if not is_tensor_node(node, meta):
@@ -84,7 +86,7 @@ def partition(gm: Any, meta: Callable[[Any], Any], strict: bool = False) -> Part
             continue
         except AxisConflict:
             close()
-        fresh = RegionTrace(meta)
+        fresh = new_trace(meta)
         try:
             fresh.add(node)
             cur = fresh
@@ -114,7 +116,7 @@ def segment_outputs(nodes: list[Any], meta: Callable[[Any], Any]) -> list[Any]:
 def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
               axis_names: dict[str, tuple[str, ...]] | None = None) -> RegionGraph | None:
     """Translate a segment from scratch; None when it computes nothing (only views of its inputs)."""
-    rt = RegionTrace(meta)
+    rt = new_trace(meta)
     for n in nodes:
         rt.add(n)
     outs = [n for n in segment_outputs(nodes, meta) if rt.values[n].term.op != "input"]
@@ -124,7 +126,7 @@ def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
 
 
 def contractions(nodes: list[Any]) -> int:
-    from pyrunner.frontend.trace import target_name
+    from pyrunner.frontend.torchops import target_name
 
     return sum(ANCHORS.get(target_name(n), 0) for n in nodes)
 
@@ -135,7 +137,7 @@ def stages(nodes: list[Any]) -> list[list[Any]]:
     The planner's search grows quickly with contractions; pieces it still cannot plan are
     split further by ``split``.
     """
-    from pyrunner.frontend.trace import target_name
+    from pyrunner.frontend.torchops import target_name
 
     pieces: list[list[Any]] = [[]]
     depth: dict[Any, int] = {}
@@ -155,7 +157,7 @@ def stages(nodes: list[Any]) -> list[list[Any]]:
 
 def split(nodes: list[Any]) -> tuple[list[Any], list[Any]]:
     """Two contiguous halves, cut before the contraction nearest the middle (or at the middle)."""
-    from pyrunner.frontend.trace import target_name
+    from pyrunner.frontend.torchops import target_name
 
     mid = len(nodes) / 2
     anchors = [i for i, n in enumerate(nodes) if i > 0 and ANCHORS.get(target_name(n))]

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pyrunner.frontend.trace import RegionGraph
+from pyrunner.frontend.region import RegionGraph
 from pyrunner.plan.schema import Plan
 
 Impl = Callable[[dict[str, Any]], tuple]
