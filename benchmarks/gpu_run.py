@@ -34,6 +34,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DEFAULT_BUDGET_S = 500.0
+WARMUP_MS = 25.0
+REP_MS = 100.0
+"""Warm-up and timing per function, the same for the plan and every baseline (split over the rounds)."""
 WARM_SHARE = 0.45
 """Fraction of the budget the parallel warm-up phase may use at most."""
 MIN_RUN_S = 25.0
@@ -72,16 +75,32 @@ def _env_report(say: Tee) -> None:
 
 # --- planning --------------------------------------------------------------------
 
-def _graphs(args) -> list:
+SECOND_SHAPES = (
+    ("Attention", {"t_q": 8192, "t_kv": 8192}),
+    ("Attention", {"t_q": 1024, "t_kv": 1024}),
+    ("Matmul", {"m": 4096, "d": 4096, "n": 4096}),
+    ("RMSNormMLP", {"m": 8192}),
+)
+"""``--shapes2``: the second shape set, so gains are not tuned to one shape."""
+
+
+def _graphs(args) -> list[tuple[str, object]]:
+    """(tag, graph) to run: the tag names the plan file (workload, and shapes where not the default)."""
     from pyrunner.ir import catalog as workloads
     from pyrunner.ir.graph_json import load_graph_file
 
     out = []
-    for name in args.workloads.split(","):
-        if name:
-            out.append(workloads.get(name))
+    if not args.shapes2_only:
+        for name in args.workloads.split(","):
+            if name:
+                out.append((name, workloads.get(name)))
+    if args.shapes2 or args.shapes2_only:
+        for name, sizes in SECOND_SHAPES:
+            tag = name + "_" + "_".join(f"{a}{n}" for a, n in sorted(sizes.items()))
+            out.append((tag, workloads.get(name, sizes)))
     for path in args.graph or []:
-        out.append(load_graph_file(path))
+        g = load_graph_file(path)
+        out.append((g.name, g))
     return out
 
 
@@ -89,26 +108,31 @@ def _plan_all(args, work: Path, results: Path, say: Tee) -> list[tuple[str, str,
     """Plan every (graph, dtype); a planner failure is logged as a failed record."""
     from pyrunner.log.results import append_record, make_record
     from pyrunner.planner import search
+    from pyrunner.planner.search import ranked_plan_configs
 
     jobs: list[tuple[str, str, Path]] = []
     (work / "plans").mkdir(parents=True, exist_ok=True)
     graphs = _graphs(args)
     for dtype in args.dtypes.split(","):
-        for g in graphs:
+        for tag, g in graphs:
             t = time.monotonic()
             try:
                 (plan,) = search(g, dtype, top=1, calibration=args.calibration)
+                configs = ranked_plan_configs(g, plan, max(args.autotune, 1), args.calibration)
             except Exception as e:  # noqa: BLE001 - record and go on with the others
                 say(f"PLAN FAILED {g.name} {dtype}: {type(e).__name__}: {e}")
                 append_record(results, make_record(
                     plan_hash="none", workload=g.name, graph_hash="", shapes=dict(g.sizes), dtype=dtype,
                     device="planner", status="failed-compile", message=f"planner failed: {type(e).__name__}: {e}"))
                 continue
-            path = work / "plans" / f"{g.name}_{dtype}.json"
+            path = work / "plans" / f"{tag}_{dtype}.json"
             path.write_text(plan.model_dump_json(indent=1))
-            say(f"planned {g.name:14s} {dtype:9s} plan {plan.provenance.plan_hash}  {len(plan.kernels)} kernel(s)  "
-                f"predicted {plan.cost.total_us:.1f} us  ({time.monotonic() - t:.1f} s)")
-            jobs.append((g.name, dtype, path))
+            path.with_suffix(".configs.json").write_text(json.dumps(configs))
+            measured = " (measured, tuning database)" if plan.cost.model.get("measured") else ""
+            say(f"planned {tag:14s} {dtype:9s} plan {plan.provenance.plan_hash}  {len(plan.kernels)} kernel(s)  "
+                f"predicted {plan.cost.total_us:.1f} us{measured}  {len(configs)} ranked config(s)  "
+                f"({time.monotonic() - t:.1f} s)")
+            jobs.append((tag, dtype, path))
     return jobs
 
 
@@ -118,7 +142,9 @@ def _worker_cmd(args, mode: str, plan: Path, results: Path, work: Path, deadline
                 checkpoint: Path | None = None) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--plan", str(plan),
            "--results", str(results), "--work", str(work), "--autotune", str(args.autotune),
-           "--deadline-s", f"{deadline_s:.0f}", "--baselines", args.baselines]
+           "--deadline-s", f"{deadline_s:.0f}", "--baselines", args.baselines, "--rounds", str(args.rounds)]
+    if args.tuning_out:
+        cmd += ["--tuning-out", str(args.tuning_out)]
     if checkpoint is not None:
         cmd += ["--checkpoint", str(checkpoint)]
     return cmd
@@ -146,11 +172,15 @@ def worker(args) -> int:
     from pyrunner.run.runner import RunOptions, print_record, run_plan
 
     plan = load_plan(args.plan)
+    ranked = Path(args.plan).with_suffix(".configs.json")
     opts = RunOptions(
         results=Path(args.results), out_dir=Path(args.work) / "sources", autotune=args.autotune,
         baselines=tuple(b for b in args.baselines.split(",") if b), deadline=time.monotonic() + args.deadline_s,
         checkpoint=Path(args.checkpoint) if args.checkpoint else None, warm_only=args.worker == "warm",
-        warmup_ms=25.0, rep_ms=100.0,
+        warmup_ms=WARMUP_MS, rep_ms=REP_MS, rounds=args.rounds,
+        candidates=json.loads(ranked.read_text()) if ranked.exists() else None,
+        tuning_out=Path(args.tuning_out) if args.tuning_out and args.worker == "run" else None,
+        tuning_db=Path(args.tuning_out) if args.tuning_out and args.worker == "warm" else None,
     )
     console = Console(stderr=True, width=120)
     rec = run_plan(plan, opts, console)
@@ -232,6 +262,24 @@ def _timed(args, jobs, results: Path, work: Path, end: float, say: Tee) -> None:
         say(f"   {name} {dtype}: {why}; logged as {rec.status}")
 
 
+def _seed_tuning(out: Path, say: Tee) -> Path:
+    """$OUT/tuning_<device>.json, starting from the committed file: runs add to it; commit it back."""
+    import shutil
+
+    from pyrunner.run.timing import device_name
+    from pyrunner.target.tuning import DEFAULT_DEVICE, TuningDB, device_key
+
+    dev = device_name()
+    key = device_key(dev if dev != "cpu" else DEFAULT_DEVICE)
+    dst = out / f"tuning_{key}.json"
+    src = TuningDB.for_device(key).path
+    if not dst.exists() and src.exists():
+        shutil.copyfile(src, dst)
+    say(f"tuning database: {dst} (seeded from {src if src.exists() else 'nothing'}); "
+        f"commit it as benchmarks/tuning/{key}.json")
+    return dst
+
+
 def _pack_sources(work: Path, out: Path) -> None:
     with tarfile.open(out / "sources.tar.gz", "w:gz") as tar:
         for sub in ("plans", "sources", "logs"):
@@ -250,7 +298,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget for everything")
     ap.add_argument("--autotune", type=int, default=4, help="configs timed per plan (<= 8; 1 = defaults only)")
     ap.add_argument("--jobs", type=int, default=6, help="parallel warm-up processes (1 = no warm-up)")
-    ap.add_argument("--baselines", default="eager,vendor,torch_compile,max_autotune")
+    ap.add_argument("--baselines", default="eager,vendor,torch_compile,max_autotune,flex")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds of plan and baselines")
+    ap.add_argument("--shapes2", action="store_true",
+                    help="also run the second shape set (attention t=8192 and t=1024, matmul 4096^3, "
+                         "RMSNormMLP m=8192)")
+    ap.add_argument("--shapes2-only", action="store_true", help="run only the second shape set")
+    ap.add_argument("--tuning-out", type=Path, default=None,
+                    help="tuning database to update (default: $OUT/tuning_<device>.json, seeded from "
+                         "benchmarks/tuning/)")
     ap.add_argument("--calibration", type=Path, default=None, help="results log the planner calibrates from")
     ap.add_argument("--work", type=Path, default=Path("/tmp/superopt_gpu_run"))
     # worker mode (internal)
@@ -273,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"== gpu_run: budget {args.budget_s:.0f} s, workloads {args.workloads}, dtypes {args.dtypes}, "
         f"graphs {args.graph or []}, autotune {args.autotune}, warm-up jobs {args.jobs}")
     _env_report(say)
+    if args.tuning_out is None:
+        args.tuning_out = _seed_tuning(args.out, say)
     jobs = _plan_all(args, args.work, results, say)
     warm_until = time.monotonic() + WARM_SHARE * (end - time.monotonic())
     _warm(args, jobs, results, args.work, warm_until, say)

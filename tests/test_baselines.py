@@ -157,3 +157,53 @@ def test_generated_source_is_plain_pytorch() -> None:
     src = torch_source(_small("Attention"), vendor=True)
     assert "F.scaled_dot_product_attention(" in src and "scale=1.0" in src
     assert "torch.softmax" in torch_source(_small("Attention"))
+
+
+def _softcap_bias_graph():
+    from pyrunner.ir.graph_json import graph_from_json
+
+    return graph_from_json({
+        "name": "SoftcapBiasAttention",
+        "axes": {"h": 2, "t_q": 128, "t_kv": 256, "d": 64},
+        "inputs": {"Q": ["h", "t_q", "d"], "K": ["h", "t_kv", "d"], "V": ["h", "t_kv", "d"],
+                   "Bias": ["t_q", "t_kv"]},
+        "nodes": [
+            {"name": "S", "op": "matmul", "args": ["Q", "K"], "contract": "d"},
+            {"name": "c", "op": "const", "value": 30.0},
+            {"name": "Sc", "op": "div", "args": ["S", "c"]},
+            {"name": "T", "op": "tanh", "args": ["Sc"]},
+            {"name": "Sx", "op": "mul", "args": ["T", "c"]},
+            {"name": "Sb", "op": "add", "args": ["Sx", "Bias"]},
+            {"name": "P", "op": "softmax", "args": ["Sb"], "axis": "t_kv"},
+            {"name": "O", "op": "matmul", "args": ["P", "V"], "contract": "t_kv"},
+        ],
+        "outputs": ["O"],
+    })
+
+
+def test_flex_attention_baseline_matches_the_reference_for_a_score_modification() -> None:
+    """softcap + bias: score_mod computes the graph (checked uncompiled on the CPU against float64)."""
+    import numpy as np
+
+    from pyrunner.ir.reference import evaluate, random_inputs
+    from pyrunner.run import flex as B
+
+    g = _softcap_bias_graph()
+    src = B._flex_source(g)
+    assert "torch.compile(flex_attention)" in src and "torch.tanh" in src and "bias0[q_idx, kv_idx]" in src
+    fn = B._load(src.replace("_flex = torch.compile(flex_attention)", "_flex = flex_attention"))
+    inputs = random_inputs(g, 5)
+    ref = evaluate(g, inputs)
+    with pytest.warns(UserWarning):
+        out = fn(**{k: torch.from_numpy(v).double() for k, v in inputs.items()})
+    assert np.abs(out["O"].numpy() - ref["O"]).max() < 1e-9
+
+
+def test_flex_baseline_only_for_score_modifications() -> None:
+    from pyrunner.ir import catalog
+    from pyrunner.run.flex import flex_fn
+
+    assert flex_fn(catalog.get("Attention")) is None  # plain attention: SDPA covers it
+    assert flex_fn(catalog.get("ScaledAttention")) is None
+    assert flex_fn(catalog.get("SwiGLU")) is None
+    assert flex_fn(_softcap_bias_graph()) is not None

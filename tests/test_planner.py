@@ -244,12 +244,20 @@ def test_explain_names_rules_and_costs() -> None:
 
 
 def test_calibration_changes_the_prediction(tmp_path) -> None:
+    """A current-generation record measured at twice the prediction scales its structure class."""
+    import json
+
+    from pyrunner.target.layout import GENERATION
+
     g = workloads.get("Matmul")
-    base = search(g, "fp16")[0]
+    base = search(g, "fp16", tuning=False)[0]
     log = tmp_path / "results.jsonl"
     pred = base.cost.total_us
-    log.write_text('{"status": "ok", "predicted_us": %f, "plan_us": %f, "bound": "compute"}\n' % (pred, pred * 2))
-    slower = search(g, "fp16", calibration=log)[0]
+    rec = {"status": "ok", "workload": "Matmul", "shapes": dict(g.sizes), "dtype": "float16", "device": "H200",
+           "config": {k.name: dict(k.defaults) for k in base.kernels}, "predicted_us": pred, "plan_us": pred * 2,
+           "bound": "compute", "extra": {"renderer": GENERATION}}
+    log.write_text(json.dumps(rec) + "\n")
+    slower = search(g, "fp16", calibration=log, tuning=False)[0]
     assert slower.cost.total_us > pred * 1.3
 
 

@@ -179,8 +179,13 @@ def test_autotune_keeps_the_fastest_verified_config(tmp_path, monkeypatch, fake_
         fn()
         return 1.0 if last[-1] == fast else 5.0
 
+    def fake_side_by_side(fns, *a, **k):  # the final timing, same clock
+        times = {name: fake_time(f) for name, f in fns.items()}
+        return times, {n: "fake" for n in fns}, {n: [t] for n, t in times.items()}
+
     monkeypatch.setattr(runner, "_compile", compile_)
     monkeypatch.setattr(runner, "median_us", fake_time)
+    monkeypatch.setattr(runner, "side_by_side_us", fake_side_by_side)
     rec = run_plan(plan, _opts(tmp_path, device="cpu", autotune=4, baselines=()))
     assert rec.status == "ok", rec.message
     assert rec.config == fast and rec.plan_us == 1.0
@@ -204,3 +209,22 @@ def test_a_killed_run_is_logged_from_its_checkpoint(tmp_path, fake_gpu, matmul_p
     ck.write_text(json.dumps(data))
     assert runner.record_from_checkpoint(ck, "killed").status == "failed-compile"
     assert runner.record_from_checkpoint(tmp_path / "none.json", "killed") is None
+
+
+def test_gpu_run_writes_the_tuned_config_and_times_side_by_side(tmp_path, fake_gpu, matmul_plan) -> None:
+    from pyrunner.target.tuning import TuningDB
+
+    plan = matmul_plan(128, 128, 128)
+    out = tmp_path / "tuning.json"
+    opts = _opts(tmp_path, device="cpu", baselines=("eager",), warmup_ms=0.1, rep_ms=0.5, tuning_out=out,
+                 tuning_db=tmp_path / "none.json", rounds=2)
+    rec = run_plan(plan, opts)
+    assert rec.status == "ok", rec.message
+    timing = rec.extra["timing"]
+    assert set(timing["method"]) == {"plan", "eager"} and len(timing["rounds_us"]["plan"]) == 2
+    assert rec.baselines_us["eager"] is not None and rec.extra["renderer"] >= 2
+    entry = TuningDB.load(out).lookup(plan, "fake-gpu")
+    assert entry is not None and entry.config == rec.config and entry.time_us == round(rec.plan_us, 3)
+    # the next run starts from that config and says so
+    rec2 = run_plan(plan, opts)
+    assert "tuning database" in rec2.message

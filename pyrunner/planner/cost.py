@@ -1,19 +1,17 @@
 """Analytic cost model: roofline per kernel with tile, wave and pipeline effects.
 
 Device numbers come from ``pyrunner.target`` (one ``Device`` per GPU); ``Machine`` adds the
-model's own calibrated efficiencies, which ``calibrate`` scales from measured results (the JSON
-Lines results log), so the planner ranks by what was seen. Which configs fit the device is the
-target's fit check (``pyrunner.target.fit``), never decided here.
+model's own calibrated efficiencies and per-structure scales, which ``planner.calibration`` fits
+from measured results (the JSON Lines results log), so the planner ranks by what was seen. Which
+configs fit the device is the target's fit check (``pyrunner.target.fit``), never decided here.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
+from dataclasses import dataclass, field, fields
 
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve
 from pyrunner.planner.lower import Lowered
@@ -21,7 +19,8 @@ from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
 from pyrunner.target.fit import FitModel
 
-__all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "calibrate", "estimate", "fitting_space", "param_space"]
+__all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "estimate", "fitting_space", "param_space",
+           "ranked_configs", "structure_class"]
 
 
 @dataclass(frozen=True)
@@ -29,19 +28,25 @@ class Machine:
     """A device (``pyrunner.target``) plus the cost model's calibrated constants."""
 
     device: Device = field(default=H200_DEVICE)
-    loop_reduce_s: float = 0.35e-6    # one tile reduction inside a tensor-core loop: shuffles + barrier
-                                      # (measured: fused RMSNorm 100 us vs its bare GEMM 54 us, H200 run 1)
-    loop_map_s: float = 0.08e-6       # one elementwise tile pass inside a tensor-core loop
+    loop_reduce_s: float = 0.12e-6    # one cross-thread tile reduction left inside a tensor-core loop
+                                      # (shuffles + a barrier; linear sums are deferred to the epilogue)
+    loop_map_s: float = 0.0           # elementwise passes are counted as CUDA-core work (no double count)
     compute_efficiency: float = 0.80  # generated-code efficiency on tensor cores (calibrated)
     memory_efficiency: float = 0.85   # achieved fraction of copy bandwidth (calibrated)
+    structure_scale: tuple[tuple[str, float], ...] = ()  # structure class -> measured/predicted (calibration)
 
     def as_dict(self) -> dict[str, float]:
         """Every constant the model used (device throughputs and calibrated factors), for the plan."""
         d = self.device
         out = {"tc_flops": d.tc_flops, "cc_flops": d.cc_flops, "sfu_ops": d.sfu_ops, "hbm_bw": d.hbm_bw,
                "l2_bw": d.l2_bw, "launch_us": d.launch_us, "sms": d.sms, "smem_per_sm": d.smem_per_sm}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name != "device"})
+        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("device", "structure_scale")})
+        out.update({f"scale[{c}]": v for c, v in self.structure_scale})
         return {k: float(v) for k, v in out.items()}
+
+    def scale_for(self, cls: str) -> float:
+        """Calibrated measured/predicted ratio of a kernel structure class (1 when uncalibrated)."""
+        return dict(self.structure_scale).get(cls, 1.0)
 
 
 H200 = Machine()
@@ -91,6 +96,59 @@ def _buf_elems(axes: list[str], blocks: dict[str, int]) -> int:
     return math.prod(blocks[a] for a in axes)
 
 
+MMA_WIDTH_EFFICIENCY = ((256, 1.0), (128, 0.93), (64, 0.80), (32, 0.62), (16, 0.45), (8, 0.35))
+"""Tensor-core efficiency by wgmma instruction width N (m64nNk16): a narrow N re-reads A from
+shared memory per output column more often and issues more instructions per FLOP."""
+
+
+def mma_width_efficiency(n: int) -> float:
+    for width, eff in MMA_WIDTH_EFFICIENCY:
+        if n >= width:
+            return eff
+    return MMA_WIDTH_EFFICIENCY[-1][1]
+
+
+def mma_widths(low: Lowered, blocks: dict[str, int], threads: int) -> list[int]:
+    """Instruction width N of each GEMM as the renderer emits it.
+
+    FullRow (each warpgroup 64 rows x the whole tile) where the rows split among the warps, else
+    TileLang's Square split halves N per extra warpgroup column; two loop GEMMs with the same A
+    operand and contracted axis issue as one GEMM twice as wide (up to 256).
+    """
+    warps = max(1, threads // 32)
+    gemm_ops = [op for op in low.body if getattr(op, "op", "") == "gemm"]
+    merged: set[int] = set()
+    for i, a in enumerate(gemm_ops):
+        for j in range(i + 1, len(gemm_ops)):
+            b = gemm_ops[j]
+            if i not in merged and j not in merged and (a.a, a.contract) == (b.a, b.contract):
+                merged |= {i, j}
+    out = []
+    for g in low.gemms:
+        bm, bn = blocks[g.m_axis], blocks[g.n_axis]
+        n = bn if bm % (16 * warps) == 0 else max(8, bn * 4 * max(1, bm // 64) // warps)
+        if g.streamed and merged and 2 * bn <= 256:
+            n = 2 * bn
+        out.append(min(256, n))
+    return out
+
+
+def warp_specialized(low: Lowered) -> bool:
+    """TileLang 0.1.15 splits a pipelined loop into a TMA producer + consumers: 384-thread launch bounds,
+    one CTA per SM."""
+    return low.stream is not None and bool(low.loads) and any(ld.in_loop for ld in low.loads)
+
+
+def structure_class(low: Lowered) -> str:
+    """Coarse kernel structure for per-structure calibration: GEMMs, loop, reductions in the loop."""
+    n_gemm = len(low.gemms)
+    loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce"
+                   and not (op.fn == "sum" and op.accumulate))  # linear sums are deferred by the renderer
+    reg_a = any(g.a_in_registers for g in low.gemms)
+    kind = "gemm" if n_gemm else "ew"
+    return f"{kind}{n_gemm}-{'loop' if low.stream else 'flat'}-r{loop_red}{'-regA' if reg_a else ''}"
+
+
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
              smem: int, m: Machine = H200) -> Estimate:
     """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block (occupancy)."""
@@ -117,6 +175,8 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
 
     threads = cfg[THREADS_PARAM]
     per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
+    if warp_specialized(low):
+        per_sm = 1
     slots = dev.sms * per_sm
     waves = math.ceil(n_blocks / slots)
     wave_eff = n_blocks / (waves * slots)
@@ -124,28 +184,29 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     util = min(1.0, n_blocks / dev.sms) if n_blocks < dev.sms else wave_eff
 
     flops = sum(g.flops for g in low.gemms)
-    tile_eff = 1.0
-    for g in low.gemms:
-        bm, bn = blocks[g.m_axis], blocks[g.n_axis]
-        harm = bm * bn / (bm + bn)
+    t_tc = 0.0
+    for g, n_inst in zip(low.gemms, mma_widths(low, blocks, threads), strict=True):
+        bm = blocks[g.m_axis]
         k_eff = min(1.0, 0.55 + blocks[g.k_axis] / 128) if g.k_axis in blocks else 1.0
-        tile_eff = min(tile_eff, min(1.0, harm / 64.0) * k_eff)
+        m_eff = min(1.0, bm / 128) ** 0.5  # a 64-row tile keeps one warpgroup busy, not two
+        t_tc += g.flops / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst) * k_eff * m_eff)
     pipe = 1.0
     if low.stream is not None:
         pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
-    t_tc = flops / (dev.tc_flops * m.compute_efficiency * tile_eff * max(util, 1e-3) * pipe) if flops else 0.0
+    t_tc /= max(util, 1e-3) * pipe
     t_cc = (low.ew_elems / dev.cc_flops + low.trans_elems / dev.sfu_ops) / max(util, 1e-3)
     t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * 1.5), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
-    # reductions inside a GEMM loop serialise with the MMAs: a fixed cost per block and step
-    per_step = 0.0
-    if low.gemms:
-        per_step = sum(m.loop_reduce_s if op.op == "reduce" else m.loop_map_s
-                       for op in low.body if op.op in ("reduce", "map"))
+    # Every wgmma is waited on at once (warpgroup_wait<0>), so CUDA-core work in a GEMM kernel runs
+    # after the MMAs, not beside them: add it. A cross-thread reduction still inside the loop (a
+    # max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
+    loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce") if low.gemms else 0
+    linear = sum(1 for op in low.body if getattr(op, "op", "") == "reduce" and op.fn == "sum" and op.accumulate)
+    per_step = max(0, loop_red - linear) * m.loop_reduce_s
     t_sync = per_step * n_blocks * n_iter / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
-    t_compute = t_tc + 0.5 * t_cc + t_sync
-    body = max(t_compute, t_mem)
+    t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
+    body = max(t_compute, t_mem) * m.scale_for(structure_class(low))
     time_us = body * 1e6 + dev.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
     if dev.launch_us > body * 1e6:
@@ -196,28 +257,15 @@ def fitting_space(space: Mapping[str, list[int]], keep: Mapping[str, int],
         lists[n].remove(x)
 
 
-def calibrate(log: Path | None, m: Machine = H200) -> Machine:
-    """Scale efficiencies by measured/predicted ratios in the results log.
-
-    Records with a predicted time and a measured plan time on a GPU adjust
-    ``compute_efficiency`` (compute-bound plans) and ``memory_efficiency``
-    (memory-bound ones) by the geometric mean of predicted/measured.
-    """
-    if log is None or not Path(log).exists():
-        return m
-    ratios: dict[str, list[float]] = {"compute": [], "memory": []}
-    for line in Path(log).read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        pred, meas, bound = rec.get("predicted_us"), rec.get("plan_us"), rec.get("bound")
-        if rec.get("status") == "ok" and pred and meas and bound in ratios:
-            ratios[bound].append(pred / meas)
-    out = m
-    for bound, field_name in (("compute", "compute_efficiency"), ("memory", "memory_efficiency")):
-        rs = ratios[bound]
-        if rs:
-            g = math.exp(sum(math.log(r) for r in rs) / len(rs))
-            out = replace(out, **{field_name: min(1.0, max(0.05, getattr(out, field_name) * g))})
-    return out
+def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
+                   tensor_bytes: dict[str, int], fit: FitModel, n: int, m: Machine = H200) -> list[dict[str, int]]:
+    """The ``n`` cheapest configs of ``space`` that fit the device, best first (autotuning's list)."""
+    names = sorted(space)
+    scored = []
+    for values in itertools.product(*(space[k] for k in names)):
+        cfg = dict(zip(names, values, strict=True))
+        if fit.why_not(cfg) is None:
+            est = estimate(low, cfg, sizes, tensor_bytes, fit.footprint(cfg).smem_bytes, m)
+            scored.append((round(est.time_us, 3), -sum(values), cfg))
+    scored.sort(key=lambda x: (x[0], x[1]))
+    return [cfg for _, _, cfg in scored[:n]]

@@ -36,15 +36,16 @@ from pyrunner.plan.schema import (
     canonical_json,
     with_hash,
 )
+from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.cost import (
     DTYPE_BYTES,
     H200,
     Estimate,
     Machine,
     best_config,
-    calibrate,
     fitting_space,
     param_space,
+    ranked_configs,
 )
 from pyrunner.planner.lower import Infeasible, Lowered, cone, lower, stream_candidates
 from pyrunner.target.fit import FitModel
@@ -298,23 +299,78 @@ def kernel_of(low: Lowered, name: str, space: dict[str, list[int]]) -> Kernel:
 
 
 def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = False,
-           calibration: Path | None = None) -> list[Plan]:
-    """The `top` cheapest distinct plans for `graph` (the naive plan with naive=True)."""
-    machine = calibrate(calibration)
+           calibration: Path | None = None, tuning=None) -> list[Plan]:
+    """The `top` cheapest distinct plans for `graph` (the naive plan with naive=True).
+
+    ``tuning``: the tuning database whose measured times and configs take precedence over the
+    model's (default: the committed one of the target device; False: the model alone).
+    """
+    machine = calibrate(calibration, Planner)
     planner = Planner(graph, dtype, machine)
     cands = planner.candidates(naive=naive)
     if not cands:
         why = sorted(planner.rejections.items(), key=lambda kv: -kv[1])[:2]
         raise GraphError(f"no feasible plan for graph {graph.name!r} at sizes {graph.sizes}: "
                          + "; ".join(w for w, _ in why))
-    plans: list[Plan] = []
+    ranked: list[tuple[int, int, Plan]] = []
     seen: set[tuple] = set()
     for c in cands:
         sig = c.signature()
         if sig in seen:
             continue
         seen.add(sig)
-        plans.append(to_plan(planner, c, naive))
-        if len(plans) >= top:
+        ranked.append((unguarded_exps(c.variant.graph), len(ranked), to_plan(planner, c, naive)))
+        if len(ranked) >= max(top, TUNED_LOOKAHEAD):
             break
-    return plans
+    if tuning is not False:
+        ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
+    ranked.sort(key=lambda x: (x[0], round(x[2].cost.total_us, 2), x[1]))
+    return [p for _, _, p in ranked[:top]]
+
+
+TUNED_LOOKAHEAD = 6
+"""Distinct plans looked up in the tuning database before the top ones are taken."""
+
+
+def prefer_measured(plan: Plan, db=None) -> Plan:
+    """The plan at its tuned config with its measured time as the estimate, where the database has it."""
+    from pyrunner.target.tuning import TuningDB, apply_tuned
+
+    db = TuningDB.for_device() if db is None or db is True else db
+    entry = db.lookup(plan)
+    if entry is None:
+        return plan
+    tuned = apply_tuned(plan, entry)
+    cost = tuned.cost.model_copy(update={"total_us": round(entry.time_us, 3),
+                                         "model": {**tuned.cost.model, "measured": 1.0}})
+    return with_hash(tuned.model_copy(update={"cost": cost}))
+
+
+def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path | None = None) -> list[dict]:
+    """Up to ``n`` whole-plan configs for autotuning, best first by the cost model, from the fitting space.
+
+    Each kernel's configs are ranked on their own (kernels run one after another, so their
+    times add); the i-th whole-plan config takes each kernel's i-th best (its last when it has fewer).
+    """
+    from pyrunner.target.tuning import structure_hash
+
+    machine = calibrate(calibration, Planner)
+    planner = Planner(graph, plan.dtype, machine)
+    want = structure_hash(plan)
+    naive = plan.provenance.planner.endswith("-naive")
+    for c in planner.candidates(naive=naive):
+        if len(c.kernels) != len(plan.kernels) or structure_hash(to_plan(planner, c, naive)) != want:
+            continue
+        tb = {t.name: _prod(t.shape) * DTYPE_BYTES[t.dtype] for t in c.tensors}
+        per_kernel = []
+        for k, kc in zip(plan.kernels, c.kernels, strict=True):
+            cfgs = ranked_configs(kc.low, k.params, planner.sizes, tb, kc.fit, n, machine)
+            per_kernel.append((k.name, cfgs or [dict(k.defaults)]))
+        width = max(len(cfgs) for _, cfgs in per_kernel)
+        out: list[dict] = []
+        for i in range(width):
+            cfg = {name: cfgs[min(i, len(cfgs) - 1)] for name, cfgs in per_kernel}
+            if cfg not in out:
+                out.append(cfg)
+        return out[:n]
+    return []

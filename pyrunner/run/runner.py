@@ -38,14 +38,13 @@ from pyrunner.log.results import RunRecord, append_record, make_record
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan, plan_hash
 from pyrunner.plan.validate import check_config, check_values
-from pyrunner.run.timing import device_name, gpu_available, kernel_times_us, median_us
+from pyrunner.run.timing import device_name, gpu_available, graph_bench_ms, kernel_times_us, median_us, side_by_side_us
 from pyrunner.run.verify import GpuVerifier, fresh_seed, verify_executor
+from pyrunner.target.layout import GENERATION
 
-BASELINES = ("eager", "vendor", "torch_compile", "max_autotune")
+BASELINES = ("eager", "vendor", "torch_compile", "max_autotune", "flex")
 """Baselines timed beside each plan; ``vendor`` becomes ``sdpa``/``cublas`` where the graph admits one."""
 MAX_AUTOTUNE_CONFIGS = 8
-MAX_AUTOTUNE_MIN_S = 20.0
-"""torch.compile max-autotune (timed last) is skipped when less than this is left before the deadline."""
 AUTOTUNE_MIN_LEFT_S = 15.0
 """Autotuning stops trying configs when less than this is left before the deadline."""
 COMPILE_MODES = {"torch_compile": None, "max_autotune": "max-autotune-no-cudagraphs"}
@@ -75,6 +74,16 @@ class RunOptions:
     force_cpu: bool = False
     """Skip the GPU even where one exists (``--small``)."""
     device: str = "cuda"
+    candidates: list | None = None
+    """Whole-plan configs to autotune after the default, best first (the planner's ranked list)."""
+    use_tuned: bool = True
+    """Start from the tuning database's config for this plan where it has one."""
+    tuning_db: Path | None = None
+    """Tuning file to read (default: the committed one of the device)."""
+    tuning_out: Path | None = None
+    """Where to write the best config measured (None: nothing is written)."""
+    rounds: int = 3
+    """Interleaved timing rounds of the plan and its baselines."""
 
     def __post_init__(self) -> None:
         self.results, self.out_dir = Path(self.results), Path(self.out_dir)
@@ -159,6 +168,42 @@ def sample_configs(plan: Plan, n: int, seed: str | int | None = None) -> list[Co
     return out
 
 
+def _tuning_db(opts: RunOptions, device: str):
+    """The tuning database a run reads: its output file once written, else the given or committed one."""
+    from pyrunner.target.tuning import DEFAULT_DEVICE, TuningDB
+
+    if opts.tuning_out is not None and Path(opts.tuning_out).exists():
+        return TuningDB.load(opts.tuning_out)
+    if opts.tuning_db is not None:
+        return TuningDB.load(opts.tuning_db)
+    return TuningDB.for_device(DEFAULT_DEVICE if device == "cpu" else device)
+
+
+def _tuned_entry(plan: Plan, device: str, opts: RunOptions):
+    """The tuning database's entry for this plan on this device (the CPU plans for the default target)."""
+    from pyrunner.target.tuning import DEFAULT_DEVICE
+
+    try:
+        return _tuning_db(opts, device).lookup(plan, DEFAULT_DEVICE if device == "cpu" else device)
+    except UserError:
+        return None
+
+
+def autotune_candidates(plan: Plan, cfg: Config, opts: RunOptions) -> list[Config]:
+    """What autotuning times, in order: the starting config, the planner's ranked configs, then samples."""
+    out: list[Config] = [cfg]
+    for c in list(opts.candidates or []) + sample_configs(plan, max(opts.autotune, 1)):
+        try:
+            full = resolve(plan, c)
+        except UserError:
+            continue
+        if full not in out:
+            out.append(full)
+        if len(out) >= max(opts.autotune, 1):
+            break
+    return out
+
+
 def check_fits(plan: Plan, config: Config) -> None:
     """Raise DeviceFitError if a kernel does not fit the target GPU under config."""
     from pyrunner.backend.tilelang.compile import check_fits as fits
@@ -204,7 +249,7 @@ class _Run:
             "plan_hash": self.phash, "workload": self.plan.workload, "graph_hash": self.plan.provenance.graph_hash,
             "shapes": dict(self.graph.sizes), "dtype": self.plan.dtype, "device": "", "status": "skipped",
             "predicted_us": self.plan.cost.total_us or None, "bound": dominant_bound(self.plan),
-            "baselines_us": {}, "extra": {},
+            "baselines_us": {}, "extra": {"renderer": GENERATION},
         }
 
     def step(self, what: str):
@@ -252,6 +297,11 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
     run.fields["seed"] = opts.seed if opts.seed is not None else fresh_seed()
     try:
         cfg = resolve(plan, opts.config)
+        if opts.config is None and opts.use_tuned:
+            tuned = _tuned_entry(plan, run.fields["device"], opts)
+            if tuned is not None:
+                cfg = resolve(plan, tuned.config)
+                run.notes.append(f"config from the tuning database ({tuned.time_us:.1f} us measured)")
         run.fields["config"] = cfg
         with run.step("checking device fit"):
             check_fits(plan, cfg)
@@ -343,14 +393,20 @@ def warm_baselines(graph: Graph, dtype: str, names: tuple[str, ...] = ("torch_co
             if name in COMPILE_MODES:
                 _compiled(graph, COMPILE_MODES[name])(**inputs)
                 torch.cuda.synchronize()
+            elif name == "flex":
+                from pyrunner.run.flex import flex_fn
+
+                fn = flex_fn(graph)
+                if fn is not None:
+                    fn(**inputs)
+                    torch.cuda.synchronize()
 
 
 def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -> tuple[Config, Callable]:
     """Time up to opts.autotune verified configs (default first); keep the fastest."""
     tried: list[dict] = []
     best = (None, cfg, launch)
-    n = run.opts.autotune
-    cands = [cfg] + [c for c in sample_configs(run.plan, n) if c != cfg][: n - 1]  # the compiled one first
+    cands = autotune_candidates(run.plan, cfg, run.opts)  # the compiled one first
     for i, c in enumerate(cands):
         if run.time_left() < AUTOTUNE_MIN_LEFT_S and i > 0:
             run.notes.append(f"autotune stopped after {i} config(s): time budget")
@@ -366,7 +422,7 @@ def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -
                 entry["status"] = f"failed-verification: {res.message}"
             else:
                 t = verifier.tensors()
-                entry["time_us"] = median_us(lambda fn=fn, t=t: fn(t), run.opts.warmup_ms, run.opts.rep_ms)
+                entry["time_us"] = _config_time_us(lambda fn=fn, t=t: fn(t), run.opts)
                 if best[0] is None or entry["time_us"] < best[0]:
                     best = (entry["time_us"], c, fn)
         except Exception as e:  # noqa: BLE001 - a bad config is skipped, not fatal
@@ -374,6 +430,14 @@ def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -
         tried.append(entry)
     run.fields["extra"]["autotune"] = tried
     return best[1], best[2]
+
+
+def _config_time_us(fn: Callable, opts: RunOptions) -> float:
+    """One autotuning measurement: CUDA-graph replay (as the final timing), else do_bench."""
+    try:
+        return graph_bench_ms(fn, rep_ms=opts.rep_ms / 2) * 1e3
+    except Exception:  # noqa: BLE001 - not capturable
+        return median_us(fn, opts.warmup_ms, opts.rep_ms)
 
 
 def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
@@ -386,12 +450,12 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
     except Exception as e:  # noqa: BLE001
         return run.finish("failed-compile", _err(e))
     if opts.warm_only:
-        for c in sample_configs(plan, opts.autotune)[1:]:
+        for c in autotune_candidates(plan, cfg, opts)[1:]:
             try:
                 _compile(plan, c)
             except Exception:  # noqa: BLE001, S112 - the timed run reports it
                 continue
-        warm_baselines(run.graph, plan.dtype, tuple(b for b in opts.baselines if b in COMPILE_MODES))
+        warm_baselines(run.graph, plan.dtype, tuple(b for b in opts.baselines if b in COMPILE_MODES or b == "flex"))
         return run.finish("skipped", "warm-up only")
     try:
         with run.step("verifying against the float64 reference"):
@@ -408,45 +472,77 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
             cfg, launch = _autotune(run, verifier, cfg, launch)
         run.fields["config"] = cfg
     try:
-        with run.step("timing the plan"):
-            tensors = verifier.tensors()
-            run.fields["plan_us"] = median_us(lambda: launch(tensors), opts.warmup_ms, opts.rep_ms)
-            try:
-                run.fields["kernel_times_us"] = kernel_times_us(lambda: launch(tensors),
-                                                                [k.name for k in plan.kernels])
-            except Exception as e:  # noqa: BLE001 - per-kernel times are informative
-                run.notes.append(f"per-kernel times unavailable: {_err(e)}")
+        tensors = verifier.tensors()
+        fns = {"plan": lambda: launch(tensors)}
+        fns.update(_prepare_baselines(run, verifier))
+        with run.step(f"timing the plan and {len(fns) - 1} baseline(s) side by side"):
+            times, method, rounds = side_by_side_us(fns, opts.rounds, opts.warmup_ms, opts.rep_ms)
+        if "plan" not in times:
+            raise RuntimeError("the plan could not be timed")
+        run.fields["plan_us"] = times["plan"]
+        for name in fns:
+            if name != "plan":
+                run.fields["baselines_us"][name] = times.get(name)
+        run.fields["extra"]["timing"] = {"method": method, "rounds_us": rounds, "warmup_ms": opts.warmup_ms,
+                                         "rep_ms": opts.rep_ms}
+        try:
+            run.fields["kernel_times_us"] = kernel_times_us(lambda: launch(tensors), [k.name for k in plan.kernels])
+        except Exception as e:  # noqa: BLE001 - per-kernel times are informative
+            run.notes.append(f"per-kernel times unavailable: {_err(e)}")
     except Exception as e:  # noqa: BLE001
         return run.finish("failed-launch", _err(e))
     run.checkpoint()
-    _time_baselines(run, verifier)
+    _record_tuning(run)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return run.finish("ok", res.message)
 
 
-def _time_baselines(run: _Run, verifier: GpuVerifier) -> None:
+def _record_tuning(run: _Run) -> None:
+    """Write the config just timed into the tuning file (opts.tuning_out) when it beats the stored one."""
+    opts = run.opts
+    if opts.tuning_out is None or run.fields.get("plan_us") is None:
+        return
+    try:
+        db = _tuning_db(opts, run.fields["device"])
+        tried = run.fields["extra"].get("autotune") or []
+        default = next((t.get("time_us") for t in tried if t.get("config") == default_config(run.plan)), None)
+        changed = db.record(run.plan, run.fields["config"], run.fields["plan_us"], run.fields["device"],
+                            tried=max(1, len(tried)), default_us=default)
+        db.save(opts.tuning_out)
+        run.notes.append("tuning database updated" if changed else "tuning database kept its faster entry")
+    except Exception as e:  # noqa: BLE001 - tuning bookkeeping must not fail a run
+        run.notes.append(f"tuning database not updated: {_err(e)}")
+
+
+def _prepare_baselines(run: _Run, verifier: GpuVerifier) -> dict[str, Callable]:
+    """Build, compile and check every baseline; name -> a no-argument call, timed beside the plan.
+
+    None is skipped for time: torch.compile's caches are warmed in gpu_run's warm-up phase, so
+    max-autotune costs a cache hit here. A failing baseline is recorded as None with the reason.
+    """
     import torch
 
     from pyrunner.run.baselines import torch_fn, vendor_fn
+    from pyrunner.run.flex import flex_fn
 
     opts, graph = run.opts, run.graph
     inputs = verifier.inputs
     errors: dict[str, float] = {}
+    out: dict[str, Callable] = {}
     for name in opts.baselines:
         if name == "vendor":
             v = vendor_fn(graph)
             if v is None:
                 continue
             key, fn = v
-        elif name in COMPILE_MODES:
-            key = name
-            if name == "max_autotune" and run.time_left() < MAX_AUTOTUNE_MIN_S:
-                run.fields["baselines_us"][key] = None
-                run.notes.append(f"{key} skipped: time budget")
-                run.checkpoint()
+        elif name == "flex":
+            f = flex_fn(graph)
+            if f is None:
                 continue
-            fn = None
+            key, fn = "flex_attention", f
+        elif name in COMPILE_MODES:
+            key, fn = name, None
         else:
             key, fn = name, torch_fn(graph)
         try:
@@ -454,13 +550,18 @@ def _time_baselines(run: _Run, verifier: GpuVerifier) -> None:
                 if fn is None:
                     fn = _compiled(graph, COMPILE_MODES[name])
                 errors[key] = verifier.check_fn(fn)  # first call also compiles
-                run.fields["baselines_us"][key] = median_us(lambda fn=fn: fn(**inputs), opts.warmup_ms,
-                                                            opts.rep_ms)
+
+                def call(fn=fn):
+                    with torch.no_grad():
+                        return fn(**inputs)
+
+                out[key] = call
         except Exception as e:  # noqa: BLE001 - a failing baseline is recorded, not fatal
             run.fields["baselines_us"][key] = None
             run.notes.append(f"baseline {key} failed: {_err(e)}")
         run.fields["extra"]["baseline_errors"] = errors
         run.checkpoint()
+    return out
 
 
 # --- entry point for the CLI -------------------------------------------------------

@@ -125,3 +125,102 @@ def kernel_times_us(fn: Callable[[], object], names: list[str], calls: int = 10)
         key = next((n for n in sorted(names, key=len, reverse=True) if n in ev.name), ev.name)
         out[key] = out.get(key, 0.0) + us / calls
     return out
+
+
+def _warm(fn: Callable[[], object], warmup_ms: float) -> None:
+    """Call fn back to back for about warmup_ms of device time (clocks up, caches and autotuners settled)."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    est_ms = max((time.perf_counter() - t) * 1e3, 1e-3)
+    for _ in range(min(10000, max(1, int(warmup_ms / est_ms)))):
+        fn()
+    torch.cuda.synchronize()
+
+
+def graph_bench_ms(fn: Callable[[], object], rep_ms: float = REP_MS, min_calls: int = 8) -> float:
+    """Per-call time (ms) of ``fn`` replayed from a CUDA graph of back-to-back calls (launch gaps removed).
+
+    The graph holds enough calls to run about ``rep_ms / 5``; it is replayed five times and the
+    median replay divided by the calls is returned. L2 stays warm between calls, for every
+    function timed this way alike. Raises when ``fn`` cannot be captured (a host sync, say).
+    """
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+        one = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(one, stream=stream):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        one.replay()
+    end.record()
+    torch.cuda.synchronize()
+    est = max(start.elapsed_time(end) / 3, 1e-3)
+    calls = max(min_calls, min(2000, int(rep_ms / 5 / est)))
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(g, stream=stream):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    g.replay()  # warm replay
+    times = []
+    for _ in range(5):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) / calls)
+    del g, one
+    return statistics.median(times)
+
+
+def side_by_side_us(fns: dict[str, Callable[[], object]], rounds: int = 3, warmup_ms: float = WARMUP_MS,
+                    rep_ms: float = REP_MS) -> tuple[dict[str, float], dict[str, str], dict[str, list[float]]]:
+    """Time several functions identically, interleaved: round r times each in turn, medians over rounds.
+
+    Every function gets the same warm-up and the same method: CUDA-graph replay when all of
+    them can be captured (``graph``), else ``do_bench`` with L2 flushed between calls for all
+    (``do_bench``); the method used is returned per function. Interleaving in rounds spreads clock and order
+    effects over all of them; the per-round times are returned too (their spread is the noise).
+    Without a GPU, the wall-clock fallback of ``median_ms``.
+    """
+    if not gpu_available():
+        rounds_cpu = {k: [median_ms(f, warmup_ms / max(1, rounds), rep_ms / max(1, rounds)) * 1e3
+                          for _ in range(max(1, rounds))] for k, f in fns.items()}
+        times = {k: statistics.median(v) for k, v in rounds_cpu.items()}
+        return times, {k: "wall-clock" for k in fns}, rounds_cpu
+    method: dict[str, str] = {}
+    per_round: dict[str, list[float]] = {k: [] for k in fns}
+    for k, f in fns.items():  # warm-up, and the method each function can use
+        _warm(f, warmup_ms)
+        try:
+            graph_bench_ms(f, rep_ms=min(rep_ms, 10.0))
+            method[k] = "graph"
+        except Exception:  # noqa: BLE001 - not capturable: events with L2 flush
+            method[k] = "do_bench"
+    if "do_bench" in method.values():  # one method for all, or the comparison is not like for like
+        method = {k: "do_bench" for k in fns}
+    for _ in range(max(1, rounds)):
+        for k, f in fns.items():
+            try:
+                if method[k] == "graph":
+                    ms = graph_bench_ms(f, rep_ms=rep_ms / rounds)
+                else:
+                    ms = median_ms(f, warmup_ms / rounds, rep_ms / rounds)
+            except Exception:  # noqa: BLE001 - one failing function must not lose the others
+                continue
+            per_round[k].append(ms * 1e3)
+    times = {k: statistics.median(v) for k, v in per_round.items() if v}
+    return times, method, per_round

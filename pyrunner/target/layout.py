@@ -12,6 +12,11 @@ from __future__ import annotations
 from pyrunner.plan.analysis import AxisRole, expr_refs, numbered_ops
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce
 
+GENERATION = 2
+"""Code-generator generation, stamped into results records and tuning keys: the same plan renders to
+different code across generations, so calibration and tuned configs use only the current one's
+measurements (2: MMA-shaped warp policy, merged B tiles, TMA-store epilogues, fast math)."""
+
 
 def layout_groups(kernel: Kernel) -> dict[str, str]:
     """Fragment -> representative of its layout group: same-axes fragments one Map touches share a layout."""
@@ -59,7 +64,8 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
                     origin[find(x)] = "gemm"
     for _, _, op in ops:  # reduced groups written only from memory (shared or global) pick their own layout
         if isinstance(op, (Map, Load)) and op.dst in frag and find(op.dst) not in origin:
-            if isinstance(op, Load) or (not any(r in frag for r in expr_refs(op.expr)) and bufs[op.dst].axes):
+            reads_frag = isinstance(op, Map) and any(r in frag and find(r) != find(op.dst) for r in expr_refs(op.expr))
+            if isinstance(op, Load) or (not reads_frag and bufs[op.dst].axes):
                 members = [b for b in frag if find(b) == find(op.dst)]
                 if any(isinstance(o, Reduce) and o.src in members for _, _, o in ops):
                     origin[find(op.dst)] = f"free:{find(op.dst)}"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from pyrunner.backend.tilelang.render import TARGET, render
+from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET, render
 from pyrunner.errors import DeviceFitError, PlanError
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan, axis_sizes
@@ -84,12 +84,13 @@ def render_kernel_func(plan: Plan, kernel: str, config: dict | None = None, work
 def lower_to_cuda(plan: Plan, config: dict | None = None, work_dir: Path | None = None) -> dict[str, str]:
     """Kernel name -> CUDA C++ source for sm_90a; needs no GPU."""
     import tilelang
+    import tvm
     from tvm.target import Target
 
     funcs = build_prim_funcs(plan, config, work_dir)
     target = Target(TARGET)
     out: dict[str, str] = {}
-    with target:
+    with target, tvm.transform.PassContext(config=PASS_CONFIGS):
         for name, func in funcs.items():
             out[name] = tilelang.lower(func, target=target).kernel_source
     return out
@@ -138,12 +139,13 @@ def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = "sm_9
     out_dir.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{d}" for d in tilelang_include_dirs()]
     number = arch.removeprefix("sm_")
+    fast_math = ["--use_fast_math"] if PASS_CONFIGS.get("tl.enable_fast_math") else []
 
     def one(name: str) -> Path:
         stem = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
         src, cubin = out_dir / f"{stem}.cu", out_dir / f"{stem}.cubin"
         src.write_text(cuda_sources[name])
-        cmd = [nvcc, *NVCC_FLAGS, "-cubin", "-gencode", f"arch=compute_{number},code={arch}", *includes,
+        cmd = [nvcc, *NVCC_FLAGS, *fast_math, "-cubin", "-gencode", f"arch=compute_{number},code={arch}", *includes,
                "-o", str(cubin), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

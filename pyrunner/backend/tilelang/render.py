@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
-from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops
+from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops, op_reads_writes
+from pyrunner.plan.passes import optimize
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -55,12 +56,23 @@ from pyrunner.plan.schema import (
     plan_hash,
 )
 from pyrunner.target.device import H200
-from pyrunner.target.layout import launch_axes, layout_bridges
+from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
 
 TARGET = {"kind": "cuda", "arch": H200.arch}
+SM_COUNT = H200.sms
+"""Streaming multiprocessors of the target; decides whether block reordering can matter."""
+PASS_CONFIGS = {"tl.enable_fast_math": True}
+"""TileLang pass configs of every kernel: fast math (``--use_fast_math``: ex2.approx, rcp.approx)."""
+MMA_POLICY_HELPER = (
+    "mma_policy", "rows, cols, threads",
+    "FullRow where each warpgroup can take 64-row slabs of the whole width: one m64nN wgmma, N = cols.",
+    "return T.GemmWarpPolicy.FullRow if rows % (16 * (threads // 32)) == 0 and cols <= 256 "
+    "else T.GemmWarpPolicy.Square",
+)
 
 _RESERVED_MODULE = {
-    "T", "tilelang", "PLAN_HASH", "WORKLOAD", "DTYPE", "ACCUM_DTYPE", "TARGET", "TENSORS", "CONFIG_SPACE",
+    "T", "tilelang", "SM_COUNT", "PASS_CONFIGS", "mma_policy", "PLAN_HASH", "WORKLOAD", "DTYPE", "ACCUM_DTYPE",
+    "TARGET", "TENSORS", "CONFIG_SPACE",
     "DEFAULT_CONFIG", "KERNELS", "merge_config", "build_kernels", "compile_kernels", "launch", "_COMPILED",
     "tensors", "config", "kernels", "target", "name", "build", "args", "cfg", "key",
     *(op.name for op in ELEMENTWISE.values() if op.helper),
@@ -136,6 +148,11 @@ class _Ctx:
     bridges: dict[tuple[str, int], list[str]]  # (section, op index) -> fragments a Map reads through shared
     bridge_names: dict[str, str]  # fragment -> its shared bridge buffer
     reroute: dict[str, str]  # while rendering one Map: buffer -> identifier to read instead
+    policy_vars: dict[str, str]  # GEMM accumulator -> build-time variable holding its warp policy
+    halves: dict[str, tuple[str, int]] = None  # merged GEMMs: B buffer / first accumulator -> (wide buffer, half)
+    merged_second: dict[int, GemmMerge] = None  # id of a merged GEMM issued by its partner -> the merge
+    merged_first: dict[int, GemmMerge] = None  # id of the GEMM that issues a merge -> the merge
+    staging: dict[tuple[str, str], str] = None  # (fragment, global tensor) of an epilogue store -> shared tile
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""
@@ -165,6 +182,65 @@ def _scalar_copy(w: _Writer, ctx: _Ctx, tensor: GlobalTensor, buf: Buffer, load:
 
 def _extent(ctx: _Ctx, buf: Buffer) -> list[str]:
     return [ctx.block_expr[a] for a in buf.axes] if buf.axes else ["1"]
+
+
+def _alloc_extent(ctx: _Ctx, buf: Buffer) -> list[str]:
+    """The allocated extent: a merged B tile or accumulator is twice as wide along its free axis."""
+    ext = _extent(ctx, buf)
+    if ctx.halves and ctx.halves.get(buf.name, ("", -1))[0] == buf.name:  # the wide buffer of a merge
+        ax = _wide_axis(ctx, buf.name)
+        ext[ax] = f"2 * {_paren(ext[ax])}"
+    return ext
+
+
+def _wide_axis(ctx: _Ctx, name: str) -> int:
+    """Position of the free (non-contracted) axis along which a merged B or accumulator is doubled."""
+    for m in ctx.merged_first.values():
+        if name == m.first.c:
+            return 1
+        if name == m.first.b:
+            return next(i for i, a in enumerate(ctx.buffers[name].axes) if a != m.first.contract)
+    raise AssertionError(name)  # pragma: no cover
+
+
+def _half(ctx: _Ctx, name: str) -> str:
+    """The region of the wide buffer that stands for buffer ``name`` of a merged GEMM pair."""
+    wide, half = ctx.halves[name]
+    buf = ctx.buffers[name]
+    ax = _wide_axis(ctx, wide)
+    parts = []
+    for i, a in enumerate(buf.axes):
+        b = ctx.block_expr[a]
+        parts.append((f"{b}:2 * {_paren(b)}" if half else f"0:{b}") if i == ax else f"0:{b}")
+    return f"{ctx.names[wide]}[{', '.join(parts)}]"
+
+
+def _check_buffers(kernel: Kernel, roles: dict[str, AxisRole], plan: Plan) -> dict[str, Buffer]:
+    bufs: dict[str, Buffer] = {}
+    tensor_names = {t.name for t in plan.tensors}
+    for b in kernel.buffers:
+        if b.name in bufs:
+            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} is declared twice")
+        if b.name in tensor_names:
+            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} has the name of a global tensor")
+        if len(set(b.axes)) != len(b.axes):
+            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} repeats an axis: {b.axes}")
+        for a in b.axes:
+            r = roles.get(a)
+            if r is None or r.kind == "indexed":
+                raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} has axis {a!r}, which is neither a "
+                                "tiled grid axis (block != 1) nor the loop axis of the kernel")
+        bufs[b.name] = b
+    return bufs
+
+
+def _buf(ctx: _Ctx, name: str, where: str) -> Buffer:
+    b = ctx.buffers.get(name)
+    if b is None:
+        raise PlanError(f"{where}: unknown buffer {name!r}; buffers are {sorted(ctx.buffers)}")
+    return b
+
+
 
 
 def _region(ctx: _Ctx, tensor: GlobalTensor) -> str:
@@ -213,18 +289,136 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
     if isinstance(e, AxisSize):
         return f"T.float32({ctx.size_const[e.axis]})"
     assert isinstance(e, Call)
+    folded = _folded_exp_arg(e)
+    if folded is not None:  # exp2((a - b) * c) as one FMA per element: a * c - b * c
+        a, b, c = (_expr(ctx, x, idx) for x in folded)
+        return ELEMENTWISE[e.fn].emit_tilelang([f"({a} * {c}) - ({b} * {c})"])
     args = [_expr(ctx, a, idx) for a in e.args]
+    if e.fn == "div" and _is_broadcast(ctx, e.args[1], idx):  # one reciprocal per row, a multiply per element
+        return ELEMENTWISE["mul"].emit_tilelang([args[0], f"(T.float32(1.0) / {args[1]})"])
     op = ELEMENTWISE[e.fn]
     if op.helper:
         ctx.helpers.add(e.fn)
     return op.emit_tilelang(args)
 
 
+def _folded_exp_arg(e: Call):
+    """(a, b, c) when ``e`` is exp/exp2 of ``(a - b) * c`` with a constant c, else None."""
+    if e.fn not in ("exp", "exp2") or len(e.args) != 1:
+        return None
+    arg = e.args[0]
+    if not isinstance(arg, Call) or arg.fn != "mul" or len(arg.args) != 2:
+        return None
+    x, y = arg.args
+    if isinstance(x, Const):
+        x, y = y, x
+    if not isinstance(y, Const) or not isinstance(x, Call) or x.fn != "sub" or len(x.args) != 2:
+        return None
+    return x.args[0], x.args[1], y
+
+
+def _is_broadcast(ctx: _Ctx, e, idx: dict[str, str]) -> bool:
+    """Whether ``e`` reads one buffer with fewer axes than the destination (a per-row value, say)."""
+    return isinstance(e, Ref) and e.buf in ctx.buffers and len(ctx.buffers[e.buf].axes) < len(idx)
+
+
 def _gemm_policy_full_row(kernel: Kernel, buffers: dict[str, Buffer], op: Gemm) -> bool:
-    """FullRow keeps whole rows of c in one warp: cheap row reductions and a fragment A operand."""
+    """FullRow is required: whole rows of c in one warp for a row reduction, or a layout shared with a fragment A.
+
+    A GEMM whose accumulator is row-reduced, or whose A operand is a fragment, or whose accumulator
+    shares a layout group with some GEMM's fragment A operand (``P = f(S)`` feeding ``P @ V``
+    without a reduction in between, as in sigmoid attention) must use FullRow, or TileLang's layout
+    inference cannot reconcile the fragments.
+    """
     if buffers[op.a].scope == "fragment":
         return True
-    return any(isinstance(o, Reduce) and o.src == op.c for o in kernel_ops(kernel))
+    ops = kernel_ops(kernel)
+    if any(isinstance(o, Reduce) and o.src == op.c for o in ops):
+        return True
+    group = layout_groups(kernel)
+    frag_a = {group[o.a] for o in ops if isinstance(o, Gemm) and o.a in group}
+    return op.c in group and group[op.c] in frag_a
+
+
+def gemm_policy_names(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, str]:
+    """Accumulator -> the policy its GEMMs use: "FullRow" (required) or "mma" (chosen from the MMA shape)."""
+    out: dict[str, str] = {}
+    for o in kernel_ops(kernel):
+        if isinstance(o, Gemm):
+            out[o.c] = "FullRow" if _gemm_policy_full_row(kernel, buffers, o) else "mma"
+    return out
+
+
+@dataclass(frozen=True)
+class GemmMerge:
+    """Two loop GEMMs with the same A operand and contracted axis, issued as one twice-as-wide GEMM.
+
+    ``second``'s B tile is loaded into the upper half (along its free axis) of ``first``'s B
+    buffer, its accumulator is the upper half of ``first``'s, and it is copied out into its own
+    fragment when the loop ends. SwiGLU's gate and up projections: one m64n256 wgmma, not two m64n128.
+    """
+
+    first: Gemm
+    second: Gemm
+
+
+def _mentions(op, name: str) -> bool:
+    r, w = op_reads_writes(op)
+    return name in r or name in w
+
+
+def gemm_merges(kernel: Kernel) -> list[GemmMerge]:
+    """Pairs of loop-body GEMMs that can share one wide MMA (see ``GemmMerge``), in body order.
+
+    Both read the same A over the same contracted axis; their B operands are shared tiles of equal
+    axes, each filled by one Load in the loop and read by nothing else; their accumulators are
+    float32 fragments of equal axes, touched in the loop only by these GEMMs, in the prologue only
+    by equal Fills, and the first is neither reduced nor a GEMM operand afterwards (it is a
+    half-view of a wider fragment).
+    """
+    if kernel.loop is None:
+        return []
+    bufs = {b.name: b for b in kernel.buffers}
+    gemms = [op for op in kernel.body if isinstance(op, Gemm)]
+    forced = {c for c, p in gemm_policy_names(kernel, bufs).items() if p == "FullRow"}
+    out: list[GemmMerge] = []
+    used: set[int] = set()
+
+    def clean(g: Gemm) -> bool:
+        b, c = bufs.get(g.b), bufs.get(g.c)
+        if b is None or c is None or b.scope != "shared" or c.scope != "fragment" or c.dtype != "float32":
+            return False
+        if g.c in forced or b.state:
+            return False
+        body_b = [op for op in kernel.body if _mentions(op, g.b)]
+        if len(body_b) != 2 or not any(isinstance(op, Load) and op.dst == g.b for op in body_b):
+            return False
+        if any(_mentions(op, g.b) for op in kernel.prologue + kernel.epilogue):
+            return False
+        return all(op is g for op in kernel.body if _mentions(op, g.c))
+
+    for i, g1 in enumerate(gemms):
+        if i in used or not clean(g1):
+            continue
+        for j in range(i + 1, len(gemms)):
+            g2 = gemms[j]
+            if j in used or (g2.a, g2.contract, g2.clear) != (g1.a, g1.contract, g1.clear) or g2.c == g1.c \
+                    or g2.b == g1.b or not clean(g2):
+                continue
+            b1, b2, c1, c2 = bufs[g1.b], bufs[g2.b], bufs[g1.c], bufs[g2.c]
+            if b1.axes != b2.axes or b1.dtype != b2.dtype or c1.axes != c2.axes:
+                continue
+            fills1 = [op for op in kernel.prologue if _mentions(op, g1.c)]
+            fills2 = [op for op in kernel.prologue if _mentions(op, g2.c)]
+            if not all(isinstance(op, Fill) for op in fills1 + fills2) \
+                    or [f.value for f in fills1] != [f.value for f in fills2]:
+                continue
+            if any(isinstance(op, (Reduce, Gemm)) and _mentions(op, g1.c) for op in kernel.epilogue):
+                continue
+            out.append(GemmMerge(g1, g2))
+            used |= {i, j}
+            break
+    return out
 
 
 def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
@@ -235,21 +429,33 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
         if not src.axes:
             _scalar_copy(w, ctx, src, dst, True)
             return
-        w.line(f"T.copy({_region(ctx, src)}, {n[dst.name]})")
+        target = _half(ctx, dst.name) if ctx.halves and dst.name in ctx.halves else n[dst.name]
+        w.line(f"T.copy({_region(ctx, src)}, {target})")
     elif isinstance(op, Store):
         src = ctx.buffers[op.src]
         dst = ctx.tensors[op.dst]
         if not dst.axes:
             _scalar_copy(w, ctx, dst, src, False)
             return
-        w.line(f"T.copy({n[src.name]}, {_region(ctx, dst)})")
+        source = _half(ctx, src.name) if ctx.halves and src.name in ctx.halves else n[src.name]
+        stage = (ctx.staging or {}).get((src.name, dst.name)) if section == "epilogue" else None
+        if stage is not None:  # registers -> shared (stmatrix) -> global (TMA store)
+            w.line(f"T.copy({source}, {stage})")
+            source = stage
+        w.line(f"T.copy({source}, {_region(ctx, dst)})")
     elif isinstance(op, Fill):
         dst = ctx.buffers[op.dst]
+        if ctx.merged_second and any(m.second.c == op.dst for m in ctx.merged_second.values()):
+            w.line(f"# {op.dst!r} is the upper half of a merged accumulator, filled with it")
+            return
         if op.value in (0, 0.0) and not isinstance(op.value, str):
             w.line(f"T.clear({n[dst.name]})")
         else:
             w.line(f"T.fill({n[dst.name]}, {_fill_value(op.value, dst.dtype)})")
     elif isinstance(op, Gemm):
+        if ctx.merged_second and id(op) in ctx.merged_second:
+            w.line(f"# the GEMM into {op.c!r} is the upper half of the one above")
+            return
         _render_gemm(w, ctx, op)
     elif isinstance(op, Map):
         dst = ctx.buffers[op.dst]
@@ -288,8 +494,12 @@ def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm) -> None:
         kwargs.append("transpose_A=True")
     if b.axes[1] == op.contract:
         kwargs.append("transpose_B=True")
-    if _gemm_policy_full_row(ctx.kernel, ctx.buffers, op):
+    if ctx.merged_first and id(op) in ctx.merged_first:
+        kwargs.append(f"policy={ctx.policy_vars[op.c + ' wide']}")
+    elif _gemm_policy_full_row(ctx.kernel, ctx.buffers, op):
         kwargs.append("policy=T.GemmWarpPolicy.FullRow")
+    else:
+        kwargs.append(f"policy={ctx.policy_vars[op.c]}")
     if op.clear:
         kwargs.append("clear_accum=True")
     n = ctx.names
@@ -348,33 +558,91 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     bridged = sorted({b for bs in bridges.values() for b in bs}, key=[x.name for x in kernel.buffers].index)
     bridge_names = {b: local.fresh(f"{b}_bridge") for b in bridged}
     ctx = _Ctx(plan, kernel, roles, buffers, tensors, names, size_const, block_expr, {}, loop_var, local, helpers, {},
-               bridges, bridge_names, {})
+               bridges, bridge_names, {}, {})
 
     defaults = ", ".join(f"{p}={kernel.defaults[p]}" for p in kernel.params)
     w.line(f"def {build_name}({defaults}):")
     w.indent()
     w.line(f'"""Kernel {kernel.name!r}: {_describe(kernel)}."""')
+    threads = kernel.threads if isinstance(kernel.threads, str) else str(kernel.threads)
+    for acc, policy in gemm_policy_names(kernel, buffers).items():
+        if policy == "mma":
+            ctx.policy_vars[acc] = local.fresh(f"policy_{acc}")
+            rows, cols = (block_expr[a] for a in buffers[acc].axes)
+            helpers.add("mma_policy")
+            w.line(f"{ctx.policy_vars[acc]} = mma_policy({rows}, {cols}, {threads})")
+    swizzle = None
+    if kernel.loop is not None and any(isinstance(op, Gemm) for op in kernel.body) \
+            and len(launch_axes(kernel, roles)) == 2:
+        swizzle = local.fresh("swizzle")
+        blocks = " * ".join(f"({size_const[a]} // {block_expr[a]})" for d in launch_axes(kernel, roles) for a in d)
+        w.line(f"{swizzle} = {blocks} > SM_COUNT  # block reordering only matters past one wave")
+    merges = gemm_merges(kernel)
+    variants: list[list[GemmMerge]] = [[]]
+    if merges:
+        for m in merges:
+            acc = buffers[m.first.c]
+            rows, cols = (block_expr[a] for a in acc.axes)
+            ctx.policy_vars[m.first.c + " wide"] = local.fresh(f"policy_{m.first.c}_{m.second.c}")
+            helpers.add("mma_policy")
+            w.line(f"{ctx.policy_vars[m.first.c + ' wide']} = mma_policy({rows}, 2 * {_paren(cols)}, {threads})")
+        wide = " and ".join(f"2 * {_paren(block_expr[buffers[m.first.c].axes[1]])} <= 256" for m in merges)
+        variants = [merges, []]
+    ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
+    taken = set(local.taken)
+    for v, chosen in enumerate(variants):
+        local.taken = taken | set(ctx.par_vars.values())
+        ctx.halves = {}
+        ctx.merged_first = {id(m.first): m for m in chosen}
+        ctx.merged_second = {id(m.second): m for m in chosen}
+        for m in chosen:
+            ctx.halves.update({m.first.b: (m.first.b, 0), m.second.b: (m.first.b, 1), m.first.c: (m.first.c, 0)})
+        w.line()
+        if len(variants) > 1 and v == 0:
+            names_m = ", ".join(f"{m.first.c!r} + {m.second.c!r}" for m in chosen)
+            w.line(f"if {wide}:  # merged GEMMs ({names_m}) fit one wgmma each (N <= 256)")
+            w.indent()
+        _render_prim_func(w, ctx, func_name, threads, swizzle)
+        w.line()
+        w.line(f"return {func_name}")
+        if len(variants) > 1 and v == 0:
+            w.dedent()
+    w.dedent()
+
+
+def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizzle: str | None) -> None:
+    """The ``@T.prim_func`` of one kernel (with the GEMM merges recorded in ``ctx``)."""
+    plan, kernel, names, size_const = ctx.plan, ctx.kernel, ctx.names, ctx.size_const
+    buffers, block_expr, loop_var = ctx.buffers, ctx.block_expr, ctx.loop_var
+    bridged = list(ctx.bridge_names)
+    bridge_names = ctx.bridge_names
     args = kernel_args(plan, kernel)
-    w.line()
     w.line("@T.prim_func")
+    tensors = {t.name: t for t in plan.tensors}
     w.line(f"def {func_name}(")
     for t in args:
         w.line(f'    {names[t]}: T.Tensor({_tuple(size_const[a] for a in tensors[t].axes)}, "{tensors[t].dtype}"),')
     w.line("):")
     w.indent()
-    threads = kernel.threads if isinstance(kernel.threads, str) else str(kernel.threads)
     _grid_launch(ctx, w, f"threads={threads}")
     for b in kernel.buffers:
+        if b.name in ctx.halves and ctx.halves[b.name][0] != b.name:
+            continue  # the upper half of a merged B tile
         alloc = "T.alloc_shared" if b.scope == "shared" else "T.alloc_fragment"
         note = "  # state: carried across loop steps" if b.state else ""
-        w.line(f'{names[b.name]} = {alloc}({_tuple(_extent(ctx, b))}, "{b.dtype}"){note}')
+        if b.name in ctx.halves:
+            note = "  # merged: two GEMMs' tiles side by side"
+        w.line(f'{names[b.name]} = {alloc}({_tuple(_alloc_extent(ctx, b))}, "{b.dtype}"){note}')
     for b in bridged:
         buf = buffers[b]
         w.line(f'{bridge_names[b]} = T.alloc_shared({_tuple(_extent(ctx, buf))}, "{buf.dtype}")'
                f"  # shared copy of {b!r} for maps that need another fragment layout")
-    if kernel.loop is not None and any(isinstance(op, Gemm) for op in kernel.body) \
-            and len(launch_axes(kernel, roles)) == 2:
-        w.line("T.use_swizzle(panel_size=10)  # block order that keeps GEMM operand panels in L2")
+    dtypes = {t.name: t.dtype for t in plan.tensors}
+    for (src, dst), stage in ctx.staging.items():
+        w.line(f'{stage} = T.alloc_shared({_tuple(_extent(ctx, buffers[src]))}, "{dtypes[dst]}")'
+               f"  # epilogue tile of {dst!r} for one TMA store")
+    if swizzle is not None:
+        w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
     sections = [("prologue", kernel.prologue), ("body", kernel.body), ("epilogue", kernel.epilogue)]
     if kernel.loop is None:
         for section, ops in sections:
@@ -398,15 +666,38 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         if not kernel.body:
             w.line("pass")
         w.dedent()
-        if kernel.epilogue:
+        if kernel.epilogue or ctx.merged_first:
             w.line("# epilogue")
+        for m in ctx.merged_first.values():  # the upper half of a merged accumulator into its own fragment
+            c1, c2 = buffers[m.first.c], buffers[m.second.c]
+            idx = [ctx.par_var(a) for a in c2.axes]
+            bn = block_expr[c1.axes[1]]
+            w.line(f"for {', '.join(idx)} in T.Parallel({', '.join(_extent(ctx, c2))}):")
+            w.line(f"    {names[c2.name]}[{idx[0]}, {idx[1]}] = {names[c1.name]}[{idx[0]}, {idx[1]} + {bn}]")
         for i, op in enumerate(kernel.epilogue):
             _render_op(w, ctx, op, "epilogue", i)
     w.dedent()
     w.dedent()
-    w.line()
-    w.line(f"return {func_name}")
-    w.dedent()
+
+
+def store_staging(plan: Plan, kernel: Kernel) -> list[tuple[str, str]]:
+    """(fragment, global tensor) of the epilogue stores that go through a shared tile and a TMA store.
+
+    A 2-D fragment stored to a 16-bit global tensor after a streamed loop: TileLang writes it to
+    shared memory with stmatrix and issues one bulk tensor store, instead of 4-byte stores from
+    every thread; the shared tile reuses the loop's dead pipeline buffers.
+    """
+    if kernel.loop is None:
+        return []
+    bufs = {b.name: b for b in kernel.buffers}
+    dtypes = {t.name: t.dtype for t in plan.tensors}
+    out = []
+    for op in kernel.epilogue:
+        if isinstance(op, Store) and op.src in bufs and bufs[op.src].scope == "fragment" \
+                and len(bufs[op.src].axes) == 2 and dtypes.get(op.dst) in ("float16", "bfloat16") \
+                and (op.src, op.dst) not in out:
+            out.append((op.src, op.dst))
+    return out
 
 
 def _describe(kernel: Kernel) -> str:
@@ -426,6 +717,7 @@ def render(plan: Plan) -> str:
     names_k = [k.name for k in plan.kernels]
     if len(set(names_k)) != len(names_k):  # validation does not compare kernel names
         raise PlanError(f"plan repeats a kernel name: {names_k}")
+    plan = optimize(plan)
     sizes = axis_sizes(plan)
     phash = plan.provenance.plan_hash or plan_hash(plan)
 
@@ -473,6 +765,8 @@ def render(plan: Plan) -> str:
     w.line(f"DTYPE = {plan.dtype!r}")
     w.line(f"ACCUM_DTYPE = {plan.accum_dtype!r}")
     w.line(f"TARGET = {TARGET!r}")
+    w.line(f"SM_COUNT = {SM_COUNT!r}")
+    w.line(f"PASS_CONFIGS = {PASS_CONFIGS!r}")
     w.line()
     w.line("# axis extents")
     for a in sorted(sizes):
@@ -494,13 +788,17 @@ def render(plan: Plan) -> str:
         w.line(f"    {k.name!r}: {{{', '.join(f'{p!r}: {k.defaults[p]!r}' for p in k.params)}}},")
     w.line("}")
     for h in sorted(helpers):
-        op = ELEMENTWISE[h]
+        if h == MMA_POLICY_HELPER[0]:
+            name, args, doc, body_line = MMA_POLICY_HELPER
+        else:
+            op = ELEMENTWISE[h]
+            name, args, doc, body_line = h, "x", op.doc, op.tilelang
         w.line()
         w.line()
-        w.line(f"def {h}(x):")
+        w.line(f"def {name}({args}):")
         w.indent()
-        w.line(f'"""{op.doc}"""')
-        w.line(op.tilelang)
+        w.line(f'"""{doc}"""')
+        w.line(body_line)
         w.dedent()
     w.lines.extend(body.lines)
     _render_runtime(w, plan, build_names)
@@ -545,7 +843,8 @@ def _render_runtime(w: _Writer, plan: Plan, build_names: dict[str, str]) -> None
     w.line("def compile_kernels(config=None, target=TARGET):")
     w.indent()
     w.line('"""JIT-compile every kernel for the GPU (needs CUDA)."""')
-    w.line("return {name: tilelang.compile(func, target=target) for name, func in build_kernels(config).items()}")
+    w.line("return {name: tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)")
+    w.line("        for name, func in build_kernels(config).items()}")
     w.dedent()
     w.line()
     w.line()

@@ -1,0 +1,151 @@
+"""FlexAttention baseline: softmax attention whose scores pass through an elementwise function first.
+
+``torch.nn.attention.flex_attention`` (compiled) takes that function as a ``score_mod``; this
+module finds such attention in a graph structurally (one q.k product, an elementwise function of
+it, constants and bias inputs over (batch, query, key), a softmax over the key axis, a product
+with V) and generates the call. Plain or scaled attention is SDPA's (``baselines.vendor_fn``);
+sigmoid attention has no softmax and is not expressible here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyrunner.ir.graph import Graph, Term, result_axes, subterms
+from pyrunner.ir.ops import ELEMENTWISE
+from pyrunner.run.baselines import (
+    TorchFn,
+    _constant_value,
+    _is_constant,
+    _load,
+    _permute,
+    _reshape,
+    _softmax_source,
+    match_attention,
+)
+
+
+@dataclass(frozen=True)
+class FlexMatch:
+    """``softmax_kv(f(q @_d k, bias...)) @_kv v`` with f elementwise: FlexAttention's score_mod."""
+
+    term: Term
+    scores: Term
+    x: Term
+    q: Term
+    k: Term
+    v: Term
+    d: str
+    kv: str
+
+
+def match_flex(t: Term, sizes: Mapping[str, int]) -> FlexMatch | None:
+    """Attention whose pre-softmax scores are an elementwise function of one q.k product (not a plain scale)."""
+    if t.op != "matmul" or match_attention(t, sizes) is not None:
+        return None
+    p, v = t.args
+    sm = _softmax_source(p)
+    if sm is None or sm[1] != t.axis:
+        return None
+    x, kv = sm
+    prods = [s for s in subterms([x]) if s.op == "matmul"]
+    if len(prods) != 1:
+        return None
+    s = prods[0]
+    if any(u.op == "reduce" for u in subterms([x])):
+        return None
+    q, k = s.args
+    if q.op != "input" or k.op != "input" or v.op != "input":
+        return None
+    m = match_attention_shape(q, k, v, s.axis, kv)
+    return FlexMatch(t, s, x, q, k, v, s.axis, kv) if m else None
+
+
+def match_attention_shape(q: Term, k: Term, v: Term, d: str, kv: str) -> bool:
+    qa, ka, va = result_axes(q), result_axes(k), result_axes(v)
+    batch = [x for x in qa if x in ka and x != d]
+    if [x for x in ka if x not in batch and x != d] != [kv] or kv in qa or kv not in va:
+        return False
+    v_free = [x for x in va if x not in batch and x != kv]
+    q_free = [x for x in qa if x not in batch and x != d]
+    return len(q_free) == 1 and len(v_free) == 1 and all(x in va for x in batch)
+
+
+def _flex_source(graph: Graph) -> str | None:
+    """Source of a FlexAttention (compiled) baseline for a graph that is one such attention, else None."""
+    if len(graph.outputs) != 1:
+        return None
+    out_name, t = graph.outputs[0]
+    sizes = graph.sizes
+    m = match_flex(t, sizes)
+    if m is None:
+        return None
+    qa, ka, va = result_axes(m.q), result_axes(m.k), result_axes(m.v)
+    batch = tuple(x for x in qa if x in ka and x != m.d)
+    (q_free,) = [x for x in qa if x not in batch and x != m.d]
+    (v_free,) = [x for x in va if x not in batch and x != m.kv]
+    nb = math.prod(sizes[x] for x in batch)
+    biases: dict[str, str] = {}
+    prep: list[str] = []
+
+    def code(u: Term) -> str | None:
+        if u == m.scores:
+            return "score"
+        if u.op != "input" and _is_constant(u):
+            return repr(_constant_value(u, sizes))
+        if u.op == "input":
+            ax = result_axes(u)
+            full, plain = batch + (q_free, m.kv), (q_free, m.kv)
+            if set(ax) == set(full):
+                idx, want = "[h, q_idx, kv_idx]", full
+                shape = [nb, sizes[q_free], sizes[m.kv]]
+            elif set(ax) == set(plain):
+                idx, want, shape = "[q_idx, kv_idx]", plain, [sizes[q_free], sizes[m.kv]]
+            else:
+                return None
+            if u.name not in biases:
+                biases[u.name] = f"bias{len(biases)}"
+                prep.append(f"    {biases[u.name]} = "
+                            f"{_reshape(_permute(f'inputs[{u.name!r}]', ax, want), shape)}.contiguous()")
+            return f"{biases[u.name]}{idx}"
+        if u.op in ("unary", "binary") and u.fn in ELEMENTWISE:
+            args = [code(x) for x in u.args]
+            return None if None in args else "(" + ELEMENTWISE[u.fn].torch.format(*args) + ")"
+        return None
+
+    body = code(m.x)
+    if body is None:
+        return None
+    q4 = _reshape(_permute("inputs[%r]" % m.q.name, qa, batch + (q_free, m.d)), [1, nb, sizes[q_free], sizes[m.d]])
+    k4 = _reshape(_permute("inputs[%r]" % m.k.name, ka, batch + (m.kv, m.d)), [1, nb, sizes[m.kv], sizes[m.d]])
+    v4 = _reshape(_permute("inputs[%r]" % m.v.name, va, batch + (m.kv, v_free)), [1, nb, sizes[m.kv], sizes[v_free]])
+    have = batch + (q_free, v_free)
+    o = _permute(_reshape("o", [sizes[x] for x in have]), have, result_axes(t))
+    lines = [
+        "from torch.nn.attention.flex_attention import flex_attention",
+        "_flex = torch.compile(flex_attention)",
+        "",
+        "def baseline(**inputs):",
+        f'    """{graph.name} through FlexAttention (generated by pyrunner.run.baselines)."""',
+        *prep,
+        "",
+        "    def score_mod(score, b, h, q_idx, kv_idx):",
+        f"        return {body}",
+        "",
+        f"    o = _flex({q4}, {k4}, {v4}, score_mod=score_mod, scale=1.0)",
+        f"    return {{{out_name!r}: {o}}}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def flex_fn(graph: Graph) -> TorchFn | None:
+    """FlexAttention (torch.compile'd) for a graph that is one softmax attention with a score modification.
+
+    None for plain (scaled) attention, which SDPA covers, and for what FlexAttention cannot
+    express: sigmoid attention (no softmax), scores that are not an elementwise function of one
+    q.k product, biases over other axes than (batch, query, key).
+    """
+    src = _flex_source(graph)
+    return None if src is None else _load(src)

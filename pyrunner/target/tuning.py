@@ -1,0 +1,162 @@
+"""Tuning database: the best measured tile config per kernel structure, shape, dtype, device and TileLang version.
+
+Autotuning on the GPU is costly, so what it finds persists in a committed per-device JSON
+file (``benchmarks/tuning/<device>.json``). A key names everything that decides which config
+is fastest, and nothing else:
+
+- the plan's *structure*: a hash of its kernel IR (ops, buffers, grid and loop axes) with the
+  tile values removed (tuning spaces, defaults), so re-planning the same graph finds it again;
+- the axis sizes, the dtype, the device, the TileLang version and the renderer generation
+  (``target.layout.GENERATION``: the same plan renders to different code across generations).
+
+The runner uses a tuned config by default; the planner's estimate prefers a measured time;
+``benchmarks/gpu_run.py`` writes new results into a copy of the file under ``$OUT``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pyrunner.errors import UserError
+from pyrunner.plan.schema import Plan, axis_sizes, canonical_json
+
+ROOT = Path(__file__).resolve().parents[2]
+TUNING_DIR = ROOT / "benchmarks" / "tuning"
+DEFAULT_DEVICE = "h200"
+"""The device plans are made for when no GPU is present (the planner's target)."""
+FORMAT = 1
+
+Config = dict[str, dict[str, int]]
+
+
+def device_key(name: str) -> str:
+    """File-name form of a device name: 'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100_80gb_hbm3'."""
+    s = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.I).lower()
+    return re.sub(r"[^a-z0-9]+", "_", s).strip("_") or "unknown"
+
+
+def tilelang_version() -> str:
+    """The installed TileLang's version without importing it (the planner must stay light)."""
+    try:
+        from importlib.metadata import version
+
+        return version("tilelang")
+    except Exception:  # noqa: BLE001 - not installed as a distribution: ask the module
+        try:
+            import tilelang
+
+            return str(getattr(tilelang, "__version__", "unknown"))
+        except Exception:  # noqa: BLE001
+            return "unknown"
+
+
+def structure_hash(plan: Plan) -> str:
+    """Hash of the plan's kernel IR without tile values: same code shape <=> same hash."""
+    kernels = [k.model_dump(mode="json", exclude={"params", "defaults", "fused_rules"}) for k in plan.kernels]
+    tensors = [{"name": t.name, "axes": t.axes, "role": t.role} for t in plan.tensors]
+    text = canonical_json({"kernels": kernels, "tensors": tensors})
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tuning_key(plan: Plan, device: str, tl_version: str | None = None) -> str:
+    sizes = ",".join(f"{a}={n}" for a, n in sorted(axis_sizes(plan).items()))
+    from pyrunner.target.layout import GENERATION
+
+    version = tl_version or tilelang_version()
+    return (f"{structure_hash(plan)}|{sizes}|{plan.dtype}|{device_key(device)}|tilelang-{version}"
+            f"|renderer-{GENERATION}")
+
+
+@dataclass
+class Entry:
+    """The best config measured for one key, with what it measured and how it was found."""
+
+    workload: str
+    config: Config
+    time_us: float
+    tried: int = 1
+    default_us: float | None = None
+    plan_hash: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def _valid(plan: Plan, config: Config) -> bool:
+    from pyrunner.plan.analysis import resolve_config
+    from pyrunner.plan.validate import check_values
+
+    try:
+        check_values(plan, resolve_config(plan, config))
+    except UserError:
+        return False
+    return set(config) == {k.name for k in plan.kernels}
+
+
+class TuningDB:
+    """One device's tuning file in memory: lookup, record (keep the faster), save (deterministic JSON)."""
+
+    def __init__(self, path: Path, entries: dict[str, Entry] | None = None) -> None:
+        self.path = Path(path)
+        self.entries: dict[str, Entry] = entries or {}
+
+    @classmethod
+    def load(cls, path: Path | str) -> TuningDB:
+        path = Path(path)
+        if not path.exists():
+            return cls(path)
+        try:
+            data = json.loads(path.read_text())
+            entries = {k: Entry(**v) for k, v in data.get("entries", {}).items()}
+        except (ValueError, TypeError) as e:
+            raise UserError(f"tuning database {path} is not valid: {e}") from None
+        return cls(path, entries)
+
+    @classmethod
+    def for_device(cls, device: str = DEFAULT_DEVICE, directory: Path | None = None) -> TuningDB:
+        env = os.environ.get("SUPEROPT_TUNING_DIR")
+        d = Path(directory or env or TUNING_DIR)
+        return cls.load(d / f"{device_key(device)}.json")
+
+    def lookup(self, plan: Plan, device: str = DEFAULT_DEVICE, tl_version: str | None = None) -> Entry | None:
+        """The tuned entry for this plan's structure and shapes on ``device``, if any and still valid."""
+        e = self.entries.get(tuning_key(plan, device, tl_version))
+        if e is None or not _valid(plan, e.config):
+            return None
+        return e
+
+    def record(self, plan: Plan, config: Config, time_us: float, device: str, *, tried: int = 1,
+               default_us: float | None = None, tl_version: str | None = None, extra: dict | None = None) -> bool:
+        """Keep (config, time) for this plan if it beats what is stored; True when the entry changed."""
+        if not _valid(plan, config):
+            raise UserError(f"tuning record for {plan.workload}: config {config} is not in the plan's space")
+        key = tuning_key(plan, device, tl_version)
+        old = self.entries.get(key)
+        if old is not None and old.time_us <= time_us and old.config != config:
+            old.tried += tried
+            return False
+        self.entries[key] = Entry(workload=plan.workload, config=config, time_us=round(float(time_us), 3),
+                                  tried=tried + (old.tried if old else 0), default_us=default_us,
+                                  plan_hash=plan.provenance.plan_hash or "", extra=extra or {})
+        return True
+
+    def to_json(self) -> str:
+        data = {"format": FORMAT, "entries": {k: asdict(self.entries[k]) for k in sorted(self.entries)}}
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    def save(self, path: Path | None = None) -> Path:
+        out = Path(path or self.path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(out.suffix + ".tmp")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, out)
+        return out
+
+
+def apply_tuned(plan: Plan, entry: Entry) -> Plan:
+    """The plan with its kernels' defaults set to the tuned config (the runner's default)."""
+    kernels = [k.model_copy(update={"defaults": {**k.defaults, **entry.config[k.name]}}) for k in plan.kernels]
+    return plan.model_copy(update={"kernels": kernels})

@@ -1,0 +1,153 @@
+"""Hopper code quality of rendered kernels, read off the CUDA TileLang lowers them to (no GPU needed).
+
+Each test plans a catalog workload the way a user would, lowers the plan to CUDA for sm_90a and
+asserts properties of the generated code: the wgmma instruction shape, fast math, the FMA form
+of exp2, per-thread partial sums. The passes' exactness is checked on the CPU executor.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from pyrunner.backend.tilelang.compile import lower_to_cuda
+from pyrunner.backend.tilelang.render import gemm_merges, render
+from pyrunner.ir import catalog
+from pyrunner.plan.analysis import resolve_config
+from pyrunner.plan.passes import defer_linear_reductions, optimize
+from pyrunner.plan.schema import Map, Reduce, Ref
+from pyrunner.planner import search
+from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.verify import verify_executor
+
+_WGMMA = re.compile(r"wgmma_(?:ss|rs)<[^,]+, [^,]+, [^,]+, (\d+), (\d+), (\d+),")
+
+
+def wgmma_shapes(cuda: str) -> set[tuple[int, int, int]]:
+    """(M, N, K) of every wgmma instruction template the CUDA source instantiates."""
+    return {tuple(int(x) for x in m.groups()) for m in _WGMMA.finditer(cuda)}
+
+
+def _plan(name: str, dtype: str = "bf16"):
+    return search(catalog.get(name), dtype, top=1)[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "merged"), [("Matmul", False), ("SwiGLU", True), ("RMSNormMLP", True)])
+def test_gemm_kernels_lower_to_full_width_wgmma_and_tma_store(name, merged, tmp_path):
+    """Each consumer warpgroup computes 64 rows x the whole tile width: one m64nN wgmma with N = block_n,
+    or 2 x block_n where two GEMMs share their A operand (gate and up of SwiGLU) and issue as one.
+    The result leaves through shared memory and a TMA store."""
+    plan = _plan(name)
+    (k,) = plan.kernels
+    block_n = resolve_config(plan)[k.name]["block_n"]
+    assert bool(gemm_merges(k)) == merged
+    cuda = lower_to_cuda(plan, work_dir=tmp_path)[k.name]
+    want = 2 * block_n if merged and 2 * block_n <= 256 else block_n
+    assert wgmma_shapes(cuda) == {(64, want, 16)}
+    assert "tl::tma_store(" in cuda
+
+
+@pytest.mark.slow
+def test_narrow_tile_config_still_lowers_with_square_policy(tmp_path):
+    """Where FullRow cannot split the rows among the warps (64 rows, 8 warps), the Square policy is used."""
+    plan = _plan("Matmul")
+    (k,) = plan.kernels
+    cfg = {k.name: {"block_m": 64, "block_n": 128, "threads": 256}}
+    cuda = lower_to_cuda(plan, cfg, work_dir=tmp_path)[k.name]
+    assert wgmma_shapes(cuda), "no wgmma in a 64x128 tile GEMM"
+
+
+def test_fast_math_exp2_fma_and_reciprocal_in_attention_source():
+    src = render(_plan("Attention"))
+    assert "PASS_CONFIGS = {'tl.enable_fast_math': True}" in src
+    assert "pass_configs=PASS_CONFIGS" in src
+    # exp2((S - m) * c) rendered as S * c - m * c (one FMA per element)
+    assert re.search(r"T\.exp2\(\(S\[[^]]+\] \* T\.float32\(1\.44[0-9]*\)\) - \(", src), src
+    # the final normalisation is a reciprocal per row and a multiply per element
+    assert "* (T.float32(1.0) / sum_" in src
+    assert "T.use_swizzle(panel_size=10, enable=" in src
+
+
+@pytest.mark.slow
+def test_fast_math_reaches_the_lowered_attention(tmp_path):
+    cuda = next(iter(lower_to_cuda(_plan("Attention"), work_dir=tmp_path).values()))
+    assert "exp2" in cuda
+    assert wgmma_shapes(cuda) >= {(64, 128, 16)}
+
+
+def test_swizzle_is_off_when_the_grid_fits_one_wave(tmp_path):
+    from pyrunner.backend.tilelang.compile import rendered_module
+
+    plan = _plan("Matmul")  # m1024 n4096 at 128x256 tiles: 128 blocks on 132 SMs
+    module = rendered_module(plan, tmp_path)
+    src = render(plan)
+    assert "enable=swizzle" in src and module.SM_COUNT == 132
+    cfg = resolve_config(plan)[plan.kernels[0].name]
+    blocks = (plan.tensors[0].shape[0] // cfg["block_m"]) * (4096 // cfg["block_n"])
+    assert blocks <= 132
+
+
+@pytest.mark.parametrize("name", ["RMSNorm", "RMSNormMLP"])
+def test_linear_loop_sums_are_deferred_to_the_epilogue(name):
+    plan = _plan(name)
+    opt = optimize(plan)
+    moved = 0
+    for before, after in zip(plan.kernels, opt.kernels, strict=True):
+        body_reduces = [op for op in after.body if isinstance(op, Reduce)]
+        assert not any(op.fn == "sum" and op.accumulate for op in body_reduces)
+        moved += sum(isinstance(op, Reduce) for op in after.epilogue) - sum(
+            isinstance(op, Reduce) for op in before.epilogue)
+    assert moved >= 1
+
+
+@pytest.mark.parametrize("name", ["RMSNorm", "RMSNormMLP", "Attention", "SwiGLU"])
+def test_passes_keep_the_plan_exact_on_the_cpu_executor(name):
+    """The optimized plan (what the renderer emits) computes the graph: CPU executor vs float64, fp16 bound."""
+    from pyrunner.run.runner import graph_of
+
+    plan = scale_down(optimize(_plan(name, "fp16")))
+    for seed in (1, 2):
+        res = verify_executor(plan, graph_of(plan), execute, seed=seed)
+        assert res.ok, res.message
+
+
+def test_attention_running_sum_is_not_deferred():
+    """The softmax denominator is rescaled inside the loop, so it must stay there."""
+    (k,) = _plan("Attention").kernels
+    assert defer_linear_reductions(k) is k
+    assert any(isinstance(op, Map) for op in k.body)
+
+
+def test_mma_policy_helper_picks_fullrow_only_when_rows_split():
+    from pyrunner.backend.tilelang.compile import rendered_module
+
+    module = rendered_module(_plan("Matmul"))
+    full, square = (module.T.GemmWarpPolicy.FullRow, module.T.GemmWarpPolicy.Square)
+    assert module.mma_policy(128, 256, 256) == full
+    assert module.mma_policy(64, 256, 256) == square
+    assert module.mma_policy(64, 128, 128) == full
+
+
+@pytest.mark.slow
+def test_merged_gemms_fall_back_to_two_gemms_past_256_columns(tmp_path):
+    """block_n = 256 would need N = 512: the unmerged variant is built, each GEMM m64n256."""
+    plan = _plan("SwiGLU")
+    (k,) = plan.kernels
+    space = {p: sorted({*v, {"block_n": 256, "threads": 128, "block_m": 64, "block_d": 32, "stages": 2}[p]})
+             for p, v in k.params.items()}
+    wide = k.model_copy(update={"params": space})
+    plan = plan.model_copy(update={"kernels": [wide]})  # the planner prunes 256 (registers); lowering does not care
+    cfg = {k.name: {"block_m": 64, "block_n": 256, "block_d": 32, "stages": 2, "threads": 128}}
+    cuda = lower_to_cuda(plan, cfg, work_dir=tmp_path)[k.name]
+    assert wgmma_shapes(cuda) == {(64, 256, 16)}
+    assert cuda.count("wgmma_ss<") >= 2
+
+
+def test_merge_declines_when_an_accumulator_is_used_inside_the_loop():
+    plan = _plan("SwiGLU")
+    (k,) = plan.kernels
+    (m,) = gemm_merges(k)
+    body = list(k.body) + [Map(dst=m.second.c, expr=Ref(buf=m.second.c))]
+    assert gemm_merges(k.model_copy(update={"body": body})) == []

@@ -1,0 +1,198 @@
+"""Tuning database (round trip, keys, lookup by planner and runner), ranked autotune configs, calibration."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pyrunner.errors import UserError
+from pyrunner.ir import catalog
+from pyrunner.planner import search
+from pyrunner.planner.search import prefer_measured, ranked_plan_configs
+from pyrunner.run.runner import RunOptions, _tuned_entry, autotune_candidates, default_config
+from pyrunner.target.tuning import TuningDB, device_key, structure_hash, tuning_key
+
+
+def _plan(name="Matmul", sizes=None, dtype="bf16"):
+    return search(catalog.get(name, sizes or {}), dtype, top=1, tuning=False)[0]
+
+
+def _other_config(plan):
+    (k,) = plan.kernels
+    cfg = {k.name: dict(k.defaults)}
+    cfg[k.name]["stages"] = next(s for s in k.params["stages"] if s != k.defaults["stages"])
+    return cfg
+
+
+def test_device_key_normalises_names():
+    assert device_key("NVIDIA H200") == "h200"
+    assert device_key("NVIDIA H100 80GB HBM3") == "h100_80gb_hbm3"
+
+
+def test_structure_hash_ignores_tile_values_but_not_structure():
+    a = _plan("Matmul")
+    b = a.model_copy(update={"kernels": [a.kernels[0].model_copy(update={"defaults": {
+        **a.kernels[0].defaults, "stages": 1}})]})
+    assert structure_hash(a) == structure_hash(b)
+    assert structure_hash(a) != structure_hash(_plan("SwiGLU"))
+    # shapes and dtype are part of the key, not of the structure
+    big = _plan("Matmul", {"m": 2048})
+    assert structure_hash(big) == structure_hash(a)
+    assert tuning_key(big, "h200") != tuning_key(a, "h200")
+    assert tuning_key(_plan("Matmul", dtype="fp16"), "h200") != tuning_key(a, "h200")
+
+
+def test_round_trip_and_lookup(tmp_path):
+    plan = _plan()
+    cfg = _other_config(plan)
+    db = TuningDB(tmp_path / "h200.json")
+    assert db.lookup(plan, "NVIDIA H200") is None
+    assert db.record(plan, cfg, 51.25, "NVIDIA H200", tried=4, default_us=55.0)
+    path = db.save()
+    again = TuningDB.load(path)
+    entry = again.lookup(plan, "h200")
+    assert entry is not None and entry.config == cfg and entry.time_us == 51.25 and entry.tried == 4
+    assert again.lookup(plan, "h100") is None  # another device
+    assert again.lookup(plan, "h200", tl_version="0.0.1") is None  # another TileLang
+    assert path.read_text() == again.to_json()  # deterministic
+
+
+def test_record_keeps_the_faster_config(tmp_path):
+    plan = _plan()
+    db = TuningDB(tmp_path / "x.json")
+    fast, slow = _other_config(plan), default_config(plan)
+    db.record(plan, fast, 50.0, "h200")
+    assert not db.record(plan, slow, 60.0, "h200")
+    assert db.lookup(plan, "h200").config == fast
+    assert db.record(plan, slow, 40.0, "h200")
+    assert db.lookup(plan, "h200").config == slow
+
+
+def test_record_rejects_configs_outside_the_space(tmp_path):
+    plan = _plan()
+    (k,) = plan.kernels
+    with pytest.raises(UserError):
+        TuningDB(tmp_path / "x.json").record(plan, {k.name: {"stages": 99}}, 1.0, "h200")
+
+
+def test_corrupt_database_is_a_user_error(tmp_path):
+    p = tmp_path / "bad.json"
+    p.write_text("{not json")
+    with pytest.raises(UserError, match="not valid"):
+        TuningDB.load(p)
+
+
+def test_planner_prefers_the_measured_time_and_config(tmp_path):
+    plan = _plan()
+    cfg = _other_config(plan)
+    db = TuningDB(tmp_path / "h200.json")
+    db.record(plan, cfg, 12.5, "h200")
+    tuned = prefer_measured(plan, db)
+    assert tuned.cost.total_us == 12.5 and tuned.cost.model["measured"] == 1.0
+    assert {k.name: k.defaults for k in tuned.kernels} == cfg
+    assert tuned.provenance.plan_hash != plan.provenance.plan_hash
+    (top,) = search(catalog.get("Matmul"), "bf16", tuning=db)
+    assert top.cost.total_us == 12.5
+    assert prefer_measured(plan, TuningDB(tmp_path / "empty.json")) is plan
+
+
+def test_runner_starts_from_the_tuned_config(tmp_path):
+    plan = _plan()
+    cfg = _other_config(plan)
+    path = tmp_path / "h200.json"
+    db = TuningDB(path)
+    db.record(plan, cfg, 10.0, "h200")
+    db.save()
+    entry = _tuned_entry(plan, "cpu", RunOptions(tuning_db=path))
+    assert entry is not None and entry.config == cfg
+    # the output file, once it exists, is what later runs read
+    out = tmp_path / "out.json"
+    assert _tuned_entry(plan, "NVIDIA H200", RunOptions(tuning_db=path, tuning_out=out)).config == cfg
+    TuningDB(out).save()
+    assert _tuned_entry(plan, "NVIDIA H200", RunOptions(tuning_db=path, tuning_out=out)) is None
+
+
+def test_committed_database_is_valid():
+    from pyrunner.target.tuning import TUNING_DIR
+
+    db = TuningDB.load(TUNING_DIR / "h200.json")
+    assert json.loads((TUNING_DIR / "h200.json").read_text())["format"] == 1
+    for key, e in db.entries.items():
+        assert key.split("|")[3] == "h200" and e.time_us > 0
+
+
+@pytest.mark.parametrize("name", ["Matmul", "SwiGLU", "RMSNormMLP", "Attention"])
+def test_ranked_configs_fit_and_start_with_the_planners_choice(name):
+    from pyrunner.backend.tilelang.compile import check_fits
+    from pyrunner.errors import DeviceFitError
+
+    g = catalog.get(name)
+    plan = search(g, "bf16", tuning=False)[0]
+    cfgs = ranked_plan_configs(g, plan, 6)
+    assert cfgs and cfgs[0] == default_config(plan)
+    assert len({json.dumps(c, sort_keys=True) for c in cfgs}) == len(cfgs)
+    fitting = 0
+    for c in cfgs:
+        try:
+            check_fits(plan, c)
+            fitting += 1
+        except DeviceFitError:
+            pass
+    assert fitting >= min(3, len(cfgs))
+
+
+def test_autotune_candidates_order_and_count():
+    plan = _plan()
+    ranked = ranked_plan_configs(catalog.get("Matmul"), plan, 4)
+    cfg = default_config(plan)
+    cands = autotune_candidates(plan, cfg, RunOptions(autotune=4, candidates=ranked))
+    assert cands[0] == cfg and len(cands) == 4
+    assert cands[1:] == [c for c in ranked if c != cfg][:3]
+
+
+def test_calibration_report_on_the_recorded_runs():
+    from pyrunner.planner.calibration import prediction_report
+    from pyrunner.planner.search import Planner
+
+    rep = prediction_report(["benchmarks/results/h200-run1.jsonl", "benchmarks/results/h200-run2.jsonl"], Planner)
+    assert rep["samples"] >= 10
+    assert rep["after_mape_pct"] < rep["before_mape_pct"]  # leave-one-out, so this can fail
+    assert all(v > 0 for v in rep["scales"].values())
+
+
+def test_calibration_uses_only_current_renderer_records(tmp_path):
+    from pyrunner.planner.calibration import calibrate
+    from pyrunner.target.layout import GENERATION
+
+    base = search(catalog.get("Matmul"), "fp16", tuning=False)[0]
+    rec = {"status": "ok", "workload": "Matmul", "shapes": dict(catalog.get("Matmul").sizes), "dtype": "float16",
+           "device": "NVIDIA H200", "config": default_config(base), "plan_us": base.cost.total_us * 2}
+    log = tmp_path / "r.jsonl"
+    log.write_text(json.dumps(rec) + "\n")
+    from pyrunner.planner.search import Planner
+
+    assert calibrate(log, Planner).structure_scale == ()  # an old-generation record does not calibrate
+    log.write_text(json.dumps({**rec, "extra": {"renderer": GENERATION}}) + "\n")
+    m = calibrate(log, Planner)
+    assert m.structure_scale and 1.5 < dict(m.structure_scale)["gemm1-loop-r0"] < 2.5
+    slower = search(catalog.get("Matmul"), "fp16", calibration=log, tuning=False)[0]
+    assert slower.cost.total_us > base.cost.total_us * 1.3
+
+
+def test_gpu_run_second_shape_set_plans_distinct_files():
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_run", "benchmarks/gpu_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = argparse.Namespace(workloads="Matmul", graph=None, shapes2=True, shapes2_only=False)
+    tags = [t for t, _ in mod._graphs(args)]
+    assert tags[0] == "Matmul" and len(set(tags)) == len(tags) == 5
+    sizes = {t: g.sizes for t, g in mod._graphs(args)}
+    assert sizes["Attention_t_kv8192_t_q8192"]["t_q"] == 8192
+    assert sizes["Matmul_d4096_m4096_n4096"]["m"] == 4096
+    assert sizes["RMSNormMLP_m8192"]["m"] == 8192
+    only = mod._graphs(argparse.Namespace(workloads="Matmul", graph=None, shapes2=False, shapes2_only=True))
+    assert len(only) == 4
