@@ -228,3 +228,21 @@ def test_gpu_run_writes_the_tuned_config_and_times_side_by_side(tmp_path, fake_g
     # the next run starts from that config and says so
     rec2 = run_plan(plan, opts)
     assert "tuning database" in rec2.message
+
+
+def test_a_config_that_fails_to_compile_falls_back_to_the_next_candidate(tmp_path, monkeypatch, fake_gpu,
+                                                                        fake_launch, matmul_plan) -> None:
+    plan = matmul_plan(256, 256, 256)
+    default = {k.name: dict(k.defaults) for k in plan.kernels}
+
+    def compile_(p, cfg):
+        if cfg == default:
+            raise RuntimeError("TileLang: shared memory exceeds the limit")
+        return fake_launch(plan_graph(p))
+
+    monkeypatch.setattr(runner, "_compile", compile_)
+    rec = run_plan(plan, _opts(tmp_path, device="cpu", autotune=3, baselines=(), warmup_ms=0.1, rep_ms=0.5))
+    assert rec.status == "ok" and rec.config != default and "failed to compile" in rec.message
+    # a pinned config is never replaced
+    rec2 = run_plan(plan, _opts(tmp_path, device="cpu", autotune=3, baselines=(), config=default))
+    assert rec2.status == "failed-compile"

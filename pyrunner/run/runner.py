@@ -448,7 +448,21 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
         with run.step("compiling with TileLang"):
             launch = _compile(plan, cfg)
     except Exception as e:  # noqa: BLE001
-        return run.finish("failed-compile", _err(e))
+        # a config the device model accepted can still fail in TileLang (its own shared-memory
+        # scratch, say): unless the user pinned it, fall back to the next autotuning candidate
+        fallbacks = autotune_candidates(plan, cfg, opts)[1:] if opts.config is None else []
+        for c in fallbacks:
+            try:
+                check_fits(plan, c)
+                launch = _compile(plan, c)
+            except Exception:  # noqa: BLE001, S112 - try the next one
+                continue
+            run.notes.append(f"config {cfg} failed to compile ({_err(e)}); used the next candidate")
+            cfg = c
+            run.fields["config"] = cfg
+            break
+        else:
+            return run.finish("failed-compile", _err(e))
     if opts.warm_only:
         for c in autotune_candidates(plan, cfg, opts)[1:]:
             try:
