@@ -151,3 +151,25 @@ def test_merge_declines_when_an_accumulator_is_used_inside_the_loop():
     (m,) = gemm_merges(k)
     body = list(k.body) + [Map(dst=m.second.c, expr=Ref(buf=m.second.c))]
     assert gemm_merges(k.model_copy(update={"body": body})) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["Attention", "Matmul"])
+def test_lowered_shared_memory_fits_the_device(name, tmp_path):
+    """TileLang's own shared-memory plan (pipeline stages, TMA-store tile reusing dead buffers) fits 227 KiB."""
+    import tilelang
+    import tvm
+    from tvm.target import Target
+
+    from pyrunner.backend.tilelang.compile import build_prim_funcs
+    from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET
+    from pyrunner.target.device import H200
+
+    plan = _plan(name)
+    target = Target(TARGET)
+    for kname, func in build_prim_funcs(plan, work_dir=tmp_path).items():
+        with target, tvm.transform.PassContext(config=PASS_CONFIGS):
+            mod = tilelang.lower(func, target=target).device_mod
+        for _, f in mod.functions.items():
+            smem = int(f.attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in f.attrs else 0
+            assert 0 < smem <= H200.smem_per_block, f"{kname}: {smem} bytes of dynamic shared memory"
