@@ -37,7 +37,7 @@ DEFAULT_BUDGET_S = 500.0
 WARMUP_MS = 25.0
 REP_MS = 100.0
 """Warm-up and timing per function, the same for the plan and every baseline (split over the rounds)."""
-WARM_SHARE = 0.45
+WARM_SHARE = 0.5
 """Fraction of the budget the parallel warm-up phase may use at most."""
 MIN_RUN_S = 25.0
 
