@@ -312,6 +312,11 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         why = sorted(planner.rejections.items(), key=lambda kv: -kv[1])[:2]
         raise GraphError(f"no feasible plan for graph {graph.name!r} at sizes {graph.sizes}: "
                          + "; ".join(w for w, _ in why))
+    if tuning is not False:
+        from pyrunner.target.tuning import TuningDB
+
+        tuning = TuningDB.for_device() if tuning is None or tuning is True else tuning
+    lookahead = max(top, TUNED_LOOKAHEAD) if tuning is not False and tuning.entries else top
     ranked: list[tuple[int, int, Plan]] = []
     seen: set[tuple] = set()
     for c in cands:
@@ -320,9 +325,9 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
             continue
         seen.add(sig)
         ranked.append((unguarded_exps(c.variant.graph), len(ranked), to_plan(planner, c, naive)))
-        if len(ranked) >= max(top, TUNED_LOOKAHEAD):
+        if len(ranked) >= lookahead:
             break
-    if tuning is not False:
+    if tuning is not False and tuning.entries:
         ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
     ranked.sort(key=lambda x: (x[0], round(x[2].cost.total_us, 2), x[1]))
     return [p for _, _, p in ranked[:top]]
