@@ -170,6 +170,11 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     plans = search(graph, DTYPES[args.dtype], top=args.top, naive=args.naive, calibration=calibration)
     if not plans:
         raise UserError(f"the planner found no plan for graph {graph.name!r}")
+    if len(plans) < args.top:
+        _note(f"note: --top {args.top} asked for, but only {len(plans)} distinct plan(s) exist "
+              f"for graph {graph.name!r}")
+    if not args.naive and plans[0].provenance.planner.endswith("-naive"):
+        _note("note: the search found no fused plan; this is the naive plan (every op its own kernel)")
     if args.explain:
         for i, p in enumerate(plans):
             if len(plans) > 1:

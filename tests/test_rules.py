@@ -23,6 +23,7 @@ from pyrunner.ir.graph import (
     unary,
 )
 from pyrunner.ir.reference import evaluate, random_inputs
+from pyrunner.rules.products import canonical_products
 from pyrunner.rules.registry import (
     ALGEBRAIC_RULE_NAMES,
     RULE_NAMES,
@@ -64,6 +65,7 @@ def test_registry_names_and_kinds() -> None:
     assert RULE_NAMES == (
         "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div",
         "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop",
+        "elementwise_mul_comm", "elementwise_mul_assoc",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement
@@ -141,8 +143,11 @@ def test_rules_fire_on_the_seed_workloads() -> None:
 
     assert fired("Attention", {"h": 2, "t_q": 3, "t_kv": 4, "d": 2}) == {
         "softmax_max_shift", "matmul_div_commute", "exp_to_exp2"}
-    assert fired("RMSNorm", {"m": 2, "d": 3, "n": 2}) == {"matmul_row_scale_commute", "mean_to_sum_div"}
-    assert fired("RMSNormMLP", {"m": 2, "d": 3, "n": 2}) == {"matmul_row_scale_commute", "mean_to_sum_div"}
+    # rsqrt(ms)[m] * X[m, d] keeps the axis order (m, d) either way round: commutativity applies
+    assert fired("RMSNorm", {"m": 2, "d": 3, "n": 2}) == {
+        "matmul_row_scale_commute", "mean_to_sum_div", "elementwise_mul_comm"}
+    assert fired("RMSNormMLP", {"m": 2, "d": 3, "n": 2}) == {
+        "matmul_row_scale_commute", "mean_to_sum_div", "elementwise_mul_comm"}
     assert fired("Matmul", {"m": 2, "d": 3, "n": 2}) == set()
 
 
@@ -283,12 +288,27 @@ def pattern_mean(gen: Gen) -> tuple[Term, bool]:
     return reduce("mean", gen.term(2, (a,)), a), True
 
 
+def pattern_mul_comm(gen: Gen) -> tuple[Term, bool]:
+    x = gen.term(2, (gen.draw(st.sampled_from(AXES)),))
+    y = gen.term(1, avoid=tuple(a for a in AXES if a not in result_axes(x)))
+    # fires exactly when swapping keeps the axis order, e.g. y's axes a prefix of x's
+    return binary("mul", x, y), result_axes(binary("mul", y, x)) == result_axes(x)
+
+
+def pattern_mul_assoc(gen: Gen) -> tuple[Term, bool]:
+    x = gen.term(2, (gen.draw(st.sampled_from(AXES)),))
+    within = tuple(a for a in AXES if a not in result_axes(x))
+    return binary("mul", binary("mul", x, gen.term(1, avoid=within)), gen.term(1, avoid=within)), True
+
+
 PATTERNS = {
     "softmax_max_shift": pattern_softmax,
     "matmul_div_commute": lambda gen: pattern_pull_out(gen, "div"),
     "matmul_row_scale_commute": lambda gen: pattern_pull_out(gen, "mul"),
     "exp_to_exp2": pattern_exp,
     "mean_to_sum_div": pattern_mean,
+    "elementwise_mul_comm": pattern_mul_comm,
+    "elementwise_mul_assoc": pattern_mul_assoc,
 }
 
 
@@ -514,3 +534,54 @@ def test_reduction_in_loop_reset_is_rejected() -> None:
     x, w = rng.standard_normal((2, 6)), rng.standard_normal((6, 2))
     _, ss = tiled_matmul_with_sumsq(x, w, 2, accumulate=False)
     assert not np.allclose(ss, np.square(x).sum(axis=1))
+
+
+# --- canonical factor order ---------------------------------------------------------------
+
+def random_product(gen: Gen, n: int) -> Term:
+    """n factors multiplied in a random tree shape, the first carrying the product's axes."""
+    first = gen.term(1, (gen.draw(st.sampled_from(AXES)),))
+    within = tuple(a for a in AXES if a not in result_axes(first))
+    parts = [first] + [gen.term(1, avoid=within) for _ in range(n - 1)]
+    while len(parts) > 1:
+        i = gen.draw(st.integers(0, len(parts) - 2))
+        parts[i:i + 2] = [binary("mul", parts[i], parts[i + 1])]
+    return parts[0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), seed=st.integers(0, 2**31), n=st.integers(2, 5))
+def test_canonical_products_keep_values_and_axes(data: st.DataObject, seed: int, n: int) -> None:
+    gen = Gen(data)
+    p = random_product(gen, n)
+    root = matmul(p, gen.term(1, (result_axes(p)[-1],)), result_axes(p)[-1]) if data.draw(st.booleans()) \
+        else gen.wrap(p)
+    if not result_axes(root):
+        root = binary("add", root, gen.input())
+    g = graph_of(data, root)
+    if not np.all(np.isfinite(evaluate(g, random_inputs(g, seed))["out"])):
+        return
+    canon = canonical_products(g)
+    event(f"reordered: {canon is not None}")
+    if canon is None:
+        return
+    g2, steps = canon
+    assert {s.rule for s in steps} <= {"elementwise_mul_comm", "elementwise_mul_assoc"} and steps
+    assert result_axes(g2.outputs[0][1]) == result_axes(g.outputs[0][1])
+    assert_same_values(g, g2, seed)
+    assert canonical_products(g2) is None  # a normal form: canonical twice is canonical once
+
+
+def test_parenthesisations_share_one_canonical_form() -> None:
+    x, s, gw, w = inp("X", ("i", "a")), inp("s", ("i",)), inp("g", ("a",)), inp("W", ("a", "j"))
+    sizes = {"i": 2, "a": 3, "j": 2}
+    forms = [binary("mul", binary("mul", x, s), gw), binary("mul", binary("mul", x, gw), s),
+             binary("mul", x, binary("mul", s, gw)), binary("mul", binary("mul", s, x), gw)]
+    canon = set()
+    for f in forms:
+        g = Graph("p", sizes, (("out", matmul(f, w, "a")),))
+        c = canonical_products(g)
+        canon.add((c[0] if c else g).outputs[0][1])
+    assert len(canon) == 1
+    (root,) = canon
+    assert root.args[0].args[1] == s  # the row scale outermost: a matmul can take it out

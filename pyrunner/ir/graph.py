@@ -43,6 +43,15 @@ class Term:
     def __hash__(self) -> int:
         return self._hash
 
+    def __eq__(self, other: object) -> bool:
+        # the hash first: unequal deep terms differ there, not after a recursive walk
+        if self is other:
+            return True
+        if not isinstance(other, Term) or self._hash != other._hash:
+            return False
+        return (self.op, self.fn, self.axis, self.name, self.axes, self.value, self.args) == \
+            (other.op, other.fn, other.axis, other.name, other.axes, other.value, other.args)
+
     def __repr__(self) -> str:
         return show(self)
 

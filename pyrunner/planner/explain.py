@@ -32,6 +32,9 @@ def explain(plan: Plan) -> str:
     """Readable summary: derivation steps, kernels, materialized tensors, predicted cost."""
     out = [f"plan {plan.provenance.plan_hash} for {plan.workload} ({plan.dtype}), "
            f"{len(plan.kernels)} kernel(s), predicted {plan.cost.total_us:.1f} us"]
+    if plan.provenance.planner.endswith("-naive"):
+        out.append("the naive plan: every op its own kernel, no rewrites (asked for with --naive, or the "
+                   "search found no fused plan within its budget)")
     out.append("derivation:")
     if not plan.derivation:
         out.append("  (none: the graph as written)")

@@ -15,15 +15,20 @@ relative to the running max and rescaled when it grows
 (``online_softmax_rescale``). Any other dependence of the loop on a finished
 reduction makes the candidate infeasible: it would need a second pass.
 
-Why one module: phases, the online-rescale factor analysis and the tile builder are one algorithm;
-``lower()`` is still to be split into per-op functions (issue 7, owned by the planner work).
+Everything here walks the kernel's terms in one operands-first list (no
+recursion), so 1000-op chains and shared sub-graphs lower in linear time.
+Emission is per op kind (``_EMIT``), each a small method of ``_Builder``.
+
+Why one module: phases, the online-rescale factor analysis and the tile builder
+are one algorithm over one kernel's terms; each function is small (C901 < 12).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pyrunner.ir.graph import Term, result_axes, subterms
+from pyrunner.ir.axes import axes_of
+from pyrunner.ir.graph import Term
 from pyrunner.ir.ops import REDUCTIONS, UNARY
 from pyrunner.plan.analysis import block_param, expr_refs, op_buffers
 from pyrunner.plan.schema import (
@@ -48,6 +53,12 @@ SHORT_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 
 MAX_FULL_EXTENT = 256
 """Largest axis a kernel may hold whole in one tile (an in-tile contraction)."""
+
+MAX_INLINE_DEPTH = 8
+"""Deepest elementwise expression kept inline in one map; deeper chains go through a
+fragment, so plans of long chains stay shallow (serialisation and renderers recurse)."""
+
+LEAF_OPS = ("input", "const", "axis_size")
 
 
 class Infeasible(Exception):
@@ -94,6 +105,10 @@ class Lowered:
     terms: frozenset[Term] = frozenset()
 
 
+def _is_leaf(t: Term, root: Term, boundary: dict[Term, str]) -> bool:
+    return t is not root and (t in boundary or t.op in LEAF_OPS)
+
+
 def cone(root: Term, boundary: dict[Term, str]) -> list[Term]:
     """Terms the kernel touches (operands first): what it computes plus the leaves it
     reads (materialized tensors, constants), whose operands it does not visit."""
@@ -109,18 +124,24 @@ def cone(root: Term, boundary: dict[Term, str]) -> list[Term]:
             continue
         seen.add(t)
         stack.append((t, True))
-        if t is not root and (t in boundary or t.op in ("input", "const", "axis_size")):
+        if _is_leaf(t, root, boundary):
             continue
         for a in reversed(t.args):
             stack.append((a, False))
     return out
 
 
-def stream_candidates(root: Term, terms: list[Term]) -> list[str | None]:
-    """Axes reduced inside the kernel and absent from its output, plus no loop."""
-    root_axes = set(result_axes(root))
+def _computed(root: Term, terms: list[Term], boundary: dict[Term, str]) -> list[Term]:
+    return [t for t in terms if not _is_leaf(t, root, boundary)]
+
+
+def stream_candidates(root: Term, terms: list[Term], boundary: dict[Term, str] | None = None) -> list[str | None]:
+    """Axes reduced inside the kernel (not by a tensor it reads) and absent from its
+    output, plus no loop."""
+    root_axes = set(axes_of(root))
+    computed = terms if boundary is None else _computed(root, terms, boundary)
     axes: list[str] = []
-    for t in terms:
+    for t in computed:
         if t.op in ("reduce", "matmul") and t.axis not in root_axes and t.axis not in axes:
             axes.append(t.axis)
     return [None, *axes]
@@ -130,7 +151,13 @@ def _is_acc(t: Term, s: str | None) -> bool:
     return s is not None and t.op in ("reduce", "matmul") and t.axis == s
 
 
-def _exp_scale(t: Term, m: Term) -> tuple[str, float] | None:
+# --- online softmax: how loop sums depend on a running max ------------------------
+
+Factor = tuple[str, float] | None | bool
+"""False: independent of m; (E, c): t = f * E(-c*m) with f free of m; None: any other dependence."""
+
+
+def _exp_scale(t: Term, m: Term, dep: dict[Term, bool]) -> tuple[str, float] | None:
     """If t == E(c * (x - m)) with x free of m, return (E, c)."""
     if t.op != "unary" or t.fn not in ("exp", "exp2"):
         return None
@@ -141,63 +168,195 @@ def _exp_scale(t: Term, m: Term) -> tuple[str, float] | None:
             arg, coef = a, b.value
         elif a.op == "const":
             arg, coef = b, a.value
-    if arg.op == "binary" and arg.fn == "sub" and arg.args[1] == m and m not in subterms([arg.args[0]]):
+    if arg.op == "binary" and arg.fn == "sub" and arg.args[1] == m and not dep.get(arg.args[0], False):
         return t.fn, coef
     return None
 
 
-Factor = tuple[str, float] | None | bool
+def _product_factor(fn: str, fa: Factor, fb: Factor) -> Factor:
+    if fn == "div":
+        return fa if fb is False else None
+    if fa is False:
+        return fb
+    if fb is False:
+        return fa
+    if fa and fb and fa[0] == fb[0]:
+        return (fa[0], fa[1] + fb[1])
+    return None
 
 
-def online_factor(t: Term, m: Term, memo: dict[Term, Factor]) -> Factor:
-    """How t depends on running max m: False if not at all, (E, c) if t = f * E(-c*m),
-    None if the dependence is not a rescalable exponential factor."""
-    if t in memo:
-        return memo[t]
+def _factor_of(t: Term, m: Term, dep: dict[Term, bool], fac: dict[Term, Factor]) -> Factor:
     if t == m:
-        res: Factor = None
-    elif m not in subterms([t]):
-        res = False
-    elif (sc := _exp_scale(t, m)) is not None:
-        res = sc
-    elif t.op == "binary" and t.fn in ("mul", "div"):
-        fa = online_factor(t.args[0], m, memo)
-        fb = online_factor(t.args[1], m, memo)
-        if t.fn == "div":
-            res = fa if fb is False else None
-        elif fa is False:
-            res = fb
-        elif fb is False:
-            res = fa
-        elif fa and fb and fa[0] == fb[0]:
-            res = (fa[0], fa[1] + fb[1])
-        else:
-            res = None
-    elif t.op == "matmul" or (t.op == "reduce" and t.fn == "sum"):
-        fs = [online_factor(a, m, memo) for a in t.args]
-        deps = [f for f in fs if f is not False]
-        res = deps[0] if len(deps) == 1 else None
-    else:
-        res = None
-    memo[t] = res
-    return res
+        return None
+    if not dep[t]:
+        return False
+    if (sc := _exp_scale(t, m, dep)) is not None:
+        return sc
+    if t.op == "binary" and t.fn in ("mul", "div"):
+        return _product_factor(t.fn, fac[t.args[0]], fac[t.args[1]])
+    if t.op == "matmul" or (t.op == "reduce" and t.fn == "sum"):
+        deps = [fac[a] for a in t.args if fac[a] is not False]
+        return deps[0] if len(deps) == 1 else None
+    return None
 
+
+def online_factors(computed: list[Term], m: Term) -> dict[Term, Factor]:
+    """The factor of every computed term (operands first) with respect to running max m.
+    Terms read from global memory are finished values: independent of the running max."""
+    dep: dict[Term, bool] = {}
+    fac: dict[Term, Factor] = {}
+    cset = set(computed)
+    for t in computed:
+        for a in t.args:
+            if a not in cset and a not in dep:
+                dep[a], fac[a] = False, False
+        dep[t] = t == m or any(dep[a] for a in t.args)
+        fac[t] = _factor_of(t, m, dep, fac)
+    return fac
+
+
+def _phases(computed: list[Term], s: str | None) -> dict[Term, str]:
+    cset = set(computed)
+    phase: dict[Term, str] = {}
+    for t in computed:
+        if _is_acc(t, s):
+            phase[t] = "acc"
+        elif s is not None and s in axes_of(t):
+            phase[t] = "tile"
+        elif any(phase.get(a) in ("acc", "post") for a in t.args if a in cset):
+            phase[t] = "post"
+        else:
+            phase[t] = "pre"
+    return phase
+
+
+def _online_sources(computed: list[Term], phase: dict[Term, str]) -> list[Term]:
+    """Running maxima the loop body reads; any other finished reduction it reads is infeasible."""
+    cset = set(computed)
+    src: list[Term] = []
+    for t in computed:
+        if phase[t] == "tile":
+            for a in t.args:
+                if a not in cset or phase[a] not in ("acc", "post"):
+                    continue
+                if phase[a] == "acc" and a.op == "reduce" and a.fn == "max":
+                    if a not in src:
+                        src.append(a)
+                else:
+                    raise Infeasible("the loop body would need a finished reduction (two passes)")
+        if phase[t] == "pre" and any(a in cset and phase[a] == "tile" for a in t.args):
+            raise Infeasible("internal: pre term after tile term")
+    return src
+
+
+def _online_sums(computed: list[Term], s: str | None, sources: list[Term]) -> dict[Term, tuple[Term, str, float]]:
+    """Loop sums kept relative to a running max: acc -> (max, E, c)."""
+    online: dict[Term, tuple[Term, str, float]] = {}
+    accs = [t for t in computed if _is_acc(t, s)]
+    for m in sources:
+        fac = online_factors(computed, m)
+        for acc in accs:
+            if acc is m:
+                continue
+            if acc.op == "reduce" and acc.fn == "max" and fac[acc] is not False:
+                raise Infeasible("a running max depends on a running max")
+            f = fac[acc]
+            if f is None:
+                raise Infeasible("a loop sum depends on the running max other than by an exponential factor")
+            if f is False:
+                continue
+            if acc in online:
+                raise Infeasible("a loop sum depends on two running maxima")
+            if acc.op == "reduce" and acc.fn != "sum":
+                raise Infeasible("only sums can be rescaled online")
+            online[acc] = (m, f[0], f[1])
+    return online
+
+
+# --- tile geometry --------------------------------------------------------------------
+
+def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int]) -> dict[str, int]:
+    full: dict[str, int] = {}
+    for t in computed:
+        if t.op in ("reduce", "matmul") and t.axis != s:
+            if sizes[t.axis] > MAX_FULL_EXTENT:
+                raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) too large to hold whole in a tile")
+            full[t.axis] = sizes[t.axis]
+    return full
+
+
+def _choose_tiled(root: Term, computed: list[Term], s: str | None,
+                  sizes: dict[str, int]) -> tuple[set[str], dict[str, int]]:
+    """Pick which axes are tiled (2-D tensor-core tiles) and which are held whole."""
+    full = _held_whole(computed, s, sizes)
+    tiled: set[str] = {s} if s is not None else set()
+    matmuls = [t for t in computed if t.op == "matmul"]
+    for t in matmuls:
+        for op in t.args:
+            cands = [a for a in axes_of(op) if a != t.axis]
+            if cands and not any(a in tiled or a in full for a in cands):
+                tiled.add(max(cands, key=lambda a: (sizes[a], cands.index(a))))
+    if not matmuls:
+        tiled.update([a for a in axes_of(root) if a not in full][-2:])
+    for t in matmuls:
+        for op in t.args:
+            free = [a for a in axes_of(op) if a != t.axis]
+            if len([a for a in free if a in tiled or a in full]) != 1:
+                raise Infeasible("a tile GEMM operand needs exactly one tiled free axis")
+    return tiled, full
+
+
+def _kernel_axes(terms: list[Term], root: Term, boundary: dict[Term, str]) -> list[str]:
+    """Axes the kernel iterates over: the result axes of everything it touches, plus the
+    axes it reduces itself. A tensor read from global memory brings only its own axes,
+    never the axis its producer reduced (that loop ran in the producer's kernel)."""
+    out: list[str] = []
+    for t in terms:
+        own = (t.axis,) if t.op in ("reduce", "matmul") and not _is_leaf(t, root, boundary) else ()
+        for a in axes_of(t) + own:
+            if a not in out:
+                out.append(a)
+    return out
+
+
+def _grid(all_axes: list[str], root: Term, s: str | None, tiled: set[str], full: dict[str, int],
+          sizes: dict[str, int]) -> list[GridAxis]:
+    grid: list[GridAxis] = []
+    root_axes = axes_of(root)
+    for a in all_axes:
+        if a == s:
+            continue
+        if a in full:
+            g = GridAxis(axis=a, block=full[a])
+        elif a in tiled:
+            g = GridAxis(axis=a, block=block_param(a))
+        else:
+            g = GridAxis(axis=a, block=1)
+        if a not in root_axes and g.block != sizes[a]:
+            raise Infeasible(f"axis {a} is split across blocks but not in the output")
+        grid.append(g)
+    return grid
+
+
+# --- emission -------------------------------------------------------------------------
 
 class _Builder:
     """Accumulates buffers and ops while walking the cone in order."""
 
-    def __init__(self, root: Term, terms: list[Term], boundary: dict[Term, str], tensor_dtype: dict[str, str],
-                 sizes: dict[str, int], dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str) -> None:
-        self.root, self.terms, self.boundary = root, terms, boundary
+    def __init__(self, root: Term, computed: list[Term], boundary: dict[Term, str], tensor_dtype: dict[str, str],
+                 sizes: dict[str, int], dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str,
+                 indexed: set[str], reserved: frozenset[str] | None = None) -> None:
+        self.root, self.computed, self.boundary = root, computed, boundary
         self.tensor_dtype, self.sizes, self.dtype, self.s = tensor_dtype, sizes, dtype, s
         self.labels = labels
+        self.indexed = indexed
         self.buffers: dict[str, Buffer] = {}
-        self.reserved = set(boundary.values()) | {out_tensor}  # buffer names never shadow tensors
+        # buffer names never shadow tensors
+        self.reserved = (reserved if reserved is not None else frozenset(boundary.values())) | {out_tensor}
         self.buf_of: dict[Term, str] = {}
-        self.expr_inline: dict[Term, Expr] = {}
+        self.expr_inline: dict[Term, tuple[Expr, int]] = {}
         self.cast_of: dict[tuple[str, str], str] = {}
-        self.ops = {"prologue": [], "body": [], "epilogue": []}
-        self.indexed: set[str] = set()
+        self.ops: dict[str, list] = {"prologue": [], "body": [], "epilogue": []}
         self.gemms: list[GemmInfo] = []
         self.loads: list[LoadInfo] = []
         self.rules: list[str] = []
@@ -205,16 +364,23 @@ class _Builder:
         self.trans_elems = 0.0
         self.scale_bufs: dict[tuple[Term, str, float], str] = {}
         self.m_prev: dict[Term, str] = {}
+        self.mean_fix: list[tuple[str, str]] = []
+        self.online: dict[Term, tuple[Term, str, float]] = {}
+        self.online_src: set[Term] = set()
+        self.users: dict[Term, list[Term]] = {}
+        self.where: dict[Term, str] = {}
+        self.next_suffix: dict[str, int] = {}
 
     # --- naming ------------------------------------------------------------
     def fresh(self, base: str) -> str:
         base = "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in base) or "t"
         if base in self.reserved:
             base = f"{base}_tile"
-        name, i = base, 1
+        name, i = base, self.next_suffix.get(base, 1)
         while name in self.buffers:
             i += 1
             name = f"{base}_{i}"
+        self.next_suffix[base] = i
         return name
 
     def tile_axes(self, axes: tuple[str, ...]) -> list[str]:
@@ -225,308 +391,254 @@ class _Builder:
         self.buffers[name] = Buffer(name=name, axes=axes, scope=scope, dtype=dtype, state=state)
         return name
 
+    def fragment_for(self, t: Term, fallback: str, state: bool = False) -> str:
+        return self.add_buffer(self.labels.get(t, fallback), self.tile_axes(axes_of(t)), "fragment", "float32",
+                               state=state)
 
-def _choose_tiled(root: Term, terms: list[Term], leaves: list[Term], s: str | None,
-                  sizes: dict[str, int]) -> tuple[set[str], dict[str, int]]:
-    """Pick which axes are tiled (2-D tensor-core tiles) and which are held whole."""
-    full: dict[str, int] = {}
-    for t in terms:
-        if t.op in ("reduce", "matmul") and t.axis != s:
-            if sizes[t.axis] > MAX_FULL_EXTENT:
-                raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) too large to hold whole in a tile")
-            full[t.axis] = sizes[t.axis]
-    tiled: set[str] = set()
-    if s is not None:
-        tiled.add(s)
+    def elems(self, t: Term) -> float:
+        n = 1.0
+        for a in axes_of(t):
+            n *= self.sizes[a]
+        return n
 
-    def pick(cands: list[str]) -> None:
-        if not cands or any(a in tiled or a in full for a in cands):
-            return
-        best = max(cands, key=lambda a: (sizes[a], cands.index(a)))
-        tiled.add(best)
-
-    for t in terms:
-        if t.op == "matmul":
-            for op in t.args:
-                pick([a for a in result_axes(op) if a != t.axis])
-    if not any(t.op == "matmul" for t in terms):
-        ra = [a for a in result_axes(root) if a not in full]
-        for a in ra[-2:]:
-            tiled.add(a)
-    for t in terms:
-        if t.op == "matmul":
-            for op in t.args:
-                free = [a for a in result_axes(op) if a != t.axis]
-                if len([a for a in free if a in tiled or a in full]) != 1:
-                    raise Infeasible("a tile GEMM operand needs exactly one tiled free axis")
-    return tiled, full
-
-
-def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], sizes: dict[str, int],
-          dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str) -> Lowered:
-    """Lower the cone of ``root`` with streamed axis ``s`` (None: no loop)."""
-    terms = cone(root, boundary)
-    computed = [t for t in terms if not (t is not root and (t in boundary or t.op in ("input", "const", "axis_size")))]
-    leaves = [t for t in terms if t is not root and t in boundary]
-    cset = set(computed)
-
-    # --- phases -------------------------------------------------------------
-    phase: dict[Term, str] = {}
-    acc_terms = [t for t in computed if _is_acc(t, s)]
-    for t in computed:
-        if _is_acc(t, s):
-            phase[t] = "acc"
-        elif s is not None and s in result_axes(t):
-            phase[t] = "tile"
-        elif any(phase.get(a) in ("acc", "post") for a in t.args if a in cset):
-            phase[t] = "post"
-        else:
-            phase[t] = "pre"
-    online_src: set[Term] = set()
-    for t in computed:
-        if phase[t] == "tile":
-            for a in t.args:
-                if a in cset and phase[a] in ("acc", "post"):
-                    if phase[a] == "acc" and a.op == "reduce" and a.fn == "max":
-                        online_src.add(a)
-                    else:
-                        raise Infeasible("the loop body would need a finished reduction (two passes)")
-        if phase[t] == "pre" and any(a in cset and phase[a] == "tile" for a in t.args):
-            raise Infeasible("internal: pre term after tile term")
-    online: dict[Term, tuple[Term, str, float]] = {}
-    for acc in acc_terms:
-        for m in online_src:
-            if acc is m:
-                continue
-            f = online_factor(acc, m, {})
-            if f is None:
-                raise Infeasible("a loop sum depends on the running max other than by an exponential factor")
-            if f is False:
-                continue
-            if acc in online:
-                raise Infeasible("a loop sum depends on two running maxima")
-            if acc.op == "reduce" and acc.fn != "sum":
-                raise Infeasible("only sums can be rescaled online")
-            online[acc] = (m, f[0], f[1])
-        if acc.op == "reduce" and acc.fn == "max" and any(m in subterms([acc.args[0]]) for m in online_src):
-            raise Infeasible("a running max depends on a running max")
-
-    tiled, full = _choose_tiled(root, computed, leaves, s, sizes)
-    all_axes: list[str] = []
-    for t in terms:
-        for a in result_axes(t) + ((t.axis,) if t.op in ("reduce", "matmul") else ()):
-            if a not in all_axes:
-                all_axes.append(a)
-    b = _Builder(root, computed, boundary, tensor_dtype, sizes, dtype, s, labels, out_tensor)
-    b.indexed = {a for a in all_axes if a not in tiled and a not in full and a != s}
-    grid: list[GridAxis] = []
-    root_axes = result_axes(root)
-    for a in all_axes:
-        if a == s:
-            continue
-        if a in b.indexed:
-            grid.append(GridAxis(axis=a, block=1))
-        elif a in full:
-            grid.append(GridAxis(axis=a, block=full[a]))
-        else:
-            grid.append(GridAxis(axis=a, block=block_param(a)))
-    for g_ax in grid:
-        if g_ax.axis not in root_axes and g_ax.block != sizes[g_ax.axis]:
-            raise Infeasible(f"axis {g_ax.axis} is split across blocks but not in the output")
-
-    # --- loads ----------------------------------------------------------------
-    for leaf in leaves:
-        tensor = boundary[leaf]
-        axes = result_axes(leaf)
-        in_loop = s is not None and s in axes
-        buf = b.add_buffer(f"{tensor}_s", b.tile_axes(axes), "shared", tensor_dtype[tensor])
-        b.buf_of[leaf] = buf
-        b.ops["body" if in_loop else "prologue"].append(Load(src=tensor, dst=buf))
-        b.loads.append(LoadInfo(tensor, axes, in_loop))
-
-    where = {"pre": "prologue", "tile": "body", "acc": "body", "post": "epilogue"}
-    users: dict[Term, list[Term]] = {t: [] for t in terms}
-    for t in computed:
-        for a in t.args:
-            users.setdefault(a, []).append(t)
-
-    def expr(t: Term) -> Expr:
+    # --- values ------------------------------------------------------------
+    def expr(self, t: Term) -> tuple[Expr, int]:
+        """t's value as an expression, with its nesting depth."""
         if t.op == "const":
-            return Const(value=t.value)
+            return Const(value=t.value), 0
         if t.op == "axis_size":
-            return AxisSize(axis=t.axis)
-        if t in b.buf_of:
-            return Ref(buf=b.buf_of[t])
-        if t in b.expr_inline:
-            return b.expr_inline[t]
-        raise Infeasible(f"internal: no value for {t!r}")
+            return AxisSize(axis=t.axis), 0
+        if t in self.buf_of:
+            return Ref(buf=self.buf_of[t]), 0
+        if t in self.expr_inline:
+            return self.expr_inline[t]
+        raise Infeasible(f"internal: no value for {t.op} term")
 
-    def materialize(t: Term, at: str) -> str:
-        if t in b.buf_of:
-            return b.buf_of[t]
+    def materialize(self, t: Term, at: str) -> str:
+        if t in self.buf_of:
+            return self.buf_of[t]
         if t.op in ("const", "axis_size"):
             raise Infeasible("a scalar constant cannot be a tile operand")
-        name = b.add_buffer(labels.get(t, "t"), b.tile_axes(result_axes(t)), "fragment", "float32")
-        b.ops[at].append(Map(dst=name, expr=expr(t)))
-        b.buf_of[t] = name
+        name = self.fragment_for(t, "t")
+        self.ops[at].append(Map(dst=name, expr=self.expr(t)[0]))
+        self.buf_of[t] = name
         return name
 
-    def operand(t: Term, at: str, role: str) -> str:
+    def operand(self, t: Term, at: str, role: str) -> str:
         """A GEMM operand in the compute dtype: shared (B) or any scope (A)."""
-        buf = materialize(t, at)
-        info = b.buffers[buf]
-        if info.dtype == dtype and (role == "a" or info.scope == "shared"):
+        buf = self.materialize(t, at)
+        info = self.buffers[buf]
+        if info.dtype == self.dtype and (role == "a" or info.scope == "shared"):
             return buf
         key = (buf, role)
-        if key not in b.cast_of:
+        if key not in self.cast_of:
             scope = "fragment" if role == "a" else "shared"
-            cast = b.add_buffer(f"{buf}_{SHORT_DTYPE[dtype]}", list(info.axes), scope, dtype)
-            b.ops[at].append(Map(dst=cast, expr=Ref(buf=buf)))
-            b.cast_of[key] = cast
-        return b.cast_of[key]
+            cast = self.add_buffer(f"{buf}_{SHORT_DTYPE[self.dtype]}", list(info.axes), scope, self.dtype)
+            self.ops[at].append(Map(dst=cast, expr=Ref(buf=buf)))
+            self.cast_of[key] = cast
+        return self.cast_of[key]
 
-    def gemm_layout(a_buf: str, b_buf: str, k: str) -> tuple[str, str]:
-        fa = [x for x in b.buffers[a_buf].axes if x != k]
-        fb = [x for x in b.buffers[b_buf].axes if x != k]
-        if len(fa) != 1 or len(fb) != 1 or len(b.buffers[a_buf].axes) != 2 or len(b.buffers[b_buf].axes) != 2:
+    def gemm_layout(self, a_buf: str, b_buf: str, k: str) -> tuple[str, str]:
+        a_axes, b_axes = self.buffers[a_buf].axes, self.buffers[b_buf].axes
+        fa = [x for x in a_axes if x != k]
+        fb = [x for x in b_axes if x != k]
+        if len(fa) != 1 or len(fb) != 1 or len(a_axes) != 2 or len(b_axes) != 2:
             raise Infeasible("tile GEMM operands must be 2-D tiles")
         return fa[0], fb[0]
 
-    def scale_buffer(m: Term, kind: str, coef: float) -> str:
+    def scale_buffer(self, m: Term, kind: str, coef: float) -> str:
         key = (m, kind, coef)
-        if key not in b.scale_bufs:
-            name = b.add_buffer("rescale", list(b.buffers[b.buf_of[m]].axes), "fragment", "float32")
-            diff = Call(fn="sub", args=[Ref(buf=b.m_prev[m]), Ref(buf=b.buf_of[m])])
+        if key not in self.scale_bufs:
+            name = self.add_buffer("rescale", list(self.buffers[self.buf_of[m]].axes), "fragment", "float32")
+            diff: Expr = Call(fn="sub", args=[Ref(buf=self.m_prev[m]), Ref(buf=self.buf_of[m])])
             if coef != 1.0:
                 diff = Call(fn="mul", args=[diff, Const(value=coef)])
-            b.ops["body"].append(Map(dst=name, expr=Call(fn=kind, args=[diff])))
-            b.scale_bufs[key] = name
-            b.trans_elems += elems(m)
-        return b.scale_bufs[key]
+            self.ops["body"].append(Map(dst=name, expr=Call(fn=kind, args=[diff])))
+            self.scale_bufs[key] = name
+            self.trans_elems += self.elems(m)
+        return self.scale_bufs[key]
 
-    def elems(t: Term) -> float:
-        n = 1.0
-        for a in result_axes(t):
-            n *= sizes[a]
-        return n
-
-    mean_fix: list[tuple[str, str]] = []
-    for t in computed:
-        at = where[phase[t]]
-        if t.op in ("unary", "binary"):
-            b.ew_elems += elems(t)
-            if t.op == "unary" and t.fn in TRANSCENDENTAL:
-                b.trans_elems += elems(t)
-            if t.op == "unary" and t.fn == "exp":  # range reduction, then exp2: exp2 is the cheaper primitive
-                b.ew_elems += 4 * elems(t)
-            e = Call(fn=t.fn, args=[expr(a) for a in t.args])
-            us = users.get(t, [])
-            inline = (t is not root and len(us) == 1 and us[0].op in ("unary", "binary")
-                      and where[phase[us[0]]] == at)
-            if inline:
-                b.expr_inline[t] = e
-            else:
-                name = b.add_buffer(labels.get(t, "t"), b.tile_axes(result_axes(t)), "fragment", "float32")
-                b.ops[at].append(Map(dst=name, expr=e))
-                b.buf_of[t] = name
-        elif t.op == "reduce" and not _is_acc(t, s):
-            b.ew_elems += elems(t.args[0])
-            src = materialize(t.args[0], at)
-            name = b.add_buffer(labels.get(t, f"{t.fn}_{t.axis}"), b.tile_axes(result_axes(t)), "fragment", "float32")
-            b.ops[at].append(Reduce(fn=REDUCTIONS[t.fn].tile, src=src, dst=name, axis=t.axis,
-                                    accumulate=False))
-            if t.fn == "mean":
-                b.ops[at].append(Map(dst=name, expr=Call(fn="div", args=[Ref(buf=name), AxisSize(axis=t.axis)])))
-            b.buf_of[t] = name
-        elif t.op == "reduce":  # accumulator over the streamed axis
-            b.ew_elems += elems(t.args[0])
-            src = materialize(t.args[0], "body")
-            kind = REDUCTIONS[t.fn].tile
-            name = b.add_buffer(labels.get(t, f"{t.fn}_{t.axis}"), b.tile_axes(result_axes(t)), "fragment",
-                                "float32", state=True)
-            b.ops["prologue"].append(Fill(dst=name, value="-inf" if kind == "max" else 0.0))
-            b.buf_of[t] = name
-            b.rules.append("reduction_tiling")
-            if t in online_src:
-                prev = b.add_buffer(f"{name}_prev", list(b.buffers[name].axes), "fragment", "float32")
-                b.ops["body"].append(Map(dst=prev, expr=Ref(buf=name)))
-                b.m_prev[t] = prev
-            if t in online:
-                m, kind_e, coef = online[t]
-                sc = scale_buffer(m, kind_e, coef)
-                part = b.add_buffer(f"{name}_tile", list(b.buffers[name].axes), "fragment", "float32")
-                b.ops["body"].append(Reduce(fn="sum", src=src, dst=part, axis=t.axis, accumulate=False))
-                b.ops["body"].append(Map(dst=name, expr=Call(fn="add", args=[
-                    Call(fn="mul", args=[Ref(buf=name), Ref(buf=sc)]), Ref(buf=part)])))
-                b.rules.append("online_softmax_rescale")
-            else:
-                b.ops["body"].append(Reduce(fn=kind, src=src, dst=name, axis=t.axis, accumulate=True))
-            if t.fn == "mean":
-                mean_fix.append((name, t.axis))
-        elif t.op == "matmul":
-            a_buf = operand(t.args[0], at if t.axis != s else "body", "a")
-            b_buf = operand(t.args[1], at if t.axis != s else "body", "b")
-            fa, fb = gemm_layout(a_buf, b_buf, t.axis)
-            streamed = t.axis == s
-            b.gemms.append(GemmInfo(fa, fb, t.axis, streamed, flops=2.0 * elems(t) * sizes[t.axis],
-                                    a_in_registers=b.buffers[a_buf].scope == "fragment"))
-            name = b.add_buffer(labels.get(t, "acc"), [fa, fb], "fragment", "float32", state=streamed)
-            b.buf_of[t] = name
-            if streamed:
-                b.ops["prologue"].append(Fill(dst=name, value=0.0))
-                if t in online:
-                    m, kind_e, coef = online[t]
-                    sc = scale_buffer(m, kind_e, coef)
-                    b.ops["body"].append(Map(dst=name, expr=Call(fn="mul", args=[Ref(buf=name), Ref(buf=sc)])))
-                b.ops["body"].append(Gemm(a=a_buf, b=b_buf, c=name, contract=t.axis, clear=False))
-            else:
-                b.ops[at].append(Gemm(a=a_buf, b=b_buf, c=name, contract=t.axis, clear=True))
-            if b.tile_axes(result_axes(t)) != [fa, fb]:
-                raise Infeasible("GEMM result axes do not match the tile layout")
+    # --- one method per op kind ------------------------------------------------
+    def emit_elementwise(self, t: Term) -> None:
+        at = self.where[t]
+        n = self.elems(t)
+        self.ew_elems += n
+        if t.op == "unary" and t.fn in TRANSCENDENTAL:
+            self.trans_elems += n
+        if t.op == "unary" and t.fn == "exp":  # range reduction, then exp2: exp2 is the cheaper primitive
+            self.ew_elems += 4 * n
+        parts = [self.expr(a) for a in t.args]
+        e = Call(fn=t.fn, args=[p[0] for p in parts])
+        depth = 1 + max(p[1] for p in parts)
+        us = self.users.get(t, [])
+        inline = (t is not self.root and len(us) == 1 and us[0].op in ("unary", "binary")
+                  and self.where[us[0]] == at and depth < MAX_INLINE_DEPTH)
+        if inline:
+            self.expr_inline[t] = (e, depth)
         else:
+            name = self.fragment_for(t, "t")
+            self.ops[at].append(Map(dst=name, expr=e))
+            self.buf_of[t] = name
+
+    def emit_reduce(self, t: Term) -> None:
+        if _is_acc(t, self.s):
+            self.emit_accumulated_reduce(t)
+            return
+        at = self.where[t]
+        self.ew_elems += self.elems(t.args[0])
+        src = self.materialize(t.args[0], at)
+        name = self.fragment_for(t, f"{t.fn}_{t.axis}")
+        self.ops[at].append(Reduce(fn=REDUCTIONS[t.fn].tile, src=src, dst=name, axis=t.axis, accumulate=False))
+        if t.fn == "mean":
+            self.ops[at].append(Map(dst=name, expr=Call(fn="div", args=[Ref(buf=name), AxisSize(axis=t.axis)])))
+        self.buf_of[t] = name
+
+    def emit_accumulated_reduce(self, t: Term) -> None:
+        """A reduction over the streamed axis: a state buffer updated once per tile."""
+        self.ew_elems += self.elems(t.args[0])
+        src = self.materialize(t.args[0], "body")
+        kind = REDUCTIONS[t.fn].tile
+        name = self.fragment_for(t, f"{t.fn}_{t.axis}", state=True)
+        self.ops["prologue"].append(Fill(dst=name, value="-inf" if kind == "max" else 0.0))
+        self.buf_of[t] = name
+        self.rules.append("reduction_tiling")
+        if t in self.online_src:
+            prev = self.add_buffer(f"{name}_prev", list(self.buffers[name].axes), "fragment", "float32")
+            self.ops["body"].append(Map(dst=prev, expr=Ref(buf=name)))
+            self.m_prev[t] = prev
+        if t in self.online:
+            m, kind_e, coef = self.online[t]
+            sc = self.scale_buffer(m, kind_e, coef)
+            part = self.add_buffer(f"{name}_tile", list(self.buffers[name].axes), "fragment", "float32")
+            self.ops["body"].append(Reduce(fn="sum", src=src, dst=part, axis=t.axis, accumulate=False))
+            self.ops["body"].append(Map(dst=name, expr=Call(fn="add", args=[
+                Call(fn="mul", args=[Ref(buf=name), Ref(buf=sc)]), Ref(buf=part)])))
+            self.rules.append("online_softmax_rescale")
+        else:
+            self.ops["body"].append(Reduce(fn=kind, src=src, dst=name, axis=t.axis, accumulate=True))
+        if t.fn == "mean":
+            self.mean_fix.append((name, t.axis))
+
+    def emit_matmul(self, t: Term) -> None:
+        streamed = t.axis == self.s
+        at = "body" if streamed else self.where[t]
+        a_buf = self.operand(t.args[0], at, "a")
+        b_buf = self.operand(t.args[1], at, "b")
+        fa, fb = self.gemm_layout(a_buf, b_buf, t.axis)
+        self.gemms.append(GemmInfo(fa, fb, t.axis, streamed, flops=2.0 * self.elems(t) * self.sizes[t.axis],
+                                   a_in_registers=self.buffers[a_buf].scope == "fragment"))
+        name = self.add_buffer(self.labels.get(t, "acc"), [fa, fb], "fragment", "float32", state=streamed)
+        self.buf_of[t] = name
+        if streamed:
+            self.ops["prologue"].append(Fill(dst=name, value=0.0))
+            if t in self.online:
+                m, kind_e, coef = self.online[t]
+                sc = self.scale_buffer(m, kind_e, coef)
+                self.ops["body"].append(Map(dst=name, expr=Call(fn="mul", args=[Ref(buf=name), Ref(buf=sc)])))
+            self.ops["body"].append(Gemm(a=a_buf, b=b_buf, c=name, contract=t.axis, clear=False))
+        else:
+            self.ops[at].append(Gemm(a=a_buf, b=b_buf, c=name, contract=t.axis, clear=True))
+        if self.tile_axes(axes_of(t)) != [fa, fb]:
+            raise Infeasible("GEMM result axes do not match the tile layout")
+
+    def emit_loads(self, leaves: list[Term]) -> None:
+        for leaf in leaves:
+            tensor = self.boundary[leaf]
+            axes = axes_of(leaf)
+            in_loop = self.s is not None and self.s in axes
+            buf = self.add_buffer(f"{tensor}_s", self.tile_axes(axes), "shared", self.tensor_dtype[tensor])
+            self.buf_of[leaf] = buf
+            self.ops["body" if in_loop else "prologue"].append(Load(src=tensor, dst=buf))
+            self.loads.append(LoadInfo(tensor, axes, in_loop))
+
+    def fused_loop_rules(self) -> None:
+        """Cite the schedule rules that the loop structure relies on."""
+        if self.s is None:
+            return
+        streamed = [g for g in self.gemms if g.streamed]
+        if len(streamed) >= 2:
+            gemm_ops = [op for op in self.ops["body"] if isinstance(op, Gemm)]
+            if len(gemm_ops) > len({op.a for op in gemm_ops}) or len(gemm_ops) > len({op.b for op in gemm_ops}):
+                self.rules.append("shared_operand_fusion")
+        if streamed and any(t.op == "reduce" and _is_acc(t, self.s) for t in self.computed):
+            self.rules.append("reduction_in_contraction_loop")
+
+
+_EMIT = {
+    "unary": _Builder.emit_elementwise,
+    "binary": _Builder.emit_elementwise,
+    "reduce": _Builder.emit_reduce,
+    "matmul": _Builder.emit_matmul,
+}
+
+
+def _users(computed: list[Term]) -> dict[Term, list[Term]]:
+    users: dict[Term, list[Term]] = {}
+    for t in computed:
+        for a in t.args:
+            users.setdefault(a, []).append(t)
+    return users
+
+
+def _unique(xs: list[str]) -> list[str]:
+    return list(dict.fromkeys(xs))
+
+
+def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], sizes: dict[str, int],
+          dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str,
+          reserved: frozenset[str] | None = None) -> Lowered:
+    """Lower the cone of ``root`` with streamed axis ``s`` (None: no loop). ``reserved``: the
+    names of all global tensors (default: the boundary's), which no buffer name may shadow."""
+    terms = cone(root, boundary)
+    computed = _computed(root, terms, boundary)
+    leaves = [t for t in terms if t is not root and t in boundary]
+    phase = _phases(computed, s)
+    sources = _online_sources(computed, phase)
+    online = _online_sums(computed, s, sources)
+    tiled, full = _choose_tiled(root, computed, s, sizes)
+    all_axes = _kernel_axes(terms, root, boundary)
+    indexed = {a for a in all_axes if a not in tiled and a not in full and a != s}
+    grid = _grid(all_axes, root, s, tiled, full, sizes)
+
+    b = _Builder(root, computed, boundary, tensor_dtype, sizes, dtype, s, labels, out_tensor, indexed, reserved)
+    b.online, b.online_src, b.users = online, set(sources), _users(computed)
+    where = {"pre": "prologue", "tile": "body", "acc": "body", "post": "epilogue"}
+    b.where = {t: where[phase[t]] for t in computed}
+    b.emit_loads(leaves)
+    for t in computed:
+        emit = _EMIT.get(t.op)
+        if emit is None:
             raise Infeasible(f"cannot lower op {t.op}")
-
-    if mean_fix:
+        emit(b, t)
+    if b.mean_fix:
         b.ops["epilogue"][:0] = [Map(dst=n, expr=Call(fn="div", args=[Ref(buf=n), AxisSize(axis=k)]))
-                                 for n, k in mean_fix]
-    out_buf = materialize(root, "epilogue" if s is not None else "prologue")
+                                 for n, k in b.mean_fix]
+    out_buf = b.materialize(root, "epilogue" if s is not None else "prologue")
     b.ops["epilogue"].append(Store(src=out_buf, dst=out_tensor))
-
-    if s is not None and len([g for g in b.gemms if g.streamed]) >= 2:
-        gemm_ops = [op for op in b.ops["body"] if isinstance(op, Gemm)]
-        if len(gemm_ops) > len({op.a for op in gemm_ops}) or len(gemm_ops) > len({op.b for op in gemm_ops}):
-            b.rules.append("shared_operand_fusion")
-    if s is not None and any(g.streamed for g in b.gemms) and any(
-            t.op == "reduce" and _is_acc(t, s) for t in computed):
-        b.rules.append("reduction_in_contraction_loop")
-
+    b.fused_loop_rules()
     reuse_in_place(b.buffers, b.ops)
-    reads = []
-    for leaf in leaves:
-        if boundary[leaf] not in reads:
-            reads.append(boundary[leaf])
-    seen_rules: list[str] = []
-    for r in b.rules:
-        if r not in seen_rules:
-            seen_rules.append(r)
     return Lowered(
         root=root, stream=s, grid=grid, tiled=sorted(a for a in tiled if a != s), full=full,
         buffers=list(b.buffers.values()), prologue=b.ops["prologue"], body=b.ops["body"],
-        epilogue=b.ops["epilogue"], reads=reads, writes=[out_tensor], gemms=b.gemms, loads=b.loads,
-        ew_elems=b.ew_elems, trans_elems=b.trans_elems, rules=seen_rules, terms=frozenset(computed),
+        epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=[out_tensor],
+        gemms=b.gemms, loads=b.loads, ew_elems=b.ew_elems, trans_elems=b.trans_elems, rules=_unique(b.rules),
+        terms=frozenset(computed),
     )
 
 
-def _rename(op, old: str, new: str):
-    def ren_expr(e: Expr) -> Expr:
-        if isinstance(e, Ref):
-            return Ref(buf=new) if e.buf == old else e
-        if isinstance(e, Call):
-            return Call(fn=e.fn, args=[ren_expr(a) for a in e.args])
-        return e
+# --- in-place reuse of dead fragments ------------------------------------------------------
 
+def _ren_expr(e: Expr, old: str, new: str) -> Expr:
+    if isinstance(e, Ref):
+        return Ref(buf=new) if e.buf == old else e
+    if isinstance(e, Call):
+        return Call(fn=e.fn, args=[_ren_expr(a, old, new) for a in e.args])  # depth <= MAX_INLINE_DEPTH
+    return e
+
+
+def _rename(op, old: str, new: str):
     if isinstance(op, Map):
-        return Map(dst=new if op.dst == old else op.dst, expr=ren_expr(op.expr))
+        return Map(dst=new if op.dst == old else op.dst, expr=_ren_expr(op.expr, old, new))
     fields = {Gemm: ("a", "b", "c"), Reduce: ("src", "dst"), Load: ("dst",), Store: ("src",), Fill: ("dst",)}
     data = op.model_dump()
     for k in fields[type(op)]:
@@ -535,33 +647,41 @@ def _rename(op, old: str, new: str):
     return type(op)(**data)
 
 
+def _reusable(cand: Buffer, d: Buffer, sec: str) -> bool:
+    # loop state is only needed across iterations: after the loop it is an ordinary value
+    return not (cand.state and sec != "epilogue") and cand.scope == "fragment" and cand.dtype == d.dtype \
+        and cand.axes == d.axes
+
+
 def reuse_in_place(buffers: dict[str, Buffer], ops: dict[str, list]) -> None:
     """Write an elementwise result over an operand tile that dies at that op.
 
     Register pressure decides tile sizes on tensor-core kernels; reusing the
     score tile for its exponential is what keeps a 128x128 attention tile in
-    registers.
+    registers. Linear in the number of ops: each buffer's uses are indexed once.
     """
     seq = [(sec, i) for sec in ("prologue", "body", "epilogue") for i in range(len(ops[sec]))]
+    uses_at: dict[str, list[int]] = {}
+    for pos, (sec, i) in enumerate(seq):
+        for name in op_buffers(ops[sec][i]):
+            uses_at.setdefault(name, []).append(pos)
     for pos, (sec, i) in enumerate(seq):
         op = ops[sec][i]
         if not isinstance(op, Map):
             continue
         d = buffers[op.dst]
-        if d.state or d.scope != "fragment" or op.dst in expr_refs(op.expr):
+        refs = expr_refs(op.expr)
+        if d.state or d.scope != "fragment" or op.dst in refs:
             continue
-        for cand in expr_refs(op.expr):
-            c = buffers[cand]
-            # loop state is only needed across iterations: after the loop it is an ordinary value
-            if (c.state and sec != "epilogue") or c.scope != "fragment" or c.dtype != d.dtype or c.axes != d.axes:
-                continue
+        for cand in refs:
             # non-state buffers are written before they are read in each iteration,
             # so only later ops can still need the operand
-            later = [ops[s2][j] for s2, j in seq[pos + 1:]]
-            if any(cand in op_buffers(o) for o in later):
+            if not _reusable(buffers[cand], d, sec) or uses_at[cand][-1] > pos:
                 continue
             old = op.dst
-            for s2, j in seq[pos:]:
+            for p in uses_at[old]:
+                s2, j = seq[p]
                 ops[s2][j] = _rename(ops[s2][j], old, cand)
+            uses_at[cand] = sorted(set(uses_at[cand]) | set(uses_at.pop(old)))
             del buffers[old]
             break

@@ -1,29 +1,41 @@
 """Search: derivations x kernel partitions x loop structure x tile configs.
 
-1. Derivations: breadth-first saturation of the algebraic rules (bounded),
-   each variant remembering the rule applications that produced it.
+1. Derivations: breadth-first application of the algebraic rules (bounded by
+   ``max_variants``, fewer for large graphs), each variant remembering the rule
+   applications that produced it; products are put in a canonical factor order
+   first (``canonical_products``) so parenthesisation does not decide fusion.
 2. Partitions: which intermediates reach global memory. Reductions and
-   contractions are the only cut candidates (elementwise work is always fused
-   into a neighbour); every subset of them is tried when there are few,
-   small subsets otherwise.
+   contractions are the cut candidates (elementwise work is fused into a
+   neighbour). Few candidates: every subset. More: a cost-guided beam search
+   over cut sets, from "cut every one" and "cut none", toggling one cut at a time.
 3. Loop structure: for each kernel, every axis it reduces may be streamed
    (``lower.lower``); infeasible structures are dropped.
 4. Tile configs: ``cost.best_config`` per kernel, among configs that fit the device
    (``target.fit``); the emitted tuning space keeps only fitting ones. Plans rank by total
    predicted time; ties prefer shorter derivations.
+
+The whole search runs under a budget (partition evaluations and wall time).
+When it finds nothing, the naive plan (every op its own kernel) is the answer;
+"no feasible plan" means that even the naive plan has a kernel whose smallest
+tile does not fit the device, and the message names the resource.
+
+Why one module: the four levels above share one ``Planner`` (its kernel cache, budget and
+rejection reasons); the tile memo and the lowering live in ``memo.py`` and ``lower.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
 import itertools
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyrunner import __version__
 from pyrunner.errors import GraphError
-from pyrunner.ir.graph import Graph, Term, result_axes, show, subterms
-from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param
+from pyrunner.ir.axes import axes_of
+from pyrunner.ir.brief import brief
+from pyrunner.ir.graph import Graph, Term
 from pyrunner.plan.schema import (
     CostEstimate,
     GlobalTensor,
@@ -32,33 +44,36 @@ from pyrunner.plan.schema import (
     Plan,
     Provenance,
     Step,
-    StreamLoop,
     canonical_json,
     with_hash,
 )
 from pyrunner.planner.calibration import calibrate
-from pyrunner.planner.cost import (
-    DTYPE_BYTES,
-    H200,
-    Estimate,
-    Machine,
-    best_config,
-    fitting_space,
-    param_space,
-    ranked_configs,
-)
+from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
 from pyrunner.planner.lower import Infeasible, Lowered, cone, lower, stream_candidates
+from pyrunner.planner.memo import TileMemo, kernel_of
 from pyrunner.target.fit import FitModel
+
+__all__ = ["Budget", "Planner", "kernel_of", "search"]
 
 MAX_VARIANTS = 48
 MAX_DEPTH = 6
-MAX_EXHAUSTIVE_CUTS = 10
+MAX_EXHAUSTIVE_CUTS = 6
+"""Up to this many cut candidates, every subset is tried (2**6 partitions per variant)."""
+BEAM_WIDTH = 4
+MAX_WORK = 100_000
+"""Partition-search work per search: each partition evaluated costs its graph's term count.
+Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
+TIME_BUDGET_S = 30.0
+"""Wall-time safety net of the partition search (a loaded machine); the best plan by then wins."""
+VARIANT_TERMS = 6000
+"""Variants x graph terms kept below this: large graphs get fewer derivation variants."""
 
 
 @dataclass
 class Variant:
     graph: Graph
     steps: list[Step]
+    _meta: dict = field(default_factory=dict, repr=False)
 
 
 @dataclass
@@ -66,8 +81,17 @@ class KernelChoice:
     low: Lowered
     kernel: Kernel
     """The kernel with its full tuning space (defaults: the first values); ``to_plan`` narrows it."""
-    fit: FitModel
     est: Estimate
+    sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    machine: Machine = H200
+    _fit: FitModel | None = field(default=None, repr=False)
+
+    @property
+    def fit(self) -> FitModel:
+        """The kernel's fit model, built on first use (most lowerings never need one)."""
+        if self._fit is None:
+            self._fit = FitModel(self.kernel, self.sizes, self.machine.device)
+        return self._fit
 
 
 @dataclass
@@ -76,33 +100,49 @@ class Candidate:
     kernels: list[KernelChoice]
     tensors: list[GlobalTensor]
     total_us: float
+    unguarded: int = 0
 
     def signature(self) -> tuple:
         """Kernel structure: candidates differing only in algebra that lowers alike count once."""
         def kinds(ops: list) -> tuple[str, ...]:
             return tuple(sorted(op.op for op in ops if op.op in ("load", "gemm", "reduce", "store")))
 
-        return tuple((tuple(result_axes(k.low.root)), k.low.stream, kinds(k.low.prologue), kinds(k.low.body),
+        return tuple((tuple(axes_of(k.low.root)), k.low.stream, kinds(k.low.prologue), kinds(k.low.body),
                       kinds(k.low.epilogue), tuple(sorted(k.est.config.items()))) for k in self.kernels)
 
+    def rank(self) -> tuple:
+        return (self.unguarded, round(self.total_us, 2), len(self.variant.steps), len(self.kernels))
 
-def derive(g: Graph) -> list[Variant]:
-    """All graphs reachable by the algebraic rules (bounded), shortest derivation first."""
-    from pyrunner.rules.registry import RULES, rewrites
 
-    algebraic = [r for r in RULES.values() if r.kind == "algebraic"]
+def max_variants(g: Graph) -> int:
+    return max(2, min(MAX_VARIANTS, VARIANT_TERMS // max(1, len(g.terms()))))
+
+
+def derive(g: Graph, limit: int | None = None) -> list[Variant]:
+    """Graphs reachable by the algebraic rules (bounded), shortest derivation first."""
+    from pyrunner.rules.products import canonical_products
+    from pyrunner.rules.registry import RULES, iter_rewrites
+
+    cap = limit if limit is not None else max_variants(g)
+    algebraic = [r for r in RULES.values() if r.kind == "algebraic" and r.saturate]
     variants = [Variant(g, [])]
     seen = {g.key()}
-    frontier = [variants[0]]
+    canon = canonical_products(g)
+    if canon is not None and canon[0].key() not in seen and cap > 1:
+        seen.add(canon[0].key())
+        variants.append(Variant(canon[0], canon[1]))
+    frontier = list(variants)
     for _ in range(MAX_DEPTH):
         nxt: list[Variant] = []
         for v in frontier:
             for rule in algebraic:
-                for g2, matched in rewrites(v.graph, rule):
-                    if g2.key() in seen or len(variants) >= MAX_VARIANTS:
+                for g2, matched in iter_rewrites(v.graph, rule):
+                    if len(variants) >= cap:
+                        return variants
+                    if g2.key() in seen:
                         continue
                     seen.add(g2.key())
-                    nv = Variant(g2, v.steps + [Step(rule=rule.name, at=_short(show(matched)))])
+                    nv = Variant(g2, v.steps + [Step(rule=rule.name, at=brief(matched))])
                     variants.append(nv)
                     nxt.append(nv)
         frontier = nxt
@@ -111,8 +151,32 @@ def derive(g: Graph) -> list[Variant]:
     return variants
 
 
-def _short(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+@dataclass
+class _Layout:
+    """Per-variant facts every partition of it shares (computed once)."""
+
+    terms: list[Term]
+    inner: list[Term]
+    anchors: list[Term]
+    names: dict[Term, str]
+    outputs: dict[Term, str]
+    unguarded: int
+
+
+class Budget:
+    """Partition-search work left and a wall-time deadline; exhausted means: stop exploring."""
+
+    def __init__(self, work: int = MAX_WORK, seconds: float = TIME_BUDGET_S) -> None:
+        self.left = work
+        self.deadline = time.monotonic() + seconds
+
+    def spend(self, cost: int = 1) -> bool:
+        """Pay for one partition evaluation; False once the budget is gone."""
+        self.left -= cost
+        return self.left >= 0 and time.monotonic() < self.deadline
+
+    def exhausted(self) -> bool:
+        return self.left <= 0 or time.monotonic() >= self.deadline
 
 
 class Planner:
@@ -126,6 +190,9 @@ class Planner:
         self.machine = machine
         self.sizes = graph.sizes
         self._cache: dict[tuple, KernelChoice | None] = {}
+        self._tensors: dict[tuple[Term, str, str], GlobalTensor] = {}
+        self.tiles = TileMemo(self.sizes, machine)
+        self._why: dict[tuple, list[str]] = {}
         self.rejections: dict[str, int] = {}  # why candidate kernels were dropped, for the error message
 
     def _reject(self, why: str) -> None:
@@ -133,117 +200,195 @@ class Planner:
 
     # --- tensors --------------------------------------------------------------
     def _tensor(self, name: str, t: Term, role: str) -> GlobalTensor:
-        axes = list(result_axes(t))
-        dtype = self.dtype if role != "intermediate" else "float32"
-        return GlobalTensor(name=name, axes=axes, shape=[self.sizes[a] for a in axes], dtype=dtype, role=role)
+        key = (t, name, role)
+        got = self._tensors.get(key)
+        if got is None:
+            axes = list(axes_of(t))
+            dtype = self.dtype if role != "intermediate" else "float32"
+            got = GlobalTensor(name=name, axes=axes, shape=[self.sizes[a] for a in axes], dtype=dtype, role=role)
+            self._tensors[key] = got
+        return got
+
+    def layout(self, v: Variant) -> _Layout:
+        if "layout" not in v._meta:
+            v._meta["layout"] = _layout(v.graph)
+        return v._meta["layout"]
 
     def _kernel(self, root: Term, boundary: dict[Term, str], tensors: dict[str, GlobalTensor], labels: dict[Term, str],
-                out_name: str) -> KernelChoice | None:
-        relevant = frozenset(b for b in subterms([root]) if b in boundary and b is not root)
-        key = (root, relevant, out_name, tuple(sorted((boundary[b], tensors[boundary[b]].dtype) for b in relevant)))
-        if key in self._cache:
-            return self._cache[key]
-        dtypes = {n: t.dtype for n, t in tensors.items()}
-        nbytes = {n: DTYPE_BYTES[t.dtype] * _prod(t.shape) for n, t in tensors.items()}
-        best: KernelChoice | None = None
+                out_name: str, reserved: frozenset[str]) -> tuple[KernelChoice | None, list[Term]]:
+        """The cheapest lowering of root's kernel (None if none fits) and the tensors it reads."""
         terms = cone(root, boundary)
-        for s in stream_candidates(root, terms):
+        leaves = [t for t in terms if t is not root and t in boundary]
+        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves))
+        if key in self._cache:
+            for why in self._why.get(key, ()):
+                self._reject(why)
+            return self._cache[key], leaves
+        dtypes = {boundary[t]: tensors[boundary[t]].dtype for t in leaves}
+        nbytes = {n: DTYPE_BYTES[tensors[n].dtype] * _prod(tensors[n].shape) for n in [*dtypes, out_name]}
+        best: KernelChoice | None = None
+        whys: list[str] = []
+        for s in stream_candidates(root, terms, boundary):
             try:
-                low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name)
+                low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name, reserved)
             except Infeasible as e:
-                self._reject(str(e))
+                whys.append(str(e))
                 continue
-            kernel = kernel_of(low, out_name, param_space(low, self.sizes))
-            fit = FitModel(kernel, self.sizes, self.machine.device)
-            est = best_config(low, kernel.params, self.sizes, nbytes, fit, self.machine)
+            kernel, est, why = self.tiles.best(low, out_name, nbytes)
             if est is None:
-                self._reject(f"no tile configuration of the {show(root)[:60]} kernel fits the device: "
-                             "tile extents must divide the axes, and tensor-core tiles need multiples of 16x8")
+                whys.append(f"the smallest tile of the kernel computing {brief(root, 60)} does not fit the device: "
+                            f"{why}")
                 continue
             if best is None or est.time_us < best.est.time_us:
-                best = KernelChoice(low, kernel, fit, est)
+                best = KernelChoice(low, kernel, est, self.sizes, self.machine)
         self._cache[key] = best
-        return best
+        if best is None:
+            self._why[key] = whys
+            for why in whys:
+                self._reject(why)
+        return best, leaves
 
-    def partition(self, v: Variant, cut: tuple[Term, ...]) -> Candidate | None:
-        labels = dict(v.graph.labels)
+    def partition(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term]) -> Candidate | None:
+        lay = self.layout(v)
+        labels = v.graph.labels
         tensors: dict[str, GlobalTensor] = {}
         boundary: dict[Term, str] = {}
-        for t in v.graph.inputs():
-            tensors[t.name] = self._tensor(t.name, t, "input")
-            boundary[t] = t.name
-        used = set(tensors)
-        out_terms = {t: n for n, t in v.graph.outputs}
-        for i, t in enumerate(cut):
-            base = labels.get(t, f"tmp{i}")
-            name = base
-            j = 1
-            while name in used or name in out_terms.values():
-                j += 1
-                name = f"{base}_{j}"
-            used.add(name)
+        for t in lay.terms:
+            if t.op == "input":
+                tensors[t.name] = self._tensor(t.name, t, "input")
+                boundary[t] = t.name
+        for t in cut:
+            name = lay.names[t]
             boundary[t] = name
             tensors[name] = self._tensor(name, t, "intermediate")
-        for n, t in v.graph.outputs:
+        for t, n in lay.outputs.items():
             if t.op == "input":
                 return None
             boundary[t] = n
             tensors[n] = self._tensor(n, t, "output")
-        order = [t for t in v.graph.terms() if t in boundary and t.op != "input"]
         kernels: list[KernelChoice] = []
         consumed: set[Term] = set()
-        for t in order:
-            kc = self._kernel(t, boundary, tensors, labels, boundary[t])
+        reserved = frozenset(boundary.values())
+        for t in lay.terms:
+            if t not in boundary or t.op == "input":
+                continue
+            kc, leaves = self._kernel(t, boundary, tensors, labels, boundary[t], reserved)
             if kc is None:
                 return None
             kernels.append(kc)
-            consumed |= {x for x in cone(t, boundary) if x is not t and x in boundary}
+            consumed.update(leaves)
         if any(t not in consumed for t in cut):
             return None
         total = sum(k.est.time_us for k in kernels)
-        return Candidate(v, kernels, list(tensors.values()), total)
+        return Candidate(v, kernels, list(tensors.values()), total, lay.unguarded)
 
-    def cuts(self, v: Variant, naive: bool) -> list[tuple[Term, ...]]:
-        outs = {t for _, t in v.graph.outputs}
-        inner = [t for t in v.graph.terms() if t.op not in ("input", "const", "axis_size") and t not in outs]
-        if naive:
-            return [tuple(inner)]
-        anchors = [t for t in inner if t.op in ("reduce", "matmul")]
+    # --- partition search ------------------------------------------------------------
+    def _explore(self, v: Variant, budget: Budget) -> list[Candidate]:
+        anchors = self.layout(v).anchors
         if len(anchors) <= MAX_EXHAUSTIVE_CUTS:
-            return [c for r in range(len(anchors) + 1) for c in itertools.combinations(anchors, r)]
-        return [c for r in range(3) for c in itertools.combinations(anchors, r)]
+            out = []
+            cost = len(self.layout(v).terms)
+            for r in range(len(anchors) + 1):
+                for c in itertools.combinations(anchors, r):
+                    if not budget.spend(cost):
+                        return out
+                    cand = self.partition(v, c)
+                    if cand is not None:
+                        out.append(cand)
+            return out
+        return self._beam(v, anchors, budget)
 
-    def candidates(self, naive: bool = False) -> list[Candidate]:
-        variants = [Variant(self.graph, [])] if naive else derive(self.graph)
+    def _beam(self, v: Variant, anchors: list[Term], budget: Budget) -> list[Candidate]:
+        """Cost-guided local search over cut sets: keep the BEAM_WIDTH cheapest, toggle one cut."""
+        order = {t: i for i, t in enumerate(anchors)}
+        cost = len(self.layout(v).terms)
+        results: dict[frozenset[Term], Candidate | None] = {}
+
+        def evaluate(cut: frozenset[Term]) -> Candidate | None:
+            if cut not in results:
+                results[cut] = self.partition(v, tuple(sorted(cut, key=order.__getitem__)))
+            return results[cut]
+
+        # fusing everything is worth a look only while one kernel could plausibly hold it
+        starts = [frozenset(anchors)] + ([frozenset()] if len(anchors) <= 2 * MAX_EXHAUSTIVE_CUTS else [])
+        beam = []
+        for s in starts:
+            budget.spend(cost)
+            if evaluate(s) is not None:
+                beam.append(s)
+        best = min((results[s].rank() for s in beam), default=None)
+        while beam:
+            scored: list[tuple[tuple, frozenset[Term]]] = []
+            for cut in beam:
+                for a in anchors:
+                    nb = cut ^ {a}
+                    if nb in results:
+                        continue
+                    if not budget.spend(cost):
+                        return [c for c in results.values() if c is not None]
+                    c = evaluate(nb)
+                    if c is not None:
+                        scored.append((c.rank(), nb))
+            scored.sort(key=lambda x: x[0])
+            beam = [cut for _, cut in scored[:BEAM_WIDTH]]
+            if not scored or (best is not None and scored[0][0] >= best):
+                break
+            best = scored[0][0]
+        return [c for c in results.values() if c is not None]
+
+    def candidates(self, naive: bool = False, budget: Budget | None = None) -> list[Candidate]:
+        if naive:
+            v = Variant(self.graph, [])
+            c = self.partition(v, tuple(self.layout(v).inner))
+            return [c] if c is not None else []
+        budget = budget or Budget()
         out: list[Candidate] = []
-        for v in variants:
-            for cut in self.cuts(v, naive):
-                c = self.partition(v, cut)
-                if c is not None:
-                    out.append(c)
-        out.sort(key=lambda c: (unguarded_exps(c.variant.graph), round(c.total_us, 2), len(c.variant.steps),
-                                len(c.kernels)))
+        for v in derive(self.graph):
+            out.extend(self._explore(v, budget))
+            if budget.exhausted():
+                break
+        out.sort(key=Candidate.rank)
         return out
+
+
+def _layout(g: Graph) -> _Layout:
+    terms = g.terms()
+    outs = {t: n for n, t in g.outputs}
+    inner = [t for t in terms if t.op not in ("input", "const", "axis_size") and t not in outs]
+    used = {t.name for t in terms if t.op == "input"} | set(outs.values())
+    names: dict[Term, str] = {}
+    for i, t in enumerate(inner):
+        base = g.labels.get(t, f"tmp{i}")
+        name, j = base, 1
+        while name in used:
+            j += 1
+            name = f"{base}_{j}"
+        used.add(name)
+        names[t] = name
+    anchors = [t for t in inner if t.op in ("reduce", "matmul")]
+    return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms))
 
 
 def _guarded(arg: Term) -> bool:
     """arg is x - max_a(x), possibly scaled by a positive constant: exp(arg) <= 1."""
-    if arg.op == "binary" and arg.fn == "mul":
+    while arg.op == "binary" and arg.fn == "mul":
         a, b = arg.args
         if b.op == "const" and b.value > 0:
-            return _guarded(a)
-        if a.op == "const" and a.value > 0:
-            return _guarded(b)
-        return False
+            arg = a
+        elif a.op == "const" and a.value > 0:
+            arg = b
+        else:
+            return False
     if arg.op == "binary" and arg.fn == "sub":
         x, m = arg.args
         return m.op == "reduce" and m.fn == "max" and m.args[0] == x
     return False
 
 
-def unguarded_exps(g: Graph) -> int:
+def unguarded_exps(terms: Graph | list[Term]) -> int:
     """Exponentials that can overflow: ranked before speed, as correctness comes first."""
-    return sum(1 for t in g.terms() if t.op == "unary" and t.fn in ("exp", "exp2") and not _guarded(t.args[0]))
+    ts = terms.terms() if isinstance(terms, Graph) else terms
+    return sum(1 for t in ts if t.op == "unary" and t.fn in ("exp", "exp2") and not _guarded(t.args[0]))
 
 
 def _prod(xs: list[int]) -> int:
@@ -267,7 +412,7 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
     for i, kc in enumerate(c.kernels):
         name = f"k{i}_{kc.low.writes[0]}"
         defaults = {p: kc.est.config[p] for p in kc.kernel.params}
-        params = fitting_space(kc.kernel.params, defaults, lambda cfg, fit=kc.fit: fit.why_not(cfg) is None)
+        params = planner.tiles.fitting(kc.kernel, defaults)
         kernels.append(kc.kernel.model_copy(update={"name": name, "params": params, "defaults": defaults}))
         costs.append(KernelCost(kernel=name, flops=kc.est.flops, bytes=kc.est.bytes, time_us=round(kc.est.time_us, 3),
                                 bound=kc.est.bound))
@@ -286,32 +431,34 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
     return with_hash(plan)
 
 
-def kernel_of(low: Lowered, name: str, space: dict[str, list[int]]) -> Kernel:
-    """The plan kernel of a lowering, with tuning space ``space`` (defaults: each first value)."""
-    loop = None
-    if low.stream is not None:
-        loop = StreamLoop(axis=low.stream, block=block_param(low.stream), stages=STAGES_PARAM)
-    return Kernel(
-        name=name, grid=low.grid, loop=loop, threads=THREADS_PARAM, buffers=low.buffers,
-        prologue=low.prologue, body=low.body, epilogue=low.epilogue, reads=low.reads, writes=low.writes,
-        params=space, defaults={p: v[0] for p, v in space.items()}, fused_rules=list(low.rules),
-    )
+def _no_plan(planner: Planner, graph: Graph) -> GraphError:
+    if any(t.op == "input" for _, t in graph.outputs):
+        return GraphError(f"graph {graph.name!r}: an output is an input tensor itself; nothing to compute")
+    why = sorted(planner.rejections.items(), key=lambda kv: -kv[1])
+    tile = [w for w, _ in why if "does not fit the device" in w]
+    return GraphError(f"no feasible plan for graph {graph.name!r} at sizes {graph.sizes}: "
+                      + "; ".join((tile or [w for w, _ in why])[:2]))
 
 
 def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = False,
-           calibration: Path | None = None, tuning=None) -> list[Plan]:
+           calibration: Path | None = None, budget: Budget | None = None, tuning=None) -> list[Plan]:
     """The `top` cheapest distinct plans for `graph` (the naive plan with naive=True).
 
+    Without a plan from the search, the naive plan is returned (its provenance
+    says so); only a graph whose naive plan does not fit the device has none.
     ``tuning``: the tuning database whose measured times and configs take precedence over the
     model's (default: the committed one of the target device; False: the model alone).
     """
     machine = calibrate(calibration, Planner)
     planner = Planner(graph, dtype, machine)
-    cands = planner.candidates(naive=naive)
+    cands = planner.candidates(naive=naive, budget=budget)
+    fallback = False
+    if not cands and not naive:
+        planner.rejections.clear()
+        cands = planner.candidates(naive=True)
+        fallback = True
     if not cands:
-        why = sorted(planner.rejections.items(), key=lambda kv: -kv[1])[:2]
-        raise GraphError(f"no feasible plan for graph {graph.name!r} at sizes {graph.sizes}: "
-                         + "; ".join(w for w, _ in why))
+        raise _no_plan(planner, graph)
     if tuning is not False:
         from pyrunner.target.tuning import TuningDB
 
@@ -324,7 +471,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         if sig in seen:
             continue
         seen.add(sig)
-        ranked.append((unguarded_exps(c.variant.graph), len(ranked), to_plan(planner, c, naive)))
+        ranked.append((c.unguarded, len(ranked), to_plan(planner, c, naive or fallback)))
         if len(ranked) >= lookahead:
             break
     if tuning is not False and tuning.entries:

@@ -14,11 +14,12 @@ that keeps it, and otherwise declines.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 from pyrunner.errors import UserError
+from pyrunner.ir.axes import axes_of
 from pyrunner.ir.graph import (
     LOG2E,
     Graph,
@@ -46,6 +47,9 @@ class Rule:
     kind: Literal["algebraic", "schedule"]
     statement: str
     apply: Callable[[Term], Term | None] | None
+    saturate: bool = True
+    """Whether the search applies the rule blindly; False for rules it applies through
+    a normal form instead (commutativity and associativity: see ``canonical_products``)."""
 
 
 # --- helpers -------------------------------------------------------------------
@@ -151,6 +155,22 @@ def mean_to_sum_div(t: Term) -> Term | None:
     return _keeps_axes(t, binary("div", reduce("sum", t.args[0], t.axis), axis_size(t.axis)))
 
 
+def elementwise_mul_comm(t: Term) -> Term | None:
+    """a * b -> b * a (elementwise, broadcasting by axis name) where the product keeps its axis order."""
+    if not _is_binary(t, "mul"):
+        return None
+    a, b = t.args
+    return _keeps_axes(t, binary("mul", b, a))
+
+
+def elementwise_mul_assoc(t: Term) -> Term | None:
+    """(a * b) * c -> a * (b * c) where the product keeps its axis order."""
+    if not _is_binary(t, "mul") or not _is_binary(t.args[0], "mul"):
+        return None
+    (a, b), c = t.args[0].args, t.args[1]
+    return _keeps_axes(t, binary("mul", a, binary("mul", b, c)))
+
+
 # --- the registry ------------------------------------------------------------------
 
 _RULE_LIST = (
@@ -214,6 +234,19 @@ _RULE_LIST = (
         "the accumulated value equals the direct reduction.",
         None,
     ),
+    Rule(
+        "elementwise_mul_comm", "algebraic",
+        "a * b = b * a for the elementwise product, operands broadcast by axis name; applied only where "
+        "the product keeps its axis order (the order of a product is its first operand's axes, then the "
+        "second's new ones). The search applies it through canonical_products, not blindly.",
+        elementwise_mul_comm, saturate=False,
+    ),
+    Rule(
+        "elementwise_mul_assoc", "algebraic",
+        "(a * b) * c = a * (b * c) for the elementwise product, operands broadcast by axis name; applied "
+        "only where the product keeps its axis order. The search applies it through canonical_products.",
+        elementwise_mul_assoc, saturate=False,
+    ),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULE_LIST}
@@ -265,24 +298,28 @@ def replace_in_graph(g: Graph, old: Term, new: Term) -> Graph:
     return Graph(g.name, g.sizes, outputs, labels)
 
 
-def rewrites(g: Graph, rule: Rule) -> list[tuple[Graph, Term]]:
-    """Every graph from applying `rule` at one subterm of g, paired with the matched term.
+def iter_rewrites(g: Graph, rule: Rule) -> Iterator[tuple[Graph, Term]]:
+    """Each graph from applying `rule` at one subterm of g, paired with the matched term,
+    built only when asked for (a bounded search stops early on large graphs).
 
     Each distinct subterm is one position (a shared subterm is rewritten
     everywhere it occurs). Graphs equal to one already produced are dropped.
     Schedule rules have no `apply` and give no rewrites.
     """
     if rule.apply is None:
-        return []
-    out: list[tuple[Graph, Term]] = []
+        return
     seen: set[tuple[Term, ...]] = {g.key()}
     for t in g.terms():
         new = rule.apply(t)
-        if new is None or new == t or result_axes(new) != result_axes(t):
+        if new is None or new == t or axes_of(new) != axes_of(t):
             continue
         g2 = replace_in_graph(g, t, new)
         if g2.key() in seen:
             continue
         seen.add(g2.key())
-        out.append((g2, t))
-    return out
+        yield g2, t
+
+
+def rewrites(g: Graph, rule: Rule) -> list[tuple[Graph, Term]]:
+    """Every graph from applying `rule` at one subterm of g (``iter_rewrites``, as a list)."""
+    return list(iter_rewrites(g, rule))

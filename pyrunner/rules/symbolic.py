@@ -34,6 +34,7 @@ import z3
 
 from pyrunner.ir.graph import (
     LOG2E,
+    Graph,
     Term,
     binary,
     inp,
@@ -44,6 +45,7 @@ from pyrunner.ir.graph import (
     unary,
 )
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
+from pyrunner.rules.products import canonical_products
 from pyrunner.rules.registry import RULE_NAMES, RULES, RuleError
 
 
@@ -451,12 +453,55 @@ def _reduction_in_loop(accumulate: bool) -> Callable[[], list[str]]:
     return body
 
 
+def _product_law(law: str, op: str) -> Callable[[], list[str]]:
+    """Commutativity or associativity of an elementwise op on symbolic reals (mul: the rules;
+    div and sub: the wrong variants, which must be refuted)."""
+    def f(x: sp.Expr, y: sp.Expr) -> sp.Expr:
+        return ELEMENTWISE[op].sympy(sp, x, y)
+
+    def body() -> list[str]:
+        a, b, c = _syms("a", 3)
+        if law == "comm":
+            assert_equal(f(a, b), f(b, a), f"{op}(a, b) = {op}(b, a)")
+            return [f"{op}(a, b) = {op}(b, a) for symbolic reals"]
+        assert_equal(f(f(a, b), c), f(a, f(b, c)), f"{op}({op}(a, b), c) = {op}(a, {op}(b, c))")
+        return [f"{op}({op}(a, b), c) = {op}(a, {op}(b, c)) for symbolic reals"]
+    return body
+
+
+def _check_elementwise_mul_comm() -> list[str]:
+    shown = _product_law("comm", "mul")()
+    sizes = {"i": 2, "a": 3}
+    x, y, s = inp("X", ("i", "a")), inp("Y", ("i", "a")), inp("s", ("i",))
+    assert_rule_instance("elementwise_mul_comm", binary("mul", x, y), sizes, "same axes")
+    assert_rule_instance("elementwise_mul_comm", binary("mul", s, x), sizes, "broadcast operand first")
+    if RULES["elementwise_mul_comm"].apply(binary("mul", x, inp("g", ("a",)))) is not None:
+        raise _Refuted("commuting X[i,a] * g[a] would reorder the axes to (a, i); the rule must decline")
+    return shown + ["rule.apply on same-axis and broadcast instances equals the input term",
+                    "declines where the swap would reorder the axes"]
+
+
+def _check_elementwise_mul_assoc() -> list[str]:
+    shown = _product_law("assoc", "mul")()
+    sizes = {"i": 2, "a": 3, "j": 2}
+    x, s, g, w = inp("X", ("i", "a")), inp("s", ("i",)), inp("g", ("a",)), inp("W", ("a", "j"))
+    assert_rule_instance("elementwise_mul_assoc", binary("mul", binary("mul", x, s), g), sizes, "broadcast factors")
+    for written in (binary("mul", binary("mul", x, s), g), binary("mul", x, binary("mul", g, s))):
+        root = matmul(written, w, "a")
+        canon = canonical_products(Graph("p", sizes, (("out", root),)))
+        if canon is None:
+            raise _Unproved(f"canonical_products left {root} as written")
+        assert_terms_equal(root, canon[0].outputs[0][1], sizes, "canonical factor order")
+    return shown + ["rule.apply on (X * s) * g equals the input term",
+                    "canonical_products of ((X * s) * g) @ W and (X * (g * s)) @ W equals the input"]
+
+
 # --- registries -------------------------------------------------------------------------
 
-ALL_SIZES = ("exp_to_exp2", "mean_to_sum_div")
-"""Rules whose check is shown for symbolic x and n (every size). The other checks evaluate both
-sides at the fixed sizes they name (n = 2..4 elements or tiles, 2x3 and 3x3 matrices, ...):
-evidence that catches wrong rules (``WRONG_VARIANTS``), not proofs for all sizes; the Lean
+ALL_SIZES = ("exp_to_exp2", "mean_to_sum_div", "elementwise_mul_comm", "elementwise_mul_assoc")
+"""Rules whose check is shown for symbolic x and n (every size; the elementwise laws pointwise).
+The other checks evaluate both sides at the fixed sizes they name (n = 2..4 elements or tiles,
+2x3 and 3x3 matrices, ...): evidence that catches wrong rules (``WRONG_VARIANTS``), not proofs for all sizes; the Lean
 theorems are the proofs."""
 
 
@@ -479,6 +524,8 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "online_softmax_rescale": _scoped("online_softmax_rescale", _online_softmax(rescale_o=True)),
     "shared_operand_fusion": _scoped("shared_operand_fusion", _check_shared_operand_fusion),
     "reduction_in_contraction_loop": _scoped("reduction_in_contraction_loop", _reduction_in_loop(accumulate=True)),
+    "elementwise_mul_comm": _scoped("elementwise_mul_comm", _check_elementwise_mul_comm),
+    "elementwise_mul_assoc": _scoped("elementwise_mul_assoc", _check_elementwise_mul_assoc),
 }
 
 WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
@@ -488,6 +535,8 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "max_shift_per_element": lambda: _run(_softmax_shift_identity(True)),
     "tiled_max_combined_by_add": lambda: _run(_reduction_tiling("add")),
     "reduction_in_loop_reset": lambda: _run(_reduction_in_loop(accumulate=False)),
+    "division_commuted": lambda: _run(_product_law("comm", "div")),
+    "subtraction_reassociated": lambda: _run(_product_law("assoc", "sub")),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"

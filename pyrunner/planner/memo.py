@@ -1,0 +1,134 @@
+"""Tile-config search memoised over kernels that differ only in names.
+
+A chain of 1000 matmuls lowers to 1000 kernels with the same structure over
+different axes and tensors; the tile search (hundreds of configs each) need run
+once. The key is the lowered kernel with every axis, tensor and buffer name
+replaced by its order of first appearance, plus the axis sizes and tensor bytes
+the cost model reads; the cached choice is translated back to this kernel's names.
+A kernel whose most lenient config already exceeds shared memory or registers is
+rejected without searching (no smaller tile or more threads exist to try).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param
+from pyrunner.plan.schema import Kernel, StreamLoop
+from pyrunner.planner.cost import Estimate, Machine, best_config, fitting_space, param_space
+from pyrunner.planner.lower import Lowered
+from pyrunner.target.fit import FitModel
+
+BLOCK_PREFIX = block_param("")
+
+
+def kernel_of(low: Lowered, name: str, space: dict[str, list[int]]) -> Kernel:
+    """The plan kernel of a lowering, with tuning space ``space`` (defaults: each first value)."""
+    loop = None
+    if low.stream is not None:
+        loop = StreamLoop(axis=low.stream, block=block_param(low.stream), stages=STAGES_PARAM)
+    return Kernel(
+        name=name, grid=low.grid, loop=loop, threads=THREADS_PARAM, buffers=low.buffers,
+        prologue=low.prologue, body=low.body, epilogue=low.epilogue, reads=low.reads, writes=low.writes,
+        params=space, defaults={p: v[0] for p, v in space.items()}, fused_rules=list(low.rules),
+    )
+
+
+def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tuple[tuple, dict[str, str]]:
+    names = set(sizes) | {b.name for b in low.buffers} | set(low.reads) | set(low.writes)
+    tok: dict[str, str] = {}
+
+    def walk(x: object) -> object:
+        if isinstance(x, str):
+            if x.startswith(BLOCK_PREFIX) and x[len(BLOCK_PREFIX):] in sizes:
+                return BLOCK_PREFIX + str(walk(x[len(BLOCK_PREFIX):]))
+            if x not in names:
+                return x
+            if x not in tok:
+                tok[x] = f"#{len(tok)}"
+            return tok[x]
+        if isinstance(x, dict):
+            return tuple((k, walk(v)) for k, v in x.items())
+        if isinstance(x, (list, tuple)):
+            return tuple(walk(v) for v in x)
+        return x
+
+    structure = walk((
+        [(g.axis, g.block) for g in low.grid],
+        low.stream, low.tiled, sorted(low.full.items()),
+        [b.model_dump() for b in low.buffers],
+        [[op.model_dump() for op in ops] for ops in (low.prologue, low.body, low.epilogue)],
+        low.reads, low.writes,
+        [(ld.tensor, ld.axes, ld.in_loop) for ld in low.loads],
+        [(g.m_axis, g.n_axis, g.k_axis, g.streamed, g.flops, g.a_in_registers) for g in low.gemms],
+    ))
+    measures = tuple((t, sizes.get(n), nbytes.get(n)) for n, t in tok.items())
+    return (structure, measures, low.ew_elems, low.trans_elems), tok
+
+
+def _rename_params(d: dict, mapping: dict[str, str]) -> dict:
+    out = {}
+    for p, v in d.items():
+        if p.startswith(BLOCK_PREFIX) and p[len(BLOCK_PREFIX):] in mapping:
+            p = BLOCK_PREFIX + mapping[p[len(BLOCK_PREFIX):]]
+        out[p] = v
+    return out
+
+
+def lenient(space: dict[str, list[int]]) -> dict[str, int]:
+    """The config with the least shared memory and registers per thread: smallest tiles, most threads."""
+    return {p: (max(v) if p == THREADS_PARAM else min(v)) for p, v in space.items()}
+
+
+def hopeless(fit: FitModel, space: dict[str, list[int]]) -> str | None:
+    """Why no config can fit, judged at the most lenient config (resources only); else None."""
+    why = fit.why_not(lenient(space))
+    if why and ("shared memory" in why or "registers per thread" in why):
+        return why
+    return None
+
+
+def _smallest_why(fit: FitModel, space: dict[str, list[int]]) -> str:
+    """Why the smallest tiles do not fit, with the fewest threads (the easiest to split a GEMM among)."""
+    cfg = {p: min(v) for p, v in space.items()}
+    return fit.why_not(cfg) or fit.why_not(lenient(space)) or "no tile extent divides the axes"
+
+
+class TileMemo:
+    """``cost.best_config`` with the memo; one per planner (one machine, one set of sizes)."""
+
+    def __init__(self, sizes: dict[str, int], machine: Machine) -> None:
+        self.sizes, self.machine = sizes, machine
+        self._memo: dict[tuple, tuple[Estimate | None, str | None]] = {}
+        self._spaces: dict[tuple, dict[str, list[int]]] = {}
+        self._keys: dict[int, tuple[tuple, dict[str, str]]] = {}
+
+    def best(self, low: Lowered, name: str, nbytes: dict[str, int]) -> tuple[Kernel, Estimate | None, str | None]:
+        """The kernel, its cheapest fitting config's estimate (None if none fits) and, then, why not."""
+        kernel = kernel_of(low, name, param_space(low, self.sizes))
+        key, tok = _tokenise(low, self.sizes, nbytes)
+        self._keys[id(kernel)] = key, tok
+        if key not in self._memo:
+            fit = FitModel(kernel, self.sizes, self.machine.device)
+            why = hopeless(fit, kernel.params)
+            est = None if why else best_config(low, kernel.params, self.sizes, nbytes, fit, self.machine)
+            if est is None:
+                self._memo[key] = None, why or _smallest_why(fit, kernel.params)
+            else:
+                self._memo[key] = replace(est, config=_rename_params(est.config, tok)), None
+        est, why = self._memo[key]
+        if est is not None:
+            back = {t: n for n, t in tok.items()}
+            est = replace(est, config=_rename_params(est.config, back))
+        return kernel, est, why
+
+    def fitting(self, kernel: Kernel, defaults: dict[str, int]) -> dict[str, list[int]]:
+        """``cost.fitting_space`` of a kernel this memo chose a config for, shared by isomorphic kernels."""
+        key, tok = self._keys[id(kernel)]
+        skey = (key, tuple(sorted(_rename_params(defaults, tok).items())))
+        if skey not in self._spaces:
+            fit = FitModel(kernel, self.sizes, self.machine.device)
+            space = fitting_space(kernel.params, defaults, lambda cfg: fit.why_not(cfg) is None)
+            self._spaces[skey] = _rename_params(space, tok)
+        back = {t: n for n, t in tok.items()}
+        return _rename_params(self._spaces[skey], back)
