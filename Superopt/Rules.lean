@@ -215,6 +215,35 @@ theorem reduction_tiling (tiles : List (List α)) (a : α) (l : List α)
       runMax (listMax a l) rest = listMax a (l ++ flattenNonEmpty rest) :=
   ⟨by rw [runSum_eq, ScalarField.zero_add], runMax_eq a l rest⟩
 
+/-- `f 0 + f 1 + ... + f (n - 1)`: a sum over an axis of extent `n`. -/
+def sumUpTo (f : Nat → α) : Nat → α
+  | 0 => ScalarField.zero
+  | n + 1 => sumUpTo f n + f n
+
+theorem sumUpTo_add (f : Nat → α) (m n : Nat) :
+    sumUpTo f (m + n) = sumUpTo f m + sumUpTo (fun j => f (m + j)) n := by
+  induction n with
+  | zero => exact (scalar_add_zero (sumUpTo f m)).symm
+  | succ n ih =>
+    show sumUpTo f (m + n + 1) = sumUpTo f m + (sumUpTo (fun j => f (m + j)) n + f (m + n))
+    rw [← ScalarField.add_assoc, ← ih]
+    rfl
+
+/--
+Python's statement of `reduction_tiling` for sums, on positions: a sum over an axis of extent
+`T * k` is the sum over `T` tiles of the sums over their `k` positions `t * k + j`.
+-/
+theorem reduction_tiling_range (f : Nat → α) (T k : Nat) :
+    sumUpTo f (T * k) = sumUpTo (fun t => sumUpTo (fun j => f (t * k + j)) k) T := by
+  induction T with
+  | zero =>
+    show sumUpTo f (0 * k) = ScalarField.zero
+    simp only [Nat.zero_mul, sumUpTo]
+  | succ T ih =>
+    show sumUpTo f ((T + 1) * k) =
+      sumUpTo (fun t => sumUpTo (fun j => f (t * k + j)) k) T + sumUpTo (fun j => f (T * k + j)) k
+    rw [Nat.add_mul, Nat.one_mul, sumUpTo_add, ih]
+
 /-! ## Online softmax -/
 
 /-- `Σ_{j ∈ t} exp (s j - m)`: the softmax denominator of a tile under the shift `m`. -/
