@@ -16,7 +16,7 @@ or divisor's axes (`a ∉ s.resultAxes`). Each is proved from its scalar theorem
 `Superopt/Rules.lean` plus `Term.eval_set`: a term's value does not move along an axis it does not
 have.
 
-The elementwise functions Python has beyond the scalar laws (`log`, `silu`, ...) are the fields of
+The elementwise functions Python has beyond the scalar laws (`log`, `silu`, ...) come from
 `ScalarOps`; no rule needs a law about them.
 -/
 
@@ -45,21 +45,18 @@ theorem Index.set_comm {a b : Axis} (h : a ≠ b) (i : Index) (k j : Nat) :
     simp only [if_pos ha, if_neg hb]
   · simp only [if_neg ha]
 
-/-- The elementwise functions and constants beyond the scalar laws of `ScalarField`. -/
+/--
+The constants and elementwise functions beyond the scalar laws of `ScalarField`: `log`, `sqrt`,
+`rsqrt`, `silu`, `sigmoid`, `tanh`, `gelu`, `relu`, `abs`, `softplus`, `min` (and any op added later) have no
+law a rule needs, so each is just some function.
+-/
 class ScalarOps (α : Type) where
   /-- The scalar a decimal constant denotes. -/
   ofDecimal : Decimal → α
-  log : α → α
-  sqrt : α → α
-  rsqrt : α → α
-  silu : α → α
-  sigmoid : α → α
-  tanh : α → α
-  gelu : α → α
-  relu : α → α
-  abs : α → α
-  softplus : α → α
-  fmin : α → α → α
+  /-- The unary functions without laws. -/
+  unary : UnaryOp → α → α
+  /-- The binary functions without laws. -/
+  binary : BinaryOp → α → α → α
 
 /-- Where a graph's values come from: the axis extents and a value for every input element. -/
 structure Ctx (α : Type) where
@@ -75,19 +72,10 @@ variable {α : Type} [ScalarField α] [ScalarOps α]
 def UnaryOp.eval : UnaryOp → α → α
   | .exp => ScalarField.exp
   | .exp2 => ScalarField.exp2
-  | .log => ScalarOps.log
   | .neg => fun a => -a
   | .recip => ScalarField.inv
-  | .sqrt => ScalarOps.sqrt
-  | .rsqrt => ScalarOps.rsqrt
   | .square => fun a => a * a
-  | .silu => ScalarOps.silu
-  | .sigmoid => ScalarOps.sigmoid
-  | .tanh => ScalarOps.tanh
-  | .gelu => ScalarOps.gelu
-  | .relu => ScalarOps.relu
-  | .abs => ScalarOps.abs
-  | .softplus => ScalarOps.softplus
+  | f => ScalarOps.unary f
 
 /-- The scalar function of a binary op. -/
 def BinaryOp.eval : BinaryOp → α → α → α
@@ -96,7 +84,7 @@ def BinaryOp.eval : BinaryOp → α → α → α
   | .mul => fun a b => a * b
   | .div => fun a b => a / b
   | .max => ScalarField.fmax
-  | .min => ScalarOps.fmin
+  | f => ScalarOps.binary f
 
 /-- A reduction of the values along one axis (`max` of no values is `zero`; axes are non-empty). -/
 def ReduceOp.eval : ReduceOp → List α → α

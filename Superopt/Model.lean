@@ -75,20 +75,12 @@ instance : ScalarField Two where
   log2e_mul_ln2 := rfl
   fmax_assoc := by intro a b c; cases a <;> cases b <;> cases c <;> rfl
 
-/-- The functions beyond the laws, in `Two`: identities, `min` is and; constants are `1`. -/
+/-- The functions beyond the laws, in `Two`: unary ones are the identity, binary ones `and`;
+constants are `1`. -/
 instance : ScalarOps Two where
   ofDecimal := fun _ => .one
-  log := fun a => a
-  sqrt := fun a => a
-  rsqrt := fun a => a
-  silu := fun a => a
-  sigmoid := fun a => a
-  tanh := fun a => a
-  gelu := fun a => a
-  relu := fun a => a
-  abs := fun a => a
-  softplus := fun a => a
-  fmin := Two.mul
+  unary := fun _ a => a
+  binary := fun _ => Two.mul
 
 /-- The model is not trivial: its `one` and `zero` differ. -/
 theorem two_one_ne_zero : (ScalarField.one : Two) ≠ ScalarField.zero := by
