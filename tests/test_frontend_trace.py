@@ -159,6 +159,8 @@ def test_unmappable_ops_are_named_with_their_source_line() -> None:
     assert "masks" in _error(lambda q: F.scaled_dot_product_attention(q, q, q, is_causal=True), r(2, 8, 16))
     assert "dropout" in _error(lambda x: F.dropout(x, 0.1, training=True), r(8, 16))
     assert "log_softmax" in _error(lambda x: torch.log_softmax(x, -1), r(8, 16))
+    assert "rounding_mode=" in _error(lambda x: torch.div(x, 2.0, rounding_mode="floor"), r(8, 16))
+    assert "torch.cat" in _error(lambda x: torch.cat([x, x], 0), r(8, 16))
 
 
 def test_untraceable_function_is_one_line() -> None:

@@ -133,6 +133,9 @@ def _tv(rt: RegionTrace, node: Any, x: Any) -> Value:
 
 def _dispatch(rt: RegionTrace, node: Any, name: str, a: _Args) -> Value:  # noqa: C901 - one table
     x0 = a.get(0, "input", a.get(0, "self"))
+    for kw in ("rounding_mode", "out"):
+        if a.kwargs.get(kw) is not None:
+            raise unmappable(node, f"{kw}= has no graph-IR meaning")
     if name in UNARY:
         return rt.unary(UNARY[name], _tv(rt, node, x0))
     if name in BINARY:
