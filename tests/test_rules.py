@@ -478,7 +478,8 @@ def _planned(graph: Graph, rule: str):
     return _PLANS[key]
 
 
-def assert_plan_computes_graph(graph: Graph, rule: str, loop_block: int, seed: int, scale: float = 0.5) -> None:
+def assert_plan_computes_graph(graph: Graph, rule: str, loop_block: int, seed: int, scale: float = 0.5,
+                               bound=lambda inputs: EXACT) -> None:
     from pyrunner.plan.validate import validate_plan
     from pyrunner.run.executor import execute
     from pyrunner.run.verify import max_error
@@ -491,7 +492,7 @@ def assert_plan_computes_graph(graph: Graph, rule: str, loop_block: int, seed: i
     want = evaluate(graph, inputs)
     got = execute(plan, inputs, config=config, exact=True)
     for name in want:
-        assert max_error(got[name], want[name]) <= EXACT, (rule, name, loop_block)
+        assert max_error(got[name], want[name]) <= bound(inputs), (rule, name, loop_block)
 
 
 @PLAN_SETTINGS
@@ -504,7 +505,14 @@ def test_reduction_tiling_plan_computes_the_graph(n: int, rows: int, block: int,
 @given(t_kv=STREAMED, block=LOOP_BLOCK, spread=st.sampled_from([0.5, 2.0, 4.0]), seed=st.integers(0, 2**31))
 def test_online_softmax_plan_computes_the_graph(t_kv: int, block: int, spread: float, seed: int) -> None:
     g = workloads.get("Attention", {"h": 1, "t_q": 64, "t_kv": t_kv, "d": 32})
-    assert_plan_computes_graph(g, "online_softmax_rescale", block, seed, scale=spread)
+
+    def softmax_bound(inputs) -> float:
+        # exp turns the absolute float32 error of a score (about d * |s| * u for a d-term dot
+        # product) into a relative error of the weights: the bound grows with the largest score
+        s_max = float(np.abs(np.einsum("htd,hsd->hts", inputs["Q"], inputs["K"])).max())
+        return EXACT + 32 * s_max * 2.0**-24
+
+    assert_plan_computes_graph(g, "online_softmax_rescale", block, seed, scale=spread, bound=softmax_bound)
 
 
 @PLAN_SETTINGS
