@@ -89,6 +89,10 @@ instance : ScalarOps Two where
   abs := fun a => a
   softplus := fun a => a
   fmin := Two.mul
+  negInf := .zero
+  lt := fun _ _ => .one
+  le := fun _ _ => .one
+  select := fun _ x _ => x
 
 /-- The model is not trivial: its `one` and `zero` differ. -/
 theorem two_one_ne_zero : (ScalarField.one : Two) ≠ ScalarField.zero := by

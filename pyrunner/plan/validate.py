@@ -24,6 +24,7 @@ import pydantic
 from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.graph_json import graph_from_json, read_json_file
+from pyrunner.plan import masks
 from pyrunner.plan.analysis import expr_refs, numbered_ops, op_reads_writes, resolve, walk
 from pyrunner.plan.schema import (
     EXPR_FUNCTIONS,
@@ -34,6 +35,7 @@ from pyrunner.plan.schema import (
     Call,
     Gemm,
     GlobalTensor,
+    Index,
     Kernel,
     Load,
     Map,
@@ -290,6 +292,14 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
     indexed = {a for a in grid_axes if block[a] == 1}
     held = {a for a in grid_axes if block[a] != 1} | ({loop_axis} if loop_axis else set())
     tiles = {a: sizes[a] // block[a] for a in grid_axes}
+    if k.loop is not None and k.loop.visible is not None:
+        if not masks.is_index_predicate(k.loop.visible):
+            raise PlanError(f"{kw}: loop.visible must be an index predicate (comparisons of affine forms in "
+                            "index values, combined by min/max/mul), so loop bounds can be derived from it")
+        for e in walk(k.loop.visible):
+            if isinstance(e, Index) and e.axis not in block:
+                raise PlanError(f"{kw}: loop.visible uses the index of axis {e.axis!r}, which is not an axis "
+                                f"the kernel iterates ({sorted(block)})")
 
     # buffers
     bufs: dict[str, Buffer] = {}
@@ -370,6 +380,9 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
             for e in walk(op.expr):
                 if isinstance(e, AxisSize) and e.axis not in sizes:
                     raise PlanError(f"{ow}: size of unknown axis {e.axis!r}; graph axes are {sorted(sizes)}")
+                if isinstance(e, Index) and e.axis not in dst.axes and e.axis not in indexed:
+                    raise PlanError(f"{ow}: index along axis {e.axis!r}, which is neither an axis of dst "
+                                    f"{op.dst!r} {dst.axes} nor an indexed grid axis of the kernel")
             for c in (e for e in walk(op.expr) if isinstance(e, Call)):
                 if len(c.args) != EXPR_FUNCTIONS[c.fn]:  # the schema admits only known names
                     raise PlanError(f"{ow}: function {c.fn!r} takes {EXPR_FUNCTIONS[c.fn]} argument(s), "

@@ -21,10 +21,12 @@ Why one module: phases, the online-rescale factor analysis and the tile builder 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pyrunner.ir.graph import Term, result_axes, subterms
 from pyrunner.ir.ops import REDUCTIONS, UNARY
+from pyrunner.plan import masks
 from pyrunner.plan.analysis import block_param, expr_refs, op_buffers
 from pyrunner.plan.schema import (
     AxisSize,
@@ -35,12 +37,14 @@ from pyrunner.plan.schema import (
     Fill,
     Gemm,
     GridAxis,
+    Index,
     Load,
     Map,
     Reduce,
     Ref,
     Store,
 )
+from pyrunner.planner.masking import skippable_predicates
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
 
@@ -92,6 +96,33 @@ class Lowered:
     trans_elems: float = 0.0  # of which transcendental (SFU) evaluations
     rules: list[str] = field(default_factory=list)
     terms: frozenset[Term] = frozenset()
+    visible: Expr | None = None  # loop steps whose tile has this all false are skipped (masked_tile_skip)
+
+
+LEAVES = ("input", "const", "axis_size", "iota")
+ELEMENTWISE = ("unary", "binary", "ternary")
+
+
+def const_expr(v: float) -> Const:
+    """A plan constant; infinities are spelled as strings (JSON has none)."""
+    return Const(value=("-inf" if v < 0 else "inf") if math.isinf(v) else v)
+
+
+def static(t: Term) -> bool:
+    """t depends only on indices and constants (a mask predicate, say): computed where it is used."""
+    return all(x.op in ("iota", "const", "axis_size") or x.op in ELEMENTWISE for x in subterms([t])) \
+        and t.op != "const" and t.op != "axis_size"
+
+
+def static_expr(t: Term) -> Expr:
+    """The plan expression of a term built from indices and constants only."""
+    if t.op == "const":
+        return const_expr(t.value)
+    if t.op == "axis_size":
+        return AxisSize(axis=t.axis)
+    if t.op == "iota":
+        return Index(axis=t.axis)
+    return Call(fn=t.fn, args=[static_expr(a) for a in t.args])
 
 
 def cone(root: Term, boundary: dict[Term, str]) -> list[Term]:
@@ -109,7 +140,7 @@ def cone(root: Term, boundary: dict[Term, str]) -> list[Term]:
             continue
         seen.add(t)
         stack.append((t, True))
-        if t is not root and (t in boundary or t.op in ("input", "const", "axis_size")):
+        if t is not root and (t in boundary or t.op in LEAVES):
             continue
         for a in reversed(t.args):
             stack.append((a, False))
@@ -205,6 +236,8 @@ class _Builder:
         self.trans_elems = 0.0
         self.scale_bufs: dict[tuple[Term, str, float], str] = {}
         self.m_prev: dict[Term, str] = {}
+        self.body_ref: dict[Term, str] = {}  # running maxima as the loop body reads them (guarded)
+        self.at = "prologue"
 
     # --- naming ------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -266,7 +299,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
           dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str) -> Lowered:
     """Lower the cone of ``root`` with streamed axis ``s`` (None: no loop)."""
     terms = cone(root, boundary)
-    computed = [t for t in terms if not (t is not root and (t in boundary or t.op in ("input", "const", "axis_size")))]
+    computed = [t for t in terms if not (t is not root and (t in boundary or t.op in LEAVES))]
     leaves = [t for t in terms if t is not root and t in boundary]
     cset = set(computed)
 
@@ -351,10 +384,10 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             users.setdefault(a, []).append(t)
 
     def expr(t: Term) -> Expr:
-        if t.op == "const":
-            return Const(value=t.value)
-        if t.op == "axis_size":
-            return AxisSize(axis=t.axis)
+        if t.op in ("const", "axis_size", "iota"):
+            return static_expr(t)
+        if t in b.body_ref and b.at == "body":
+            return Ref(buf=b.body_ref[t])
         if t in b.buf_of:
             return Ref(buf=b.buf_of[t])
         if t in b.expr_inline:
@@ -396,7 +429,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
         key = (m, kind, coef)
         if key not in b.scale_bufs:
             name = b.add_buffer("rescale", list(b.buffers[b.buf_of[m]].axes), "fragment", "float32")
-            diff = Call(fn="sub", args=[Ref(buf=b.m_prev[m]), Ref(buf=b.buf_of[m])])
+            diff = Call(fn="sub", args=[Ref(buf=b.m_prev[m]), Ref(buf=b.body_ref.get(m, b.buf_of[m]))])
             if coef != 1.0:
                 diff = Call(fn="mul", args=[diff, Const(value=coef)])
             b.ops["body"].append(Map(dst=name, expr=Call(fn=kind, args=[diff])))
@@ -410,10 +443,34 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             n *= sizes[a]
         return n
 
+    # masks: a running max may stay -inf while every score so far is masked; the loop body then reads
+    # it as 0 so exp(-inf - m) is 0, not NaN (the state itself keeps -inf, as the reference would)
+    guard_max = any(t.op == "const" and math.isinf(t.value) for t in terms)
+    visible = None
+    if s is not None:
+        preds = skippable_predicates([t for t in computed if phase[t] == "tile"], acc_terms, online_src, s)
+        exprs = [static_expr(c) for c in preds if masks.is_index_predicate(static_expr(c))]
+        if exprs:
+            visible = exprs[0]
+            for e in exprs[1:]:
+                visible = Call(fn="min", args=[visible, e])
+            b.rules.append("masked_tile_skip")
+
     mean_fix: list[tuple[str, str]] = []
     for t in computed:
         at = where[phase[t]]
-        if t.op in ("unary", "binary"):
+        b.at = at
+        if t.op in ELEMENTWISE and static(t) and t is not root:
+            b.expr_inline[t] = static_expr(t)
+        elif t.op == "ternary" and t.fn == "where" and static(t.args[0]):
+            # a mask: the values, then the predicate applied in place (left out on tiles it shows whole)
+            b.ew_elems += 2 * elems(t)
+            name = b.add_buffer(labels.get(t, "t"), b.tile_axes(result_axes(t)), "fragment", "float32")
+            b.ops[at].append(Map(dst=name, expr=expr(t.args[1])))
+            b.ops[at].append(Map(dst=name, expr=Call(fn="where", args=[expr(t.args[0]), Ref(buf=name),
+                                                                         expr(t.args[2])])))
+            b.buf_of[t] = name
+        elif t.op in ELEMENTWISE:
             b.ew_elems += elems(t)
             if t.op == "unary" and t.fn in TRANSCENDENTAL:
                 b.trans_elems += elems(t)
@@ -421,7 +478,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
                 b.ew_elems += 4 * elems(t)
             e = Call(fn=t.fn, args=[expr(a) for a in t.args])
             us = users.get(t, [])
-            inline = (t is not root and len(us) == 1 and us[0].op in ("unary", "binary")
+            inline = (t is not root and len(us) == 1 and us[0].op in ELEMENTWISE
                       and where[phase[us[0]]] == at)
             if inline:
                 b.expr_inline[t] = e
@@ -461,6 +518,12 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
                 b.rules.append("online_softmax_rescale")
             else:
                 b.ops["body"].append(Reduce(fn=kind, src=src, dst=name, axis=t.axis, accumulate=True))
+                if t in online_src and guard_max:
+                    safe = b.add_buffer(f"{name}_safe", list(b.buffers[name].axes), "fragment", "float32")
+                    b.ops["body"].append(Map(dst=safe, expr=Call(fn="where", args=[
+                        Call(fn="lt", args=[const_expr(-math.inf), Ref(buf=name)]), Ref(buf=name),
+                        const_expr(0.0)])))
+                    b.body_ref[t] = safe
             if t.fn == "mean":
                 mean_fix.append((name, t.axis))
         elif t.op == "matmul":
@@ -489,7 +552,8 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
     if mean_fix:
         b.ops["epilogue"][:0] = [Map(dst=n, expr=Call(fn="div", args=[Ref(buf=n), AxisSize(axis=k)]))
                                  for n, k in mean_fix]
-    out_buf = materialize(root, "epilogue" if s is not None else "prologue")
+    b.at = "epilogue" if s is not None else "prologue"
+    out_buf = materialize(root, b.at)
     b.ops["epilogue"].append(Store(src=out_buf, dst=out_tensor))
 
     if s is not None and len([g for g in b.gemms if g.streamed]) >= 2:
@@ -514,6 +578,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
         buffers=list(b.buffers.values()), prologue=b.ops["prologue"], body=b.ops["body"],
         epilogue=b.ops["epilogue"], reads=reads, writes=[out_tensor], gemms=b.gemms, loads=b.loads,
         ew_elems=b.ew_elems, trans_elems=b.trans_elems, rules=seen_rules, terms=frozenset(computed),
+        visible=visible,
     )
 
 

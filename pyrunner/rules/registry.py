@@ -214,6 +214,14 @@ _RULE_LIST = (
         "the accumulated value equals the direct reduction.",
         None,
     ),
+    Rule(
+        "masked_tile_skip", "schedule",
+        "A streamed loop may leave out a tile whose contribution to every accumulator is that "
+        "accumulator's identity (-inf for a running max, 0 for a sum or a contraction), as a tile whose "
+        "scores a where(c, x, -inf) mask hides entirely gives; which tiles are hidden entirely follows from "
+        "interval reasoning over the mask's affine index predicate c.",
+        None,
+    ),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULE_LIST}
