@@ -64,6 +64,7 @@ def test_registry_names_and_kinds() -> None:
     assert RULE_NAMES == (
         "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div",
         "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop",
+        "masked_tile_skip",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement
