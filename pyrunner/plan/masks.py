@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar, Union
 
-from pyrunner.plan.schema import Call, Const, Expr, Index, Map, Ref
+from pyrunner.plan.schema import AxisSize, Call, Const, Expr, Index, Map, Ref
 
 N = TypeVar("N")
 
@@ -66,10 +66,17 @@ def _int(v: float) -> int | None:
     return int(v) if float(v).is_integer() and abs(v) < 2**31 else None
 
 
+def size_symbol(axis: str) -> str:
+    """The name an axis extent has in affine forms and boxes (its interval is the one value)."""
+    return f"#size:{axis}"
+
+
 def affine(e: Expr) -> dict[str, int] | None:
-    """``e`` as an integer affine form in indices (key "" is the constant), or None."""
+    """``e`` as an integer affine form in indices and axis extents (key "" is the constant), or None."""
     if isinstance(e, Index):
         return {e.axis: 1}
+    if isinstance(e, AxisSize):
+        return {size_symbol(e.axis): 1}
     if isinstance(e, Const):
         v = e.number()
         i = _int(v) if v == v and abs(v) != float("inf") else None

@@ -272,9 +272,6 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
         if g.axis in block:
             raise PlanError(f"{kw}: grid[{i}] repeats grid axis {g.axis!r}")
         b = resolve(g.block, values)
-        if sizes[g.axis] % b:
-            raise PlanError(f"{kw}: grid[{i}] block {b} of axis {g.axis!r} does not divide its size "
-                            f"{sizes[g.axis]} ({setting})")
         block[g.axis] = b
         grid_axes.append(g.axis)
     loop_axis = ""
@@ -285,9 +282,6 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
         if loop_axis in block:
             raise PlanError(f"{kw}: axis {loop_axis!r} is both a grid axis and the loop axis")
         b = resolve(k.loop.block, values)
-        if sizes[loop_axis] % b:
-            raise PlanError(f"{kw}: loop block {b} of axis {loop_axis!r} does not divide its size "
-                            f"{sizes[loop_axis]} ({setting})")
         block[loop_axis] = b
     indexed = {a for a in grid_axes if block[a] == 1}
     held = {a for a in grid_axes if block[a] != 1} | ({loop_axis} if loop_axis else set())

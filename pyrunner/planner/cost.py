@@ -64,12 +64,13 @@ class Estimate:
 
 
 def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
-    """Tile extents for an axis: powers of two that divide it, else its small divisors."""
-    cands = [b for b in (16, 32, 64, 128, 256) if lo <= b <= hi and b <= size and size % b == 0]
+    """Tile extents for an axis: the powers of two from 16 that divide it; where none does, every
+    power of two up to the first that covers the axis (the last tile is partial: a tail)."""
+    pows = [b for b in (16, 32, 64, 128, 256) if lo <= b <= hi]
+    cands = [b for b in pows if b <= size and size % b == 0]
     if not cands:
-        # a block of 1 would make the axis indexed, not held: never offer it for a tiled axis
-        cands = [d for d in range(min(size, hi), 1, -1) if size % d == 0][:3] or [size]
-    return sorted(cands)
+        cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]
+    return sorted(cands) or [min(max(lo, 16), hi)]
 
 
 def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
@@ -164,8 +165,8 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     blocks = _blocks(low, cfg, sizes)
     n_blocks = 1
     for g in low.grid:
-        n_blocks *= sizes[g.axis] // blocks[g.axis]
-    n_iter = sizes[low.stream] // blocks[low.stream] if low.stream else 1
+        n_blocks *= -(-sizes[g.axis] // blocks[g.axis])
+    n_iter = -(-sizes[low.stream] // blocks[low.stream]) if low.stream else 1
     run = visible_fraction(low, blocks, sizes)  # loop steps left after masked tiles are skipped
 
     # bytes: each tensor once from HBM, re-reads of tiles from L2
@@ -192,13 +193,18 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     # a grid smaller than the machine leaves SMs idle regardless of occupancy
     util = min(1.0, n_blocks / dev.sms) if n_blocks < dev.sms else wave_eff
 
-    flops = sum(g.flops * (run if g.streamed else 1.0) for g in low.gemms)
+    def padded(a: str) -> float:  # work on a partial last tile is done in full
+        return -(-sizes[a] // blocks[a]) * blocks[a] / sizes[a] if a in blocks else 1.0
+
+    flops = sum(g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis) * padded(g.k_axis)
+                for g in low.gemms)
     t_tc = 0.0
     for g, n_inst in zip(low.gemms, mma_widths(low, blocks, threads), strict=True):
         bm = blocks[g.m_axis]
         k_eff = min(1.0, 0.55 + blocks[g.k_axis] / 128) if g.k_axis in blocks else 1.0
         m_eff = min(1.0, bm / 128) ** 0.5  # a 64-row tile keeps one warpgroup busy, not two
-        t_tc += g.flops * (run if g.streamed else 1.0) / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst) * k_eff * m_eff)
+        work = g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis)
+        t_tc += work / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst) * k_eff * m_eff)
     pipe = 1.0
     if low.stream is not None:
         pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)

@@ -456,6 +456,23 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
                 visible = Call(fn="min", args=[visible, e])
             b.rules.append("masked_tile_skip")
 
+    # a streamed axis that no power-of-two block divides ends in a partial tile: loads read zeros past
+    # the end, and every value entering a loop accumulator is masked there with the accumulator's
+    # identity (left out on whole tiles, like any mask); zeros loaded from memory already are one
+    tail = s is not None and sizes[s] % 16 != 0
+    loaded = {b.buf_of[leaf] for leaf in leaves}
+    tail_masked: set[tuple[str, float]] = set()
+
+    def tail_mask(buf: str, identity: float) -> None:
+        if not tail or (buf, identity) in tail_masked or (buf in loaded and identity == 0.0):
+            return
+        if buf in loaded:
+            raise Infeasible("a max over a tile loaded from memory with a partial last tile")
+        pred = Call(fn="lt", args=[Index(axis=s), AxisSize(axis=s)])
+        b.ops["body"].append(Map(dst=buf, expr=Call(fn="where", args=[pred, Ref(buf=buf), const_expr(identity)])))
+        tail_masked.add((buf, identity))
+
+
     mean_fix: list[tuple[str, str]] = []
     for t in computed:
         at = where[phase[t]]
@@ -499,6 +516,7 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             b.ew_elems += elems(t.args[0])
             src = materialize(t.args[0], "body")
             kind = REDUCTIONS[t.fn].tile
+            tail_mask(src, -math.inf if kind == "max" else 0.0)
             name = b.add_buffer(labels.get(t, f"{t.fn}_{t.axis}"), b.tile_axes(result_axes(t)), "fragment",
                                 "float32", state=True)
             b.ops["prologue"].append(Fill(dst=name, value="-inf" if kind == "max" else 0.0))
@@ -527,6 +545,9 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
             if t.fn == "mean":
                 mean_fix.append((name, t.axis))
         elif t.op == "matmul":
+            if t.axis == s and tail:  # mask the operands before any cast to the compute dtype
+                for x in t.args:
+                    tail_mask(materialize(x, "body"), 0.0)
             a_buf = operand(t.args[0], at if t.axis != s else "body", "a")
             b_buf = operand(t.args[1], at if t.axis != s else "body", "b")
             fa, fb = gemm_layout(a_buf, b_buf, t.axis)

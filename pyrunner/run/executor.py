@@ -69,6 +69,8 @@ class _Block:
         for a, b in self.blocks.items():
             c = self.step if self.k.loop is not None and a == self.k.loop.axis else self.coord.get(a, 0)
             out[a] = (c * b, c * b + b - 1)
+        for a, n in self.sizes.items():
+            out[masks.size_symbol(a)] = (n, n)
         return out
 
     def region(self, axes: list[str]) -> tuple:
@@ -131,11 +133,15 @@ class _Block:
     def run(self, ops: list, tensors: dict[str, np.ndarray], dtypes: dict[str, str],
             taxes: dict[str, list[str]]) -> None:
         for op in ops:
-            if isinstance(op, Load):
-                self.write(op.dst, tensors[op.src][self.region(taxes[op.src])])
-            elif isinstance(op, Store):
+            if isinstance(op, Load):  # a tile past the end of an axis reads zeros there
+                part = tensors[op.src][self.region(taxes[op.src])]
+                full = np.zeros(self.buf[op.dst].shape, dtype=np.float32)
+                full[tuple(slice(0, n) for n in part.shape)] = part
+                self.write(op.dst, full)
+            elif isinstance(op, Store):  # ... and writes nothing there
                 dtype = "float32" if self.exact else dtypes[op.dst]
-                tensors[op.dst][self.region(taxes[op.dst])] = round_to(self.buf[op.src], dtype)
+                target = tensors[op.dst][self.region(taxes[op.dst])]
+                target[...] = round_to(self.buf[op.src], dtype)[tuple(slice(0, n) for n in target.shape)]
             elif isinstance(op, Fill):
                 v = {"-inf": -np.inf, "inf": np.inf}.get(op.value, op.value) if isinstance(op.value, str) else op.value
                 self.buf[op.dst] = np.full(self.buf[op.dst].shape, v, dtype=np.float32)

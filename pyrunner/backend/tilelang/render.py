@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
-from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops, op_reads_writes
 from pyrunner.plan import masks
+from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops, op_reads_writes
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schema import (
     AxisSize,
@@ -350,6 +350,8 @@ def _int_expr(ctx: _Ctx, e, idx: dict[str, str]) -> str | None:
         return f"({_index(ctx, e.axis, idx)})"
     if isinstance(e, Const):
         return str(int(e.number()))
+    if isinstance(e, AxisSize):
+        return ctx.size_const[e.axis]
     if e.fn == "neg":
         return f"(-{_int_expr(ctx, e.args[0], idx)})"
     a, b = (_int_expr(ctx, x, idx) for x in e.args)
@@ -387,6 +389,8 @@ def _tile_box(ctx: _Ctx, section: str) -> dict[str, tuple[str, str]]:
         b = ctx.block_expr[a]
         lo = ar.mul(c, b) if c else "0"
         box[a] = (lo, ar.add(lo, ar.add(b, "-1")))
+    for a, const in ctx.size_const.items():
+        box[masks.size_symbol(a)] = (const, const)
     return box
 
 
@@ -396,11 +400,25 @@ def _partial_tile(ctx: _Ctx, pred: masks.Pred, section: str) -> str | None:
     return None if test.all_true is None else f"{test.all_true} > 0"
 
 
+def has_tail(kernel: Kernel, axis: str, block: int | str, size: int) -> bool:
+    """Whether some allowed block of ``axis`` leaves a partial last tile (then tiles are counted with
+    a ceiling division; loads past the end read zeros and stores past it are dropped)."""
+    values = kernel.params.get(block, []) if isinstance(block, str) else [block]
+    return any(size % v for v in values)
+
+
+def _tiles(ctx: _Ctx, axis: str) -> str:
+    r = ctx.roles[axis]
+    if has_tail(ctx.kernel, axis, r.block, r.size):
+        return f"T.ceildiv({ctx.size_const[axis]}, {ctx.block_expr[axis]})"
+    return f"{ctx.size_const[axis]} // {ctx.block_expr[axis]}"
+
+
 def _loop_bounds(ctx: _Ctx) -> tuple[str, str]:
     """The steps ``[lo, hi)`` a block runs: those its ``visible`` predicate may show."""
     lp = ctx.kernel.loop
     assert lp is not None and lp.visible is not None
-    steps = f"({ctx.size_const[lp.axis]} // {ctx.block_expr[lp.axis]})"
+    steps = _tiles(ctx, lp.axis)
     box = {a: v for a, v in _tile_box(ctx, "prologue").items() if a != lp.axis}
     return masks.step_range(masks.predicate(lp.visible), lp.axis, ctx.block_expr[lp.axis], steps, box,
                             masks.SrcArith())
@@ -606,7 +624,7 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
         w.line(f"with T.Kernel(1, {params_line}) as _block:")
         w.indent()
         return
-    counts = {a: f"{ctx.size_const[a]} // {ctx.block_expr[a]}" if ctx.roles[a].kind != "indexed"
+    counts = {a: _tiles(ctx, a) if ctx.roles[a].kind != "indexed"
               else ctx.size_const[a] for d in dims for a in d}
     coord_names = {a: ctx.local.fresh(f"{a}_idx" if ctx.roles[a].kind == "indexed" else f"{a}_blk")
                    for d in dims for a in d}
@@ -750,11 +768,11 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             _render_op(w, ctx, op, "prologue", i)
         w.line(f"# streamed loop over {lp.axis!r}, {block_expr[lp.axis]} at a time")
         if lp.visible is None:
-            w.line(f"for {loop_var} in T.Pipelined({size_const[lp.axis]} // {block_expr[lp.axis]}, "
+            w.line(f"for {loop_var} in T.Pipelined({_tiles(ctx, lp.axis)}, "
                    f"num_stages={stages}):")
         else:
             lo, hi = _loop_bounds(ctx)
-            lo_name, hi_name = local.fresh(f"{lp.axis}_lo"), local.fresh(f"{lp.axis}_hi")
+            lo_name, hi_name = ctx.local.fresh(f"{lp.axis}_lo"), ctx.local.fresh(f"{lp.axis}_hi")
             w.line("# masked_tile_skip: steps outside [lo, hi) have the mask false everywhere (fully masked tiles)")
             w.line(f"{lo_name} = {lo}")
             w.line(f"{hi_name} = {hi}")
