@@ -134,14 +134,21 @@ class _Block:
             taxes: dict[str, list[str]]) -> None:
         for op in ops:
             if isinstance(op, Load):  # a tile past the end of an axis reads zeros there
-                part = tensors[op.src][self.region(taxes[op.src])]
-                full = np.zeros(self.buf[op.dst].shape, dtype=np.float32)
-                full[tuple(slice(0, n) for n in part.shape)] = part
-                self.write(op.dst, full)
+                part = np.asarray(tensors[op.src][self.region(taxes[op.src])], dtype=np.float32)
+                shape = self.buf[op.dst].shape
+                if part.ndim == len(shape) and part.shape != shape:
+                    full = np.zeros(shape, dtype=np.float32)
+                    full[tuple(slice(0, n) for n in part.shape)] = part
+                    part = full
+                self.write(op.dst, part)
             elif isinstance(op, Store):  # ... and writes nothing there
                 dtype = "float32" if self.exact else dtypes[op.dst]
-                target = tensors[op.dst][self.region(taxes[op.dst])]
-                target[...] = round_to(self.buf[op.src], dtype)[tuple(slice(0, n) for n in target.shape)]
+                region = self.region(taxes[op.dst])
+                have = np.shape(tensors[op.dst][region])
+                value = round_to(self.buf[op.src], dtype)
+                if value.ndim == len(have) and value.shape != have:
+                    value = value[tuple(slice(0, n) for n in have)]
+                tensors[op.dst][region] = value
             elif isinstance(op, Fill):
                 v = {"-inf": -np.inf, "inf": np.inf}.get(op.value, op.value) if isinstance(op.value, str) else op.value
                 self.buf[op.dst] = np.full(self.buf[op.dst].shape, v, dtype=np.float32)
