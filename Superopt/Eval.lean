@@ -57,6 +57,10 @@ class ScalarOps (α : Type) where
   unary : UnaryOp → α → α
   /-- The binary functions without laws. -/
   binary : BinaryOp → α → α → α
+  /-- `-∞`, what a mask gives hidden scores (Python's constant `-inf`). -/
+  negInf : α
+  /-- `select c x y`: `x` where `c ≠ 0`, else `y` (Python `where`). -/
+  select : α → α → α → α
 
 /-- Where a graph's values come from: the axis extents and a value for every input element. -/
 structure Ctx (α : Type) where
@@ -86,6 +90,10 @@ def BinaryOp.eval : BinaryOp → α → α → α
   | .max => ScalarField.fmax
   | f => ScalarOps.binary f
 
+/-- The scalar function of a ternary op. -/
+def TernaryOp.eval : TernaryOp → α → α → α → α
+  | .select => ScalarOps.select
+
 /-- A reduction of the values along one axis (`max` of no values is `zero`; axes are non-empty). -/
 def ReduceOp.eval : ReduceOp → List α → α
   | .sum => listSum
@@ -101,9 +109,13 @@ theorem ReduceOp.eval_sum (l : List α) : ReduceOp.eval .sum l = listSum l := rf
 def Term.eval (ctx : Ctx α) : Term → Index → α
   | .input n axes, i => ctx.input n (axes.map i)
   | .const d, _ => ScalarOps.ofDecimal d
+  | .negInf, _ => ScalarOps.negInf
   | .axisSize a, _ => natToScalar (ctx.size a)
+  | .iota a, i => natToScalar (i a)
   | .unary f x, i => UnaryOp.eval f (Term.eval ctx x i)
   | .binary f a b, i => BinaryOp.eval f (Term.eval ctx a i) (Term.eval ctx b i)
+  | .ternary f c a b, i =>
+    TernaryOp.eval f (Term.eval ctx c i) (Term.eval ctx a i) (Term.eval ctx b i)
   | .reduce f x ax, i =>
     ReduceOp.eval f ((List.range (ctx.size ax)).map fun k => Term.eval ctx x (Index.set i ax k))
   | .matmul a b ax, i =>
@@ -131,7 +143,13 @@ theorem Term.eval_set (ctx : Ctx α) (a : Axis) (k : Nat) (t : Term) :
     simp only [Term.resultAxes] at h
     simp only [Term.eval, map_set_of_not_mem i a k axes h]
   | const d => intro i _; simp only [Term.eval]
+  | negInf => intro i _; simp only [Term.eval]
   | axisSize ax => intro i _; simp only [Term.eval]
+  | iota ax =>
+    intro i h
+    simp only [Term.resultAxes] at h
+    have hne : ¬ ax = a := fun he => h (List.mem_singleton.2 he.symm)
+    simp only [Term.eval, Index.set, if_neg hne]
   | unary f x ih =>
     intro i h
     simp only [Term.resultAxes] at h
@@ -146,6 +164,23 @@ theorem Term.eval_set (ctx : Ctx α) (a : Axis) (k : Nat) (t : Term) :
       · exact hp hpm
       · exact h (List.mem_append.2 (Or.inr (List.mem_filter.2 ⟨hm, decide_eq_true hpm⟩)))
     simp only [Term.eval, ihp i hp, ihq i hq]
+  | ternary f c p q ihc ihp ihq =>
+    intro i h
+    simp only [Term.resultAxes] at h
+    have hp : a ∉ p.resultAxes := fun hm =>
+      h (List.mem_append.2 (Or.inl (List.mem_append.2 (Or.inl hm))))
+    have hq : a ∉ q.resultAxes := by
+      intro hm
+      by_cases hpm : a ∈ p.resultAxes
+      · exact hp hpm
+      · exact h (List.mem_append.2 (Or.inl (List.mem_append.2
+          (Or.inr (List.mem_filter.2 ⟨hm, decide_eq_true hpm⟩)))))
+    have hc : a ∉ c.resultAxes := by
+      intro hm
+      by_cases hmid : a ∈ p.resultAxes ++ q.resultAxes.filter (fun y => decide (y ∉ p.resultAxes))
+      · exact h (List.mem_append.2 (Or.inl hmid))
+      · exact h (List.mem_append.2 (Or.inr (List.mem_filter.2 ⟨hm, decide_eq_true hmid⟩)))
+    simp only [Term.eval, ihc i hc, ihp i hp, ihq i hq]
   | reduce f x ax ih =>
     intro i h
     simp only [Term.resultAxes] at h

@@ -50,7 +50,13 @@ inductive UnaryOp where
 
 /-- Elementwise functions of two operands, broadcast by axis name (Python `BINARY_OPS`). -/
 inductive BinaryOp where
-  | add | sub | mul | div | max | min
+  | add | sub | mul | div | max | min | lt | le
+  deriving DecidableEq, Repr, Inhabited
+
+/-- Elementwise functions of three operands (Python `TERNARY_OPS`). `select c x y` is Python's
+`where(c, x, y)` (`where` is a Lean keyword): `x` where `c ≠ 0`, else `y`. -/
+inductive TernaryOp where
+  | select
   deriving DecidableEq, Repr, Inhabited
 
 /-- Reductions along one named axis (Python `REDUCE_OPS`). -/
@@ -84,6 +90,12 @@ def BinaryOp.name : BinaryOp → String
   | .div => "div"
   | .max => "max"
   | .min => "min"
+  | .lt => "lt"
+  | .le => "le"
+
+/-- The name Python uses for a ternary function. -/
+def TernaryOp.name : TernaryOp → String
+  | .select => "where"
 
 /-- The name Python uses for a reduction. -/
 def ReduceOp.name : ReduceOp → String
@@ -97,7 +109,7 @@ def UnaryOp.all : List UnaryOp :=
     .silu, .sigmoid, .tanh, .gelu, .relu, .abs, .softplus]
 
 /-- Every binary function, in Python's order. -/
-def BinaryOp.all : List BinaryOp := [.add, .sub, .mul, .div, .max, .min]
+def BinaryOp.all : List BinaryOp := [.add, .sub, .mul, .div, .max, .min, .lt, .le]
 
 /-- Every reduction, in Python's order. -/
 def ReduceOp.all : List ReduceOp := [.sum, .max, .mean]
@@ -108,12 +120,19 @@ inductive Term where
   | input (name : String) (axes : List Axis)
   /-- A scalar constant, broadcast everywhere. -/
   | const (value : Decimal)
+  /-- The constant `-∞`, the value a mask gives hidden scores. Decimals have no infinity, so it is a
+  constructor of its own; Python spells it `const` with value `-inf` (`"-inf"` in graph JSON). -/
+  | negInf
   /-- The extent of an axis, as a scalar. -/
   | axisSize (axis : Axis)
+  /-- The index `0, 1, ...` along an axis, as a value over that axis (masks are built from it). -/
+  | iota (axis : Axis)
   /-- An elementwise function of one operand. -/
   | unary (fn : UnaryOp) (arg : Term)
   /-- An elementwise function of two operands, aligned by axis name. -/
   | binary (fn : BinaryOp) (lhs rhs : Term)
+  /-- An elementwise function of three operands, aligned by axis name. -/
+  | ternary (fn : TernaryOp) (cond lhs rhs : Term)
   /-- A reduction of `arg` along `axis`. -/
   | reduce (fn : ReduceOp) (arg : Term) (axis : Axis)
   /-- The product of `lhs` and `rhs` contracting the axis `contract` both carry. -/
@@ -124,11 +143,17 @@ inductive Term where
 def Term.resultAxes : Term → List Axis
   | .input _ axes => axes
   | .const _ => []
+  | .negInf => []
   | .axisSize _ => []
+  | .iota ax => [ax]
   | .unary _ x => Term.resultAxes x
   | .binary _ a b =>
     let left := Term.resultAxes a
     left ++ (Term.resultAxes b).filter (fun y => decide (y ∉ left))
+  | .ternary _ c a b =>
+    let left := Term.resultAxes a
+    let mid := left ++ (Term.resultAxes b).filter (fun y => decide (y ∉ left))
+    mid ++ (Term.resultAxes c).filter (fun y => decide (y ∉ mid))
   | .reduce _ x ax => (Term.resultAxes x).filter (fun y => decide (y ≠ ax))
   | .matmul a b ax =>
     let left := (Term.resultAxes a).filter (fun y => decide (y ≠ ax))
@@ -139,8 +164,11 @@ def Term.inputs : Term → List (String × List Axis)
   | .input n axes => [(n, axes)]
   | .const _ => []
   | .axisSize _ => []
+  | .negInf => []
+  | .iota _ => []
   | .unary _ x => Term.inputs x
   | .binary _ a b => Term.inputs a ++ Term.inputs b
+  | .ternary _ c a b => Term.inputs c ++ Term.inputs a ++ Term.inputs b
   | .reduce _ x _ => Term.inputs x
   | .matmul a b _ => Term.inputs a ++ Term.inputs b
 
@@ -177,6 +205,10 @@ def Graph.withSizes (g : Graph) (shapes : List (Axis × Nat)) : Except String Gr
   shapes.foldlM (fun acc p => acc.resize p.1 p.2) g
 
 /-! ## Sub-graph helpers (same expansions as Python's `GraphBuilder`) -/
+
+/-- `x` where the predicate `keep` holds, `-inf` elsewhere (Python `GraphBuilder.masked`). -/
+def Term.masked (x : Term) (keep : Term) : Term :=
+  Term.ternary .select keep x Term.negInf
 
 /-- `softmax` along `ax`: `exp x / sum_ax (exp x)`. -/
 def Term.softmax (x : Term) (ax : Axis) : Term :=

@@ -103,6 +103,8 @@ def pushNew (l : List Term) (t : Term) : List Term := if l.contains t then l els
 def Term.collect : List Term → Term → List Term
   | acc, .unary f x => pushNew (Term.collect acc x) (.unary f x)
   | acc, .binary f a b => pushNew (Term.collect (Term.collect acc a) b) (.binary f a b)
+  | acc, .ternary f c a b =>
+    pushNew (Term.collect (Term.collect (Term.collect acc c) a) b) (.ternary f c a b)
   | acc, .reduce f x ax => pushNew (Term.collect acc x) (.reduce f x ax)
   | acc, .matmul a b ax => pushNew (Term.collect (Term.collect acc a) b) (.matmul a b ax)
   | acc, t => pushNew acc t
@@ -113,6 +115,7 @@ def Graph.terms (g : Graph) : List Term := g.outputs.foldl (fun acc o => Term.co
 /-- Whether a term is a constant (constants are written inline, never as nodes). -/
 def Term.isConst : Term → Bool
   | .const _ => true
+  | .negInf => true
   | _ => false
 
 /-- An input's name. -/
@@ -170,6 +173,7 @@ def Graph.naming (g : Graph) (terms : List Term) : Naming :=
 def Naming.ref (s : Naming) (t : Term) : String :=
   match t with
   | .const d => d.graphText
+  | .negInf => jsonString "-inf"
   | _ => jsonString ((s.nameOf t).getD "?")
 
 /-- The JSON node of a term (none for inputs and constants). -/
@@ -178,10 +182,14 @@ def Naming.node (s : Naming) (t : Term) : Option String :=
   match t with
   | .input _ _ => none
   | .const _ => none
+  | .negInf => none
   | .axisSize a => some (jsonObj [nm, ("op", jsonString "size"), ("axis", jsonString a)])
+  | .iota a => some (jsonObj [nm, ("op", jsonString "iota"), ("axis", jsonString a)])
   | .unary f x => some (jsonObj [nm, ("op", jsonString f.name), ("args", jsonList [s.ref x])])
   | .binary f a b =>
     some (jsonObj [nm, ("op", jsonString f.name), ("args", jsonList [s.ref a, s.ref b])])
+  | .ternary f c a b =>
+    some (jsonObj [nm, ("op", jsonString f.name), ("args", jsonList [s.ref c, s.ref a, s.ref b])])
   | .reduce f x ax =>
     some (jsonObj [nm, ("op", jsonString f.name), ("args", jsonList [s.ref x]),
       ("axis", jsonString ax)])

@@ -81,6 +81,8 @@ instance : ScalarOps Two where
   ofDecimal := fun _ => .one
   unary := fun _ a => a
   binary := fun _ => Two.mul
+  negInf := .zero
+  select := fun _ x _ => x
 
 /-- The model is not trivial: its `one` and `zero` differ. -/
 theorem two_one_ne_zero : (ScalarField.one : Two) ≠ ScalarField.zero := by

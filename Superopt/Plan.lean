@@ -56,7 +56,9 @@ def ruleCatalog : List RuleInfo := [
   ⟨``reduction_in_contraction_loop,
     "a reduction over the contracted axis computed inside the contraction's loop, then used as a row scale"⟩,
   ⟨``elementwise_mul_comm, "a * b = b * a for elementwise products"⟩,
-  ⟨``elementwise_mul_assoc, "(a * b) * c = a * (b * c) for elementwise products"⟩]
+  ⟨``elementwise_mul_assoc, "(a * b) * c = a * (b * c) for elementwise products"⟩,
+  ⟨``masked_tile_skip,
+    "a streamed loop may leave out the tiles whose contribution to every accumulator is its identity"⟩]
 
 /-- The rule names, in catalog order. -/
 def ruleNames : List String := ruleCatalog.map (·.name)

@@ -386,4 +386,29 @@ theorem elementwise_mul_comm (a b : α) : a * b = b * a := ScalarField.mul_comm 
 /-- `(a * b) * c = a * (b * c)` for elementwise products. -/
 theorem elementwise_mul_assoc (a b c : α) : a * b * c = a * (b * c) := ScalarField.mul_assoc a b c
 
+/-! ## Skipping masked tiles -/
+
+/--
+A streamed loop folds a combine `f` over its tiles. A tile that leaves every state unchanged
+(`f b t = b`: its contribution to each accumulator is that accumulator's identity, `-inf` for a
+running max, `0` for a sum or a contraction, as a tile whose every score is masked to `-inf`
+gives) can be left out: folding over the other tiles gives the same state. The planner proves
+per tile, by interval reasoning over the mask's index predicate, which tiles are of this kind.
+-/
+theorem masked_tile_skip {β τ : Type} (f : β → τ → β) (masked : τ → Bool)
+    (h : ∀ b t, masked t = true → f b t = b) (init : β) (ts : List τ) :
+    (ts.filter fun t => !masked t).foldl f init = ts.foldl f init := by
+  induction ts generalizing init with
+  | nil => rfl
+  | cons t ts ih =>
+    cases hm : masked t with
+    | true =>
+      have hn : ¬ (!masked t) = true := by simp [hm]
+      rw [List.filter_cons_of_neg (p := fun t => !masked t) hn, List.foldl_cons, h init t hm]
+      exact ih init
+    | false =>
+      have hp : (!masked t) = true := by simp [hm]
+      rw [List.filter_cons_of_pos (p := fun t => !masked t) hp, List.foldl_cons, List.foldl_cons]
+      exact ih (f init t)
+
 end Superopt

@@ -3,7 +3,7 @@ import Superopt.Graph
 /-!
 # Workload catalog
 
-The nine workloads of `pyrunner/ir/catalog.py`, with the same names, inputs (names and axes, in
+The workloads of `pyrunner/ir/catalog.py`, with the same names, inputs (names and axes, in
 order), default sizes and output terms. DESIGN section 4 fixes the default sizes; every size is
 a parameter (`Graph.withSizes`).
 
@@ -100,9 +100,37 @@ def layernormMatmul : Graph :=
   Graph.mk "LayerNormMatmul" [("m", 1024), ("d", 4096), ("n", 4096)]
     [("Y", Term.matmul nx w "d")] [(nx, "N")]
 
+/-- softmax(mask(Q K^T / sqrt(d))) V, key t_kv visible to query t_q iff t_kv <= t_q. -/
+def causalAttention : Graph :=
+  let q := Term.input "Q" ["h", "t_q", "d"]
+  let k := Term.input "K" ["h", "t_kv", "d"]
+  let v := Term.input "V" ["h", "t_kv", "d"]
+  let s := Term.binary .mul (Term.matmul q k "d") (Term.unary .rsqrt (Term.axisSize "d"))
+  let keep := Term.binary .le (Term.iota "t_kv") (Term.iota "t_q")
+  let sm := Term.masked s keep
+  let p := Term.softmax sm "t_kv"
+  Graph.mk "CausalAttention" [("h", 16), ("t_q", 4096), ("d", 128), ("t_kv", 4096)]
+    [("O", Term.matmul p v "t_kv")] [(s, "S"), (keep, "causal"), (sm, "S_masked"), (p, "P")]
+
+/-- Causal attention over the last 1024 keys: visible iff t_q - 1024 < t_kv <= t_q. -/
+def slidingWindowAttention : Graph :=
+  let q := Term.input "Q" ["h", "t_q", "d"]
+  let k := Term.input "K" ["h", "t_kv", "d"]
+  let v := Term.input "V" ["h", "t_kv", "d"]
+  let s := Term.binary .mul (Term.matmul q k "d") (Term.unary .rsqrt (Term.axisSize "d"))
+  let kv := Term.iota "t_kv"
+  let tq := Term.iota "t_q"
+  let causal := Term.binary .le kv tq
+  let recent := Term.binary .lt (Term.binary .sub tq (Term.const 1024)) kv
+  let keep := Term.binary .min causal recent
+  let sm := Term.masked s keep
+  let p := Term.softmax sm "t_kv"
+  Graph.mk "SlidingWindowAttention" [("h", 16), ("t_q", 4096), ("d", 128), ("t_kv", 4096)]
+    [("O", Term.matmul p v "t_kv")] [(s, "S"), (keep, "window"), (sm, "S_masked"), (p, "P")]
+
 /-- Every workload, in the order of Python's `CATALOG`. -/
 def catalog : List Graph :=
   [attention, swiglu, matmul, rmsnorm, rmsnormMlp, scaledAttention,
-    groupedQueryAttention, geglu, layernormMatmul]
+    groupedQueryAttention, geglu, layernormMatmul, causalAttention, slidingWindowAttention]
 
 end Superopt.Workloads

@@ -11,6 +11,7 @@ lake expects. `tests/test_lean_protocol.py` covers the subprocess protocol of `l
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ LEAN_TEST_DIR = ROOT / "tests" / "lean"
 RULES = (
     "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2",
     "mean_to_sum_div", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
-    "reduction_in_contraction_loop",
+    "reduction_in_contraction_loop", "masked_tile_skip",
 )
 # Trusted or unchecked code: none of it may appear outside comments and strings.
 HOLES = re.compile(r"\b(sorry|admit|axiom|native_decide|implemented_by|partial|unsafe|opaque)\b"
@@ -125,11 +126,15 @@ def _op(kind: tuple[str, ...], what: str) -> Callable[[Any], str]:
 _unary = _op(G.UNARY_OPS, "unary op")
 _binary = _op(G.BINARY_OPS, "binary op")
 _reduce = _op(G.REDUCE_OPS, "reduction")
+_TERNARY_LEAN = {"select": "where"}  # Lean constructor -> Python name (`where` is a Lean keyword)
 
 BUILTINS: dict[str, tuple[int, Callable[..., Any]]] = {
     "Term.input": (2, lambda name, axes: G.inp(name, axes)),
     "Term.const": (1, lambda v: G.const(v)),
     "Term.axisSize": (1, lambda a: G.axis_size(a)),
+    "Term.iota": (1, lambda a: G.iota(a)),
+    "Term.negInf": (0, lambda: G.const(-math.inf)),
+    "Term.ternary": (4, lambda f, c, a, b: G.Term("ternary", (c, a, b), fn=_TERNARY_LEAN[f.name])),
     "Term.unary": (2, lambda f, x: G.unary(_unary(f), x)),
     "Term.binary": (3, lambda f, a, b: G.binary(_binary(f), a, b)),
     "Term.reduce": (3, lambda f, x, ax: G.reduce(_reduce(f), x, ax)),
@@ -240,6 +245,8 @@ class Evaluator:
                 return Ctor(tok[1:]), pos + 1
             if tok in env:
                 return env[tok], pos + 1
+            if tok in BUILTINS and BUILTINS[tok][0] == 0:
+                return self.call(tok, []), pos + 1
             assert tok in self.defs and not self.defs[tok].params, f"unknown or unapplied name {tok!r}"
             return self.call(tok, []), pos + 1
         if tok in "([":
@@ -357,17 +364,26 @@ def test_op_vocabulary_matches_the_op_table(lean_name: str, entries: dict) -> No
 
 def test_term_constructors_match_the_op_table_and_the_json_writer() -> None:
     ctors = _inductive_ctors("Term")
-    assert ctors == [k.lean for k in ops.TERM_KINDS.values()]
+    # Lean constants are exact decimals, which have no infinity: -inf is a constructor of its own there,
+    # Python's `const` with value -inf (written "-inf" in graph JSON)
+    assert [c for c in ctors if c != "negInf"] == [k.lean for k in ops.TERM_KINDS.values()]
     m = re.search(r"^def Naming\.node .*?(?=^def |\Z)", code(LEAN_DIR / "Json.lean"), re.M | re.S)
     assert m, "def Naming.node not found in Superopt/Json.lean"
     assert re.findall(r"\|\s*\.(\w+)", m[0]) == ctors, "the JSON writer must handle every Term constructor"
-    assert re.findall(r'\("op", jsonString "(\w+)"\)', m[0]) == ["size", "matmul"]
+    assert re.findall(r'\("op", jsonString "(\w+)"\)', m[0]) == ["size", "iota", "matmul"]
 
 
 def holes_in(src: str) -> list[str]:
     """The lines of Lean source with a proof hole or trusted code outside comments and strings."""
     lines = strip_comments(src, keep_strings=False).splitlines()
     return [f"{n}: {line.strip()}" for n, line in enumerate(lines, 1) if HOLES.search(line)]
+def test_ternary_vocabulary_matches_graph_py() -> None:
+    """`TernaryOp` names its one constructor `select` (`where` is a Lean keyword) and maps it to "where"."""
+    assert _inductive_ctors("TernaryOp") == list(_TERNARY_LEAN)
+    m = re.search(r"^def TernaryOp\.name : TernaryOp → String\n(?P<body>(?:\s+\|.*\n)+)",
+                  code(LEAN_DIR / "Graph.lean"), re.M)
+    assert m and dict(re.findall(r'\|\s*\.(\w+)\s*=>\s*"(\w+)"', m["body"])) == _TERNARY_LEAN
+    assert tuple(_TERNARY_LEAN.values()) == G.TERNARY_OPS
 
 
 def test_no_proof_holes() -> None:

@@ -18,6 +18,7 @@ from pyrunner.ir.ops import (
     ELEMENTWISE,
     REDUCTIONS,
     TERM_KINDS,
+    TERNARY,
     TILE_REDUCTIONS,
     UNARY,
     Elementwise,
@@ -43,8 +44,9 @@ def test_every_entry_fills_every_field(table, cls) -> None:
 
 
 def test_unary_and_binary_are_disjoint_and_arities_match() -> None:
-    assert not set(UNARY) & set(BINARY)
+    assert not set(UNARY) & set(BINARY) and not (set(UNARY) | set(BINARY)) & set(TERNARY)
     assert all(op.arity == 1 for op in UNARY.values()) and all(op.arity == 2 for op in BINARY.values())
+    assert all(op.arity == 3 for op in TERNARY.values())
     assert EXPR_FUNCTIONS == {n: op.arity for n, op in ELEMENTWISE.items()}
 
 
@@ -80,6 +82,7 @@ def _tilelang_value(op: Elementwise, args: tuple[float, ...]) -> float:
         abs = staticmethod(abs)
         max = staticmethod(max)
         min = staticmethod(min)
+        if_then_else = staticmethod(lambda c, a, b: a if c else b)
 
     names = [f"a{i}" for i in range(len(args))]
     env: dict = {"T": T, **dict(zip(names, args))}
@@ -88,8 +91,11 @@ def _tilelang_value(op: Elementwise, args: tuple[float, ...]) -> float:
     return float(eval(op.emit_tilelang(names), env))  # noqa: S307
 
 
+TERNARY_POINTS = ((1.0, 0.3, 1.7), (0.0, -1.2, 0.5), (-2.0, 2.5, -0.4))
+
+
 def _cases(op: Elementwise) -> list[tuple[float, ...]]:
-    return [(x,) for x in POINTS] if op.arity == 1 else list(BINARY_POINTS)
+    return {1: [(x,) for x in POINTS], 2: list(BINARY_POINTS), 3: list(TERNARY_POINTS)}[op.arity]
 
 
 @pytest.mark.parametrize("name", sorted(ELEMENTWISE))

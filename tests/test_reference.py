@@ -27,6 +27,11 @@ def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
+def _window_mask(tq: int, tkv: int, window: int) -> torch.Tensor:
+    q, kv = torch.arange(tq)[:, None], torch.arange(tkv)[None, :]
+    return (kv <= q) & (kv > q - window)
+
+
 ORACLES = {
     "Attention": lambda i: torch.softmax(_t(i["Q"]) @ _t(i["K"]).transpose(-1, -2), -1) @ _t(i["V"]),
     "ScaledAttention": lambda i: torch.softmax(
@@ -40,6 +45,9 @@ ORACLES = {
     "RMSNorm": lambda i: _rms(_t(i["X"]), 1e-6) @ _t(i["W"]),
     "RMSNormMLP": lambda i: (_rms(_t(i["X"]), 1e-6) @ _t(i["W_up"])) * (_rms(_t(i["X"]), 1e-6) @ _t(i["W_gate"])),
     "LayerNormMatmul": lambda i: F.layer_norm(_t(i["X"]), (i["X"].shape[-1],), eps=1e-5) @ _t(i["W"]),
+    "CausalAttention": lambda i: F.scaled_dot_product_attention(_t(i["Q"]), _t(i["K"]), _t(i["V"]), is_causal=True),
+    "SlidingWindowAttention": lambda i: F.scaled_dot_product_attention(
+        _t(i["Q"]), _t(i["K"]), _t(i["V"]), attn_mask=_window_mask(i["Q"].shape[1], i["K"].shape[1], 1024)),
 }
 
 
@@ -58,3 +66,32 @@ def test_reference_matches_torch_float64(name: str, seed: int) -> None:
     want = ORACLES[name](inputs).numpy()
     assert out.shape == want.shape
     np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
+
+
+def test_sliding_window_reference_matches_its_mask() -> None:
+    """A window smaller than the sequence: rows see only their last `window` keys."""
+    g = workloads.sliding_window_attention(h=2, t_q=40, t_kv=40, d=8, window=7)
+    inputs = reference.random_inputs(g, 3)
+    (out,) = reference.evaluate(g, inputs).values()
+    want = F.scaled_dot_product_attention(_t(inputs["Q"]), _t(inputs["K"]), _t(inputs["V"]),
+                                          attn_mask=_window_mask(40, 40, 7)).numpy()
+    np.testing.assert_allclose(out, want, rtol=1e-10, atol=1e-12)
+
+
+def test_fully_masked_row_is_nan_as_torch_softmax() -> None:
+    """The stated convention: softmax over a row with every score masked (-inf) is NaN, exactly as
+    ``torch.softmax`` gives (0/0); rows with any visible key are unaffected."""
+    from pyrunner.ir.graph import GraphBuilder
+
+    b = GraphBuilder("Padded")
+    s = b.input("S", r=3, t=5)
+    lengths = b.input("L", r=3)
+    p = b.softmax(b.masked(s, b.lt(b.iota("t"), lengths)), axis="t")
+    b.output("P", p)
+    g = b.build()
+    x = {"S": np.random.default_rng(0).standard_normal((3, 5)), "L": np.array([0.0, 2.0, 5.0])}
+    (out,) = reference.evaluate(g, x).values()
+    keep = torch.arange(5)[None, :] < torch.tensor([0, 2, 5])[:, None]
+    want = torch.softmax(_t(x["S"]).masked_fill(~keep, -math.inf), -1).numpy()
+    assert np.isnan(out[0]).all() and np.isnan(want[0]).all()
+    np.testing.assert_allclose(out[1:], want[1:], rtol=1e-12)

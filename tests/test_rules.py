@@ -66,6 +66,7 @@ def test_registry_names_and_kinds() -> None:
         "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div",
         "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
+        "masked_tile_skip",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement

@@ -283,11 +283,9 @@ SEMANTIC_CASES: list[tuple[str, str, Callable[[dict], None], tuple[str, ...]]] =
     ("attention", "threads param", lambda d: _k(d).update(threads="nthreads"), ("threads names parameter",)),
     ("attention", "grid axis", lambda d: _k(d)["grid"][0].update(axis="b"), ("grid[0] names unknown axis 'b'",)),
     ("attention", "grid dup", lambda d: _k(d)["grid"][2].update(axis="h"), ("repeats grid axis 'h'",)),
-    ("attention", "block divides", lambda d: _k(d)["grid"][2].update(block=12),
-     ("block 12 of axis 'd' does not divide its size 16", "default parameters")),
     ("attention", "loop divides", lambda d: (_k(d)["params"]["block_t_kv"].append(24),
                                              _k(d)["defaults"].update(block_t_kv=24)),
-     ("loop block 24", "does not divide")),
+     ("loop block 24", "does not divide", "masks nothing past the end")),
     ("attention", "loop is grid", lambda d: _k(d)["loop"].update(axis="t_q"), ("both a grid axis and the loop",)),
     ("attention", "dup buffer", lambda d: _k(d)["buffers"][1].update(name="Q_s"), ("buffers[1] 'Q_s'", "already")),
     ("attention", "axis size", lambda d: _k(d)["body"][5]["expr"]["args"][0]["args"].__setitem__(

@@ -75,6 +75,36 @@ def scaled_attention(h: int = 16, t_q: int = 4096, t_kv: int = 4096, d: int = 12
     return g.build()
 
 
+def _scaled_scores(g: GraphBuilder, h: int, t_q: int, t_kv: int, d: int):
+    q = g.input("Q", h=h, t_q=t_q, d=d)
+    k = g.input("K", h=h, t_kv=t_kv, d=d)
+    v = g.input("V", h=h, t_kv=t_kv, d=d)
+    return g.mul(g.matmul(q, k, contract="d"), g.unary("rsqrt", g.size("d")), name="S"), v
+
+
+def causal_attention(h: int = 16, t_q: int = 4096, t_kv: int = 4096, d: int = 128) -> Graph:
+    """softmax(mask(Q K^T / sqrt(d))) V with key t_kv visible to query t_q iff t_kv <= t_q (top-left
+    aligned, as PyTorch's is_causal)."""
+    g = GraphBuilder("CausalAttention")
+    s, v = _scaled_scores(g, h, t_q, t_kv, d)
+    keep = g.le(g.iota("t_kv"), g.iota("t_q"), name="causal")
+    p = g.softmax(g.masked(s, keep, name="S_masked"), axis="t_kv", name="P")
+    g.output("O", g.matmul(p, v, contract="t_kv"))
+    return g.build()
+
+
+def sliding_window_attention(h: int = 16, t_q: int = 4096, t_kv: int = 4096, d: int = 128,
+                             window: int = 1024) -> Graph:
+    """Causal attention limited to the last ``window`` keys: visible iff t_q - window < t_kv <= t_q."""
+    g = GraphBuilder("SlidingWindowAttention")
+    s, v = _scaled_scores(g, h, t_q, t_kv, d)
+    kv, tq = g.iota("t_kv"), g.iota("t_q")
+    keep = g.binary("min", g.le(kv, tq), g.lt(g.sub(tq, float(window)), kv), name="window")
+    p = g.softmax(g.masked(s, keep, name="S_masked"), axis="t_kv", name="P")
+    g.output("O", g.matmul(p, v, contract="t_kv"))
+    return g.build()
+
+
 def gqa(kv_h: int = 4, group: int = 4, t_q: int = 4096, t_kv: int = 4096, d: int = 128) -> Graph:
     """Grouped-query attention: `group` query heads share each K/V head."""
     g = GraphBuilder("GroupedQueryAttention")
@@ -116,6 +146,8 @@ CATALOG: dict[str, Callable[..., Graph]] = {
     "GroupedQueryAttention": gqa,
     "GeGLU": geglu,
     "LayerNormMatmul": layernorm_matmul,
+    "CausalAttention": causal_attention,
+    "SlidingWindowAttention": sliding_window_attention,
 }
 
 SEED_WORKLOADS = ("Attention", "SwiGLU", "Matmul", "RMSNorm", "RMSNormMLP")

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from pyrunner.errors import GraphError
-from pyrunner.ir.ops import ALL_OPS, BINARY_OPS, REDUCE_OPS, TERM_KINDS, UNARY_OPS
+from pyrunner.ir.ops import ALL_OPS, BINARY_OPS, REDUCE_OPS, TERM_KINDS, TERNARY_OPS, UNARY_OPS
 
 LOG2E = 1.4426950408889634
 
@@ -73,6 +73,14 @@ def axis_size(axis: str) -> Term:
     return Term("axis_size", axis=axis)
 
 
+def iota(axis: str) -> Term:
+    return Term("iota", axis=axis)
+
+
+def where(c: Term, x: Term, y: Term) -> Term:
+    return Term("ternary", (c, x, y), fn="where")
+
+
 def unary(fn: str, x: Term) -> Term:
     return Term("unary", (x,), fn=fn)
 
@@ -97,6 +105,10 @@ def show(t: Term) -> str:
         return f"{t.value:g}"
     if t.op == "axis_size":
         return f"|{t.axis}|"
+    if t.op == "iota":
+        return f"iota_{t.axis}"
+    if t.op == "ternary":
+        return f"{t.fn}({', '.join(show(a) for a in t.args)})"
     if t.op == "unary":
         return f"{t.fn}({show(t.args[0])})"
     if t.op == "binary":
@@ -224,13 +236,15 @@ def check(g: Graph) -> None:
             raise GraphError(f"{where}: unknown unary function {t.fn!r}; known: {', '.join(UNARY_OPS)}")
         if t.op == "binary" and t.fn not in BINARY_OPS:
             raise GraphError(f"{where}: unknown binary function {t.fn!r}; known: {', '.join(BINARY_OPS)}")
+        if t.op == "ternary" and t.fn not in TERNARY_OPS:
+            raise GraphError(f"{where}: unknown ternary function {t.fn!r}; known: {', '.join(TERNARY_OPS)}")
         if t.op == "reduce" and t.fn not in REDUCE_OPS:
             raise GraphError(f"{where}: unknown reduction {t.fn!r}; known: {', '.join(REDUCE_OPS)}")
         for a in t.axes + ((t.axis,) if t.axis else ()):
             if a not in g.sizes:
                 raise GraphError(f"{where}: unknown axis {a!r}; graph axes are {sorted(g.sizes)}")
-        if t.op == "const" and not math.isfinite(t.value):
-            raise GraphError(f"{where}: constant must be finite, got {t.value}")
+        if t.op == "const" and math.isnan(t.value):
+            raise GraphError(f"{where}: constant must be a number or +-inf, got {t.value}")
         if t.op == "reduce" and t.axis not in result_axes(t.args[0], memo):
             raise GraphError(
                 f"{where}: reduces over axis {t.axis!r}, but its operand has axes "
@@ -304,6 +318,27 @@ class GraphBuilder:
 
     def size(self, axis: str) -> Tensor:
         return self._wrap(axis_size(axis))
+
+    def iota(self, axis: str) -> Tensor:
+        """The index along ``axis`` (0 .. size-1) as a value; the axis must be named by an input."""
+        if axis not in self.sizes:
+            raise GraphError(f"iota over axis {axis!r}: no input names that axis yet")
+        return self._wrap(iota(axis))
+
+    def where(self, c: "Tensor | float", x: "Tensor | float", y: "Tensor | float",
+              name: str | None = None) -> Tensor:
+        """x where c != 0, else y."""
+        return self._wrap(where(self._lift(c), self._lift(x), self._lift(y)), name)
+
+    def lt(self, a: "Tensor | float", b: "Tensor | float", name: str | None = None) -> Tensor:
+        return self.binary("lt", a, b, name)
+
+    def le(self, a: "Tensor | float", b: "Tensor | float", name: str | None = None) -> Tensor:
+        return self.binary("le", a, b, name)
+
+    def masked(self, x: Tensor, keep: Tensor, name: str | None = None) -> Tensor:
+        """x where the predicate ``keep`` holds, -inf elsewhere (a score mask before softmax)."""
+        return self.where(keep, x, -math.inf, name)
 
     def unary(self, fn: str, x: Tensor, name: str | None = None) -> Tensor:
         return self._wrap(unary(fn, x.term), name)

@@ -27,12 +27,18 @@ Node kinds (``op``):
 - binary ``add sub mul div max min`` (``ops.BINARY``): two operands, broadcast by axis name.
 - reductions ``sum max mean`` (``ops.REDUCTIONS``) with ``"axis"``: one operand. ``max`` is the
   reduction when ``axis`` is given and the binary maximum otherwise.
+- comparisons ``lt le`` (``a < b``, ``a <= b``): two operands, the value 1.0 where true, else 0.0;
+  ``min``/``max`` of such values are logical and/or.
+- ``where`` (``graph.TERNARY_OPS``): three operands ``[c, x, y]``, x where c != 0, else y.
+- ``iota`` with ``"axis"``: the index 0, 1, ... along that axis, no args. Masks are built from these:
+  causal is ``where(le(iota t_kv, iota t_q), S, "-inf")``.
 - ``matmul`` with ``"contract"``: two operands that both have the contracted axis.
 - helpers ``softmax`` / ``rmsnorm`` / ``layernorm`` with ``"axis"`` (and optional ``"eps"``, defaults
   1e-6 / 1e-5): expanded into primitive ops by ``GraphBuilder``, so rewrite rules see through them.
 - ``size`` with ``"axis"`` (the axis extent as a scalar) and ``const`` with ``"value"``: no args.
 
-An operand is the name of an input or of an *earlier* node, or a number literal (a constant).
+An operand is the name of an input or of an *earlier* node, a number literal (a constant), or one
+of the strings ``"-inf"`` / ``"inf"`` (infinite constants; so no node or input may have those names).
 Node names must be unique and distinct from input names; they become ``Graph.labels``. An output is
 a node or input name, or ``{"name": OUT, "node": NODE}`` to give the output another name. Nodes
 no output depends on are allowed and dropped.
@@ -58,6 +64,7 @@ from pyrunner.errors import GraphError
 from pyrunner.ir.graph import (
     BINARY_OPS,
     REDUCE_OPS,
+    TERNARY_OPS,
     UNARY_OPS,
     Graph,
     GraphBuilder,
@@ -69,8 +76,10 @@ from pyrunner.ir.graph import (
 
 HELPER_OPS = ("softmax", "rmsnorm", "layernorm")
 HELPER_EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
-NODE_OPS = tuple(dict.fromkeys(UNARY_OPS + BINARY_OPS + REDUCE_OPS + ("matmul",) + HELPER_OPS
-                               + ("size", "const")))
+NODE_OPS = tuple(dict.fromkeys(UNARY_OPS + BINARY_OPS + TERNARY_OPS + REDUCE_OPS + ("matmul",) + HELPER_OPS
+                               + ("size", "const", "iota")))
+INFINITE = {"-inf": -math.inf, "inf": math.inf}
+"""Infinite constants are written as these strings (JSON has no infinity)."""
 _TOP_FIELDS = ("name", "axes", "inputs", "nodes", "outputs")
 _GENERATED = re.compile(r"t[0-9]+")
 
@@ -153,6 +162,8 @@ class _Reader:
             raise GraphError("graph field 'inputs': a graph needs at least one input")
         for name, axes in data.items():
             _name(name, "graph field 'inputs'")
+            if name in INFINITE:
+                raise GraphError(f"inputs: {name!r} cannot name an input (it is the constant {name})")
             if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
                 raise GraphError(f"inputs.{name}: expected a list of axis names, got {_short(axes)}")
             for a in axes:
@@ -169,6 +180,8 @@ class _Reader:
             if not math.isfinite(x):
                 raise GraphError(f"{where}: constant operand must be finite, got {x}")
             return self.b.const(float(x))
+        if isinstance(x, str) and x in INFINITE:
+            return self.b.const(INFINITE[x])
         if not isinstance(x, str):
             raise GraphError(f"{where}: an operand must be a node/input name or a number, "
                              f"got {_json_type(x)} {_short(x)}")
@@ -202,6 +215,8 @@ class _Reader:
             raise GraphError(f"nodes[{i}]: expected an object, got {_json_type(node)} {_short(node)}")
         label = _name(node.get("name"), f"nodes[{i}] field 'name'")
         where = f"node {label!r} (nodes[{i}])"
+        if label in INFINITE:
+            raise GraphError(f"{where}: {label!r} cannot name a node (it is the constant {label})")
         if label in self.env:
             kind = "an input" if label in self.input_names else "an earlier node"
             raise GraphError(f"{where}: name {label!r} is already used by {kind}")
@@ -226,7 +241,7 @@ class _Reader:
             return ("args",)
         return {"matmul": ("args", "contract"), "softmax": ("args", "axis"),
                 "rmsnorm": ("args", "axis", "eps"), "layernorm": ("args", "axis", "eps"),
-                "size": ("axis",), "const": ("value",)}[op]
+                "size": ("axis",), "const": ("value",), "iota": ("axis",), "where": ("args",)}[op]
 
     def _build(self, where: str, op: str, node: dict) -> Tensor:
         b = self.b
@@ -241,6 +256,9 @@ class _Reader:
         if op in BINARY_OPS:
             x, y = self.args(where, node, 2)
             return b.binary(op, x, y)
+        if op in TERNARY_OPS:
+            c, x, y = self.args(where, node, 3)
+            return b.where(c, x, y)
         if op == "matmul":
             x, y = self.args(where, node, 2)
             axis = self.axis(where, node, "contract")
@@ -261,12 +279,16 @@ class _Reader:
             return b.rmsnorm(x, axis, float(eps)) if op == "rmsnorm" else b.layernorm(x, axis, float(eps))
         if op == "size":
             return b.size(self.axis(where, node, "axis"))
+        if op == "iota":
+            return b.iota(self.axis(where, node, "axis"))
         # const
         if "value" not in node:
             raise GraphError(f"{where}: missing field 'value'")
         v = node["value"]
+        if isinstance(v, str) and v in INFINITE:
+            return b.const(INFINITE[v])
         if not _is_number(v) or not math.isfinite(v):
-            raise GraphError(f"{where}: field 'value' must be a finite number, got {_short(v)}")
+            raise GraphError(f"{where}: field 'value' must be a finite number or \"-inf\"/\"inf\", got {_short(v)}")
         return b.const(float(v))
 
     def outputs(self, data: object) -> tuple[tuple[str, Term], ...]:
@@ -378,7 +400,9 @@ def load_graph_file(path: str | Path) -> Graph:
 
 # --- writing -------------------------------------------------------------------
 
-def _num(v: float) -> int | float:
+def _num(v: float) -> int | float | str:
+    if math.isinf(v):
+        return "-inf" if v < 0 else "inf"
     return int(v) if float(v).is_integer() and abs(v) < 2**53 else v
 
 
@@ -415,7 +439,9 @@ def graph_to_json(g: Graph) -> dict:
         node: dict[str, Any] = {"name": names[t]}
         if t.op == "axis_size":
             node.update(op="size", axis=t.axis)
-        elif t.op in ("unary", "binary"):
+        elif t.op == "iota":
+            node.update(op="iota", axis=t.axis)
+        elif t.op in ("unary", "binary", "ternary"):
             node.update(op=t.fn, args=[ref(a) for a in t.args])
         elif t.op == "reduce":
             node.update(op=t.fn, args=[ref(t.args[0])], axis=t.axis)

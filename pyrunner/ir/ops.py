@@ -138,10 +138,25 @@ BINARY: dict[str, Elementwise] = {op.name: op for op in (
        lambda sp, a, b: sp.Max(a, b), "torch.clamp_min({t}, {c})"),
     _b("min", "The smaller of a and b.", np.minimum, "torch.minimum({0}, {1})", "T.min({0}, {1})",
        lambda sp, a, b: sp.Min(a, b), "torch.clamp_max({t}, {c})"),
+    # comparisons: masks are built from them (min/max of their 0/1 values are and/or)
+    _b("lt", "1.0 where a < b, else 0.0.", lambda a, b: np.less(a, b).astype(np.float64),
+       "({0} < {1}).to(torch.float32)", "T.if_then_else({0} < {1}, T.float32(1.0), T.float32(0.0))",
+       lambda sp, a, b: sp.Piecewise((1, sp.Lt(a, b)), (0, True))),
+    _b("le", "1.0 where a <= b, else 0.0.", lambda a, b: np.less_equal(a, b).astype(np.float64),
+       "({0} <= {1}).to(torch.float32)", "T.if_then_else({0} <= {1}, T.float32(1.0), T.float32(0.0))",
+       lambda sp, a, b: sp.Piecewise((1, sp.Le(a, b)), (0, True))),
 )}
 
-ELEMENTWISE: dict[str, Elementwise] = {**UNARY, **BINARY}
-"""Every function a plan's Map expression may call (unary and binary names are disjoint)."""
+TERNARY: dict[str, Elementwise] = {op.name: op for op in (
+    Elementwise("where", 3, "x where c != 0, else y: where(c, x, y) (a mask: y = -inf).",
+                lambda c, x, y: np.where(c != 0, x, y), "torch.where({0} != 0, {1}, {2})",
+                "T.if_then_else({0} != T.float32(0.0), {1}, {2})", False,
+                lambda sp, c, x, y: sp.Piecewise((x, sp.Ne(c, 0)), (y, True)), "select", False),
+)}
+"""``where`` is ``select`` in Lean, where ``where`` is a keyword."""
+
+ELEMENTWISE: dict[str, Elementwise] = {**UNARY, **BINARY, **TERNARY}
+"""Every function a plan's Map expression may call (unary, binary and ternary names are disjoint)."""
 
 REDUCTIONS: dict[str, Reduction] = {r.name: r for r in (
     Reduction("sum", "Sum along the axis.", lambda x, i: np.sum(x, axis=i), "{0}.sum(dim={1})",
@@ -169,14 +184,18 @@ TERM_KINDS: dict[str, TermKind] = {k.name: k for k in (
     TermKind("input", "input", 0, lambda t, ops: t.axes),
     TermKind("const", "const", 0, lambda t, ops: ()),
     TermKind("axis_size", "axisSize", 0, lambda t, ops: ()),
+    TermKind("iota", "iota", 0, lambda t, ops: (t.axis,)),
     TermKind("unary", "unary", 1, lambda t, ops: ops[0]),
     TermKind("binary", "binary", 2, lambda t, ops: _union(ops[0], ops[1])),
+    # the selected values' axes lead, so a mask keeps its scores' layout
+    TermKind("ternary", "ternary", 3, lambda t, ops: _union(_union(ops[1], ops[2]), ops[0])),
     TermKind("reduce", "reduce", 1, lambda t, ops: tuple(x for x in ops[0] if x != t.axis)),
     TermKind("matmul", "matmul", 2, _matmul_axes),
 )}
 
 UNARY_OPS: tuple[str, ...] = tuple(UNARY)
 BINARY_OPS: tuple[str, ...] = tuple(BINARY)
+TERNARY_OPS: tuple[str, ...] = tuple(TERNARY)
 REDUCE_OPS: tuple[str, ...] = tuple(REDUCTIONS)
 LEAF_OPS: tuple[str, ...] = tuple(k for k, v in TERM_KINDS.items() if v.arity == 0)
 ALL_OPS: tuple[str, ...] = tuple(TERM_KINDS)

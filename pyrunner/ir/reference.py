@@ -36,6 +36,11 @@ def evaluate_terms(roots: list[Term], sizes: Mapping[str, int],
                 v = np.asarray(t.value, dtype=dtype)
             elif t.op == "axis_size":
                 v = np.asarray(float(sizes[t.axis]), dtype=dtype)
+            elif t.op == "iota":
+                v = np.arange(sizes[t.axis], dtype=dtype)
+            elif t.op == "ternary":
+                v = ELEMENTWISE[t.fn].numpy(*(align(memo[a], axes[a], ax) for a in t.args)).astype(dtype)
+                v = np.broadcast_to(v, tuple(sizes[x] for x in ax)).copy()
             elif t.op == "unary":
                 v = ELEMENTWISE[t.fn].numpy(memo[t.args[0]]).astype(dtype)
             elif t.op == "binary":

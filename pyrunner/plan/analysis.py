@@ -6,8 +6,9 @@ count per axis, threads, pipeline stages, the role of every axis). The validator
 the fit check, the CPU executor, the cost model and ``--explain`` all read a plan through these
 functions, so each fact is written once.
 
-Everything here assumes a plan that passed ``plan.validate`` (names resolve, blocks divide their
-axes); the only errors raised are about a user's config (unknown kernel or parameter, a value
+Everything here assumes a plan that passed ``plan.validate`` (names resolve; a block that does not
+divide its axis leaves a partial last tile: loads are padded with zeros, stores masked); the only
+errors raised are about a user's config (unknown kernel or parameter, a value
 outside its space), which validation of the plan alone cannot rule out.
 """
 
@@ -203,7 +204,7 @@ def kernel_geometry(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[st
     """Geometry of ``kernel`` under parameter ``values`` over axis extents ``sizes``."""
     roles = kernel_axes(kernel, sizes)
     blocks = {a: resolve(r.block, values) for a, r in roles.items()}
-    tiles = {a: sizes[a] // b for a, b in blocks.items()}
+    tiles = {a: -(-sizes[a] // b) for a, b in blocks.items()}  # a last, partial tile where b does not divide
     stages = resolve(kernel.loop.stages, values) if kernel.loop is not None else 1
     return KernelGeometry(roles, blocks, tiles, resolve(kernel.threads, values), stages)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -59,14 +60,6 @@ class GridAxis(_Strict):
     block: Block
 
 
-class StreamLoop(_Strict):
-    """The sequential loop over one axis, tiled by ``block``, software-pipelined."""
-
-    axis: str
-    block: Block
-    stages: Block = 2
-
-
 class Buffer(_Strict):
     """On-chip tile storage. ``state`` buffers live across loop iterations."""
 
@@ -83,8 +76,13 @@ class Ref(_Strict):
 
 
 class Const(_Strict):
+    """A number; infinities are the strings "-inf"/"inf" (JSON has no infinity)."""
+
     kind: Literal["const"] = "const"
-    value: float
+    value: Union[float, Literal["-inf", "inf"]]
+
+    def number(self) -> float:
+        return {"-inf": -math.inf, "inf": math.inf}[self.value] if isinstance(self.value, str) else self.value
 
 
 class AxisSize(_Strict):
@@ -99,6 +97,12 @@ FunctionName = Literal[tuple(ELEMENTWISE)]  # type: ignore[valid-type]
 
 TileReduction = Literal[TILE_REDUCTIONS]  # type: ignore[valid-type]
 """The reductions a tile Reduce op performs."""
+class Index(_Strict):
+    """The global index (0 .. extent-1) along a graph axis of the element being computed, as a float
+    (a graph's ``iota``). Tile index predicates (masks) are built from it."""
+
+    kind: Literal["index"] = "index"
+    axis: str
 
 
 class Call(_Strict):
@@ -107,9 +111,35 @@ class Call(_Strict):
     args: list["Expr"]
 
 
-Expr = Annotated[Union[Ref, Const, AxisSize, Call], Field(discriminator="kind")]
+Expr = Annotated[Union[Ref, Const, AxisSize, Index, Call], Field(discriminator="kind")]
 Call.model_rebuild()
 
+
+class StreamLoop(_Strict):
+    """The sequential loop over one axis, tiled by ``block``, software-pipelined.
+
+    ``visible``, when given, is an index predicate (an expression over ``index`` values, constants,
+    ``add``/``sub``/``mul``, ``lt``/``le`` and ``min``/``max`` as and/or): the planner proved that a
+    loop step whose tile has it false at every element leaves every loop state unchanged (the
+    ``masked_tile_skip`` rule), so the loop runs only over the steps where it can hold somewhere
+    (bounds from interval reasoning, ``pyrunner.plan.masks``).
+    """
+
+    axis: str
+    block: Block
+    stages: Block = 2
+    visible: Expr | None = None
+
+
+EXPR_FUNCTIONS = {
+    # unary
+    "exp": 1, "exp2": 1, "log": 1, "neg": 1, "recip": 1, "sqrt": 1, "rsqrt": 1,
+    "square": 1, "silu": 1, "sigmoid": 1, "tanh": 1, "gelu": 1, "relu": 1, "abs": 1,
+    # binary
+    "add": 2, "sub": 2, "mul": 2, "div": 2, "max": 2, "min": 2,
+    # comparisons (1.0 where true, else 0.0) and select (second argument where the first is != 0)
+    "lt": 2, "le": 2, "where": 3,
+}
 EXPR_FUNCTIONS = {op.name: op.arity for op in ELEMENTWISE.values()}
 """Function name -> number of arguments, for every function a Map expression may call."""
 

@@ -24,6 +24,7 @@ import pydantic
 from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.graph_json import graph_from_json, read_json_file
+from pyrunner.plan import masks
 from pyrunner.plan.analysis import expr_refs, numbered_ops, op_reads_writes, resolve, walk
 from pyrunner.plan.schema import (
     EXPR_FUNCTIONS,
@@ -34,6 +35,7 @@ from pyrunner.plan.schema import (
     Call,
     Gemm,
     GlobalTensor,
+    Index,
     Kernel,
     Load,
     Map,
@@ -256,6 +258,19 @@ def _check_kernel_static(ki: int, k: Kernel) -> None:
                             f"({sorted(k.params) or 'none'})")
 
 
+def _masks_tail(k: Kernel, axis: str) -> bool:
+    """Whether a partial last tile of ``axis`` is safe: the loop body masks values past the end (a
+    predicate comparing the index along it with its extent, as the planner emits before each
+    accumulator), or only tiles loaded from memory (zeros past the end) feed sums and products."""
+    if any(isinstance(op, Map) and any(isinstance(e, AxisSize) and e.axis == axis for e in walk(op.expr))
+           and any(isinstance(e, Index) and e.axis == axis for e in walk(op.expr)) for op in k.body):
+        return True
+    # without masks, only zeros loaded past the end may reach the accumulators (sums and products)
+    loaded = {op.dst for op in k.body if isinstance(op, Load)}
+    return all(op.src in loaded and op.fn == "sum" for op in k.body if isinstance(op, Reduce) and op.axis == axis) \
+        and all(op.a in loaded and op.b in loaded for op in k.body if isinstance(op, Gemm) and op.contract == axis)
+
+
 def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], sizes: Mapping[str, int],
                   tensors: Mapping[str, GlobalTensor], config: bool = False) -> None:
     kw = f"kernels[{ki}] {k.name!r}"
@@ -270,9 +285,6 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
         if g.axis in block:
             raise PlanError(f"{kw}: grid[{i}] repeats grid axis {g.axis!r}")
         b = resolve(g.block, values)
-        if sizes[g.axis] % b:
-            raise PlanError(f"{kw}: grid[{i}] block {b} of axis {g.axis!r} does not divide its size "
-                            f"{sizes[g.axis]} ({setting})")
         block[g.axis] = b
         grid_axes.append(g.axis)
     loop_axis = ""
@@ -283,13 +295,22 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
         if loop_axis in block:
             raise PlanError(f"{kw}: axis {loop_axis!r} is both a grid axis and the loop axis")
         b = resolve(k.loop.block, values)
-        if sizes[loop_axis] % b:
+        if sizes[loop_axis] % b and not _masks_tail(k, loop_axis):
             raise PlanError(f"{kw}: loop block {b} of axis {loop_axis!r} does not divide its size "
-                            f"{sizes[loop_axis]} ({setting})")
+                            f"{sizes[loop_axis]} ({setting}), and the loop body masks nothing past the end: "
+                            "the partial last tile would feed padding into the loop's accumulators")
         block[loop_axis] = b
     indexed = {a for a in grid_axes if block[a] == 1}
     held = {a for a in grid_axes if block[a] != 1} | ({loop_axis} if loop_axis else set())
-    tiles = {a: sizes[a] // block[a] for a in grid_axes}
+    tiles = {a: -(-sizes[a] // block[a]) for a in grid_axes}
+    if k.loop is not None and k.loop.visible is not None:
+        if not masks.is_index_predicate(k.loop.visible):
+            raise PlanError(f"{kw}: loop.visible must be an index predicate (comparisons of affine forms in "
+                            "index values, combined by min/max/mul), so loop bounds can be derived from it")
+        for e in walk(k.loop.visible):
+            if isinstance(e, Index) and e.axis not in block:
+                raise PlanError(f"{kw}: loop.visible uses the index of axis {e.axis!r}, which is not an axis "
+                                f"the kernel iterates ({sorted(block)})")
 
     # buffers
     bufs: dict[str, Buffer] = {}
@@ -370,6 +391,9 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
             for e in walk(op.expr):
                 if isinstance(e, AxisSize) and e.axis not in sizes:
                     raise PlanError(f"{ow}: size of unknown axis {e.axis!r}; graph axes are {sorted(sizes)}")
+                if isinstance(e, Index) and e.axis not in dst.axes and e.axis not in indexed:
+                    raise PlanError(f"{ow}: index along axis {e.axis!r}, which is neither an axis of dst "
+                                    f"{op.dst!r} {dst.axes} nor an indexed grid axis of the kernel")
             for c in (e for e in walk(op.expr) if isinstance(e, Call)):
                 if len(c.args) != EXPR_FUNCTIONS[c.fn]:  # the schema admits only known names
                     raise PlanError(f"{ow}: function {c.fn!r} takes {EXPR_FUNCTIONS[c.fn]} argument(s), "

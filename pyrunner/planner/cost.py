@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
+from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve
 from pyrunner.planner.lower import Lowered
 from pyrunner.target.device import DTYPE_BYTES, Device
@@ -63,12 +64,13 @@ class Estimate:
 
 
 def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
-    """Tile extents for an axis: powers of two that divide it, else its small divisors."""
-    cands = [b for b in (16, 32, 64, 128, 256) if lo <= b <= hi and b <= size and size % b == 0]
+    """Tile extents for an axis: the powers of two from 16 that divide it; where none does, every
+    power of two up to the first that covers the axis (the last tile is partial: a tail)."""
+    pows = [b for b in (16, 32, 64, 128, 256) if lo <= b <= hi]
+    cands = [b for b in pows if b <= size and size % b == 0]
     if not cands:
-        # a block of 1 would make the axis indexed, not held: never offer it for a tiled axis
-        cands = [d for d in range(min(size, hi), 1, -1) if size % d == 0][:3] or [size]
-    return sorted(cands)
+        cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]
+    return sorted(cands) or [min(max(lo, 16), hi)]
 
 
 def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
@@ -147,6 +149,13 @@ def structure_class(low: Lowered) -> str:
     reg_a = any(g.a_in_registers for g in low.gemms)
     kind = "gemm" if n_gemm else "ew"
     return f"{kind}{n_gemm}-{'loop' if low.stream else 'flat'}-r{loop_red}{'-regA' if reg_a else ''}"
+def visible_fraction(low: Lowered, blocks: dict[str, int], sizes: dict[str, int]) -> float:
+    """Fraction of loop steps a kernel runs once tiles its mask hides entirely are skipped."""
+    if low.stream is None or low.visible is None:
+        return 1.0
+    grid = {g.axis: (blocks[g.axis], sizes[g.axis]) for g in low.grid}
+    return masks.visible_fraction(masks.predicate(low.visible), low.stream, blocks[low.stream],
+                                  sizes[low.stream], grid)
 
 
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
@@ -156,8 +165,9 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     blocks = _blocks(low, cfg, sizes)
     n_blocks = 1
     for g in low.grid:
-        n_blocks *= sizes[g.axis] // blocks[g.axis]
-    n_iter = sizes[low.stream] // blocks[low.stream] if low.stream else 1
+        n_blocks *= -(-sizes[g.axis] // blocks[g.axis])
+    n_iter = -(-sizes[low.stream] // blocks[low.stream]) if low.stream else 1
+    run = visible_fraction(low, blocks, sizes)  # loop steps left after masked tiles are skipped
 
     # bytes: each tensor once from HBM, re-reads of tiles from L2
     unique = 0.0
@@ -167,7 +177,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         tile = whole
         for a in ld.axes:
             tile = tile / sizes[a] * blocks.get(a, 1)
-        total = tile * n_blocks * (n_iter if ld.in_loop else 1)
+        total = tile * n_blocks * (n_iter * run if ld.in_loop else 1)
         unique += whole
         reread += max(0.0, total - whole)
     written = sum(tensor_bytes[w] for w in low.writes)
@@ -183,18 +193,23 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     # a grid smaller than the machine leaves SMs idle regardless of occupancy
     util = min(1.0, n_blocks / dev.sms) if n_blocks < dev.sms else wave_eff
 
-    flops = sum(g.flops for g in low.gemms)
+    def padded(a: str) -> float:  # work on a partial last tile is done in full
+        return -(-sizes[a] // blocks[a]) * blocks[a] / sizes[a] if a in blocks else 1.0
+
+    flops = sum(g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis) * padded(g.k_axis)
+                for g in low.gemms)
     t_tc = 0.0
     for g, n_inst in zip(low.gemms, mma_widths(low, blocks, threads), strict=True):
         bm = blocks[g.m_axis]
         k_eff = min(1.0, 0.55 + blocks[g.k_axis] / 128) if g.k_axis in blocks else 1.0
         m_eff = min(1.0, bm / 128) ** 0.5  # a 64-row tile keeps one warpgroup busy, not two
-        t_tc += g.flops / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst) * k_eff * m_eff)
+        work = g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis)
+        t_tc += work / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst) * k_eff * m_eff)
     pipe = 1.0
     if low.stream is not None:
         pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
     t_tc /= max(util, 1e-3) * pipe
-    t_cc = (low.ew_elems / dev.cc_flops + low.trans_elems / dev.sfu_ops) / max(util, 1e-3)
+    t_cc = run * (low.ew_elems / dev.cc_flops + low.trans_elems / dev.sfu_ops) / max(util, 1e-3)
     t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * 1.5), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
@@ -204,7 +219,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce") if low.gemms else 0
     linear = sum(1 for op in low.body if getattr(op, "op", "") == "reduce" and op.fn == "sum" and op.accumulate)
     per_step = max(0, loop_red - linear) * m.loop_reduce_s
-    t_sync = per_step * n_blocks * n_iter / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
+    t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
     t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
     body = max(t_compute, t_mem) * m.scale_for(structure_class(low))
     time_us = body * 1e6 + dev.launch_us

@@ -25,11 +25,13 @@ are one algorithm over one kernel's terms; each function is small (C901 < 12).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pyrunner.ir.axes import axes_of
-from pyrunner.ir.graph import Term
+from pyrunner.ir.graph import Term, subterms
 from pyrunner.ir.ops import REDUCTIONS, UNARY
+from pyrunner.plan import masks
 from pyrunner.plan.analysis import block_param, expr_refs, op_buffers
 from pyrunner.plan.schema import (
     AxisSize,
@@ -40,12 +42,14 @@ from pyrunner.plan.schema import (
     Fill,
     Gemm,
     GridAxis,
+    Index,
     Load,
     Map,
     Reduce,
     Ref,
     Store,
 )
+from pyrunner.planner.masking import skippable_predicates
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
 
@@ -58,7 +62,30 @@ MAX_INLINE_DEPTH = 8
 """Deepest elementwise expression kept inline in one map; deeper chains go through a
 fragment, so plans of long chains stay shallow (serialisation and renderers recurse)."""
 
-LEAF_OPS = ("input", "const", "axis_size")
+LEAF_OPS = ("input", "const", "axis_size", "iota")
+ELEMENTWISE_OPS = ("unary", "binary", "ternary")
+
+
+def const_expr(v: float) -> Const:
+    """A plan constant; infinities are spelled as strings (JSON has none)."""
+    return Const(value=("-inf" if v < 0 else "inf") if math.isinf(v) else v)
+
+
+def static(t: Term) -> bool:
+    """t depends only on indices and constants (a mask predicate, say): computed where it is used."""
+    return all(x.op in ("iota", "const", "axis_size") or x.op in ELEMENTWISE_OPS for x in subterms([t])) \
+        and t.op != "const" and t.op != "axis_size"
+
+
+def static_expr(t: Term) -> Expr:
+    """The plan expression of a term built from indices and constants only."""
+    if t.op == "const":
+        return const_expr(t.value)
+    if t.op == "axis_size":
+        return AxisSize(axis=t.axis)
+    if t.op == "iota":
+        return Index(axis=t.axis)
+    return Call(fn=t.fn, args=[static_expr(a) for a in t.args])
 
 
 class Infeasible(Exception):
@@ -103,6 +130,7 @@ class Lowered:
     trans_elems: float = 0.0  # of which transcendental (SFU) evaluations
     rules: list[str] = field(default_factory=list)
     terms: frozenset[Term] = frozenset()
+    visible: Expr | None = None  # loop steps whose tile has this all false are skipped (masked_tile_skip)
 
 
 def _is_leaf(t: Term, root: Term, boundary: dict[Term, str]) -> bool:
@@ -370,6 +398,12 @@ class _Builder:
         self.users: dict[Term, list[Term]] = {}
         self.where: dict[Term, str] = {}
         self.next_suffix: dict[str, int] = {}
+        self.body_ref: dict[Term, str] = {}  # running maxima as the loop body reads them (guarded)
+        self.at = "prologue"
+        self.guard_max = False  # the cone has an infinite constant (a mask): guard running maxima
+        self.tail = False  # the streamed axis ends in a partial tile
+        self.loaded: set[str] = set()
+        self.tail_masked: set[tuple[str, float]] = set()
 
     # --- naming ------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -404,10 +438,10 @@ class _Builder:
     # --- values ------------------------------------------------------------
     def expr(self, t: Term) -> tuple[Expr, int]:
         """t's value as an expression, with its nesting depth."""
-        if t.op == "const":
-            return Const(value=t.value), 0
-        if t.op == "axis_size":
-            return AxisSize(axis=t.axis), 0
+        if t.op in ("const", "axis_size", "iota"):
+            return static_expr(t), 0
+        if t in self.body_ref and self.at == "body":
+            return Ref(buf=self.body_ref[t]), 0
         if t in self.buf_of:
             return Ref(buf=self.buf_of[t]), 0
         if t in self.expr_inline:
@@ -450,7 +484,7 @@ class _Builder:
         key = (m, kind, coef)
         if key not in self.scale_bufs:
             name = self.add_buffer("rescale", list(self.buffers[self.buf_of[m]].axes), "fragment", "float32")
-            diff: Expr = Call(fn="sub", args=[Ref(buf=self.m_prev[m]), Ref(buf=self.buf_of[m])])
+            diff: Expr = Call(fn="sub", args=[Ref(buf=self.m_prev[m]), Ref(buf=self.body_ref.get(m, self.buf_of[m]))])
             if coef != 1.0:
                 diff = Call(fn="mul", args=[diff, Const(value=coef)])
             self.ops["body"].append(Map(dst=name, expr=Call(fn=kind, args=[diff])))
@@ -458,9 +492,27 @@ class _Builder:
             self.trans_elems += self.elems(m)
         return self.scale_bufs[key]
 
+    def tail_mask(self, buf: str, identity: float) -> None:
+        """On a partial last tile, mask a value entering a loop accumulator with its identity
+        (zeros loaded from memory already are one)."""
+        if not self.tail or (buf, identity) in self.tail_masked or (buf in self.loaded and identity == 0.0):
+            return
+        if buf in self.loaded:
+            raise Infeasible("a max over a tile loaded from memory with a partial last tile")
+        assert self.s is not None
+        pred = Call(fn="lt", args=[Index(axis=self.s), AxisSize(axis=self.s)])
+        self.ops["body"].append(Map(dst=buf, expr=Call(fn="where", args=[pred, Ref(buf=buf), const_expr(identity)])))
+        self.tail_masked.add((buf, identity))
+
     # --- one method per op kind ------------------------------------------------
     def emit_elementwise(self, t: Term) -> None:
         at = self.where[t]
+        if static(t) and t is not self.root:
+            self.expr_inline[t] = (static_expr(t), 0)
+            return
+        if t.op == "ternary" and t.fn == "where" and static(t.args[0]):
+            self.emit_mask(t, at)
+            return
         n = self.elems(t)
         self.ew_elems += n
         if t.op == "unary" and t.fn in TRANSCENDENTAL:
@@ -471,7 +523,7 @@ class _Builder:
         e = Call(fn=t.fn, args=[p[0] for p in parts])
         depth = 1 + max(p[1] for p in parts)
         us = self.users.get(t, [])
-        inline = (t is not self.root and len(us) == 1 and us[0].op in ("unary", "binary")
+        inline = (t is not self.root and len(us) == 1 and us[0].op in ELEMENTWISE_OPS
                   and self.where[us[0]] == at and depth < MAX_INLINE_DEPTH)
         if inline:
             self.expr_inline[t] = (e, depth)
@@ -479,6 +531,16 @@ class _Builder:
             name = self.fragment_for(t, "t")
             self.ops[at].append(Map(dst=name, expr=e))
             self.buf_of[t] = name
+
+    def emit_mask(self, t: Term, at: str) -> None:
+        """where(pred, x, y) with an index predicate: the values, then the predicate applied in
+        place (left out on tiles it shows whole)."""
+        self.ew_elems += 2 * self.elems(t)
+        name = self.fragment_for(t, "t")
+        self.ops[at].append(Map(dst=name, expr=self.expr(t.args[1])[0]))
+        self.ops[at].append(Map(dst=name, expr=Call(fn="where", args=[self.expr(t.args[0])[0], Ref(buf=name),
+                                                                      self.expr(t.args[2])[0]])))
+        self.buf_of[t] = name
 
     def emit_reduce(self, t: Term) -> None:
         if _is_acc(t, self.s):
@@ -498,6 +560,7 @@ class _Builder:
         self.ew_elems += self.elems(t.args[0])
         src = self.materialize(t.args[0], "body")
         kind = REDUCTIONS[t.fn].tile
+        self.tail_mask(src, -math.inf if kind == "max" else 0.0)
         name = self.fragment_for(t, f"{t.fn}_{t.axis}", state=True)
         self.ops["prologue"].append(Fill(dst=name, value="-inf" if kind == "max" else 0.0))
         self.buf_of[t] = name
@@ -516,12 +579,22 @@ class _Builder:
             self.rules.append("online_softmax_rescale")
         else:
             self.ops["body"].append(Reduce(fn=kind, src=src, dst=name, axis=t.axis, accumulate=True))
+            if t in self.online_src and self.guard_max:
+                # a running max stays -inf while every score so far is masked; the body reads it
+                # as 0 so exp(-inf - m) is 0, not NaN (the state keeps -inf, as the reference would)
+                safe = self.add_buffer(f"{name}_safe", list(self.buffers[name].axes), "fragment", "float32")
+                self.ops["body"].append(Map(dst=safe, expr=Call(fn="where", args=[
+                    Call(fn="lt", args=[const_expr(-math.inf), Ref(buf=name)]), Ref(buf=name), const_expr(0.0)])))
+                self.body_ref[t] = safe
         if t.fn == "mean":
             self.mean_fix.append((name, t.axis))
 
     def emit_matmul(self, t: Term) -> None:
         streamed = t.axis == self.s
         at = "body" if streamed else self.where[t]
+        if streamed and self.tail:  # mask the operands before any cast to the compute dtype
+            for x in t.args:
+                self.tail_mask(self.materialize(x, "body"), 0.0)
         a_buf = self.operand(t.args[0], at, "a")
         b_buf = self.operand(t.args[1], at, "b")
         fa, fb = self.gemm_layout(a_buf, b_buf, t.axis)
@@ -567,6 +640,7 @@ class _Builder:
 _EMIT = {
     "unary": _Builder.emit_elementwise,
     "binary": _Builder.emit_elementwise,
+    "ternary": _Builder.emit_elementwise,
     "reduce": _Builder.emit_reduce,
     "matmul": _Builder.emit_matmul,
 }
@@ -605,15 +679,23 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
     where = {"pre": "prologue", "tile": "body", "acc": "body", "post": "epilogue"}
     b.where = {t: where[phase[t]] for t in computed}
     b.emit_loads(leaves)
+    b.guard_max = any(t.op == "const" and math.isinf(t.value) for t in terms)
+    visible = _visible(b, computed, phase, sources, s)
+    # a streamed axis that no power-of-two block divides ends in a partial tile: loads read zeros past
+    # the end, and every value entering a loop accumulator is masked there with the accumulator's identity
+    b.tail = s is not None and sizes[s] % 16 != 0
+    b.loaded = {b.buf_of[leaf] for leaf in leaves}
     for t in computed:
         emit = _EMIT.get(t.op)
         if emit is None:
             raise Infeasible(f"cannot lower op {t.op}")
+        b.at = b.where[t]
         emit(b, t)
     if b.mean_fix:
         b.ops["epilogue"][:0] = [Map(dst=n, expr=Call(fn="div", args=[Ref(buf=n), AxisSize(axis=k)]))
                                  for n, k in b.mean_fix]
-    out_buf = b.materialize(root, "epilogue" if s is not None else "prologue")
+    b.at = "epilogue" if s is not None else "prologue"
+    out_buf = b.materialize(root, b.at)
     b.ops["epilogue"].append(Store(src=out_buf, dst=out_tensor))
     b.fused_loop_rules()
     reuse_in_place(b.buffers, b.ops)
@@ -622,8 +704,25 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
         buffers=list(b.buffers.values()), prologue=b.ops["prologue"], body=b.ops["body"],
         epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=[out_tensor],
         gemms=b.gemms, loads=b.loads, ew_elems=b.ew_elems, trans_elems=b.trans_elems, rules=_unique(b.rules),
-        terms=frozenset(computed),
+        terms=frozenset(computed), visible=visible,
     )
+
+
+def _visible(b: _Builder, computed: list[Term], phase: dict[Term, str], sources: list[Term],
+             s: str | None) -> Expr | None:
+    """The index predicate whose all-false tiles the loop skips (masked_tile_skip), if any."""
+    if s is None:
+        return None
+    preds = skippable_predicates([t for t in computed if phase[t] == "tile"],
+                                 [t for t in computed if _is_acc(t, s)], set(sources), s)
+    exprs = [static_expr(c) for c in preds if masks.is_index_predicate(static_expr(c))]
+    if not exprs:
+        return None
+    visible = exprs[0]
+    for e in exprs[1:]:
+        visible = Call(fn="min", args=[visible, e])
+    b.rules.append("masked_tile_skip")
+    return visible
 
 
 # --- in-place reuse of dead fragments ------------------------------------------------------

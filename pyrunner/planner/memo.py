@@ -26,7 +26,7 @@ def kernel_of(low: Lowered, name: str, space: dict[str, list[int]]) -> Kernel:
     """The plan kernel of a lowering, with tuning space ``space`` (defaults: each first value)."""
     loop = None
     if low.stream is not None:
-        loop = StreamLoop(axis=low.stream, block=block_param(low.stream), stages=STAGES_PARAM)
+        loop = StreamLoop(axis=low.stream, block=block_param(low.stream), stages=STAGES_PARAM, visible=low.visible)
     return Kernel(
         name=name, grid=low.grid, loop=loop, threads=THREADS_PARAM, buffers=low.buffers,
         prologue=low.prologue, body=low.body, epilogue=low.epilogue, reads=low.reads, writes=low.writes,

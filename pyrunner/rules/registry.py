@@ -247,6 +247,14 @@ _RULE_LIST = (
         "only where the product keeps its axis order. The search applies it through canonical_products.",
         elementwise_mul_assoc, saturate=False,
     ),
+    Rule(
+        "masked_tile_skip", "schedule",
+        "A streamed loop may leave out a tile whose contribution to every accumulator is that "
+        "accumulator's identity (-inf for a running max, 0 for a sum or a contraction), as a tile whose "
+        "scores a where(c, x, -inf) mask hides entirely gives; which tiles are hidden entirely follows from "
+        "interval reasoning over the mask's affine index predicate c.",
+        None,
+    ),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULE_LIST}

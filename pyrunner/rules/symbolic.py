@@ -136,6 +136,8 @@ def _sym_const(value: float) -> sp.Expr:
     """Exact value of a graph constant; LOG2E stands for log2(e) itself (checked separately)."""
     if value == LOG2E:
         return 1 / sp.log(2)
+    if math.isinf(value):
+        return sp.oo if value > 0 else -sp.oo
     return sp.Rational(value)
 
 
@@ -170,8 +172,10 @@ def _sym_entry(t: Term, env: dict[str, int], memo: dict[Term, SymTensor], sizes:
         return _sym_const(t.value)
     if t.op == "axis_size":
         return sp.Integer(sizes[t.axis])
+    if t.op == "iota":
+        return sp.Integer(env[t.axis])
     args = [memo[a] for a in t.args]
-    if t.op in ("unary", "binary"):
+    if t.op in ("unary", "binary", "ternary"):
         return ELEMENTWISE[t.fn].sympy(sp, *(a.at(env) for a in args))
     n = sizes[t.axis]
     if t.op == "reduce":
@@ -494,6 +498,92 @@ def _check_elementwise_mul_assoc() -> list[str]:
         assert_terms_equal(root, canon[0].outputs[0][1], sizes, "canonical factor order")
     return shown + ["rule.apply on (X * s) * g equals the input term",
                     "canonical_products of ((X * s) * g) @ W and (X * (g * s)) @ W equals the input"]
+def _masked_tile_skip(slack: int) -> Callable[[], list[str]]:
+    """Skipping the tiles the loop bounds leave out changes no state.
+
+    1. sympy: the online-softmax state (m, l, o) updated with a tile whose every score is -inf equals
+       the state without that tile (its max is -inf, its exponentials 0, its rescale factor 1).
+    2. z3, over symbolic block coordinates, block sizes and window: for the causal, sliding-window
+       and prefix-LM predicates, every loop step outside ``pyrunner.plan.masks.step_range``'s bounds
+       has the predicate false at every element of its tile, and ``tile_test``'s all-true proof
+       implies the predicate at every element. Wrong variant: the upper bound lowered by ``slack``.
+    """
+    def body() -> list[str]:
+        from pyrunner.plan import masks
+        from pyrunner.plan.schema import Call, Const, Index
+
+        v = _syms("v", 2)
+        m0, l0, o0 = sp.Symbol("m0", real=True), sp.Symbol("l0", positive=True), sp.Symbol("o0", real=True)
+        hidden = [-sp.oo, -sp.oo]
+        m1 = sp.Max(m0, *hidden)
+        alpha = sp.exp(m0 - m1)
+        l1 = l0 * alpha + sp.Add(*(sp.exp(h - m1) for h in hidden))
+        o1 = o0 * alpha + sp.Add(*(sp.exp(h - m1) * vi for h, vi in zip(hidden, v)))
+        assert_equal(m1, m0, "masked tile: running max unchanged")
+        assert_equal(l1, l0, "masked tile: denominator unchanged")
+        assert_equal(o1, o0, "masked tile: output unchanged")
+
+        ar = _Z3Arith()
+        qb, kb, q_blk, step = z3.Ints("block_q block_kv q_blk step")
+        qi, ki = z3.Ints("q kv")
+        kv, tq = Index(axis="kv"), Index(axis="q")
+        preds = {
+            "causal": (Call(fn="le", args=[kv, tq]), qi >= ki),
+            "sliding": (Call(fn="min", args=[Call(fn="le", args=[kv, tq]),
+                                             Call(fn="lt", args=[Call(fn="sub", args=[tq, Const(value=7)]), kv])]),
+                        z3.And(ki <= qi, qi - 7 < ki)),
+            "prefix": (Call(fn="max", args=[Call(fn="le", args=[kv, tq]), Call(fn="lt", args=[kv, Const(value=5)])]),
+                       z3.Or(ki <= qi, ki < 5)),
+        }
+        steps = z3.Int("steps")
+        for name, (expr, meaning) in preds.items():
+            pred = masks.predicate(expr)
+            q_lo = q_blk * qb
+            box = {"q": (q_lo, q_lo + qb - 1)}
+            lo, hi = masks.step_range(pred, "kv", kb, steps, box, ar)
+            hi = hi - slack
+            in_tile = z3.And(q_lo <= qi, qi <= q_lo + qb - 1, step * kb <= ki, ki <= step * kb + kb - 1)
+            assume = z3.And(qb >= 1, kb >= 1, q_blk >= 0, step >= 0, step < steps, ki >= 0, qi >= 0)
+            outside = z3.Or(step < lo, step >= hi)
+            assert_valid(z3.Implies(z3.And(assume, outside, in_tile), z3.Not(meaning)),
+                         f"{name}: steps outside the loop bounds are fully masked")
+            test = masks.tile_test(pred, {**box, "kv": (step * kb, step * kb + kb - 1)}, ar)
+            if test.all_true is not None:
+                assert_valid(z3.Implies(z3.And(assume, test.all_true <= 0, in_tile), meaning),
+                             f"{name}: a tile proven all-visible has every element visible")
+            if test.all_false is not None:
+                assert_valid(z3.Implies(z3.And(assume, test.all_false > 0, in_tile), z3.Not(meaning)),
+                             f"{name}: a tile proven all-masked has every element masked")
+        return ["sympy: a tile of -inf scores leaves the online-softmax state (m, l, o) unchanged",
+                "z3: for causal, sliding-window (w=7) and prefix-LM (5) predicates over symbolic block sizes and "
+                "coordinates, steps outside the derived loop bounds are fully masked, and the all-visible and "
+                "all-masked tile tests are sound"]
+    return body
+
+
+class _Z3Arith:
+    """``pyrunner.plan.masks`` bound formulas over z3 integers (z3's div floors for positive divisors)."""
+
+    def const(self, v: int) -> z3.ArithRef:
+        return z3.IntVal(v)
+
+    def add(self, a, b):
+        return a + b
+
+    def scale(self, a, k: int):
+        return a * k
+
+    def mul(self, a, b):
+        return a * b
+
+    def floordiv(self, a, k):
+        return a / k
+
+    def max(self, a, b):
+        return z3.If(a >= b, a, b)
+
+    def min(self, a, b):
+        return z3.If(a <= b, a, b)
 
 
 # --- registries -------------------------------------------------------------------------
@@ -526,6 +616,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "reduction_in_contraction_loop": _scoped("reduction_in_contraction_loop", _reduction_in_loop(accumulate=True)),
     "elementwise_mul_comm": _scoped("elementwise_mul_comm", _check_elementwise_mul_comm),
     "elementwise_mul_assoc": _scoped("elementwise_mul_assoc", _check_elementwise_mul_assoc),
+    "masked_tile_skip": _scoped("masked_tile_skip", _masked_tile_skip(slack=0)),
 }
 
 WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
@@ -537,6 +628,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "reduction_in_loop_reset": lambda: _run(_reduction_in_loop(accumulate=False)),
     "division_commuted": lambda: _run(_product_law("comm", "div")),
     "subtraction_reassociated": lambda: _run(_product_law("assoc", "sub")),
+    "masked_tile_skip_bound_too_tight": lambda: _run(_masked_tile_skip(slack=1)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"

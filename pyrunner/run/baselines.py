@@ -28,8 +28,13 @@ TorchFn = Callable[..., dict[str, torch.Tensor]]
 # --- structural helpers --------------------------------------------------------
 
 def _is_constant(t: Term) -> bool:
-    """True when t depends on no input (its value is one number)."""
-    return all(s.op != "input" for s in subterms([t]))
+    """True when t depends on no input and has no axis (its value is one number)."""
+    return all(s.op not in ("input", "iota") for s in subterms([t]))
+
+
+def _lit(v: float) -> str:
+    """A Python literal for a constant (infinities included)."""
+    return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
 
 
 def _constant_value(t: Term, sizes: Mapping[str, int]) -> float:
@@ -104,7 +109,7 @@ def _softmax_source(t: Term) -> tuple[Term, str] | None:
 
 @dataclass(frozen=True)
 class AttentionMatch:
-    """``softmax_kv(scale * (q @_d k)) @_kv v`` found inside a graph."""
+    """``softmax_kv(mask(scale * (q @_d k))) @_kv v`` found inside a graph (the mask optional)."""
 
     term: Term
     q: Term
@@ -113,6 +118,8 @@ class AttentionMatch:
     d: str
     kv: str
     scale: float
+    mask: Term | None = None  # the predicate of a where(mask, scores, -inf) before the softmax
+    causal: bool = False  # the mask is exactly kv <= q (SDPA's is_causal, top-left aligned)
 
 
 def _strip_scale(t: Term, sizes: Mapping[str, int]) -> tuple[Term, float]:
@@ -143,6 +150,10 @@ def match_attention(t: Term, sizes: Mapping[str, int]) -> AttentionMatch | None:
     s, kv = sm
     if kv != t.axis:
         return None
+    mask = None
+    if s.op == "ternary" and s.fn == "where" and s.args[2].op == "const" and s.args[2].value == -math.inf \
+            and _is_index_only(s.args[0]):
+        mask, s = s.args[0], s.args[1]
     s, scale = _strip_scale(s, sizes)
     if s.op != "matmul" or not math.isfinite(scale):
         return None
@@ -158,11 +169,37 @@ def match_attention(t: Term, sizes: Mapping[str, int]) -> AttentionMatch | None:
     q_free = [x for x in qa if x not in batch and x != d]
     if not v_free or not q_free or any(x in q_free for x in v_free):
         return None
-    return AttentionMatch(t, q, k, v, d, kv, scale)
+    causal = False
+    if mask is not None:
+        if not set(result_axes(mask)) <= set(q_free) | {kv} or len(q_free) != 1:
+            return None
+        causal = _is_causal(mask, q_free[0], kv, sizes)
+    return AttentionMatch(t, q, k, v, d, kv, scale, mask, causal)
+
+
+def _is_index_only(t: Term) -> bool:
+    return all(s.op not in ("input", "reduce", "matmul") for s in subterms([t]))
+
+
+def _is_causal(mask: Term, q: str, kv: str, sizes: Mapping[str, int]) -> bool:
+    """Whether the mask, evaluated, is exactly ``kv <= q`` over (q, kv)."""
+    import numpy as np
+
+    val = evaluate_terms([mask], sizes, {})[mask]
+    ax = result_axes(mask)
+    full = np.broadcast_to(_align_np(val, ax, (q, kv)), (sizes[q], sizes[kv]))
+    want = np.arange(sizes[kv])[None, :] <= np.arange(sizes[q])[:, None]
+    return bool(np.array_equal(full != 0, want))
+
+
+def _align_np(x, have: tuple[str, ...], want: tuple[str, ...]):
+    from pyrunner.ir.reference import align
+
+    return align(x, have, want)
 
 
 def _sdpa_code(m: AttentionMatch, q: str, k: str, v: str, out_axes: tuple[str, ...],
-               sizes: Mapping[str, int]) -> str:
+               sizes: Mapping[str, int], mask: str | None = None) -> str:
     qa, ka, va = result_axes(m.q), result_axes(m.k), result_axes(m.v)
     batch = tuple(x for x in qa if x in ka and x != m.d)
     q_free = tuple(x for x in qa if x not in batch and x != m.d)
@@ -172,7 +209,13 @@ def _sdpa_code(m: AttentionMatch, q: str, k: str, v: str, out_axes: tuple[str, .
     q3 = _reshape(_permute(q, qa, batch + q_free + (m.d,)), nb + [math.prod(sizes[x] for x in q_free), sizes[m.d]])
     k3 = _reshape(_permute(k, ka, batch + (m.kv, m.d)), nb + [sizes[m.kv], sizes[m.d]])
     v3 = _reshape(_permute(v, va, batch + (m.kv,) + v_free), nb + [sizes[m.kv], math.prod(sizes[x] for x in v_free)])
-    o = f"F.scaled_dot_product_attention({q3}, {k3}, {v3}, scale={m.scale!r})"
+    extra = ""
+    if m.causal:
+        extra = ", is_causal=True"
+    elif m.mask is not None and mask is not None:
+        (qf,) = q_free
+        extra = f", attn_mask={_permute(mask, result_axes(m.mask), (qf, m.kv))} != 0"
+    o = f"F.scaled_dot_product_attention({q3}, {k3}, {v3}, scale={m.scale!r}{extra})"
     have = batch + q_free + v_free
     return _permute(_reshape(o, [sizes[x] for x in have]), have, out_axes)
 
@@ -199,7 +242,8 @@ def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
         if t.op != "input" and _is_constant(t):
             return ()  # folded to a Python number
         if t in attn:
-            return (attn[t].q, attn[t].k, attn[t].v)
+            m = attn[t]
+            return (m.q, m.k, m.v) + ((m.mask,) if m.mask is not None and not m.causal else ())
         if t in softmax:
             return (softmax[t][0],)
         return t.args
@@ -215,9 +259,11 @@ def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
     name: dict[Term, str] = {}
     lines = ["def baseline(**inputs):",
              f'    """{graph.name} as plain PyTorch (generated by pyrunner.run.baselines)."""']
+    if any(t.op == "iota" for t in needed):
+        lines.append("    _dev = next(iter(inputs.values())).device")
 
     def ref(t: Term) -> str:
-        return repr(consts[t]) if t in consts else name[t]
+        return _lit(consts[t]) if t in consts else name[t]
 
     for t in needed:
         v = name[t] = f"v{len(name)}"
@@ -225,7 +271,13 @@ def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
             code = f"inputs[{t.name!r}]"
         elif t in attn:
             m = attn[t]
-            code = _sdpa_code(m, ref(m.q), ref(m.k), ref(m.v), axes[t], sizes)
+            mask = ref(m.mask) if m.mask is not None and not m.causal else None
+            code = _sdpa_code(m, ref(m.q), ref(m.k), ref(m.v), axes[t], sizes, mask)
+        elif t.op == "iota":
+            code = f"torch.arange({sizes[t.axis]}, device=_dev, dtype=torch.float32)"
+        elif t.op == "ternary":
+            args = [ref(a) if a in consts else _broadcast(ref(a), axes[a], axes[t], sizes) for a in t.args]
+            code = ELEMENTWISE[t.fn].torch.format(*args)
         elif t in softmax:
             x, a = softmax[t]
             code = f"torch.softmax({ref(x)}, dim={axes[x].index(a)})"

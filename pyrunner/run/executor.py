@@ -16,6 +16,7 @@ import numpy as np
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import align
+from pyrunner.plan import masks
 from pyrunner.plan.analysis import kernel_geometry, resolve_config
 from pyrunner.plan.schema import (
     AxisSize,
@@ -25,6 +26,7 @@ from pyrunner.plan.schema import (
     Expr,
     Fill,
     Gemm,
+    Index,
     Kernel,
     Load,
     Map,
@@ -52,13 +54,24 @@ class _Block:
     """State of one thread block while it runs."""
 
     def __init__(self, k: Kernel, blocks: dict[str, int], coord: dict[str, int], sizes: dict[str, int],
-                 exact: bool) -> None:
+                 exact: bool, audit: bool = False) -> None:
         self.k, self.blocks, self.coord, self.sizes, self.exact = k, blocks, coord, sizes, exact
+        self.audit = audit
         self.buf: dict[str, np.ndarray] = {}
         self.info: dict[str, Buffer] = {b.name: b for b in k.buffers}
         for b in k.buffers:
             self.buf[b.name] = np.full([blocks[a] for a in b.axes], np.nan, dtype=np.float32)
         self.step = 0
+
+    def box(self) -> dict[str, tuple[int, int]]:
+        """Least and greatest global index of the current tile along each iterated axis."""
+        out: dict[str, tuple[int, int]] = {}
+        for a, b in self.blocks.items():
+            c = self.step if self.k.loop is not None and a == self.k.loop.axis else self.coord.get(a, 0)
+            out[a] = (c * b, c * b + b - 1)
+        for a, n in self.sizes.items():
+            out[masks.size_symbol(a)] = (n, n)
+        return out
 
     def region(self, axes: list[str]) -> tuple:
         idx: list[object] = []
@@ -83,22 +96,59 @@ class _Block:
         if isinstance(e, Ref):
             return align(self.buf[e.buf], tuple(self.info[e.buf].axes), tuple(dst_axes))
         if isinstance(e, Const):
-            return np.float32(e.value)
+            return np.float32(e.number())
         if isinstance(e, AxisSize):
             return np.float32(self.sizes[e.axis])
+        if isinstance(e, Index):
+            lo, _ = self.box()[e.axis] if e.axis in self.box() else (None, None)
+            if lo is None:
+                raise PlanError(f"kernel {self.k.name}: index of axis {e.axis!r}, which the kernel does not iterate")
+            if e.axis not in dst_axes:
+                if self.blocks.get(e.axis) != 1:
+                    raise PlanError(f"kernel {self.k.name}: index of axis {e.axis!r}, which the destination "
+                                    f"{dst_axes} lacks")
+                return np.float32(lo)
+            idx = np.arange(lo, lo + self.blocks[e.axis], dtype=np.float32)
+            return align(idx, (e.axis,), tuple(dst_axes))
         if isinstance(e, Call):
             args = [self.expr(a, dst_axes) for a in e.args]
             return np.asarray(ELEMENTWISE[e.fn].numpy(*args), dtype=np.float32)
         raise PlanError(f"kernel {self.k.name}: unknown expression {e!r}")
 
+    def skip_mask(self, pred: masks.Pred, op: Map) -> bool:
+        """A masking Map on a tile the predicate shows entirely is left out (the renderer leaves it
+        out too); with ``audit`` it is checked to be a no-op there."""
+        test = masks.tile_test(pred, self.box(), masks.IntArith())
+        if test.all_true is None or test.all_true > 0:
+            return False
+        if self.audit:
+            before = self.buf[op.dst].copy()
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                self.write(op.dst, self.expr(op.expr, self.info[op.dst].axes))
+            if not np.array_equal(before, self.buf[op.dst], equal_nan=True):
+                raise PlanError(f"kernel {self.k.name}: mask {op.dst!r} was proven all-visible on a tile "
+                                "but changes it")
+        return True
+
     def run(self, ops: list, tensors: dict[str, np.ndarray], dtypes: dict[str, str],
             taxes: dict[str, list[str]]) -> None:
         for op in ops:
-            if isinstance(op, Load):
-                self.write(op.dst, tensors[op.src][self.region(taxes[op.src])])
-            elif isinstance(op, Store):
+            if isinstance(op, Load):  # a tile past the end of an axis reads zeros there
+                part = np.asarray(tensors[op.src][self.region(taxes[op.src])], dtype=np.float32)
+                shape = self.buf[op.dst].shape
+                if part.ndim == len(shape) and part.shape != shape:
+                    full = np.zeros(shape, dtype=np.float32)
+                    full[tuple(slice(0, n) for n in part.shape)] = part
+                    part = full
+                self.write(op.dst, part)
+            elif isinstance(op, Store):  # ... and writes nothing there
                 dtype = "float32" if self.exact else dtypes[op.dst]
-                tensors[op.dst][self.region(taxes[op.dst])] = round_to(self.buf[op.src], dtype)
+                region = self.region(taxes[op.dst])
+                have = np.shape(tensors[op.dst][region])
+                value = round_to(self.buf[op.src], dtype)
+                if value.ndim == len(have) and value.shape != have:
+                    value = value[tuple(slice(0, n) for n in have)]
+                tensors[op.dst][region] = value
             elif isinstance(op, Fill):
                 v = {"-inf": -np.inf, "inf": np.inf}.get(op.value, op.value) if isinstance(op.value, str) else op.value
                 self.buf[op.dst] = np.full(self.buf[op.dst].shape, v, dtype=np.float32)
@@ -111,6 +161,9 @@ class _Block:
                 prod = np.matmul(a.astype(np.float32), b.astype(np.float32))
                 self.write(op.c, prod if op.clear else self.buf[op.c] + prod)
             elif isinstance(op, Map):
+                pred = masks.mask_predicate(op)
+                if pred is not None and self.skip_mask(pred, op):
+                    continue
                 with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
                     self.write(op.dst, self.expr(op.expr, self.info[op.dst].axes))
             elif isinstance(op, Reduce):
@@ -123,32 +176,60 @@ class _Block:
                 raise PlanError(f"kernel {self.k.name}: unknown op {op!r}")
 
 
+def loop_steps(blk: "_Block", n_iter: int) -> range:
+    """The loop steps a block runs: all of them, or those its ``visible`` predicate may show."""
+    lp = blk.k.loop
+    if lp is None or lp.visible is None:
+        return range(n_iter)
+    box = {a: r for a, r in blk.box().items() if a != lp.axis}
+    return masks.visible_steps(masks.predicate(lp.visible), lp.axis, blk.blocks[lp.axis], n_iter, box)
+
+
+def _audit_skipped(blk: "_Block", step: int, tensors: dict, dtypes: dict, taxes: dict) -> None:
+    """Run a step the loop bounds leave out and check that no loop state changes (the
+    masked_tile_skip proof, checked numerically)."""
+    saved = {n: v.copy() for n, v in blk.buf.items()}
+    blk.step = step
+    blk.run(blk.k.body, tensors, dtypes, taxes)
+    for b in blk.k.buffers:
+        if b.state and not np.array_equal(saved[b.name], blk.buf[b.name], equal_nan=True):
+            raise PlanError(f"kernel {blk.k.name}: skipped loop step {step} would change state {b.name!r}")
+    blk.buf = saved
+
+
 def run_kernel(k: Kernel, cfg: dict[str, int], sizes: dict[str, int], tensors: dict[str, np.ndarray],
-               dtypes: dict[str, str], taxes: dict[str, list[str]], exact: bool = False) -> None:
+               dtypes: dict[str, str], taxes: dict[str, list[str]], exact: bool = False,
+               audit: bool = False) -> None:
     geo = kernel_geometry(k, cfg, sizes)
     blocks = geo.blocks
     grid_axes = [g.axis for g in k.grid]
     extents = [geo.tiles[a] for a in grid_axes]
     n_iter = geo.loop_steps()
     for coords in itertools.product(*(range(e) for e in extents)):
-        blk = _Block(k, blocks, dict(zip(grid_axes, coords)), sizes, exact)
+        blk = _Block(k, blocks, dict(zip(grid_axes, coords)), sizes, exact, audit)
         blk.run(k.prologue, tensors, dtypes, taxes)
+        steps = loop_steps(blk, n_iter)
         for step in range(n_iter):
-            blk.step = step
-            blk.run(k.body, tensors, dtypes, taxes)
+            if step in steps:
+                blk.step = step
+                blk.run(k.body, tensors, dtypes, taxes)
+            elif audit:
+                _audit_skipped(blk, step, tensors, dtypes, taxes)
         if k.loop is None:
             blk.run(k.body, tensors, dtypes, taxes)
         blk.run(k.epilogue, tensors, dtypes, taxes)
 
 
 def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None,
-            exact: bool = False) -> dict[str, np.ndarray]:
+            exact: bool = False, audit: bool = False) -> dict[str, np.ndarray]:
     """Run every kernel of the plan on the CPU; returns outputs (float64) by name.
 
     Inputs are rounded to the plan's dtype first, as the GPU would see them;
     outputs and intermediates start as NaN (poisoned) so an unwritten tile shows.
     With ``exact`` every buffer is float32 (checks the plan's algebra alone,
-    against a float32-level tolerance).
+    against a float32-level tolerance). With ``audit`` the tiles the plan skips (loop steps outside
+    the mask's bounds, masks left out on fully visible tiles) are run anyway and checked to change
+    nothing.
     """
     sizes = axis_sizes(plan)
     tensors: dict[str, np.ndarray] = {}
@@ -166,7 +247,7 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
             tensors[t.name] = np.full(t.shape, np.nan, dtype=np.float32)
     values = resolve_config(plan, config, in_space=False)
     for k in plan.kernels:
-        run_kernel(k, values[k.name], sizes, tensors, dtypes, taxes, exact)
+        run_kernel(k, values[k.name], sizes, tensors, dtypes, taxes, exact, audit)
     return {t.name: tensors[t.name].astype(np.float64) for t in plan.tensors if t.role == "output"}
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
+from pyrunner.plan import masks
 from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops, op_reads_writes
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schema import (
@@ -45,6 +46,7 @@ from pyrunner.plan.schema import (
     Fill,
     Gemm,
     GlobalTensor,
+    Index,
     Kernel,
     Load,
     Map,
@@ -285,7 +287,9 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
         load = f"{ctx.reroute.get(b.name, ctx.names[b.name])}[{ix}]"
         return load if b.dtype == "float32" else f'T.cast({load}, "float32")'
     if isinstance(e, Const):
-        return _const(e.value)
+        return _const(e.number())
+    if isinstance(e, Index):
+        return f'T.cast({_index(ctx, e.axis, idx)}, "float32")'
     if isinstance(e, AxisSize):
         return f"T.float32({ctx.size_const[e.axis]})"
     assert isinstance(e, Call)
@@ -293,6 +297,11 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
     if folded is not None:  # exp2((a - b) * c) as one FMA per element: a * c - b * c
         a, b, c = (_expr(ctx, x, idx) for x in folded)
         return ELEMENTWISE[e.fn].emit_tilelang([f"({a} * {c}) - ({b} * {c})"])
+    if e.fn in ("lt", "le"):
+        return f"T.if_then_else({_pred(ctx, e, idx)}, T.float32(1.0), T.float32(0.0))"
+    if e.fn == "where":
+        x, y = (_expr(ctx, a, idx) for a in e.args[1:])
+        return f"T.if_then_else({_pred(ctx, e.args[0], idx)}, {x}, {y})"
     args = [_expr(ctx, a, idx) for a in e.args]
     if e.fn == "div" and _is_broadcast(ctx, e.args[1], idx):  # one reciprocal per row, a multiply per element
         return ELEMENTWISE["mul"].emit_tilelang([args[0], f"(T.float32(1.0) / {args[1]})"])
@@ -320,6 +329,99 @@ def _folded_exp_arg(e: Call):
 def _is_broadcast(ctx: _Ctx, e, idx: dict[str, str]) -> bool:
     """Whether ``e`` reads one buffer with fewer axes than the destination (a per-row value, say)."""
     return isinstance(e, Ref) and e.buf in ctx.buffers and len(ctx.buffers[e.buf].axes) < len(idx)
+def _index(ctx: _Ctx, axis: str, idx: dict[str, str]) -> str:
+    """Integer global index along ``axis`` of the element a Map writes (validation checked that the
+    axis is one of the destination's, or an indexed grid axis)."""
+    r = ctx.roles[axis]
+    if r.kind == "indexed" or axis not in idx:
+        return ctx.coord.get(axis) or "0"
+    c = ctx.loop_var if r.kind == "loop" else ctx.coord[axis]
+    return f"{c} * {ctx.block_expr[axis]} + {idx[axis]}" if c else idx[axis]
+
+
+_INT_OPS = {"add": "+", "sub": "-", "mul": "*"}
+
+
+def _int_expr(ctx: _Ctx, e, idx: dict[str, str]) -> str | None:
+    """An affine index expression as integer source (exact, no float rounding), or None."""
+    if masks.affine(e) is None:
+        return None
+    if isinstance(e, Index):
+        return f"({_index(ctx, e.axis, idx)})"
+    if isinstance(e, Const):
+        return str(int(e.number()))
+    if isinstance(e, AxisSize):
+        return ctx.size_const[e.axis]
+    if e.fn == "neg":
+        return f"(-{_int_expr(ctx, e.args[0], idx)})"
+    a, b = (_int_expr(ctx, x, idx) for x in e.args)
+    return f"({a} {_INT_OPS[e.fn]} {b})"
+
+
+def _pred(ctx: _Ctx, e, idx: dict[str, str]) -> str:
+    """A mask predicate as a boolean expression: integer comparisons where the sides are affine in
+    indices, ``T.And``/``T.Or`` for min/max of predicates, else ``value != 0``."""
+    if isinstance(e, Call) and e.fn in ("lt", "le"):
+        op = "<" if e.fn == "lt" else "<="
+        sides = [_int_expr(ctx, a, idx) for a in e.args]
+        if None in sides:
+            sides = [_expr(ctx, a, idx) for a in e.args]
+        return f"({sides[0]} {op} {sides[1]})"
+    if isinstance(e, Call) and e.fn in ("min", "max", "mul") and all(
+            isinstance(a, Call) and a.fn in ("lt", "le", "min", "max", "mul") for a in e.args):
+        join = "T.Or" if e.fn == "max" else "T.And"
+        return f"{join}({', '.join(_pred(ctx, a, idx) for a in e.args)})"
+    return f"({_expr(ctx, e, idx)} != T.float32(0.0))"
+
+
+def _tile_box(ctx: _Ctx, section: str) -> dict[str, tuple[str, str]]:
+    """Least and greatest global index, as source, of the current tile along each kernel axis."""
+    ar = masks.SrcArith()
+    box: dict[str, tuple[str, str]] = {}
+    for a, r in ctx.roles.items():
+        if r.kind == "indexed":
+            c = ctx.coord.get(a) or "0"
+            box[a] = (c, c)
+            continue
+        if r.kind == "loop" and section != "body":
+            continue
+        c = ctx.loop_var if r.kind == "loop" else ctx.coord.get(a)
+        b = ctx.block_expr[a]
+        lo = ar.mul(c, b) if c else "0"
+        box[a] = (lo, ar.add(lo, ar.add(b, "-1")))
+    for a, const in ctx.size_const.items():
+        box[masks.size_symbol(a)] = (const, const)
+    return box
+
+
+def _partial_tile(ctx: _Ctx, pred: masks.Pred, section: str) -> str | None:
+    """Source of the condition 'the mask may hide something on this tile', or None (always apply)."""
+    test = masks.tile_test(pred, _tile_box(ctx, section), masks.SrcArith())
+    return None if test.all_true is None else f"{test.all_true} > 0"
+
+
+def has_tail(kernel: Kernel, axis: str, block: int | str, size: int) -> bool:
+    """Whether some allowed block of ``axis`` leaves a partial last tile (then tiles are counted with
+    a ceiling division; loads past the end read zeros and stores past it are dropped)."""
+    values = kernel.params.get(block, []) if isinstance(block, str) else [block]
+    return any(size % v for v in values)
+
+
+def _tiles(ctx: _Ctx, axis: str) -> str:
+    r = ctx.roles[axis]
+    if has_tail(ctx.kernel, axis, r.block, r.size):
+        return f"T.ceildiv({ctx.size_const[axis]}, {ctx.block_expr[axis]})"
+    return f"{ctx.size_const[axis]} // {ctx.block_expr[axis]}"
+
+
+def _loop_bounds(ctx: _Ctx) -> tuple[str, str]:
+    """The steps ``[lo, hi)`` a block runs: those its ``visible`` predicate may show."""
+    lp = ctx.kernel.loop
+    assert lp is not None and lp.visible is not None
+    steps = _tiles(ctx, lp.axis)
+    box = {a: v for a, v in _tile_box(ctx, "prologue").items() if a != lp.axis}
+    return masks.step_range(masks.predicate(lp.visible), lp.axis, ctx.block_expr[lp.axis], steps, box,
+                            masks.SrcArith())
 
 
 def _gemm_policy_full_row(kernel: Kernel, buffers: dict[str, Buffer], op: Gemm) -> bool:
@@ -460,6 +562,11 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
     elif isinstance(op, Map):
         dst = ctx.buffers[op.dst]
         idx = {a: ctx.par_var(a) for a in dst.axes}
+        pred = masks.mask_predicate(op)
+        partial = _partial_tile(ctx, pred, section) if pred is not None else None
+        if partial is not None:
+            w.line(f"if {partial}:  # the mask, only on tiles it does not show whole")
+            w.indent()
         ctx.reroute = {}
         for r in ctx.bridges.get((section, i), []):
             w.line(f"T.copy({n[r]}, {ctx.bridge_names[r]})  # layout bridge: {r!r} and {dst.name!r} disagree")
@@ -477,6 +584,8 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
             w.indent()
             w.line(f"{n[dst.name]}[0] = {rhs}")
         w.dedent()
+        if partial is not None:
+            w.dedent()
     elif isinstance(op, Reduce):
         src = ctx.buffers[op.src]
         dst = ctx.buffers[op.dst]
@@ -515,7 +624,7 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
         w.line(f"with T.Kernel(1, {params_line}) as _block:")
         w.indent()
         return
-    counts = {a: f"{ctx.size_const[a]} // {ctx.block_expr[a]}" if ctx.roles[a].kind != "indexed"
+    counts = {a: _tiles(ctx, a) if ctx.roles[a].kind != "indexed"
               else ctx.size_const[a] for d in dims for a in d}
     coord_names = {a: ctx.local.fresh(f"{a}_idx" if ctx.roles[a].kind == "indexed" else f"{a}_blk")
                    for d in dims for a in d}
@@ -658,8 +767,16 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
         for i, op in enumerate(kernel.prologue):
             _render_op(w, ctx, op, "prologue", i)
         w.line(f"# streamed loop over {lp.axis!r}, {block_expr[lp.axis]} at a time")
-        w.line(f"for {loop_var} in T.Pipelined({size_const[lp.axis]} // {block_expr[lp.axis]}, "
-               f"num_stages={stages}):")
+        if lp.visible is None:
+            w.line(f"for {loop_var} in T.Pipelined({_tiles(ctx, lp.axis)}, "
+                   f"num_stages={stages}):")
+        else:
+            lo, hi = _loop_bounds(ctx)
+            lo_name, hi_name = ctx.local.fresh(f"{lp.axis}_lo"), ctx.local.fresh(f"{lp.axis}_hi")
+            w.line("# masked_tile_skip: steps outside [lo, hi) have the mask false everywhere (fully masked tiles)")
+            w.line(f"{lo_name} = {lo}")
+            w.line(f"{hi_name} = {hi}")
+            w.line(f"for {loop_var} in T.Pipelined({lo_name}, {hi_name}, num_stages={stages}):")
         w.indent()
         for i, op in enumerate(kernel.body):
             _render_op(w, ctx, op, "body", i)
