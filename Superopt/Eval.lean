@@ -47,8 +47,8 @@ theorem Index.set_comm {a b : Axis} (h : a ≠ b) (i : Index) (k j : Nat) :
 
 /--
 The constants and elementwise functions beyond the scalar laws of `ScalarField`: `log`, `sqrt`,
-`rsqrt`, `silu`, `sigmoid`, `tanh`, `gelu`, `relu`, `abs`, `softplus`, `min` (and any op added later) have no
-law a rule needs, so each is just some function.
+`rsqrt`, `silu`, `sigmoid`, `tanh`, `gelu`, `relu`, `abs`, `softplus`, `min`, the mask comparisons
+`lt`, `le` (and any op added later) have no law a rule needs, so each is just some function.
 -/
 class ScalarOps (α : Type) where
   /-- The scalar a decimal constant denotes. -/
