@@ -52,6 +52,10 @@ def test_small_attention_lowers() -> None:
 def test_illegal_wgmma_tile_is_rejected_and_its_failure_is_one_line() -> None:
     (plan,) = search(catalog.get("Matmul", {"m": 128, "d": 64, "n": 128}), "bf16", top=1)
     k = plan.kernels[0]
+    assert 256 not in k.params["threads"] or 16 not in k.params["block_n"]  # the planner's space excludes it
+    wide = k.model_copy(update={"params": {**k.params, "threads": [128, 256], "block_n": [16, 32],
+                                           "block_m": [64, 128]}})
+    plan = plan.model_copy(update={"kernels": [wide]})
     bad = {k.name: {**k.defaults, "block_m": 128, "block_n": 16, "threads": 256}}
     with pytest.raises(DeviceFitError, match="fewer than the 16"):
         check_fits(plan, bad)

@@ -27,8 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from pyrunner.backend.tilelang.render import render, resolve_config
+from pyrunner.backend.tilelang.render import render
 from pyrunner.errors import PlanError
+from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Fill, Gemm, Load, Map, Plan, Reduce, Store
 from pyrunner.run.executor import round_to
 
