@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from test_corpus import PLANNER_XFAIL, corpus_files
 
-from pyrunner.backend.tilelang.emulate import EmulationError, emulate, execute_rendered, structure_problems
+from pyrunner.backend.tilelang.emulate import EmulationError, emulate, execute_rendered
 from pyrunner.backend.tilelang.render import render
+from pyrunner.backend.tilelang.structure import structure_problems
 from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.reference import evaluate, random_inputs
