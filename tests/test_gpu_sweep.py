@@ -18,8 +18,8 @@ import gpu_sweep  # noqa: E402
 
 @pytest.mark.slow
 def test_dry_sweep_on_two_small_graphs(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(SWEEP), "--dry", "--only", "Matmul,matmul_bias_residual", "--shapes", "small",
-                           "--random", "0", "--jobs", "2", "--out", str(tmp_path)],
+    proc = subprocess.run([sys.executable, str(SWEEP), "--dry", "--only", "Matmul,matmul_bias_residual",
+                           "--shapes", "small", "--random", "0", "--jobs", "2", "--out", str(tmp_path)],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
