@@ -94,5 +94,9 @@ def test_config_override_is_checked(plan) -> None:
 
     with pytest.raises(UserError):
         pyrunner.load(plan, config={"no_such_param": 3})
-    f = pyrunner.load(plan, config={"threads": 256})
-    assert all(v["threads"] == 256 for v in f.config.values())
+    # a value every kernel's tuning space allows (the space holds only configs that fit the device)
+    want = max(set.intersection(*(set(k.params["threads"]) for k in plan.kernels)))
+    f = pyrunner.load(plan, config={"threads": want})
+    assert all(v["threads"] == want for v in f.config.values())
+    with pytest.raises(UserError):
+        pyrunner.load(plan, config={"threads": 96})

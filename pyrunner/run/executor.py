@@ -36,18 +36,7 @@ from pyrunner.plan.schema import (
     Store,
     axis_sizes,
 )
-
-
-def round_to(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float32 values to the storage precision of `dtype`, kept as float32."""
-    x = np.asarray(x, dtype=np.float32)
-    if dtype == "float16":
-        return x.astype(np.float16).astype(np.float32)
-    if dtype == "bfloat16":
-        u = x.view(np.uint32).astype(np.uint64)
-        u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
-        return u.view(np.float32)
-    return x
+from pyrunner.target.rounding import round_to  # noqa: F401 - re-exported: callers import it from here
 
 
 class _Block:

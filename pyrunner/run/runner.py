@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pyrunner.backend.tilelang.diagnose import detail, one_line
 from pyrunner.errors import DeviceFitError, UserError
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
@@ -223,8 +224,14 @@ def write_source(plan: Plan, out_dir: Path) -> Path:
 
 
 def _err(e: BaseException) -> str:
-    msg = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {msg[-1] if msg else ''}"[:500]
+    """The one line of a failure that says what went wrong (TileLang's conflict, nvcc's error)."""
+    return one_line(e)[:500]
+
+
+def _fail(run: _Run, status: str, e: BaseException, prefix: str = "", suffix: str = "") -> RunRecord:
+    """Finish with the failure's meaningful line; the whole message goes into the record's extra."""
+    run.fields["extra"]["error_detail"] = detail(e)
+    return run.finish(status, f"{prefix}{_err(e)}{suffix}")
 
 
 def exit_code(rec: RunRecord) -> int:
@@ -315,7 +322,7 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
     except UserError as e:
         return run.finish("failed-compile", f"render failed: {e}")
     except Exception as e:  # noqa: BLE001 - a renderer bug must not lose the record
-        return run.finish("failed-compile", f"render failed: {_err(e)}")
+        return _fail(run, "failed-compile", e, "render failed: ")
     if use_gpu:
         return _run_gpu(run, cfg)
     return _run_cpu(run, cfg)
@@ -343,7 +350,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
         else:
             run.notes.append("nvcc not found: cubin not built")
     except Exception as e:  # noqa: BLE001 - any lowering/nvcc failure is a compile failure
-        return run.finish("failed-compile", f"{_err(e)} (after: {', '.join(done)})")
+        return _fail(run, "failed-compile", e, suffix=f" (after: {', '.join(done)})")
     from pyrunner.run.executor import execute, scale_down
 
     with run.step("running the tiled algorithm on the CPU at small shapes"):
@@ -461,7 +468,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
             run.fields["config"] = cfg
             break
         else:
-            return run.finish("failed-compile", _err(e))
+            return _fail(run, "failed-compile", e)
     if opts.warm_only:  # the baselines' caches first: a warm-up cut short leaves only autotuning cold
         warm_baselines(run.graph, plan.dtype, tuple(b for b in opts.baselines if b in COMPILE_MODES or b == "flex"))
         for c in autotune_candidates(plan, cfg, opts)[1:]:
@@ -475,7 +482,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
             verifier = GpuVerifier(plan, run.graph, seed=run.fields["seed"], device=opts.device)
             res = verifier.check(launch)
     except Exception as e:  # noqa: BLE001 - launch errors (bad address, ...) end the run
-        return run.finish("failed-launch", _err(e))
+        return _fail(run, "failed-launch", e)
     run.fields.update(error=res.error, error_bound=res.bound)
     if not res.ok:
         return run.finish("failed-verification", res.message)

@@ -22,6 +22,7 @@ from pyrunner.plan.passes import defer_linear_reductions
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map
 from pyrunner.target.device import H200, Device
 from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
+from pyrunner.target.wgmma import tile_problem as wgmma_tile_problem
 
 REG_OVERHEAD = 32
 """Registers per thread assumed for addresses, loop counters and temporaries on top of the fragments."""
@@ -157,6 +158,9 @@ class FitModel:
                        for mw in range(1, warps + 1)):
                 return (f"the {rows}x{cols} tile GEMM into {c!r} cannot be split among {warps} warps "
                         f"({geo.threads} threads): each warp needs a 16x8 multiple")
+            problem = wgmma_tile_problem(rows, cols, geo.threads)
+            if problem:
+                return f"{problem} (TileLang: 'Not a canonical GMMA_MN layout')"
         return None
 
 

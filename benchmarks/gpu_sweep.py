@@ -1,0 +1,361 @@
+"""GPU correctness sweep: every catalog workload, every tests/data graph and a batch of random graphs,
+each at a small shape and at a real one, planned, rendered, compiled and verified against float64.
+
+Run on the GPU machine through ``benchmarks/gpu_sweep.sh`` (it unpacks TileLang and the carried
+wheels first); ``--dry`` runs anywhere: it plans, renders and lowers to CUDA and skips the GPU.
+
+Each case (graph x shape) runs in its own worker process (``--jobs`` at a time): plan the best
+bf16 plan (``planner.search``), compile it (``backend.tilelang.compile.compile_for_gpu``) and
+check it once on fresh random inputs with the runner's verifier (``run.verify.GpuVerifier``:
+NaN-poisoned outputs, float64 reference, per-dtype bound). A worker records its progress line
+by line, so a case killed by the time guard still says how far it got. No timing here: this is
+the correctness net, ``gpu_run.sh`` times.
+
+Writes to ``--out`` (default ``$OUT``): ``sweep.log`` (everything, with each worker's full
+output), ``cases.jsonl`` (one final record per case, failures with their whole message) and
+``summary.json`` (counts and one line per failure); prints a short table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "tests"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+DEFAULT_BUDGET_S = 420.0
+CORPUS = ROOT / "tests" / "data"
+FORMAT_EXAMPLES = {"gated_mixture"}
+"""tests/data files that document the graph format with odd sizes, not operators to sweep."""
+SMALL_CAP, SMALL_HEADS = 128, 2
+REAL_SCALE, REAL_CAP = 8, 4096
+"""Random graphs are generated at 64..256 per axis; their real shape is 8x that, capped at 4096."""
+FINAL = ("ok", "lowered", "failed-plan", "failed-compile", "failed-verification", "failed-launch", "timeout",
+         "skipped")
+
+
+# --- cases ---------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One graph at one shape."""
+
+    id: str
+    source: str  # catalog | corpus | random | file
+    graph: dict  # graph JSON document at this case's sizes
+    shape: str  # small | real
+    dtype: str = "bf16"
+
+
+def small_sizes(sizes: dict[str, int]) -> dict[str, int]:
+    """Tile-friendly small shape: long axes cut to 128, head/group counts to 2."""
+    return {a: (min(n, SMALL_CAP) if n >= 64 else min(n, SMALL_HEADS)) for a, n in sizes.items()}
+
+
+def real_sizes_random(sizes: dict[str, int]) -> dict[str, int]:
+    return {a: (min(n * REAL_SCALE, REAL_CAP) if n >= 64 else n) for a, n in sizes.items()}
+
+
+def _resized(doc: dict, sizes: dict[str, int]) -> dict:
+    return {**doc, "axes": dict(sizes)}
+
+
+def collect(args) -> list[Case]:
+    from graph_strategies import seeded_graph_doc
+
+    from pyrunner.errors import GraphError
+    from pyrunner.ir import catalog
+    from pyrunner.ir.graph_json import graph_to_json, read_json_file
+
+    graphs: list[tuple[str, str, dict, dict]] = []  # (name, source, doc, real sizes)
+    for name in catalog.CATALOG:
+        doc = graph_to_json(catalog.get(name))
+        graphs.append((name, "catalog", doc, doc["axes"]))
+    for path in sorted(CORPUS.glob("*.json")):
+        if path.stem not in FORMAT_EXAMPLES:
+            doc = read_json_file(path, "graph file", GraphError)
+            graphs.append((path.stem, "corpus", doc, doc["axes"]))
+    for seed in range(args.random_seed0, args.random_seed0 + args.random):
+        doc = seeded_graph_doc(seed)
+        graphs.append((doc["name"], "random", doc, real_sizes_random(doc["axes"])))
+    for f in args.graph or []:
+        doc = read_json_file(f, "graph file", GraphError)
+        graphs.append((Path(f).stem, "file", doc, doc["axes"]))
+    if args.only:
+        keep = set(args.only.split(","))
+        graphs = [g for g in graphs if g[0] in keep]
+    cases: list[Case] = []
+    for shape in args.shapes.split(","):  # every small case before any real one
+        for name, source, doc, real in graphs:
+            sizes = small_sizes(real) if shape == "small" else real
+            for dtype in args.dtypes.split(","):
+                cases.append(Case(f"{name}@{shape}/{dtype}", source, _resized(doc, sizes), shape, dtype))
+    return cases
+
+
+# --- one case, in a worker process -------------------------------------------------------
+
+@dataclass
+class Record:
+    id: str
+    source: str
+    shape: str
+    dtype: str
+    sizes: dict
+    status: str = "started"
+    stage: str = "start"  # start | planned | compiled | verified
+    plan_hash: str = ""
+    kernels: int = 0
+    error: float | None = None
+    bound: float | None = None
+    message: str = ""
+    detail: str = ""
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def _emit(path: Path, rec: Record) -> None:
+    with open(path, "a") as fh:
+        fh.write(json.dumps(asdict(rec), allow_nan=False, default=str) + "\n")
+
+
+def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
+    """Plan, compile, verify one case; every stage reached is appended to ``results``."""
+    from pyrunner.backend.tilelang.diagnose import detail, one_line
+
+    t0 = time.monotonic()
+    rec = Record(case.id, case.source, case.shape, case.dtype, dict(case.graph["axes"]))
+    _emit(results, rec)
+
+    def fail(status: str, e: BaseException) -> Record:
+        rec.status, rec.message, rec.detail = status, one_line(e), detail(e)
+        print(f"[{case.id}] {status}: {rec.message}\n{rec.detail}", flush=True)
+        return rec
+
+    try:
+        from pyrunner.ir.graph_json import graph_from_json
+        from pyrunner.planner import search
+
+        graph = graph_from_json(case.graph)
+        (plan,) = search(graph, case.dtype, top=1)
+    except Exception as e:  # noqa: BLE001 - one failing case never stops the sweep
+        return _done(results, fail("failed-plan", e), t0)
+    rec.stage, rec.plan_hash, rec.kernels = "planned", plan.provenance.plan_hash, len(plan.kernels)
+    rec.extra["structure"] = [f"{k.name}: grid {[g.axis for g in k.grid]}"
+                              + (f", loop {k.loop.axis}" if k.loop else "") for k in plan.kernels]
+    _emit(results, rec)
+    src_dir = work / "sources" / case.id.replace("/", "_").replace("@", "_")
+    try:
+        from pyrunner.backend.tilelang.compile import check_fits, compile_for_gpu, lower_to_cuda
+
+        check_fits(plan)
+        if dry:
+            sources = lower_to_cuda(plan, work_dir=src_dir)
+            rec.extra["cuda_bytes"] = sum(len(s) for s in sources.values())
+        else:
+            launch = compile_for_gpu(plan, work_dir=src_dir)
+    except Exception as e:  # noqa: BLE001
+        return _done(results, fail("failed-compile", e), t0)
+    rec.stage = "compiled"
+    if dry:
+        rec.status, rec.message = "lowered", f"{len(plan.kernels)} kernel(s) lowered to CUDA; GPU skipped (--dry)"
+        return _done(results, rec, t0)
+    _emit(results, rec)
+    try:
+        import torch
+
+        from pyrunner.run.verify import GpuVerifier
+
+        verifier = GpuVerifier(plan, graph, device="cuda")
+        res = verifier.check(launch)
+        del verifier
+        torch.cuda.empty_cache()
+    except Exception as e:  # noqa: BLE001
+        return _done(results, fail("failed-launch", e), t0)
+    rec.error = res.error if res.error != float("inf") else None
+    rec.bound, rec.message = res.bound, res.message
+    rec.extra["seed"] = res.seed
+    rec.extra["per_output"] = {k: (v if v != float("inf") else "inf") for k, v in res.per_output.items()}
+    rec.stage = "verified" if res.ok else "compiled"
+    rec.status = "ok" if res.ok else "failed-verification"
+    print(f"[{case.id}] {rec.status}: {res.message}", flush=True)
+    return _done(results, rec, t0)
+
+
+def _done(results: Path, rec: Record, t0: float) -> Record:
+    rec.seconds = round(time.monotonic() - t0, 2)
+    _emit(results, rec)
+    return rec
+
+
+def worker(args) -> int:
+    case = Case(**json.loads(Path(args.case).read_text()))
+    try:
+        run_case(case, Path(args.results), args.dry, Path(args.work))
+    except BaseException:  # noqa: BLE001 - the supervisor reads the last record anyway
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+# --- the supervisor ---------------------------------------------------------------------
+
+class Log:
+    """Everything printed goes to the terminal and to sweep.log."""
+
+    def __init__(self, path: Path) -> None:
+        self.fh = open(path, "a", buffering=1)
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        self.fh.write(line + "\n")
+
+    def raw(self, text: str) -> None:
+        self.fh.write(text if text.endswith("\n") else text + "\n")
+
+
+def _last_record(path: Path) -> dict | None:
+    if not path.exists():
+        return None
+    lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    return json.loads(lines[-1]) if lines else None
+
+
+def _run_worker(args, case: Case, idx: int, end: float, log: Log) -> dict:
+    work = args.work
+    stem = f"{idx:03d}"
+    case_file, res_file, out_file = (work / "cases" / f"{stem}.json", work / "results" / f"{stem}.jsonl",
+                                     work / "logs" / f"{stem}.log")
+    case_file.write_text(json.dumps(asdict(case)))
+    res_file.unlink(missing_ok=True)
+    left = end - time.monotonic()
+    base = {"id": case.id, "source": case.source, "shape": case.shape, "dtype": case.dtype,
+            "sizes": case.graph["axes"], "stage": "start", "message": "", "detail": ""}
+    if left < 5:
+        return {**base, "status": "skipped", "message": "not started: sweep time budget exhausted"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", str(case_file),
+           "--results", str(res_file), "--work", str(work)] + (["--dry"] if args.dry else [])
+    t0 = time.monotonic()
+    with open(out_file, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            rc = proc.wait(timeout=min(left, args.case_timeout_s))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)  # the worker and its nvcc children, nothing else
+            proc.wait()
+            rc = None
+    secs = time.monotonic() - t0
+    log.raw(f"----- worker log of {case.id} (exit {rc}, {secs:.0f} s) -----\n{out_file.read_text(errors='replace')}")
+    rec = _last_record(res_file) or base
+    if rec.get("status") not in FINAL:
+        tail = " | ".join(out_file.read_text(errors="replace").strip().splitlines()[-2:])[-300:]
+        why = (f"killed by the time guard after {secs:.0f} s" if rc is None
+               else f"worker exited {rc} without a final record: {tail}")
+        rec = {**base, **rec, "status": "timeout" if rc is None else "failed-launch",
+               "message": f"{why} (last stage reached: {rec.get('stage', 'start')})"}
+    rec["seconds"] = round(secs, 2)
+    return rec
+
+
+def summarize(records: list[dict], dry: bool, seconds: float) -> dict:
+    failed = [r for r in records if r["status"].startswith("failed") or r["status"] == "timeout"]
+    return {
+        "mode": "dry (no GPU)" if dry else "gpu",
+        "seconds": round(seconds, 1),
+        "cases": len(records),
+        "planned": sum(r["stage"] in ("planned", "compiled", "verified") for r in records),
+        "compiled": sum(r["stage"] in ("compiled", "verified") for r in records),
+        "gpu_verified": sum(r["status"] == "ok" for r in records),
+        "failed": len(failed),
+        "skipped": sum(r["status"] == "skipped" for r in records),
+        "by_source": {s: sum(r["source"] == s for r in records) for s in sorted({r["source"] for r in records})},
+        "failures": [{"id": r["id"], "status": r["status"], "message": r["message"]} for r in failed],
+    }
+
+
+def table(s: dict) -> str:
+    lines = [f"== GPU sweep ({s['mode']}): {s['cases']} cases in {s['seconds']:.0f} s",
+             f"   planned {s['planned']} / compiled {s['compiled']} / GPU-verified {s['gpu_verified']} / "
+             f"failed {s['failed']} / skipped {s['skipped']}"]
+    for f in s["failures"]:
+        lines.append(f"   FAIL {f['id']:52s} {f['status']:20s} {f['message'][:160]}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu_sweep")))
+    ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget for everything")
+    ap.add_argument("--jobs", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--case-timeout-s", type=float, default=240.0, help="hard limit for one case")
+    ap.add_argument("--random", type=int, default=12, help="number of random graphs (seeds from --random-seed0)")
+    ap.add_argument("--random-seed0", type=int, default=0)
+    ap.add_argument("--shapes", default="small,real")
+    ap.add_argument("--dtypes", default="bf16")
+    ap.add_argument("--only", help="comma-separated graph names (catalog names, tests/data stems, RandomN)")
+    ap.add_argument("--graph", action="append", help="another graph JSON file to sweep (repeatable)")
+    ap.add_argument("--dry", action="store_true", help="no GPU: plan, render, lower to CUDA only")
+    ap.add_argument("--work", type=Path, default=None)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--results", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        return worker(args)
+
+    start = time.monotonic()
+    end = start + args.budget_s
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work = args.work or (args.out / "work")
+    for sub in ("cases", "results", "logs", "sources"):
+        (args.work / sub).mkdir(parents=True, exist_ok=True)
+    log = Log(args.out / "sweep.log")
+    if not args.dry:
+        try:
+            import torch
+
+            if not torch.cuda.is_available():
+                log("error: no CUDA GPU visible; use --dry to plan, render and lower without one")
+                return 2
+            log(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+        except ImportError as e:
+            log(f"error: torch is not importable ({e}); use --dry")
+            return 2
+    cases = collect(args)
+    log(f"== sweep: {len(cases)} case(s), {args.jobs} worker(s), budget {args.budget_s:.0f} s, "
+        f"{'dry (no GPU)' if args.dry else 'GPU'}")
+
+    def one(item: tuple[int, Case]) -> dict:
+        idx, case = item
+        rec = _run_worker(args, case, idx, end, log)
+        err = f" error {rec['error']:.1e}" if isinstance(rec.get("error"), (int, float)) else ""
+        log(f"{rec['status']:20s} {case.id:52s} {rec.get('seconds', 0):6.1f} s{err}  {rec['message'][:200]}")
+        return rec
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        records = list(pool.map(one, enumerate(cases)))
+    with open(args.out / "cases.jsonl", "w") as fh:
+        for r in records:
+            fh.write(json.dumps(r, default=str) + "\n")
+    summary = summarize(records, args.dry, time.monotonic() - start)
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    text = table(summary)
+    log.raw(text)
+    print("\n" + text, flush=True)
+    return 0 if summary["failed"] == 0 and summary["skipped"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

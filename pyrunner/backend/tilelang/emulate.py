@@ -1,0 +1,338 @@
+"""Run the rendered TileLang source itself on the CPU, with numpy, and trace it op by op.
+
+The CPU executor runs the *plan*; a renderer bug (a wrong region, a swapped transpose flag, a
+reduction over the wrong dim, an op in the wrong section) is invisible to it until a GPU run.
+This module closes that gap without a GPU: it parses the rendered module with ``ast``, rewrites
+``with T.Kernel(...) as coords:`` into a loop over every block and drops the ``tilelang``
+imports, then executes it against a numpy stand-in for ``tilelang.language``:
+
+- tiles are numpy arrays that round to their dtype on every write (fp16 / bf16 / fp32); fresh
+  tiles and non-input globals start as NaN, so a read of anything unwritten shows;
+- ``T.Parallel`` yields open index grids once (the map runs vectorised), ``T.Pipelined`` is a
+  plain loop, ``T.copy`` copies regions (shapes must match exactly), ``T.gemm`` honours
+  transpose flags and ``clear_accum``, ``T.reduce_*`` their ``dim`` and ``clear``.
+
+It also records a trace of the first block of every kernel (copies with their global region,
+gemms, reductions, fills, map writes) and the buffers it allocates, which ``structure.py``
+compares with the plan op by op. It does not model TileLang's own lowering (layouts, warp
+partition, pipelining): that still needs the GPU sweep.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pyrunner.backend.tilelang.render import render
+from pyrunner.errors import PlanError
+from pyrunner.plan.analysis import resolve_config
+from pyrunner.plan.schema import Plan
+from pyrunner.target.rounding import round_to
+
+
+class EmulationError(PlanError):
+    """The rendered source does something the emulator (or TileLang) would reject."""
+
+
+# --- tiles ----------------------------------------------------------------------
+
+class Tile:
+    """A global tensor or an on-chip buffer: float32 storage rounded to ``dtype`` on every write."""
+
+    def __init__(self, name: str, data: np.ndarray, dtype: str, scope: str, trace: Trace) -> None:
+        self.name, self.data, self.dtype, self.scope, self.trace = name, data, dtype, scope, trace
+
+    def __getitem__(self, idx: Any) -> Any:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if any(isinstance(i, slice) for i in idx):
+            return Region(self, idx)
+        if idx == () and self.data.ndim == 0:
+            return self.data[()]
+        return self.data[idx]
+
+    def __setitem__(self, idx: Any, value: Any) -> None:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        self.trace.write(self, "map")
+        self.data[idx] = round_to(np.asarray(value, dtype=np.float32), self.dtype)
+
+    def values(self) -> np.ndarray:
+        return self.data
+
+    def assign(self, value: np.ndarray) -> None:
+        self.data[...] = round_to(value, self.dtype)
+
+
+@dataclass
+class Region:
+    """A slice of a tile, as T.copy takes it."""
+
+    tile: Tile
+    idx: tuple
+
+    def values(self) -> np.ndarray:
+        return self.tile.data[self.idx]
+
+    def assign(self, value: np.ndarray) -> None:
+        self.tile.data[self.idx] = round_to(value, self.tile.dtype)
+
+    def bounds(self) -> list[tuple[int, int] | int]:
+        return [(s.start, s.stop) if isinstance(s, slice) else int(s) for s in self.idx]
+
+
+def _vals(x: Any) -> np.ndarray:
+    return x.values() if isinstance(x, (Tile, Region)) else np.asarray(x, dtype=np.float32)
+
+
+def _name(x: Any) -> str:
+    return x.tile.name if isinstance(x, Region) else x.name
+
+
+# --- the trace --------------------------------------------------------------------
+
+@dataclass
+class Trace:
+    """Events of the first block of the kernel being run, and its buffer allocations."""
+
+    events: list[tuple] = field(default_factory=list)
+    allocs: list[tuple[str, tuple, str, str]] = field(default_factory=list)
+    on: bool = True
+
+    def add(self, *event: Any) -> None:
+        if self.on:
+            self.events.append(event)
+
+    def write(self, tile: Tile, how: str) -> None:
+        if self.on and tile.scope != "global":
+            self.events.append((how, tile.name))
+
+
+# --- the numpy stand-in for tilelang.language ----------------------------------------
+
+_NP_DTYPES = {"float16": np.float32, "bfloat16": np.float32, "float32": np.float32}
+
+
+class _Policy:
+    FullRow, FullCol, Square = "FullRow", "FullCol", "Square"
+
+
+class FakeT:
+    """The subset of ``tilelang.language`` the renderer emits, on numpy."""
+
+    GemmWarpPolicy = _Policy
+
+    def __init__(self, trace: Trace) -> None:
+        self.trace = trace
+
+    # declarations
+    def prim_func(self, f=None, **_: Any):
+        return f if f is not None else (lambda g: g)
+
+    def Tensor(self, shape, dtype):  # noqa: N802 - TileLang's name
+        return (shape, dtype)
+
+    def Kernel(self, *extents, threads=None, **_: Any):  # noqa: N802
+        """Every block in turn (rewritten from ``with``); the trace keeps the first block only."""
+        for i, coords in enumerate(itertools.product(*(range(int(e)) for e in extents))):
+            self.trace.on = i == 0
+            yield coords[0] if len(coords) == 1 else coords
+        self.trace.on = True
+
+    def Pipelined(self, n, num_stages=None, **_: Any):  # noqa: N802
+        return range(int(n))
+
+    def serial(self, n):
+        return range(int(n))
+
+    def Parallel(self, *extents):  # noqa: N802
+        grids = np.meshgrid(*(np.arange(int(e)) for e in extents), indexing="ij", sparse=True)
+        yield grids[0] if len(grids) == 1 else tuple(grids)
+
+    def alloc_shared(self, shape, dtype, _name: str = "?"):
+        return self._alloc(shape, dtype, "shared", _name)
+
+    def alloc_fragment(self, shape, dtype, _name: str = "?"):
+        return self._alloc(shape, dtype, "fragment", _name)
+
+    def _alloc(self, shape, dtype, scope, name):
+        shape = tuple(int(s) for s in shape)
+        if self.trace.on:
+            self.trace.allocs.append((name, shape, dtype, scope))
+        return Tile(name, np.full(shape, np.nan, dtype=np.float32), dtype, scope, self.trace)
+
+    def use_swizzle(self, *_, **__) -> None:
+        return None
+
+    # data movement and compute
+    def copy(self, src, dst, **_: Any) -> None:
+        s = _vals(src)
+        d_shape = _vals(dst).shape
+        if s.shape != d_shape:
+            raise EmulationError(f"T.copy from {_name(src)!r} {s.shape} to {_name(dst)!r} {d_shape}: shapes differ")
+        region = src.bounds() if isinstance(src, Region) else dst.bounds() if isinstance(dst, Region) else None
+        self.trace.add("copy", _name(src), _name(dst), region)
+        dst.assign(s)
+
+    def clear(self, buf) -> None:
+        self.trace.add("fill", buf.name)
+        buf.assign(np.zeros_like(buf.data))
+
+    def fill(self, buf, value) -> None:
+        self.trace.add("fill", buf.name)
+        buf.assign(np.full_like(buf.data, float(value)))
+
+    def gemm(self, a, b, c, transpose_A=False, transpose_B=False, policy=None, clear_accum=False,  # noqa: N803
+             **_: Any) -> None:
+        x, y = _vals(a).astype(np.float64), _vals(b).astype(np.float64)
+        x = x.T if transpose_A else x
+        y = y.T if transpose_B else y
+        if x.ndim != 2 or y.ndim != 2 or x.shape[1] != y.shape[0] or c.data.shape != (x.shape[0], y.shape[1]):
+            raise EmulationError(f"T.gemm {_name(a)!r} {x.shape} @ {_name(b)!r} {y.shape} into {c.name!r} "
+                                 f"{c.data.shape}: shapes do not match")
+        self.trace.add("gemm", _name(a), _name(b), c.name)
+        acc = x @ y
+        c.assign(acc if clear_accum else c.data.astype(np.float64) + acc)
+
+    def _reduce(self, fn, src, dst, dim, clear) -> None:
+        v = _vals(src)
+        r = {"sum": np.sum, "max": np.max, "min": np.min}[fn](v, axis=dim)
+        want = dst.data.shape
+        if r.shape != want and not (r.shape == () and want == (1,)):
+            raise EmulationError(f"T.reduce_{fn} of {_name(src)!r} {v.shape} over dim {dim} into {dst.name!r} "
+                                 f"{want}: shapes do not match")
+        self.trace.add("reduce", fn, _name(src), dst.name, dim)
+        r = np.reshape(r, want)
+        if not clear:
+            r = {"sum": np.add, "max": np.maximum, "min": np.minimum}[fn](dst.data, r)
+        dst.assign(r)
+
+    def reduce_sum(self, src, dst, dim=-1, clear=True, **_: Any) -> None:
+        self._reduce("sum", src, dst, dim, clear)
+
+    def reduce_max(self, src, dst, dim=-1, clear=True, **_: Any) -> None:
+        self._reduce("max", src, dst, dim, clear)
+
+    def reduce_min(self, src, dst, dim=-1, clear=True, **_: Any) -> None:
+        self._reduce("min", src, dst, dim, clear)
+
+    # scalar math
+    def float32(self, x):
+        return np.float32(x)
+
+    def cast(self, x, dtype):
+        return round_to(np.asarray(x, dtype=np.float32), dtype)
+
+    def infinity(self, dtype):
+        return np.float32(np.inf)
+
+    def exp(self, x):
+        return np.exp(x)
+
+    def exp2(self, x):
+        return np.exp2(x)
+
+    def log(self, x):
+        return np.log(x)
+
+    def sqrt(self, x):
+        return np.sqrt(x)
+
+    def rsqrt(self, x):
+        return np.float32(1.0) / np.sqrt(x)
+
+    def tanh(self, x):
+        return np.tanh(x)
+
+    def abs(self, x):
+        return np.abs(x)
+
+    def max(self, a, b):
+        return np.maximum(a, b)
+
+    def min(self, a, b):
+        return np.minimum(a, b)
+
+    def __getattr__(self, name: str):
+        raise EmulationError(f"the rendered source calls T.{name}, which the CPU emulator does not model")
+
+
+# --- source rewriting ------------------------------------------------------------------
+
+class _Rewrite(ast.NodeTransformer):
+    """``with T.Kernel(...) as v:`` -> ``for v in T.Kernel(...):``; allocations learn their names;
+    ``import tilelang...`` dropped."""
+
+    def visit_Import(self, node: ast.Import):  # noqa: N802
+        return None if all(a.name.split(".")[0] == "tilelang" for a in node.names) else node
+
+    def visit_ImportFrom(self, node: ast.ImportFrom):  # noqa: N802
+        return None if (node.module or "").split(".")[0] == "tilelang" else node
+
+    def visit_With(self, node: ast.With):  # noqa: N802
+        self.generic_visit(node)
+        item = node.items[0]
+        call = item.context_expr
+        if len(node.items) == 1 and isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
+                and call.func.attr == "Kernel":
+            target = item.optional_vars or ast.Name(id="_block", ctx=ast.Store())
+            return ast.copy_location(ast.For(target=target, iter=call, body=node.body, orelse=[]), node)
+        return node
+
+    def visit_Assign(self, node: ast.Assign):  # noqa: N802
+        v = node.value
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and isinstance(v, ast.Call) \
+                and isinstance(v.func, ast.Attribute) and v.func.attr in ("alloc_shared", "alloc_fragment"):
+            v.keywords.append(ast.keyword(arg="_name", value=ast.Constant(node.targets[0].id)))
+        return node
+
+
+def load_emulated(source: str, trace: Trace) -> dict:
+    """Execute a rendered module's text in a namespace whose ``T`` is the numpy stand-in."""
+    tree = _Rewrite().visit(ast.parse(source))
+    ast.fix_missing_locations(tree)
+    ns: dict[str, Any] = {"T": FakeT(trace), "__name__": "superopt_emulated"}
+    exec(compile(tree, "<rendered TileLang>", "exec"), ns)  # noqa: S102 - our own rendered source
+    return ns
+
+
+# --- running a plan --------------------------------------------------------------------
+
+@dataclass
+class Emulation:
+    outputs: dict[str, np.ndarray]
+    traces: dict[str, Trace]
+
+
+def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None,
+            source: str | None = None) -> Emulation:
+    """Run the rendered kernels of ``plan`` (or ``source``, a rendering of it) on numpy; inputs by
+    graph input name, in the plan's axis order."""
+    cfg = resolve_config(plan, config)
+    traces: dict[str, Trace] = {}
+    tensors: dict[str, Tile] = {}
+    scratch = Trace(on=False)
+    for t in plan.tensors:
+        if t.role == "input":
+            data = round_to(np.asarray(inputs[t.name], dtype=np.float32), t.dtype).copy()
+        else:
+            data = np.full(t.shape, np.nan, dtype=np.float32)
+        tensors[t.name] = Tile(t.name, data.reshape(t.shape), t.dtype, "global", scratch)
+    source = render(plan) if source is None else source
+    for k_name, _build, args in load_emulated(source, Trace())["KERNELS"]:
+        trace = traces[k_name] = Trace()
+        ns = load_emulated(source, trace)
+        build = next(b for n, b, _ in ns["KERNELS"] if n == k_name)
+        func = build(**cfg[k_name])
+        for a in args:
+            tensors[a].trace = trace
+        func(*(tensors[a] for a in args))
+    return Emulation({t.name: tensors[t.name].data.astype(np.float64) for t in plan.tensors if t.role == "output"},
+                     traces)
+
+
+def execute_rendered(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None) -> dict[str, np.ndarray]:
+    """``executor.execute``'s signature, for ``verify.verify_executor``: the rendered source's outputs."""
+    return emulate(plan, inputs, config).outputs

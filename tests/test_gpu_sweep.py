@@ -1,0 +1,58 @@
+"""The GPU sweep's dry mode (plan, render, lower; no GPU) on two small graphs, and its summary table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SWEEP = ROOT / "benchmarks" / "gpu_sweep.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_sweep  # noqa: E402
+
+
+@pytest.mark.slow
+def test_dry_sweep_on_two_small_graphs(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SWEEP), "--dry", "--only", "Matmul,matmul_bias_residual",
+                           "--shapes", "small", "--random", "0", "--jobs", "2", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cases"] == 2 and summary["planned"] == 2 and summary["compiled"] == 2
+    assert summary["failed"] == 0 and summary["by_source"] == {"catalog": 1, "corpus": 1}
+    records = [json.loads(ln) for ln in (tmp_path / "cases.jsonl").read_text().splitlines()]
+    assert {r["status"] for r in records} == {"lowered"}
+    assert {r["sizes"]["m"] for r in records} == {128}
+    assert proc.stdout.rstrip().splitlines()[-1].startswith("   planned 2 / compiled 2 / GPU-verified 0 / failed 0")
+    assert "worker log of Matmul@small/bf16" in (tmp_path / "sweep.log").read_text()
+
+
+def test_cases_cover_catalog_corpus_random_at_two_shapes() -> None:
+    args = gpu_sweep.argparse.Namespace(random=3, random_seed0=0, graph=None, only=None, shapes="small,real",
+                                        dtypes="bf16")
+    cases = gpu_sweep.collect(args)
+    by = {(c.source, c.shape) for c in cases}
+    assert by == {(s, sh) for s in ("catalog", "corpus", "random") for sh in ("small", "real")}
+    att = {c.shape: c.graph["axes"] for c in cases if c.id.startswith("Attention@")}
+    assert att["real"] == {"h": 16, "t_q": 4096, "t_kv": 4096, "d": 128}
+    assert att["small"] == {"h": 2, "t_q": 128, "t_kv": 128, "d": 128}
+    assert all(n % 64 == 0 or n <= 16 for c in cases for n in c.graph["axes"].values())
+
+
+def test_summary_counts_and_failure_lines() -> None:
+    def rec(i, status, stage, msg=""):
+        return {"id": f"g{i}@small/bf16", "source": "corpus", "status": status, "stage": stage, "message": msg}
+
+    recs = [rec(0, "ok", "verified"), rec(1, "failed-verification", "compiled", "output 'Y': error 4.3e-01 > 3e-02"),
+            rec(2, "failed-compile", "planned", "Layout infer conflict between S and P"), rec(3, "timeout", "planned"),
+            rec(4, "failed-plan", "start", "GraphError: no feasible plan")]
+    s = gpu_sweep.summarize(recs, dry=False, seconds=12.0)
+    assert (s["planned"], s["compiled"], s["gpu_verified"], s["failed"]) == (4, 2, 1, 4)
+    text = gpu_sweep.table(s)
+    assert "planned 4 / compiled 2 / GPU-verified 1 / failed 4" in text
+    assert "Layout infer conflict between S and P" in text and "error 4.3e-01" in text

@@ -1,0 +1,85 @@
+"""The rendered TileLang source itself, run on the CPU (backend/tilelang/emulate.py), computes the graph and
+agrees with the plan op by op (buffers, loads/stores and their regions, gemms, reductions, maps), for every
+catalog workload and every tests/data graph; and the check catches renderer bugs planted in the source."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_corpus import PLANNER_XFAIL, corpus_files
+
+from pyrunner.backend.tilelang.emulate import EmulationError, emulate, execute_rendered
+from pyrunner.backend.tilelang.render import render
+from pyrunner.backend.tilelang.structure import structure_problems
+from pyrunner.ir import catalog
+from pyrunner.ir.graph_json import load_graph_file
+from pyrunner.ir.reference import evaluate, random_inputs
+from pyrunner.planner import search
+from pyrunner.run.executor import round_to, scale_down
+from pyrunner.run.runner import graph_of
+from pyrunner.run.verify import compare, executor_bound, verify_executor
+
+CASES = [pytest.param(("catalog", n), id=n) for n in catalog.CATALOG]
+CASES += [pytest.param(("corpus", p), id=p.stem) for p in corpus_files() if p.stem not in PLANNER_XFAIL]
+
+
+def _graph(case):
+    kind, x = case
+    return catalog.get(x) if kind == "catalog" else load_graph_file(Path(x))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_rendered_source_computes_the_graph_and_follows_the_plan(case) -> None:
+    top = 3 if case[0] == "catalog" and case[1] in catalog.SEED_WORKLOADS else 1
+    for plan in search(_graph(case), "bf16", top=top):
+        small = scale_down(plan)
+        graph = graph_of(small)
+        res = verify_executor(small, graph, execute_rendered)
+        assert res.ok, f"plan {plan.provenance.plan_hash}: rendered source {res.message} (seed {res.seed})"
+
+
+def _matmul_case():
+    (plan,) = search(catalog.get("RMSNorm"), "bf16", top=1)
+    small = scale_down(plan)
+    graph = graph_of(small)
+    raw = random_inputs(graph, 3)
+    inputs = {k: round_to(v, "bfloat16").astype(np.float64) for k, v in raw.items()}
+    return small, graph, inputs, render(small)
+
+
+def _check(plan, graph, inputs, source) -> tuple[bool, list[str]]:
+    em = emulate(plan, inputs, source=source)
+    res = compare(em.outputs, evaluate(graph, inputs), executor_bound(plan), 0,
+                  {t.name: t.axes for t in plan.tensors if t.role == "output"}, graph)
+    return res.ok, structure_problems(plan, em)
+
+
+def test_the_check_passes_the_true_rendering() -> None:
+    assert _check(*_matmul_case()) == (True, [])
+
+
+@pytest.mark.parametrize("mutation", ["region", "loop_region", "reduce_dim", "gemm_clear",
+                                      "drop_map", "transpose"])
+def test_the_check_catches_planted_renderer_bugs(mutation: str) -> None:
+    plan, graph, inputs, src = _matmul_case()
+    subs = {
+        # the store of Y lands one row further (a wrong index expression)
+        "region": (r"Y\[m_blk \* block_m:\(m_blk \+ 1\) \* block_m", "Y[m_blk * block_m + 1:(m_blk + 1) * block_m + 1"),
+        # every loop step reads the same slice of W
+        "loop_region": (r"W\[d_step \* block_d:\(d_step \+ 1\) \* block_d", "W[0:block_d"),
+        "reduce_dim": (r"dim=1", "dim=0"),
+        "gemm_clear": (r"T\.gemm\(([^)]*)\)", r"T.gemm(\1, clear_accum=True)"),
+        "drop_map": (r"\n(\s+)for (m_i) in T\.Parallel\(block_m\):\n\s+(\w+)\[m_i\] = [^\n]*\n", r"\n"),
+        "transpose": (r"T\.gemm\(X_s, W_s, acc", "T.gemm(X_s, W_s, acc, transpose_B=True"),
+    }
+    pat, rep = subs[mutation]
+    bad, n = re.subn(pat, rep, src, count=1)
+    assert n == 1, f"mutation {mutation!r} did not apply"
+    try:
+        ok, problems = _check(plan, graph, inputs, bad)
+    except EmulationError:
+        return  # the emulator itself rejects it (a shape that TileLang would reject too)
+    assert not ok or problems, f"mutation {mutation!r} went unnoticed"
