@@ -542,6 +542,13 @@ class _Builder:
                                                                       self.expr(t.args[2])[0]])))
         self.buf_of[t] = name
 
+    def emit_index(self, t: Term) -> None:
+        """An iota that is a kernel's own output (a naive plan): its index values as a map."""
+        self.ew_elems += self.elems(t)
+        name = self.fragment_for(t, "t")
+        self.ops[self.where[t]].append(Map(dst=name, expr=static_expr(t)))
+        self.buf_of[t] = name
+
     def emit_reduce(self, t: Term) -> None:
         if _is_acc(t, self.s):
             self.emit_accumulated_reduce(t)
@@ -641,6 +648,7 @@ _EMIT = {
     "unary": _Builder.emit_elementwise,
     "binary": _Builder.emit_elementwise,
     "ternary": _Builder.emit_elementwise,
+    "iota": _Builder.emit_index,
     "reduce": _Builder.emit_reduce,
     "matmul": _Builder.emit_matmul,
 }

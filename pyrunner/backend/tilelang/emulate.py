@@ -141,8 +141,9 @@ class FakeT:
             yield coords[0] if len(coords) == 1 else coords
         self.trace.on = True
 
-    def Pipelined(self, n, num_stages=None, **_: Any):  # noqa: N802
-        return range(int(n))
+    def Pipelined(self, *bounds, num_stages=None, **_: Any):  # noqa: N802
+        """``T.Pipelined(n)`` or ``T.Pipelined(lo, hi)`` (a loop whose masked tiles are skipped)."""
+        return range(*(int(b) for b in bounds))
 
     def serial(self, n):
         return range(int(n))
@@ -254,6 +255,16 @@ class FakeT:
 
     def min(self, a, b):
         return np.minimum(a, b)
+
+    # mask predicates
+    def if_then_else(self, c, x, y):
+        return np.where(c, x, y)
+
+    def And(self, *xs):  # noqa: N802
+        return np.logical_and.reduce(np.broadcast_arrays(*xs))
+
+    def Or(self, *xs):  # noqa: N802
+        return np.logical_or.reduce(np.broadcast_arrays(*xs))
 
     def __getattr__(self, name: str):
         raise EmulationError(f"the rendered source calls T.{name}, which the CPU emulator does not model")
