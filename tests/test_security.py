@@ -518,3 +518,17 @@ def test_deep_plan_expression_is_one_line(tmp_path: Path, capsys) -> None:
         code, _, err = run(["validate", str(f)], capsys)
         assert code == 2, err
         one_error(err)
+
+
+def test_found_by_the_fuzz_suite(tmp_path: Path, capsys) -> None:
+    """A constant of 10**400 overflowed math.isfinite; a record with plan_us "inf" crashed --calibrate."""
+    g = small_matmul_graph()
+    g["nodes"].append({"name": "c9", "op": "const", "value": 10**400})
+    with pytest.raises(GraphError, match="finite number"):
+        graph_from_json(g)
+    rec = json.loads(_rec().model_dump_json())
+    rec.update(plan_us="inf", predicted_us=12.0, bound="compute")
+    log = tmp_path / "r.jsonl"
+    log.write_text(json.dumps(rec) + "\n")
+    code, _, err = run(["superopt", "Matmul", "--calibrate", str(log)], capsys)
+    assert code == 2 and "invalid record" in one_error(err)

@@ -107,6 +107,14 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _finite(x: int | float) -> bool:
+    """A JSON number that is a finite float (an integer like 10**400 is not: it overflows)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def _name(x: object, field: str) -> str:
     if not isinstance(x, str) or not x:
         raise GraphError(f"{field}: expected a non-empty string, got {_json_type(x)} {_short(x)}")
@@ -173,7 +181,7 @@ class _Reader:
 
     def operand(self, where: str, x: object) -> Tensor:
         if _is_number(x):
-            if not math.isfinite(x):
+            if not _finite(x):
                 raise GraphError(f"{where}: constant operand must be finite, got {x}")
             return self.b.const(float(x))
         if not isinstance(x, str):
@@ -263,7 +271,7 @@ class _Reader:
             if op == "softmax":
                 return b.softmax(x, axis)
             eps = node.get("eps", HELPER_EPS[op])
-            if not _is_number(eps) or not math.isfinite(eps) or eps < 0:
+            if not _is_number(eps) or not _finite(eps) or eps < 0:
                 raise GraphError(f"{where}: field 'eps' must be a finite number >= 0, got {_short(eps)}")
             return b.rmsnorm(x, axis, float(eps)) if op == "rmsnorm" else b.layernorm(x, axis, float(eps))
         if op == "size":
@@ -272,7 +280,7 @@ class _Reader:
         if "value" not in node:
             raise GraphError(f"{where}: missing field 'value'")
         v = node["value"]
-        if not _is_number(v) or not math.isfinite(v):
+        if not _is_number(v) or not _finite(v):
             raise GraphError(f"{where}: field 'value' must be a finite number, got {_short(v)}")
         return b.const(float(v))
 

@@ -40,7 +40,7 @@ class RunRecord(BaseModel):
     kernel's bound, which the planner's calibration compares with ``plan_us``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # make_record turns them into null
 
     record_version: Literal[1] = RECORD_VERSION
     timestamp: str = Field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat())
