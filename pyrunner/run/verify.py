@@ -49,6 +49,10 @@ def error_bound(dtype: str, reduction: int = 1) -> float:
     return STORE_ROUNDINGS * UNIT_ROUNDOFF[dtype] + ACCUMULATION_FACTOR * math.sqrt(n) * UNIT_ROUNDOFF["float32"]
 
 
+BOUNDS: dict[str, float] = {dt: error_bound(dt, 4096) for dt in UNIT_ROUNDOFF}
+"""Per-dtype bounds at a 4096-term reduction, for callers that check without a graph."""
+
+
 def reduction_length(graph: Graph) -> int:
     """Terms in the graph's longest reduction or contraction (1 when it has none)."""
     lengths = [graph.sizes[t.axis] for t in graph.terms() if t.op in ("reduce", "matmul")]
