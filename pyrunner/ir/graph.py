@@ -4,6 +4,9 @@ A graph is a DAG of hash-consed ``Term`` values. Terms are immutable and
 structurally compared, so rewrite rules can build new terms freely and the
 search can deduplicate equal graphs. Axis names carry broadcasting: a binary
 op aligns its operands by name, never by position.
+
+Why one module: terms, their traversal (iterative, memoised: untrusted graphs can be deep or
+share subgraphs exponentially), the type check and the builder DSL change together.
 """
 
 from __future__ import annotations
