@@ -12,8 +12,10 @@ or a path. The rules:
   exactly when Python would think so;
 - at most ``MAX_GRAPH_NAME`` characters for names in graphs (plans derive kernel and
   buffer names from them with short prefixes and suffixes, hence ``MAX_PLAN_NAME``);
-- not a Python keyword (``class``, ``None``, ...), not a dunder (``__x``), and not one
-  of ``GENERATED``, the module-level names every rendered module defines.
+- not a Python keyword (``class``, ``None``, ...) and not a dunder (``__x``).
+
+Names the rendered module binds itself (``T``, ``tilelang``, its constants) may still be used:
+the renderer gives every plan name a fresh identifier that avoids them (``render._Names``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ MAX_GRAPH_NAME = 64
 MAX_PLAN_NAME = 128
 """Longest name a plan may use: graph names plus the planner's prefixes and suffixes."""
 PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-GENERATED = frozenset({"T", "tilelang"})
-"""Names the rendered module binds itself and a user name must not shadow."""
 HASH_PATTERN = re.compile(r"[0-9a-f]{16}")
 
 
@@ -51,8 +51,6 @@ def name_problem(name: object, limit: int = MAX_GRAPH_NAME) -> str | None:
         return f"name {name!r} is a Python keyword"
     if name.startswith("__"):
         return f"name {name!r} starts with '__' (reserved for Python's dunder names)"
-    if name in GENERATED:
-        return f"name {name!r} is reserved for generated code ({', '.join(sorted(GENERATED))})"
     return None
 
 
