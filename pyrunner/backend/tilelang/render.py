@@ -55,6 +55,7 @@ from pyrunner.plan.schema import (
     axis_sizes,
     plan_hash,
 )
+from pyrunner.plan.validate import check_plan_names, checked_hash
 from pyrunner.target.device import H200
 from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
 
@@ -263,6 +264,8 @@ def _region(ctx: _Ctx, tensor: GlobalTensor) -> str:
 
 
 def _fill_value(v: float | str, dtype: str) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        raise PlanError("a fill value is NaN")
     if v == "-inf" or (isinstance(v, float) and v == -math.inf):
         return f'-T.infinity("{dtype}")'
     if v == "inf" or (isinstance(v, float) and v == math.inf):
@@ -717,9 +720,13 @@ def render(plan: Plan) -> str:
     names_k = [k.name for k in plan.kernels]
     if len(set(names_k)) != len(names_k):  # validation does not compare kernel names
         raise PlanError(f"plan repeats a kernel name: {names_k}")
+    # Every user string below reaches the source only as a name that passed pyrunner.ir.names
+    # (identifiers, docstrings, comments) or as the recomputed hex hash.
+    check_plan_names(plan)
+    phash = plan_hash(plan)  # recomputed; the stored one is compared once the plan has rendered
+    given = plan
     plan = optimize(plan)
     sizes = axis_sizes(plan)
-    phash = plan.provenance.plan_hash or plan_hash(plan)
 
     params = sorted({p for k in plan.kernels for p in k.params})
     for k in plan.kernels:
@@ -802,6 +809,7 @@ def render(plan: Plan) -> str:
         w.dedent()
     w.lines.extend(body.lines)
     _render_runtime(w, plan, build_names)
+    checked_hash(given)
     return w.text()
 
 
