@@ -43,7 +43,7 @@ def one_error(err: str) -> str:
 
 
 def small_matmul_graph() -> dict:
-    return graph_to_json(workloads.get("Matmul", {"m": 32, "d": 32, "n": 32}))
+    return graph_to_json(workloads.get("Matmul", {"m": 64, "d": 128, "n": 64}))
 
 
 _PLANS: dict[str, Plan] = {}
@@ -53,7 +53,7 @@ def planned(name: str = "RMSNorm", sizes: dict | None = None, dtype: str = "fp16
     """A real planner plan at small shapes (cached: the planner is the slow part)."""
     from pyrunner.planner import search
 
-    sizes = sizes or {"m": 32, "d": 64, "n": 32}
+    sizes = sizes or {"m": 64, "d": 128, "n": 64}
     key = f"{name}{sorted(sizes.items())}{dtype}"
     if key not in _PLANS:
         _PLANS[key] = search(workloads.get(name, sizes), dtype)[0]

@@ -128,14 +128,14 @@ _BASE: dict[str, object] = {}
 
 
 def base_graph() -> dict:
-    return graph_to_json(workloads.get("RMSNorm", {"m": 32, "d": 64, "n": 32}))
+    return graph_to_json(workloads.get("RMSNorm", {"m": 64, "d": 128, "n": 64}))
 
 
 def base_plan() -> dict:
     if "plan" not in _BASE:
         from pyrunner.planner import search
 
-        _BASE["plan"] = search(workloads.get("RMSNorm", {"m": 32, "d": 64, "n": 32}), "fp16")[0].model_dump(
+        _BASE["plan"] = search(workloads.get("RMSNorm", {"m": 64, "d": 128, "n": 64}), "fp16")[0].model_dump(
             mode="json")
     return json.loads(json.dumps(_BASE["plan"]))
 

@@ -36,17 +36,20 @@ ACCUMULATION_FACTOR = 16.0
 random data (Higham, rule of thumb); 16 sqrt(n) u_f32 leaves room for ordered sums and tiling."""
 
 
-def error_bound(dtype: str, reduction: int = 1) -> float:
+def error_bound(dtype: str, reduction: int = 1, stores: int = 1) -> float:
     """Bound on the normalised max error of a plan storing values in ``dtype`` whose longest
-    reduction or contraction has ``reduction`` terms:
+    reduction or contraction has ``reduction`` terms and whose values pass through ``stores``
+    kernels (each global intermediate is stored in ``dtype``: one more rounding that reaches the
+    output, so a chain of k kernels gets k - 1 more units of u):
 
-        STORE_ROUNDINGS * u(dtype) + ACCUMULATION_FACTOR * sqrt(reduction) * u(float32)
+        (STORE_ROUNDINGS + stores - 1) * u(dtype) + ACCUMULATION_FACTOR * sqrt(reduction) * u(float32)
 
     float16: 9.8e-4 (+6.1e-5 at n = 4096); bfloat16: 7.8e-3 (+6.1e-5). Both reject an output scaled by
     1% (error >= 1e-2 - u/2, above either bound), which the old flat 1e-2 / 3e-2 bounds let pass.
     """
     n = max(1, int(reduction))
-    return STORE_ROUNDINGS * UNIT_ROUNDOFF[dtype] + ACCUMULATION_FACTOR * math.sqrt(n) * UNIT_ROUNDOFF["float32"]
+    roundings = STORE_ROUNDINGS + max(0, int(stores) - 1)
+    return roundings * UNIT_ROUNDOFF[dtype] + ACCUMULATION_FACTOR * math.sqrt(n) * UNIT_ROUNDOFF["float32"]
 
 
 BOUNDS: dict[str, float] = {dt: error_bound(dt, 4096) for dt in UNIT_ROUNDOFF}
@@ -67,7 +70,7 @@ def executor_bound(plan: Plan, graph: Graph | None = None) -> float:
     dts |= {b.dtype for k in plan.kernels for b in k.buffers}
     n = reduction_length(graph) if graph is not None else max(
         (n for t in plan.tensors for n in t.shape), default=1)
-    return error_bound("float32" if dts <= {"float32"} else plan.dtype, n)
+    return error_bound("float32" if dts <= {"float32"} else plan.dtype, n, len(plan.kernels))
 
 
 def bound_for(dtype: str, reduction: int = 1) -> float:
@@ -189,7 +192,7 @@ class GpuVerifier:
 
         self.plan, self.graph, self.device = plan, graph, device
         self.seed = fresh_seed() if seed is None else seed
-        self.bound = error_bound(plan.dtype, reduction_length(graph))
+        self.bound = error_bound(plan.dtype, reduction_length(graph), len(plan.kernels))
         dt = _tdtype(plan.dtype)
         raw = random_inputs(graph, self.seed)
         self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=dt) for k, v in raw.items()}
