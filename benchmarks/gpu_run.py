@@ -191,12 +191,6 @@ def worker(args) -> int:
 
 # --- the supervisor ----------------------------------------------------------------
 
-def _count(results: Path, plan_hash: str) -> int:
-    from pyrunner.log.results import read_log
-
-    return sum(1 for r in read_log(results) if r.plan_hash == plan_hash)
-
-
 def _warm(args, jobs, results: Path, work: Path, until: float, say: Tee) -> None:
     if args.jobs <= 1 or not jobs:
         return
@@ -222,8 +216,8 @@ def _shapes(plan: dict) -> dict[str, int]:
 
 
 def _timed(args, jobs, results: Path, work: Path, end: float, say: Tee) -> None:
-    from pyrunner.log.results import append_record, make_record
-    from pyrunner.run.runner import record_from_checkpoint
+    from pyrunner.log.results import append_record, make_record, read_log
+    from pyrunner.run.runner import record_after_exit, record_from_checkpoint
 
     for i, (name, dtype, plan_path) in enumerate(jobs):
         left = end - time.monotonic()
@@ -241,14 +235,20 @@ def _timed(args, jobs, results: Path, work: Path, end: float, say: Tee) -> None:
         soft = max(hard - 10.0, MIN_RUN_S / 2)
         ck = work / "logs" / f"checkpoint_{name}_{dtype}.json"
         ck.unlink(missing_ok=True)
+        # the worker writes its record here; this process appends exactly one record per run to the
+        # results log once it knows how the worker ended (a worker killed after writing is no success)
+        pending = work / "logs" / f"record_{name}_{dtype}.jsonl"
+        pending.unlink(missing_ok=True)
         log = work / "logs" / f"run_{name}_{dtype}.log"
-        before = _count(results, phash)
         say(f"== run {name} {dtype} plan {phash} (deadline {soft:.0f} s, hard limit {hard:.0f} s)")
-        rc, secs = _run_proc(_worker_cmd(args, "run", plan_path, results, work, soft, ck), hard, log)
+        rc, secs = _run_proc(_worker_cmd(args, "run", plan_path, pending, work, soft, ck), hard, log)
         text = log.read_text(errors="replace")
         say.raw(f"----- log of run {name} {dtype} -----\n{text}")
-        if _count(results, phash) > before:
-            say(f"   {name} {dtype}: exit {rc} after {secs:.0f} s")
+        written = read_log(pending)
+        if written:
+            rec = record_after_exit(written[-1], rc)
+            append_record(results, rec)
+            say(f"   {name} {dtype}: exit {rc} after {secs:.0f} s; logged as {rec.status}")
             continue
         why = f"killed by gpu_run's time guard after {secs:.0f} s" if rc is None else f"worker exited {rc} (crash?)"
         rec = record_from_checkpoint(ck, why)

@@ -14,7 +14,7 @@ Steps (each guarded: one failure is a table row, never the end of the run):
    on the same inputs: outputs must be identical (same kernels). That process then imports pyrunner and
    times ``load(plan).compile()`` from the warm cache (a second process's start).
 4. The decoder block (bf16): eager, ``torch.compile``, ``optimize`` and the superopt backend, each compared
-   with the float64 model (normalised max error; bound 3e-2, ``verify.BOUNDS['bfloat16']``) and timed
+   with the float64 model (normalised max error; bound ``verify.BOUNDS['bfloat16']``) and timed
    (CUDA-event medians, same warm-up for all).
 
 ``--small`` runs steps 1 and 3's export half on a CPU (no compile, no timing) to check the script itself.

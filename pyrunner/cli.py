@@ -11,7 +11,7 @@ Commands::
     python -m pyrunner superopt [WORKLOAD] [--graph FILE.json] [--shape AXIS=N ...] [--dtype fp16|bf16]
                                 [--naive] [--top K] [--explain] [--calibrate LOG.jsonl] [--out FILE]
         search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K)
-    python -m pyrunner report [--log FILE] [--out DIR] [--all]   (pyrunner.log.report.main(argv))
+    python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
     python -m pyrunner export PLAN.json --out kernel.py   (a standalone TileLang + torch module)
@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import math
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from pyrunner.errors import UserError
+from pyrunner.files import write_text_atomic
 
 COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads", "export")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -46,24 +46,6 @@ SCHEMA_FILE = Path(__file__).parent / "schema" / "plan.schema.json"
 
 
 # --- helpers ---------------------------------------------------------------------
-
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Write a whole file or nothing: a temp file in the same folder, then rename."""
-    p = Path(path)
-    if p.is_dir():
-        raise UserError(f"output path {str(p)!r} is a directory")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise UserError(f"cannot write {str(p)!r}: folder {str(parent)!r} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
 
 def parse_assignments(items: Sequence[str] | None, flag: str, what: str) -> dict[str, int]:
     """``["a=1", "b=2"]`` -> ``{"a": 1, "b": 2}``; UserError naming the bad item."""
@@ -106,6 +88,12 @@ def run_options(args: argparse.Namespace):
     """The ``run`` flags as the runner's typed options (unknown baselines: UserError)."""
     from pyrunner.run.runner import BASELINES, MAX_AUTOTUNE_CONFIGS, RunOptions
 
+    if args.seed is not None and not 0 <= args.seed < 2**63:
+        raise UserError(f"--seed must be an integer from 0 to 2**63 - 1, got {args.seed}")
+    if args.autotune is not None and args.autotune < 0:
+        raise UserError(f"--autotune must be at least 0, got {args.autotune}")
+    if args.budget is not None and not (math.isfinite(args.budget) and args.budget > 0):
+        raise UserError(f"--budget must be a positive number of seconds, got {args.budget}")
     opts = RunOptions(
         autotune=min(args.autotune or 0, MAX_AUTOTUNE_CONFIGS),
         baselines=() if args.no_baselines else
@@ -164,6 +152,9 @@ def cmd_superopt(args: argparse.Namespace) -> int:
         calibration = Path(args.calibrate)
         if not calibration.is_file():
             raise UserError(f"--calibrate: results log {str(calibration)!r} does not exist")
+        from pyrunner.log.results import read_log
+
+        read_log(calibration, strict=True)  # a malformed record is one error line, never silently used
     from pyrunner.planner import explain, search
 
     graph = _load_graph(args)
@@ -299,7 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("report", help="summarise the results log")
     p.add_argument("--log", metavar="FILE", help="results log to read")
-    p.add_argument("--out", metavar="DIR", help="folder for the report")
+    p.add_argument("--out", metavar="DIR", help="folder for report.md and speedups.png (required)")
     p.add_argument("--all", action="store_true", help="every record, not only the latest per workload")
     p.set_defaults(func=cmd_report)
 

@@ -18,7 +18,7 @@ LONG_MARK = "Why one module:"
 
 # Each subpackage may import only from earlier layers (or itself): the folder list is the pipeline.
 LAYERS = [
-    {"pyrunner", "errors"},
+    {"pyrunner", "errors", "files"},
     {"ir"},
     {"rules", "plan", "log"},
     {"target"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import types
@@ -12,7 +13,7 @@ import pytest
 from test_validate import attention_plan, rmsnorm_plan
 
 from pyrunner import cli
-from pyrunner.errors import GraphError
+from pyrunner.errors import GraphError, UserError
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir.graph_json import graph_to_json
 
@@ -276,8 +277,8 @@ def test_atomic_write_failure_leaves_old_file(tmp_path: Path, monkeypatch) -> No
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(cli.os, "replace", boom)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(os, "replace", boom)
+    with pytest.raises(UserError, match="disk full"):
         cli.write_text_atomic(target, "new")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["f.json"]
 

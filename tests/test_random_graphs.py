@@ -31,7 +31,7 @@ def test_random_graph_plans_and_passes_cpu_executor(doc: dict) -> None:
     graph = graph_from_json(doc)
     (plan,) = search(graph, "bf16", top=1)
     small = scale_down(plan)
-    res = verify_executor(small, graph_of(small), execute)
+    res = verify_executor(small, graph_of(small), execute, seed=0)  # reproducible under derandomized CI
     assert res.ok, f"{res.message} (seed {res.seed}) for graph {json.dumps(doc)}"
 
 

@@ -32,6 +32,7 @@ def fake_executor(monkeypatch):
     mod = types.ModuleType("pyrunner.run.executor")
     mod.execute = lambda plan, inputs: evaluate(plan_graph(plan), inputs)
     mod.scale_down = scale_down
+    mod.cpu_check_plan = scale_down
     monkeypatch.setitem(sys.modules, "pyrunner.run.executor", mod)
     return mod
 

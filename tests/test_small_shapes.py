@@ -49,7 +49,13 @@ def test_small_attention_lowers() -> None:
 
 
 @pytest.mark.slow
-def test_illegal_wgmma_tile_is_rejected_and_its_failure_is_one_line() -> None:
+def test_illegal_wgmma_tile_is_rejected_by_the_fit_check() -> None:
+    """256 threads over a 16-column tile: the planner's space excludes it and the fit check refuses it.
+
+    (Lowering such a config no longer reaches TileLang's GMMA_MN assertion: the renderer's warp policy
+    now gives each warpgroup whole rows. The fit-check rule is conservative; the one-line failure
+    message is tested below on TileLang's own text.)
+    """
     (plan,) = search(catalog.get("Matmul", {"m": 128, "d": 64, "n": 128}), "bf16", top=1)
     k = plan.kernels[0]
     assert 256 not in k.params["threads"] or 16 not in k.params["block_n"]  # the planner's space excludes it
@@ -59,9 +65,6 @@ def test_illegal_wgmma_tile_is_rejected_and_its_failure_is_one_line() -> None:
     bad = {k.name: {**k.defaults, "block_m": 128, "block_n": 16, "threads": 256}}
     with pytest.raises(DeviceFitError, match="fewer than the 16"):
         check_fits(plan, bad)
-    with pytest.raises(Exception) as info:  # bypassing the fit check reaches TileLang's own assertion
-        lower_to_cuda(plan, bad)
-    assert one_line(info.value).startswith("AssertionError: Not a canonical GMMA_MN layout")
 
 
 def test_failure_line_picks_the_conflict_not_the_dump() -> None:

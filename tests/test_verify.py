@@ -8,21 +8,41 @@ import torch
 
 from pyrunner.plan.validate import plan_graph
 from pyrunner.run.verify import (
-    BOUNDS,
     GpuVerifier,
     bound_for,
+    error_bound,
     executor_bound,
     fresh_seed,
     judge,
     max_error,
+    reduction_length,
     verify_executor,
 )
 
 
-def test_bounds_are_stated_per_dtype() -> None:
-    assert bound_for("float16") == 1e-2
-    assert bound_for("bfloat16") == 3e-2
-    assert BOUNDS["float32"] < BOUNDS["float16"] < BOUNDS["bfloat16"]
+def test_bounds_are_derived_per_dtype_and_reduction_length() -> None:
+    # 2 unit roundoffs of the storage dtype + 16 sqrt(n) float32 roundoffs of accumulation
+    assert error_bound("float16", 1) == pytest.approx(2 * 2**-11 + 16 * 2**-24)
+    assert error_bound("bfloat16", 4096) == pytest.approx(2 * 2**-8 + 16 * 64 * 2**-24)
+    assert error_bound("float32", 1) < error_bound("float16", 1) < error_bound("bfloat16", 1)
+    assert error_bound("float16", 4096) > error_bound("float16", 64)
+    for dtype in ("float16", "bfloat16"):  # a 1% output scale (error >= 1e-2 - u/2) never passes
+        assert error_bound(dtype, 8192) < 1e-2 - 2**-9
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("scale", [1.01, 0.99, 1.009])
+def test_one_percent_output_scale_is_rejected(dtype, scale, matmul_plan, fake_launch) -> None:
+    if dtype == "bfloat16" and scale == 1.009:
+        pytest.skip("0.9% is 2.3 bf16 unit roundoffs: below what bf16 outputs can resolve")
+    plan = matmul_plan(32, 64, 16, dtype)
+    g = plan_graph(plan)
+    assert reduction_length(g) == 64
+    for seed in range(5):
+        v = GpuVerifier(plan, g, seed=seed, device="cpu")
+        assert v.check(fake_launch(g)).ok
+        r = v.check(fake_launch(g, corrupt=lambda y: y * scale))
+        assert not r.ok, (seed, r.message)
 
 
 def test_max_error_is_normalised_and_nan_fails() -> None:
@@ -102,7 +122,7 @@ def test_executor_check(matmul_plan) -> None:
 
     plan = matmul_plan(16, 16, 16)
     g = plan_graph(plan)
-    assert executor_bound(plan) == bound_for("float16")
+    assert executor_bound(plan, g) == bound_for("float16", 16)
     ok = verify_executor(plan, g, lambda p, x: evaluate(g, x), seed=4)
     assert ok.ok and ok.error < 1e-12
     bad = verify_executor(plan, g, lambda p, x: {"Y": evaluate(g, x)["Y"] * 1.1}, seed=4)

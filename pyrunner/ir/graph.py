@@ -4,6 +4,9 @@ A graph is a DAG of hash-consed ``Term`` values. Terms are immutable and
 structurally compared, so rewrite rules can build new terms freely and the
 search can deduplicate equal graphs. Axis names carry broadcasting: a binary
 op aligns its operands by name, never by position.
+
+Why one module: terms, their traversal (iterative, memoised: untrusted graphs can be deep or
+share subgraphs exponentially), the type check and the builder DSL change together.
 """
 
 from __future__ import annotations
@@ -16,6 +19,12 @@ from pyrunner.errors import GraphError
 from pyrunner.ir.ops import ALL_OPS, BINARY_OPS, REDUCE_OPS, TERM_KINDS, TERNARY_OPS, UNARY_OPS
 
 LOG2E = 1.4426950408889634
+MAX_AXIS_SIZE = 2**31 - 1
+"""Largest axis extent: what one launch dimension (and int32 index arithmetic) can address."""
+MAX_ELEMENTS = 2**40
+"""Largest number of elements of any value in a graph (bounds every size product the cost model forms)."""
+MAX_TERMS = 20000
+"""Most distinct nodes a graph may have after helpers expand (graph files are capped at MAX_NODES)."""
 
 
 @dataclass(frozen=True, eq=True)
@@ -44,13 +53,23 @@ class Term:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
-        # the hash first: unequal deep terms differ there, not after a recursive walk
+        """Structural equality, iteratively (deep graphs) and once per pair of shared subterms."""
         if self is other:
             return True
-        if not isinstance(other, Term) or self._hash != other._hash:
-            return False
-        return (self.op, self.fn, self.axis, self.name, self.axes, self.value, self.args) == \
-            (other.op, other.fn, other.axis, other.name, other.axes, other.value, other.args)
+        if not isinstance(other, Term):
+            return NotImplemented
+        stack: list[tuple[Term, Term]] = [(self, other)]
+        seen: set[tuple[int, int]] = set()
+        while stack:
+            a, b = stack.pop()
+            if a is b or (id(a), id(b)) in seen:
+                continue
+            seen.add((id(a), id(b)))
+            if (a._hash != b._hash or a.op != b.op or a.fn != b.fn or a.axis != b.axis or a.name != b.name
+                    or a.axes != b.axes or a.value != b.value or len(a.args) != len(b.args)):
+                return False
+            stack.extend(zip(a.args, b.args, strict=True))
+        return True
 
     def __repr__(self) -> str:
         return show(self)
@@ -97,27 +116,42 @@ def matmul(a: Term, b: Term, contract: str) -> Term:
     return Term("matmul", (a, b), axis=contract)
 
 
-def show(t: Term) -> str:
-    """A compact, human-readable rendering of a term (for --explain and errors)."""
-    if t.op == "input":
-        return t.name
-    if t.op == "const":
-        return f"{t.value:g}"
-    if t.op == "axis_size":
-        return f"|{t.axis}|"
-    if t.op == "iota":
-        return f"iota_{t.axis}"
-    if t.op == "ternary":
-        return f"{t.fn}({', '.join(show(a) for a in t.args)})"
-    if t.op == "unary":
-        return f"{t.fn}({show(t.args[0])})"
-    if t.op == "binary":
-        return f"{t.fn}({show(t.args[0])}, {show(t.args[1])})"
-    if t.op == "reduce":
-        return f"{t.fn}_{t.axis}({show(t.args[0])})"
-    if t.op == "matmul":
-        return f"({show(t.args[0])} @{t.axis} {show(t.args[1])})"
-    return f"<{t.op}>"
+SHOW_LIMIT = 400
+"""Longest rendering of any term by ``show``: shared subgraphs would otherwise grow it exponentially."""
+
+
+def _cap(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def show(t: Term, limit: int = SHOW_LIMIT) -> str:
+    """A compact, human-readable rendering of a term (for --explain and errors), at most ``limit``
+    characters; iterative and memoised over shared subterms, so any graph prints in linear time."""
+    memo: dict[int, str] = {}
+    for u in subterms([t]):
+        a = [memo[id(x)] for x in u.args]
+        if u.op == "input":
+            text = u.name
+        elif u.op == "const":
+            text = f"{u.value:g}"
+        elif u.op == "axis_size":
+            text = f"|{u.axis}|"
+        elif u.op == "iota":
+            text = f"iota_{u.axis}"
+        elif u.op == "ternary":
+            text = f"{u.fn}({', '.join(a)})"
+        elif u.op == "unary":
+            text = f"{u.fn}({a[0]})"
+        elif u.op == "binary":
+            text = f"{u.fn}({a[0]}, {a[1]})"
+        elif u.op == "reduce":
+            text = f"{u.fn}_{u.axis}({a[0]})"
+        elif u.op == "matmul":
+            text = f"({a[0]} @{u.axis} {a[1]})"
+        else:
+            text = f"<{u.op}>"
+        memo[id(u)] = _cap(text, limit)
+    return memo[id(t)]
 
 
 def subterms(roots: Iterable[Term], deps: Callable[[Term], Iterable[Term]] | None = None) -> list[Term]:
@@ -152,16 +186,22 @@ def subterms(roots: Iterable[Term], deps: Callable[[Term], Iterable[Term]] | Non
 
 
 def result_axes(t: Term, memo: dict[Term, tuple[str, ...]] | None = None) -> tuple[str, ...]:
-    """Named axes of a term's value (order is the canonical memory order)."""
-    if memo is not None and t in memo:
+    """Named axes of a term's value (order is the canonical memory order); iterative, memoised."""
+    if memo is None:
+        memo = {}
+    elif t in memo:
         return memo[t]
-    kind = TERM_KINDS.get(t.op)
-    if kind is None:
-        raise GraphError(f"unknown op {t.op!r}")
-    out = kind.axes(t, [result_axes(x, memo) for x in t.args])
-    if memo is not None:
-        memo[t] = out
-    return out
+    if t.op in ("input", "const", "axis_size"):
+        memo[t] = t.axes if t.op == "input" else ()
+        return memo[t]
+    for u in subterms([t], lambda x: [a for a in x.args if a not in memo]):
+        if u in memo:
+            continue
+        kind = TERM_KINDS.get(u.op)
+        if kind is None:
+            raise GraphError(f"unknown op {u.op!r}")
+        memo[u] = kind.axes(u, [memo[x] for x in u.args])
+    return memo[t]
 
 
 # --- whole graphs ------------------------------------------------------------
@@ -178,6 +218,7 @@ class Graph:
     sizes: dict[str, int]
     outputs: tuple[tuple[str, Term], ...]
     labels: dict[Term, str] = field(default_factory=dict, compare=False, hash=False)
+    _axes: dict[Term, tuple[str, ...]] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def terms(self) -> list[Term]:
         return subterms(t for _, t in self.outputs)
@@ -186,10 +227,10 @@ class Graph:
         return [t for t in self.terms() if t.op == "input"]
 
     def axes_of(self, t: Term) -> tuple[str, ...]:
-        return result_axes(t)
+        return result_axes(t, self._axes)
 
     def shape_of(self, t: Term) -> tuple[int, ...]:
-        return tuple(self.sizes[a] for a in result_axes(t))
+        return tuple(self.sizes[a] for a in result_axes(t, self._axes))
 
     def with_sizes(self, overrides: dict[str, int]) -> "Graph":
         for axis, n in overrides.items():
@@ -199,6 +240,8 @@ class Graph:
                     f"{sorted(self.sizes)}")
             if n <= 0:
                 raise GraphError(f"axis {axis!r} must have a positive size, got {n}")
+            if n > MAX_AXIS_SIZE:
+                raise GraphError(f"axis {axis!r} has size {n}; the limit is {MAX_AXIS_SIZE} (2**31 - 1)")
         g = Graph(self.name, {**self.sizes, **overrides}, self.outputs, self.labels)
         check(g)
         return g
@@ -213,6 +256,16 @@ class Graph:
         return self.labels.get(t, fallback)
 
 
+class _Where:
+    """``node 'label'`` for error messages, rendered only when an error needs it (show is linear)."""
+
+    def __init__(self, g: Graph, t: Term) -> None:
+        self.g, self.t = g, t
+
+    def __format__(self, spec: str) -> str:
+        return f"node {self.g.labels.get(self.t) or show(self.t)!r}"
+
+
 def check(g: Graph) -> None:
     """Type-check a graph: known ops, known axes, consistent contractions.
 
@@ -222,8 +275,14 @@ def check(g: Graph) -> None:
     input_axes: dict[str, tuple[str, ...]] = {}
     if not g.outputs:
         raise GraphError(f"graph {g.name!r} has no outputs")
-    for t in g.terms():
-        where = f"node {g.labels.get(t, show(t))!r}"
+    for a, n in g.sizes.items():
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_AXIS_SIZE:
+            raise GraphError(f"axis {a!r} has size {n!r}; sizes are integers from 1 to {MAX_AXIS_SIZE} (2**31 - 1)")
+    terms = g.terms()
+    if len(terms) > MAX_TERMS:
+        raise GraphError(f"graph {g.name!r} has {len(terms)} distinct nodes; the limit is {MAX_TERMS}")
+    for t in terms:
+        where = _Where(g, t)
         if t.op not in ALL_OPS:
             raise GraphError(f"{where}: unknown op {t.op!r}; known ops: {', '.join(ALL_OPS)}")
         if t.op == "input":
@@ -255,7 +314,9 @@ def check(g: Graph) -> None:
                 raise GraphError(
                     f"{where}: contracts axis {t.axis!r}, which both operands must have; "
                     f"left has {list(a)}, right has {list(b)}")
-        result_axes(t, memo)
+        elements = math.prod(g.sizes[a] for a in result_axes(t, memo))
+        if elements > MAX_ELEMENTS:
+            raise GraphError(f"{where}: its value has {elements} elements; the limit is {MAX_ELEMENTS} (2**40)")
     names = [n for n, _ in g.outputs]
     if len(set(names)) != len(names):
         raise GraphError(f"graph {g.name!r} repeats an output name: {names}")

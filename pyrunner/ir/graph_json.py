@@ -61,8 +61,10 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.errors import GraphError
+from pyrunner.files import read_text_bounded
 from pyrunner.ir.graph import (
     BINARY_OPS,
+    MAX_AXIS_SIZE,
     REDUCE_OPS,
     TERNARY_OPS,
     UNARY_OPS,
@@ -73,6 +75,7 @@ from pyrunner.ir.graph import (
     check,
     result_axes,
 )
+from pyrunner.ir.names import MAX_GRAPH_NAME, check_name
 
 HELPER_OPS = ("softmax", "rmsnorm", "layernorm")
 HELPER_EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
@@ -80,6 +83,8 @@ NODE_OPS = tuple(dict.fromkeys(UNARY_OPS + BINARY_OPS + TERNARY_OPS + REDUCE_OPS
                                + ("size", "const", "iota")))
 INFINITE = {"-inf": -math.inf, "inf": math.inf}
 """Infinite constants are written as these strings (JSON has no infinity)."""
+MAX_NODES = 5000
+"""Most nodes a graph file may list (a helper such as layernorm expands to a handful of terms)."""
 _TOP_FIELDS = ("name", "axes", "inputs", "nodes", "outputs")
 _GENERATED = re.compile(r"t[0-9]+")
 
@@ -111,10 +116,18 @@ def _is_number(x: object) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _finite(x: int | float) -> bool:
+    """A JSON number that is a finite float (an integer like 10**400 is not: it overflows)."""
+    try:
+        return math.isfinite(float(x))
+    except OverflowError:
+        return False
+
+
 def _name(x: object, field: str) -> str:
     if not isinstance(x, str) or not x:
         raise GraphError(f"{field}: expected a non-empty string, got {_json_type(x)} {_short(x)}")
-    return x
+    return check_name(x, field, MAX_GRAPH_NAME, GraphError)
 
 
 def _sizes(data: object) -> dict[str, int]:
@@ -129,6 +142,8 @@ def _sizes(data: object) -> dict[str, int]:
             raise GraphError(f"axes.{axis}: size must be a positive integer, got {_json_type(n)} {_short(n)}")
         if n <= 0:
             raise GraphError(f"axes.{axis}: size must be a positive integer, got {n}")
+        if n > MAX_AXIS_SIZE:
+            raise GraphError(f"axes.{axis}: size {_short(n)} is too large; the limit is {MAX_AXIS_SIZE} (2**31 - 1)")
         sizes[axis] = int(n)
     return sizes
 
@@ -177,7 +192,7 @@ class _Reader:
 
     def operand(self, where: str, x: object) -> Tensor:
         if _is_number(x):
-            if not math.isfinite(x):
+            if not _finite(x):
                 raise GraphError(f"{where}: constant operand must be finite, got {x}")
             return self.b.const(float(x))
         if isinstance(x, str) and x in INFINITE:
@@ -274,7 +289,7 @@ class _Reader:
             if op == "softmax":
                 return b.softmax(x, axis)
             eps = node.get("eps", HELPER_EPS[op])
-            if not _is_number(eps) or not math.isfinite(eps) or eps < 0:
+            if not _is_number(eps) or not _finite(eps) or eps < 0:
                 raise GraphError(f"{where}: field 'eps' must be a finite number >= 0, got {_short(eps)}")
             return b.rmsnorm(x, axis, float(eps)) if op == "rmsnorm" else b.layernorm(x, axis, float(eps))
         if op == "size":
@@ -287,7 +302,7 @@ class _Reader:
         v = node["value"]
         if isinstance(v, str) and v in INFINITE:
             return b.const(INFINITE[v])
-        if not _is_number(v) or not math.isfinite(v):
+        if not _is_number(v) or not _finite(v):
             raise GraphError(f"{where}: field 'value' must be a finite number or \"-inf\"/\"inf\", got {_short(v)}")
         return b.const(float(v))
 
@@ -310,6 +325,12 @@ class _Reader:
             if out_name in (n for n, _ in outs):
                 raise GraphError(f"{where}: output {out_name!r} is listed twice")
             t = self.env[ref]
+            if t.term.op == "input":
+                raise GraphError(f"{where}: output {out_name!r} is the input {t.term.name!r} itself; an output "
+                                 f"must be computed by a node (outputs aliased to inputs are not allowed)")
+            if out_name in self.env and self.env[out_name].term is not t.term:
+                kind = "an input" if out_name in self.input_names else "another node"
+                raise GraphError(f"{where}: output name {out_name!r} is already the name of {kind}")
             if not self.axes_of(t):
                 raise GraphError(f"{where}: output {out_name!r} is a scalar; outputs must have at least one axis")
             outs.append((out_name, t.term))
@@ -332,6 +353,8 @@ def graph_from_json(data: object) -> Graph:
     nodes = data["nodes"]
     if not isinstance(nodes, list):
         raise GraphError(f"graph field 'nodes': expected a list, got {_json_type(nodes)}")
+    if len(nodes) > MAX_NODES:
+        raise GraphError(f"graph field 'nodes': {len(nodes)} nodes; the limit is {MAX_NODES}")
     r.later = {n["name"] for n in nodes if isinstance(n, dict) and isinstance(n.get("name"), str)}
     for i, node in enumerate(nodes):
         r.node(i, node)
@@ -348,6 +371,13 @@ def graph_from_json(data: object) -> Graph:
     return g
 
 
+MAX_JSON_DEPTH = 512
+"""Deepest JSON nesting read (a Map expression nests two levels per call; pydantic stops near 250 calls)."""
+_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_OPEN = (ord("["), ord("{"))
+_CLOSE = (ord("]"), ord("}"))
+
+
 def _reject_constant(s: str) -> float:
     raise ValueError(f"{s} is not valid JSON")
 
@@ -361,8 +391,22 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
     return out
 
 
+def json_depth(text: str) -> int:
+    """Deepest nesting of objects and lists in JSON text (strings skipped), without parsing it."""
+    import numpy as np
+
+    bare = _JSON_STRING.sub("", text).encode("utf-8", "replace")
+    a = np.frombuffer(bare, dtype=np.uint8)
+    steps = np.isin(a, _OPEN).astype(np.int64) - np.isin(a, _CLOSE).astype(np.int64)
+    return int(np.cumsum(steps).max()) if steps.size else 0
+
+
 def parse_json_text(text: str, what: str, error: type[Exception]) -> object:
-    """Strict JSON (no NaN/Infinity, no duplicate keys); ``error`` with one line on failure."""
+    """Strict JSON (no NaN/Infinity, no duplicate keys, at most MAX_JSON_DEPTH deep); ``error``
+    with one line on failure."""
+    depth = json_depth(text)
+    if depth > MAX_JSON_DEPTH:
+        raise error(f"{what}: JSON is nested too deeply ({depth} levels; the limit is {MAX_JSON_DEPTH})")
     try:
         return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_no_duplicates)
     except json.JSONDecodeError as e:
@@ -374,19 +418,9 @@ def parse_json_text(text: str, what: str, error: type[Exception]) -> object:
 
 
 def read_json_file(path: str | Path, what: str, error: type[Exception]) -> object:
-    """Read and parse a JSON file, turning every I/O or syntax problem into ``error``."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise error(f"{what} file {str(p)!r} does not exist") from None
-    except IsADirectoryError:
-        raise error(f"{what} file {str(p)!r} is a directory") from None
-    except UnicodeDecodeError:
-        raise error(f"{what} file {str(p)!r} is not UTF-8 text") from None
-    except OSError as e:
-        raise error(f"cannot read {what} file {str(p)!r}: {e.strerror or e}") from None
-    return parse_json_text(text, f"{what} file {str(p)!r}", error)
+    """Read (bounded, regular files only) and parse a JSON file; every problem becomes ``error``."""
+    text = read_text_bounded(path, what, error)
+    return parse_json_text(text, f"{what} file {str(path)!r}", error)
 
 
 def load_graph_file(path: str | Path) -> Graph:

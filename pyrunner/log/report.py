@@ -1,21 +1,39 @@
 """Benchmark report from the results log: a markdown table, geomean speedups, a bar plot.
 
-``python -m pyrunner report [--log results/results.jsonl] [--out benchmarks/results/]``
-By default the latest record of each (workload, dtype, shapes) is reported.
+``python -m pyrunner report --out DIR [--log results/results.jsonl] [--all]``
+By default the latest record of each (workload, dtype, shapes) is reported. The log is
+untrusted: speedups are recomputed from the times (stored ones are ignored), names are
+escaped for markdown, lines that are not valid records are counted and reported, and
+the report goes only to the folder ``--out`` names (there is no default that could
+overwrite the committed ``benchmarks/results/report.md``).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from pyrunner.log.results import PRIMARY_BASELINE, RunRecord, read_log
+from pyrunner.errors import UserError
+from pyrunner.files import check_output_file, output_dir, write_text_atomic
+from pyrunner.log.results import PRIMARY_BASELINE, RunRecord, read_log_counted, speedups
 
 DEFAULT_LOG = Path("results/results.jsonl")
-DEFAULT_OUT = Path("benchmarks/results")
 VENDORS = ("sdpa", "cublas")
+
+
+def recomputed(r: RunRecord) -> RunRecord:
+    """The record with its speedups derived from its times (a log line's own speedups are not trusted)."""
+    per, best, vs_best = speedups(r.plan_us, r.baselines_us)
+    return r.model_copy(update={"speedups": per, "best_baseline": best, "speedup_vs_best": vs_best})
+
+
+def cell(x: object) -> str:
+    """Text safe inside a markdown table cell: one line, ``|`` escaped, no HTML."""
+    text = " ".join("".join(c if c.isprintable() else " " for c in str(x)).split())
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def latest(records: Iterable[RunRecord]) -> list[RunRecord]:
@@ -47,7 +65,7 @@ def _x(x: float | None) -> str:
 
 
 def _shape(r: RunRecord) -> str:
-    return " ".join(f"{a}={n}" for a, n in r.shapes.items())
+    return cell(" ".join(f"{a}={n}" for a, n in r.shapes.items()))
 
 
 def geomeans(records: list[RunRecord]) -> dict[str, float | None]:
@@ -71,15 +89,15 @@ def markdown(records: list[RunRecord]) -> str:
         err = "-" if r.error is None else f"{r.error:.1e}"
         status = r.status if r.status in ("ok", "skipped") else f"**{r.status}**"
         lines.append("| " + " | ".join([
-            r.workload, r.dtype, _shape(r), _us(r.plan_us), _us(r.baselines_us.get("eager")),
+            cell(r.workload), cell(r.dtype), _shape(r), _us(r.plan_us), _us(r.baselines_us.get("eager")),
             _us(r.baselines_us.get("torch_compile")), _us(r.baselines_us.get("max_autotune")), vendor,
             _x(r.speedups.get(PRIMARY_BASELINE)),
-            _x(r.speedup_vs_best) + (f" ({r.best_baseline})" if r.best_baseline else ""), err, status,
+            _x(r.speedup_vs_best) + (f" ({cell(r.best_baseline)})" if r.best_baseline else ""), err, status,
         ]) + " |")
     g = geomeans(records)
     out = ["# Superopt benchmark report", ""]
     devices = sorted({r.device for r in records})
-    out.append(f"Device(s): {', '.join(devices) or '-'}. Times are medians in microseconds; speedup = "
+    out.append(f"Device(s): {cell(', '.join(devices)) or '-'}. Times are medians in microseconds; speedup = "
                "baseline time / plan time (higher is better).")
     out.append("")
     out += lines
@@ -94,10 +112,11 @@ def markdown(records: list[RunRecord]) -> str:
     failed = [r for r in records if r.status not in ("ok", "skipped")]
     if slower:
         out += ["", "Slower than the best baseline: " + ", ".join(
-            f"{r.workload} {r.dtype} ({_x(r.speedup_vs_best)} vs {r.best_baseline})" for r in slower)]
+            f"{cell(r.workload)} {cell(r.dtype)} ({_x(r.speedup_vs_best)} vs {cell(r.best_baseline)})" for r in slower)]
     if failed:
         out += ["", "## Failures", ""]
-        out += [f"- {r.workload} {r.dtype} plan `{r.plan_hash}`: {r.status}: {r.message}" for r in failed]
+        out += [f"- {cell(r.workload)} {cell(r.dtype)} plan {cell(r.plan_hash)}: {r.status}: {cell(r.message)}"
+                for r in failed]
     return "\n".join(out) + "\n"
 
 
@@ -111,7 +130,7 @@ def plot(records: list[RunRecord], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r.workload}\n{r.dtype}" for r in rows]
+    labels = [f"{cell(r.workload)}\n{cell(r.dtype)}".replace("$", r"\$") for r in rows]
     vs_tc = [r.speedups.get(PRIMARY_BASELINE) or 0.0 for r in rows]
     vs_best = [r.speedup_vs_best or 0.0 for r in rows]
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(rows)), 4.0))
@@ -123,12 +142,17 @@ def plot(records: list[RunRecord], path: Path) -> Path | None:
     ax.set_xticks(list(xs))
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_ylabel("speedup (x)")
-    ax.set_title("Superopt plan speedups" + (f" on {rows[0].device}" if rows else ""))
+    ax.set_title(("Superopt plan speedups" + (f" on {cell(rows[0].device)}" if rows else "")).replace("$", r"\$"))
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        tmp.unlink(missing_ok=True)
     return path
 
 
@@ -137,7 +161,7 @@ def short_table(records: list[RunRecord]) -> str:
     rows = [("workload", "dtype", "plan us", "t.compile", "best base", "vs tc", "vs best", "error", "status")]
     for r in records:
         best = r.best_baseline or "-"
-        rows.append((r.workload, r.dtype, _us(r.plan_us), _us(r.baselines_us.get("torch_compile")),
+        rows.append((cell(r.workload), cell(r.dtype), _us(r.plan_us), _us(r.baselines_us.get("torch_compile")),
                      f"{_us(r.baselines_us.get(best))} {best}" if r.best_baseline else "-",
                      _x(r.speedups.get(PRIMARY_BASELINE)), _x(r.speedup_vs_best),
                      "-" if r.error is None else f"{r.error:.1e}", r.status))
@@ -152,17 +176,27 @@ def short_table(records: list[RunRecord]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pyrunner report", description=__doc__.splitlines()[0])
     ap.add_argument("--log", type=Path, default=DEFAULT_LOG, help="results log (JSON Lines)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="directory for report.md and speedups.png")
+    ap.add_argument("--out", type=Path, help="folder for report.md and speedups.png (required)")
     ap.add_argument("--all", action="store_true", help="every record, not only the latest per workload")
     args = ap.parse_args(argv)
-    records = read_log(args.log)
+    if args.out is None:
+        raise UserError("report needs --out DIR: the folder to write report.md and speedups.png to "
+                        "(no default, so a committed report is never overwritten by accident)")
+    records, skipped = read_log_counted(args.log)
+    records = [recomputed(r) for r in records]
     if not args.all:
         records = latest(records)
-    args.out.mkdir(parents=True, exist_ok=True)
-    md = args.out / "report.md"
-    md.write_text(markdown(records))
-    png = plot(records, args.out / "speedups.png")
+    out = output_dir(args.out, "report --out folder")
+    md = check_output_file(out / "report.md", "report file")
+    check_output_file(out / "speedups.png", "plot file")
+    text = markdown(records)
+    if skipped:
+        text += f"\n{skipped} line(s) of {cell(args.log)} were skipped: not valid records.\n"
+    write_text_atomic(md, text, "report file")
+    png = plot(records, out / "speedups.png")
     print(f"wrote {md}" + (f" and {png}" if png else " (no timed records: no plot)"))
+    if skipped:
+        print(f"skipped {skipped} line(s) of {args.log} that are not valid records")
     if records:
         print(short_table(records))
     else:

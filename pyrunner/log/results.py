@@ -13,12 +13,14 @@ import datetime as _dt
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pyrunner.errors import UserError
+from pyrunner.files import read_bounded
 
 RECORD_VERSION = 1
 TOOL_VERSION = "0.1.0"
@@ -38,7 +40,7 @@ class RunRecord(BaseModel):
     kernel's bound, which the planner's calibration compares with ``plan_us``.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)  # make_record turns them into null
 
     record_version: Literal[1] = RECORD_VERSION
     timestamp: str = Field(default_factory=lambda: _dt.datetime.now(_dt.UTC).isoformat())
@@ -77,8 +79,48 @@ def speedups(plan_us: float | None, baselines_us: dict[str, float | None]) -> tu
     return per, best, measured[best] / plan_us
 
 
+def finite_json(x: object) -> object:
+    """``x`` with every NaN/inf float replaced by its name as a string ("nan", "inf", "-inf"):
+    strict JSON can carry it, and a failing run's record is never lost to a serialisation error."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return repr(x)
+    if isinstance(x, dict):
+        return {k: finite_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite_json(v) for v in x]
+    return x
+
+
+_FLOAT_FIELDS = ("error", "error_bound", "plan_us", "predicted_us")
+
+
 def make_record(**fields) -> RunRecord:
-    """A record with speedups derived from ``plan_us`` and ``baselines_us``."""
+    """A record with speedups derived from ``plan_us`` and ``baselines_us``.
+
+    A non-finite number in a typed field (an infinite error from a NaN output, say) is stored
+    as null with its name in ``extra.nonfinite``, so the record keeps its true status.
+    """
+    extra = dict(fields.get("extra") or {})
+    nonfinite = {}
+    for f in _FLOAT_FIELDS:
+        v = fields.get(f)
+        if isinstance(v, float) and not math.isfinite(v):
+            nonfinite[f] = repr(v)
+            fields[f] = None
+    for f in ("kernel_times_us", "baselines_us"):  # a bad time: dropped (kernels) or null (baselines)
+        d = dict(fields.get(f) or {})
+        for k, v in list(d.items()):
+            if isinstance(v, float) and not math.isfinite(v):
+                nonfinite[f"{f}.{k}"] = repr(v)
+                if f == "baselines_us":
+                    d[k] = None
+                else:
+                    del d[k]
+        if f in fields:
+            fields[f] = d
+    if nonfinite:
+        extra["nonfinite"] = nonfinite
+    fields["extra"] = finite_json(extra)
     rec = RunRecord(**fields)
     per, best, vs_best = speedups(rec.plan_us, rec.baselines_us)
     return rec.model_copy(update={"speedups": per, "best_baseline": best, "speedup_vs_best": vs_best})
@@ -93,33 +135,47 @@ def _needs_newline(fd: int) -> bool:
 def append_record(path: str | os.PathLike, record: RunRecord) -> None:
     """Append one record atomically (one write of the whole line), then fsync."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(record.model_dump(mode="json"), separators=(",", ":"), allow_nan=False) + "\n").encode()
-    fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    data = finite_json(record.model_dump(mode="json"))
+    line = (json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n").encode()
     try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        raise LogError(f"cannot write results log {str(p)!r}: {e.strerror or e}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LogError(f"results log {str(p)!r} is not a regular file (a device, FIFO or socket)")
         if _needs_newline(fd):
             line = b"\n" + line  # end the torn line so it stays one bad line, not two
         written = os.write(fd, line)
         if written != len(line):
             raise OSError(f"short write to {p}: {written} of {len(line)} bytes")
         os.fsync(fd)
+    except OSError as e:
+        raise LogError(f"cannot write results log {str(p)!r}: {e.strerror or e}") from None
     finally:
         os.close(fd)
 
 
-def read_log(path: str | os.PathLike, strict: bool = False) -> list[RunRecord]:
-    """All complete records of a log, oldest first.
+MAX_LOG_BYTES = 256 * 1024 * 1024
+"""Largest results log read (about a million records)."""
 
-    A trailing line without a newline (a torn append) is skipped. Any other line
-    that does not validate is skipped too, or raises LogError when ``strict``.
+
+def read_log_counted(path: str | os.PathLike, strict: bool = False) -> tuple[list[RunRecord], int]:
+    """All complete records of a log, oldest first, and how many lines were skipped as invalid.
+
+    A trailing line without a newline (a torn append) is skipped silently (a kill leaves it). Any
+    other line that does not validate is counted, or raises LogError when ``strict``. A missing log
+    reads as empty; a log that is a folder, a device or too big is a LogError.
     """
     p = Path(path)
-    if not p.exists():
-        return []
-    data = p.read_bytes()
+    if not p.exists() and not p.is_symlink():
+        return [], 0
+    data = read_bounded(p, "results log", LogError, MAX_LOG_BYTES)
     lines = data.split(b"\n")
     complete = lines[:-1]  # the last element is b"" or a torn line
     out: list[RunRecord] = []
+    skipped = 0
     for no, raw in enumerate(complete, 1):
         if not raw.strip():
             continue
@@ -129,5 +185,12 @@ def read_log(path: str | os.PathLike, strict: bool = False) -> list[RunRecord]:
             if strict:
                 first = e.errors()[0]
                 where = ".".join(str(x) for x in first["loc"]) or "record"
-                raise LogError(f"{p}:{no}: invalid record ({where}: {first['msg']})") from None
-    return out
+                msg = " ".join(str(first["msg"]).split())[:200]
+                raise LogError(f"{p}:{no}: invalid record ({where}: {msg})") from None
+            skipped += 1
+    return out, skipped
+
+
+def read_log(path: str | os.PathLike, strict: bool = False) -> list[RunRecord]:
+    """All complete records of a log, oldest first (see ``read_log_counted``)."""
+    return read_log_counted(path, strict)[0]

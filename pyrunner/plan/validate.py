@@ -16,7 +16,8 @@ error; ``_check_kernel`` is still to be split per op (issue 7, owned by the plan
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pydantic
@@ -24,6 +25,7 @@ import pydantic
 from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.graph_json import graph_from_json, read_json_file
+from pyrunner.ir.names import MAX_GRAPH_NAME, MAX_PLAN_NAME, hash_problem, name_problem
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import expr_refs, numbered_ops, op_reads_writes, resolve, walk
 from pyrunner.plan.schema import (
@@ -33,6 +35,8 @@ from pyrunner.plan.schema import (
     Block,
     Buffer,
     Call,
+    Const,
+    Fill,
     Gemm,
     GlobalTensor,
     Index,
@@ -41,7 +45,9 @@ from pyrunner.plan.schema import (
     Map,
     Plan,
     Reduce,
+    Ref,
     Store,
+    plan_hash,
 )
 
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
@@ -55,7 +61,11 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def validate_plan(data: object) -> Plan:
-    """A parsed JSON document (or a Plan) -> a Plan that passed the schema and every semantic check."""
+    """A parsed JSON document (or a Plan) -> a Plan that passed the schema and every semantic check.
+
+    The plan's hash is recomputed: a plan whose stored hash differs (an edited plan posing as
+    the original in the results log) is rejected; one without a hash is known by the recomputed one.
+    """
     plan = parse_plan(data)
     check_plan(plan)
     return plan
@@ -151,13 +161,86 @@ def plan_graph(plan: Plan) -> Graph:
 
 
 def check_plan(plan: Plan) -> None:
-    """Every rule of plan_semantics for the defaults of each kernel's parameters."""
+    """Every rule of plan_semantics for the defaults of each kernel's parameters, then the hash."""
+    check_plan_names(plan)
     graph = plan_graph(plan)
     tensors = _check_tensors(plan, graph)
+    kernel_names: dict[str, int] = {}
     for ki, k in enumerate(plan.kernels):
+        if k.name in kernel_names:
+            raise PlanError(f"kernels[{ki}]: kernel name {k.name!r} is already used by kernels[{kernel_names[k.name]}]")
+        kernel_names[k.name] = ki
         _check_kernel_static(ki, k)
         _check_kernel(plan, ki, k, dict(k.defaults), graph.sizes, tensors)
     _check_dataflow(plan, tensors)
+    checked_hash(plan)
+
+
+def plan_names(plan: Plan) -> Iterator[tuple[str, object, int]]:
+    """Every identifier of a plan: (field path, value, length limit). Free text (derivation
+    ``at``, provenance planner/version) is not here: it never reaches generated code or a path."""
+    g, p = MAX_GRAPH_NAME, MAX_PLAN_NAME
+    yield "workload", plan.workload, g
+    for i, s in enumerate(plan.derivation):
+        yield f"derivation[{i}].rule", s.rule, p
+    for i, t in enumerate(plan.tensors):
+        yield f"tensors[{i}].name", t.name, p
+        for j, a in enumerate(t.axes):
+            yield f"tensors[{i}].axes[{j}]", a, g
+    for ki, k in enumerate(plan.kernels):
+        kw = f"kernels[{ki}]"
+        yield f"{kw}.name", k.name, p
+        for j, ga in enumerate(k.grid):
+            yield f"{kw}.grid[{j}].axis", ga.axis, g
+        if k.loop is not None:
+            yield f"{kw}.loop.axis", k.loop.axis, g
+        for j, b in enumerate(k.buffers):
+            yield f"{kw}.buffers[{j}].name", b.name, p
+            for jj, a in enumerate(b.axes):
+                yield f"{kw}.buffers[{j}].axes[{jj}]", a, g
+        for field in ("params", "defaults"):
+            for name in getattr(k, field):
+                yield f"{kw}.{field}", name, p
+        for j, r in enumerate(k.fused_rules):
+            yield f"{kw}.fused_rules[{j}]", r, p
+        for field in ("reads", "writes"):
+            for j, name in enumerate(getattr(k, field)):
+                yield f"{kw}.{field}[{j}]", name, p
+        for section, oi, op in numbered_ops(k):
+            ow = f"{kw}.{section}[{oi}]"
+            for attr in ("src", "dst", "a", "b", "c", "contract", "axis"):
+                v = getattr(op, attr, None)
+                if v is not None:
+                    yield f"{ow}.{attr}", v, p
+            if isinstance(op, Map):
+                for e in walk(op.expr):
+                    if isinstance(e, Ref):
+                        yield f"{ow}.expr", e.buf, p
+                    elif isinstance(e, AxisSize):
+                        yield f"{ow}.expr", e.axis, g
+    for i, kc in enumerate(plan.cost.kernels):
+        yield f"cost.kernels[{i}].kernel", kc.kernel, p
+
+
+def check_plan_names(plan: Plan) -> None:
+    """Every identifier of the plan passes pyrunner.ir.names (the renderer relies on it)."""
+    for path, value, limit in plan_names(plan):
+        problem = name_problem(value, limit)
+        if problem is not None:
+            raise PlanError(f"{path}: {problem}")
+    stored = plan.provenance.plan_hash
+    if stored and hash_problem(stored):
+        raise PlanError(f"provenance.plan_hash: {hash_problem(stored)}")
+
+
+def checked_hash(plan: Plan) -> str:
+    """The plan's hash recomputed from its content; PlanError if the stored one differs."""
+    actual = plan_hash(plan)
+    stored = plan.provenance.plan_hash
+    if stored and stored != actual:
+        raise PlanError(f"provenance.plan_hash: the plan says {stored!r}, but its content hashes to {actual!r} "
+                        f"(the plan was edited after hashing; re-plan it, or remove the stored hash)")
+    return actual
 
 
 def check_config(plan: Plan, config: Mapping[str, object]) -> dict[str, dict[str, int]]:
@@ -378,6 +461,9 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
                 if racing:
                     raise PlanError(f"{ow}: blocks race on {gname!r}: grid axis {racing[0]!r} has "
                                     f"{tiles[racing[0]]} tiles but is not an axis of the tensor ({setting})")
+                if gname in stored:
+                    raise PlanError(f"{ow}: stores {gname!r} a second time; a global tensor has one writer "
+                                    f"(one store in one kernel)")
                 stored.append(gname)
         elif isinstance(op, Gemm):
             _check_gemm(ow, op, bufs, plan.dtype)
@@ -389,6 +475,8 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
                     raise PlanError(f"{ow}: operand {r!r} has axes {bufs[r].axes}, which are not a "
                                     f"subset of dst {op.dst!r}'s axes {dst.axes} (axis {extra[0]!r})")
             for e in walk(op.expr):
+                if isinstance(e, Const) and math.isnan(e.value):
+                    raise PlanError(f"{ow}: a constant is NaN")
                 if isinstance(e, AxisSize) and e.axis not in sizes:
                     raise PlanError(f"{ow}: size of unknown axis {e.axis!r}; graph axes are {sorted(sizes)}")
                 if isinstance(e, Index) and e.axis not in dst.axes and e.axis not in indexed:
@@ -398,6 +486,9 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
                 if len(c.args) != EXPR_FUNCTIONS[c.fn]:  # the schema admits only known names
                     raise PlanError(f"{ow}: function {c.fn!r} takes {EXPR_FUNCTIONS[c.fn]} argument(s), "
                                     f"got {len(c.args)}")
+        elif isinstance(op, Fill):
+            if isinstance(op.value, float) and math.isnan(op.value):
+                raise PlanError(f"{ow}: fill value is NaN; use a number, -inf or inf")
         elif isinstance(op, Reduce):
             src, dst = bufs[op.src], bufs[op.dst]
             if op.axis not in src.axes:
@@ -450,14 +541,20 @@ def _check_gemm(ow: str, op: Gemm, bufs: Mapping[str, Buffer], dtype: str) -> No
 
 def _check_dataflow(plan: Plan, tensors: Mapping[str, GlobalTensor]) -> None:
     """Kernels run in order: a tensor is read only once it exists; every output gets written."""
-    written: set[str] = set()
+    written: dict[str, int] = {}
     for ki, k in enumerate(plan.kernels):
         for name in k.reads:
             t = tensors[name]
             if t.role != "input" and name not in written:
                 raise PlanError(f"kernels[{ki}] {k.name!r}: reads {name!r} (role {t.role}) before any earlier "
                                 f"kernel writes it")
-        written.update(k.writes)
+        for name in k.writes:
+            if name in written:  # single writer: a second kernel (or a repeated store) would race or overwrite
+                other = written[name]
+                who = "this kernel already" if other == ki else f"kernels[{other}] {plan.kernels[other].name!r}"
+                raise PlanError(f"kernels[{ki}] {k.name!r}: writes {name!r}, which {who} writes; every global "
+                                f"tensor has exactly one writer")
+            written[name] = ki
     for t in plan.tensors:
         if t.role == "output" and t.name not in written:
             raise PlanError(f"tensors: output {t.name!r} is never written by any kernel")

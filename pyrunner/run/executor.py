@@ -10,6 +10,7 @@ reference. ``scale_down`` gives the same plan at small shapes.
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
@@ -246,11 +247,52 @@ def _divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
-def scale_down(plan: Plan, tile_cap: int = 16, tiles: int = 2, indexed_cap: int = 2) -> Plan:
-    """The same plan (kernels, ops, loop structure) at small shapes.
+TILED_SIZES = (32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
+"""Sizes scale_down gives tiled axes: distinct multiples of 16 (any two share a tile of 16)."""
+INDEXED_SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+"""Sizes scale_down gives axes that are only ever indexed (batch-like): small and distinct."""
+CPU_BUDGET_ELEMENTS = 1 << 20
+"""The CPU check runs at the plan's real shapes when its global tensors hold at most this many
+elements in all, ..."""
+CPU_BUDGET_BLOCK_STEPS = 4096
+"""... its kernels run at most this many (block, loop step) pairs (each costs numpy calls), ..."""
+CPU_BUDGET_ITERATIONS = 1 << 27
+"""... and no kernel's iteration space (product of its axes' extents) exceeds this."""
 
-    Every tiled axis keeps at least `tiles` tiles so grid and loop logic are
-    exercised; axes only ever indexed (batch-like) shrink to `indexed_cap`.
+
+def fits_cpu_budget(plan: Plan) -> bool:
+    """Whether the executor can run the plan at its real shapes within the CPU budget."""
+    sizes = axis_sizes(plan)
+    if sum(math.prod(t.shape) for t in plan.tensors) > CPU_BUDGET_ELEMENTS:
+        return False
+    steps = 0
+    for k in plan.kernels:
+        geo = kernel_geometry(k, k.defaults, sizes)
+        tiles = math.prod(geo.tiles[g.axis] for g in k.grid)
+        loop = geo.tiles[k.loop.axis] if k.loop is not None else 1
+        steps += tiles * loop
+        axes = {a for t in plan.tensors if t.name in set(k.reads) | set(k.writes) for a in t.axes}
+        axes |= {g.axis for g in k.grid} | ({k.loop.axis} if k.loop is not None else set())
+        if math.prod(sizes[a] for a in axes) > CPU_BUDGET_ITERATIONS:
+            return False
+    return steps <= CPU_BUDGET_BLOCK_STEPS
+
+
+def cpu_check_plan(plan: Plan) -> Plan:
+    """The plan the CPU check runs: the plan itself at its real shapes when they fit the budget,
+    else ``scale_down(plan)`` (every axis a distinct size, so a swapped axis cannot hide)."""
+    return plan if fits_cpu_budget(plan) else scale_down(plan)
+
+
+def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
+    """The same plan (kernels, ops, loop structure) at small shapes, every axis a distinct size.
+
+    Tiled axes get distinct multiples of 16 from 32 up (``TILED_SIZES``), so each keeps at least
+    two tiles and grid and loop logic are exercised; axes only ever indexed (batch-like) get
+    distinct small sizes (``INDEXED_SIZES``). No two axes share a size: a plan that reads the size
+    or the data of the wrong axis (``d`` where ``m`` was meant) gives wrong numbers here, where equal
+    sizes would hide it. A tile parameter shared by several axes gets a common divisor. The result's
+    hash is cleared: it is a derived plan, not the one in the file.
     """
     sizes = axis_sizes(plan)
     roles: dict[str, set[str]] = {a: set() for a in sizes}
@@ -260,11 +302,14 @@ def scale_down(plan: Plan, tile_cap: int = 16, tiles: int = 2, indexed_cap: int 
         if k.loop is not None:
             roles[k.loop.axis].add("param" if isinstance(k.loop.block, str) else "full")
     new_sizes: dict[str, int] = {}
-    for a, n in sizes.items():
-        if roles[a] == {"indexed"}:
-            new_sizes[a] = min(n, indexed_cap)
-        else:
-            new_sizes[a] = min(n, tile_cap * tiles)
+    tiled = iter(TILED_SIZES)
+    indexed = iter(INDEXED_SIZES)
+    for a in sorted(sizes):
+        try:
+            new_sizes[a] = next(indexed) if roles[a] == {"indexed"} else next(tiled)
+        except StopIteration:
+            raise PlanError(f"plan has more than {len(TILED_SIZES)} axes; the CPU check cannot give each "
+                            f"a distinct small size") from None
     kernels = []
     for k in plan.kernels:
         params = dict(k.params)
@@ -274,13 +319,17 @@ def scale_down(plan: Plan, tile_cap: int = 16, tiles: int = 2, indexed_cap: int 
             if isinstance(g.block, int) and g.block != 1:
                 g = g.model_copy(update={"block": new_sizes[g.axis]})
             grid.append(g)
-        blocked = {g.axis: g.block for g in k.grid if isinstance(g.block, str)}
+        users: dict[str, list[str]] = {}  # parameter -> axes whose block it is
+        for g in k.grid:
+            if isinstance(g.block, str):
+                users.setdefault(g.block, []).append(g.axis)
         if k.loop is not None and isinstance(k.loop.block, str):
-            blocked[k.loop.axis] = k.loop.block
-        for a, p in blocked.items():
-            v = _divisor_at_most(new_sizes[a], min(defaults[p], tile_cap))
+            users.setdefault(k.loop.block, []).append(k.loop.axis)
+        for p, axes in users.items():
+            common = math.gcd(*(new_sizes[a] for a in axes))
+            v = _divisor_at_most(common, min(defaults[p], tile_cap))
             defaults[p] = v
-            params[p] = sorted({x for x in params[p] if new_sizes[a] % x == 0} | {v})
+            params[p] = sorted({x for x in params[p] if common % x == 0} | {v})
         loop = k.loop
         if loop is not None and isinstance(loop.block, int):
             loop = loop.model_copy(update={"block": new_sizes[loop.axis]})
@@ -289,4 +338,5 @@ def scale_down(plan: Plan, tile_cap: int = 16, tiles: int = 2, indexed_cap: int 
     graph = dict(plan.graph)
     if "axes" in graph:
         graph["axes"] = {a: new_sizes[a] for a in graph["axes"]}
-    return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph})
+    prov = plan.provenance.model_copy(update={"plan_hash": ""})
+    return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph, "provenance": prov})

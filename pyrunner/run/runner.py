@@ -34,10 +34,11 @@ from rich.table import Table
 
 from pyrunner.backend.tilelang.diagnose import detail, one_line
 from pyrunner.errors import DeviceFitError, UserError
+from pyrunner.files import check_output_file, inside, output_dir
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
 from pyrunner.plan.analysis import resolve_config
-from pyrunner.plan.schema import Plan, plan_hash
+from pyrunner.plan.schema import Plan
 from pyrunner.plan.validate import check_config, check_values
 from pyrunner.run.timing import device_name, gpu_available, graph_bench_ms, kernel_times_us, median_us, side_by_side_us
 from pyrunner.run.verify import GpuVerifier, fresh_seed, verify_executor
@@ -96,11 +97,15 @@ class RunOptions:
 # --- small helpers -------------------------------------------------------------
 
 def _safe_name(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", s) or "plan"
+    """A file name from a validated plan name (already an ASCII identifier; this is a second guard)."""
+    return re.sub(r"[^A-Za-z0-9_]+", "_", s) or "plan"
 
 
 def hash_of(plan: Plan) -> str:
-    return plan.provenance.plan_hash or plan_hash(plan)
+    """The plan's hash, recomputed (PlanError if the stored one differs): never trusted from the file."""
+    from pyrunner.plan.validate import checked_hash
+
+    return checked_hash(plan)
 
 
 def default_config(plan: Plan) -> Config:
@@ -216,11 +221,27 @@ def write_source(plan: Plan, out_dir: Path) -> Path:
     """Render the plan's TileLang module to ``out_dir/<plan_hash>/<workload>.py``."""
     from pyrunner.backend.tilelang.render import render
 
-    src = render(plan)
-    path = Path(out_dir) / hash_of(plan) / f"{_safe_name(plan.workload)}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    src = render(plan)  # checks every name and the hash first
+    folder = inside(output_dir(out_dir, "--out folder"), hash_of(plan))
+    folder.mkdir(exist_ok=True)
+    path = inside(folder, f"{_safe_name(plan.workload)}.py")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise UserError(f"refusing to write rendered source to {str(path)!r}: not a regular file")
     path.write_text(src)
     return path
+
+
+def check_log_path(path: Path) -> None:
+    """Refuse a results log the run could not append to, before the run (not after it, losing it)."""
+    p = Path(path)
+    if p.exists() or p.is_symlink():
+        check_output_file(p, "results log")
+        if not os.access(p, os.W_OK):
+            raise UserError(f"results log {str(p)!r} is not writable")
+        return
+    output_dir(p.parent if str(p.parent) else Path("."), "results log folder")
+    if not os.access(p.parent if str(p.parent) else Path("."), os.W_OK | os.X_OK):
+        raise UserError(f"results log {str(p)!r}: folder {str(p.parent)!r} is not writable")
 
 
 def _err(e: BaseException) -> str:
@@ -340,7 +361,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
         with run.step("lowering to CUDA source"):
             cuda = lower_to_cuda(plan, cfg)
         for name, text in cuda.items():
-            (out / f"{_safe_name(name)}.cu").write_text(text)
+            inside(out, f"{_safe_name(name)}.cu").write_text(text)
         done.append(f"lowered {len(cuda)} kernel(s) to CUDA source")
         if shutil.which("nvcc"):
             with run.step("compiling cubin with nvcc"):
@@ -351,14 +372,14 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
             run.notes.append("nvcc not found: cubin not built")
     except Exception as e:  # noqa: BLE001 - any lowering/nvcc failure is a compile failure
         return _fail(run, "failed-compile", e, suffix=f" (after: {', '.join(done)})")
-    from pyrunner.run.executor import execute, scale_down
+    from pyrunner.run.executor import cpu_check_plan, execute
 
-    with run.step("running the tiled algorithm on the CPU at small shapes"):
+    with run.step("running the tiled algorithm on the CPU"):
         try:
-            small = scale_down(plan)
+            small = cpu_check_plan(plan)
             gsmall = graph_of(small)
         except Exception as e:  # noqa: BLE001
-            return run.finish("failed-verification", f"scale_down failed: {_err(e)}")
+            return run.finish("failed-verification", f"the CPU check could not shape the plan: {_err(e)}")
         res = verify_executor(small, gsmall, execute, seed=run.fields["seed"])
     run.fields.update(error=res.error, error_bound=res.bound)
     run.fields["extra"]["executor_shapes"] = dict(gsmall.sizes)
@@ -605,7 +626,7 @@ def print_record(rec: RunRecord, console: Console | None = None) -> None:
     if rec.plan_us is None and not rec.baselines_us:
         _print_status(rec, console)
         return
-    t = Table(title=f"{rec.workload} {rec.dtype} {rec.shapes}  plan {rec.plan_hash}  on {rec.device}")
+    t = Table(title=escape(f"{rec.workload} {rec.dtype} {rec.shapes}  plan {rec.plan_hash}  on {rec.device}"))
     t.add_column("what")
     t.add_column("time (us)", justify="right")
     t.add_column("plan speedup", justify="right")
@@ -637,6 +658,8 @@ def run_plan_file(path: str | os.PathLike, opts: RunOptions | None = None) -> in
     opts = opts or RunOptions()
     console = Console(stderr=True)
     plan = load_plan(path)
+    check_log_path(opts.results)
+    output_dir(opts.out_dir, "--out folder")
     try:
         rec = run_plan(plan, opts, console)
     except UserError:
@@ -647,7 +670,7 @@ def run_plan_file(path: str | os.PathLike, opts: RunOptions | None = None) -> in
         return 1
     print_record(rec, Console())
     if rec.status not in ("ok", "skipped"):
-        Console(stderr=True).print(f"[bold red]plan {rec.plan_hash} {rec.status}[/bold red]: {rec.message}",
+        Console(stderr=True).print(f"[bold red]plan {rec.plan_hash} {rec.status}[/bold red]: {escape(rec.message)}",
                                    highlight=False)
     return exit_code(rec)
 
@@ -677,4 +700,25 @@ def record_from_checkpoint(checkpoint: Path, why: str) -> RunRecord | None:
     note = f"{why} during '{stage}'"
     data["message"] = "; ".join(m for m in (note, data.get("message", "")) if m)
     data["status"] = status
+    return make_record(**data)
+
+
+def record_after_exit(rec: RunRecord, rc: int | None) -> RunRecord:
+    """A worker's record amended by how the worker ended (``rc`` None: killed by a time guard).
+
+    A worker that wrote an ok/skipped record and then did not exit 0 (killed, exit 137, a crash
+    in teardown) is not logged as a success: its status becomes failed-launch, its measurements
+    are kept and ``extra.exit_code`` says how it ended.
+    """
+    if rc == 0:
+        return rec
+    data = rec.model_dump()
+    data["extra"] = dict(rec.extra, exit_code=rc)
+    if rec.status in ("ok", "skipped"):
+        how = "was killed" if rc is None else f"exited {rc}"
+        data["status"] = "failed-launch"
+        data["message"] = "; ".join(m for m in (f"the worker {how} after writing this record "
+                                                f"(measurements kept, status was {rec.status})", rec.message) if m)
+    for k in ("speedups", "best_baseline", "speedup_vs_best"):
+        data.pop(k, None)
     return make_record(**data)

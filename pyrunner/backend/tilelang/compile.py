@@ -9,6 +9,7 @@ arrive validated (``pyrunner.plan.validate``); the fit check is
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib.util
 import os
@@ -24,6 +25,7 @@ from types import ModuleType
 
 from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET, render
 from pyrunner.errors import DeviceFitError, PlanError
+from pyrunner.files import inside
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan, axis_sizes
 from pyrunner.target.device import H200, Device
@@ -39,6 +41,8 @@ def load_module(source: str, path: Path) -> ModuleType:
     """Write ``source`` to ``path`` and import it; ``@T.prim_func`` reads its source back via inspect."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise PlanError(f"refusing to write rendered source to {str(path)!r}: not a regular file")
     if not path.exists() or path.read_text() != source:
         path.write_text(source)
     name = f"superopt_rendered_{hashlib.sha256((str(path) + source).encode()).hexdigest()[:16]}"
@@ -54,12 +58,26 @@ def load_module(source: str, path: Path) -> ModuleType:
     return module
 
 
+_SCRATCH: list[Path] = []
+
+
 def _scratch_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "superopt-render"
+    """This process's private folder for rendered modules: made by ``tempfile.mkdtemp`` (mode 0700,
+    unpredictable name), so no other user can plant or swap the file that gets imported; removed at exit."""
+    if not _SCRATCH:
+        path = Path(tempfile.mkdtemp(prefix="superopt-render-"))
+        os.chmod(path, 0o700)
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _SCRATCH.append(path)
+    return _SCRATCH[0]
 
 
 def rendered_module(plan: Plan, work_dir: Path | None = None) -> ModuleType:
-    """Render ``plan`` and import the result from ``work_dir`` (default: a scratch dir outside the repo)."""
+    """Render ``plan`` and import the result from ``work_dir`` (default: a private scratch dir).
+
+    Importing runs the module, so this is only called where TileLang needs the prim_funcs
+    (lowering to CUDA, compiling); the source holds no user string that is not a checked name.
+    """
     source = render(plan)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     return load_module(source, Path(work_dir or _scratch_dir()) / f"plan_{digest}.py")
@@ -142,8 +160,8 @@ def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = "sm_9
     fast_math = ["--use_fast_math"] if PASS_CONFIGS.get("tl.enable_fast_math") else []
 
     def one(name: str) -> Path:
-        stem = "".join(c if c.isalnum() or c in "_-" else "_" for c in name)
-        src, cubin = out_dir / f"{stem}.cu", out_dir / f"{stem}.cubin"
+        stem = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name) or "kernel"
+        src, cubin = inside(out_dir, f"{stem}.cu"), inside(out_dir, f"{stem}.cubin")
         src.write_text(cuda_sources[name])
         cmd = [nvcc, *NVCC_FLAGS, *fast_math, "-cubin", "-gencode", f"arch=compute_{number},code={arch}", *includes,
                "-o", str(cubin), str(src)]

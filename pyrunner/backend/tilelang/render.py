@@ -57,6 +57,7 @@ from pyrunner.plan.schema import (
     axis_sizes,
     plan_hash,
 )
+from pyrunner.plan.validate import check_plan_names, checked_hash
 from pyrunner.target.device import H200
 from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
 
@@ -64,6 +65,7 @@ TARGET = {"kind": "cuda", "arch": H200.arch}
 SM_COUNT = H200.sms
 """Streaming multiprocessors of the target; decides whether block reordering can matter."""
 PASS_CONFIGS = {"tl.enable_fast_math": True}
+MERGE_ATOM_BYTES = 128  # TileLang's widest shared-memory swizzle atom: each half of a merged B tile spans whole atoms
 """TileLang pass configs of every kernel: fast math (``--use_fast_math``: ex2.approx, rcp.approx)."""
 MMA_POLICY_HELPER = (
     "mma_policy", "rows, cols, threads",
@@ -155,6 +157,7 @@ class _Ctx:
     merged_second: dict[int, GemmMerge] = None  # id of a merged GEMM issued by its partner -> the merge
     merged_first: dict[int, GemmMerge] = None  # id of the GEMM that issues a merge -> the merge
     staging: dict[tuple[str, str], str] = None  # (fragment, global tensor) of an epilogue store -> shared tile
+    hoisted: set[str] = None  # loop-invariant fragments whose bridge copy is issued once, before the loop
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""
@@ -265,6 +268,8 @@ def _region(ctx: _Ctx, tensor: GlobalTensor) -> str:
 
 
 def _fill_value(v: float | str, dtype: str) -> str:
+    if isinstance(v, float) and math.isnan(v):
+        raise PlanError("a fill value is NaN")
     if v == "-inf" or (isinstance(v, float) and v == -math.inf):
         return f'-T.infinity("{dtype}")'
     if v == "inf" or (isinstance(v, float) and v == math.inf):
@@ -469,6 +474,32 @@ def _mentions(op, name: str) -> bool:
     return name in r or name in w
 
 
+def loop_invariant_bridges(kernel: Kernel, bridges: dict[tuple[str, int], list[str]]) -> list[str]:
+    """Fragments the loop body reads through a layout bridge but never writes, in buffer order.
+
+    Their bridge copy belongs before the loop: TileLang warp-specialises a pipelined loop, and a
+    fragment computed before it is laid out over all the block's threads (producers included),
+    while the loop body runs on the consumer threads only. A copy inside the loop writes just the
+    consumers' rows of the bridge and the rest is read uninitialised (GPU sweep 1,
+    attention_qk_norm: the query's rmsnorm factor scaling the scores).
+    """
+    written = {w for op in kernel.body for w in op_reads_writes(op)[1]}
+    used = {r for (section, _), rs in bridges.items() if section == "body" for r in rs}
+    return [b.name for b in kernel.buffers if b.name in used and b.name not in written]
+
+
+def _merge_legal(cols: str, b_dtype: str) -> str:
+    """Python condition, on the tile parameters, under which a merged pair can lower.
+
+    The wide B tile is filled by two copies, one into each half. TileLang lays a shared tile out in
+    128-byte swizzle atoms; a half narrower than (or not a multiple of) one atom is a gapped box in
+    that layout, which TileLang rejects ("plain SMEM layout is not a bijection"). And the merged
+    wgmma needs N = 2 * cols <= 256.
+    """
+    atom = MERGE_ATOM_BYTES // H200.dtype_bytes[b_dtype]
+    return f"2 * {_paren(cols)} <= 256 and {_paren(cols)} % {atom} == 0"
+
+
 def gemm_merges(kernel: Kernel) -> list[GemmMerge]:
     """Pairs of loop-body GEMMs that can share one wide MMA (see ``GemmMerge``), in body order.
 
@@ -569,7 +600,8 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
             w.indent()
         ctx.reroute = {}
         for r in ctx.bridges.get((section, i), []):
-            w.line(f"T.copy({n[r]}, {ctx.bridge_names[r]})  # layout bridge: {r!r} and {dst.name!r} disagree")
+            if not (section == "body" and ctx.hoisted and r in ctx.hoisted):
+                w.line(f"T.copy({n[r]}, {ctx.bridge_names[r]})  # layout bridge: {r!r} and {dst.name!r} disagree")
             ctx.reroute[r] = ctx.bridge_names[r]
         rhs = _expr(ctx, op.expr, idx)
         ctx.reroute = {}
@@ -695,7 +727,8 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
             ctx.policy_vars[m.first.c + " wide"] = local.fresh(f"policy_{m.first.c}_{m.second.c}")
             helpers.add("mma_policy")
             w.line(f"{ctx.policy_vars[m.first.c + ' wide']} = mma_policy({rows}, 2 * {_paren(cols)}, {threads})")
-        wide = " and ".join(f"2 * {_paren(block_expr[buffers[m.first.c].axes[1]])} <= 256" for m in merges)
+        wide = " and ".join(_merge_legal(block_expr[buffers[m.first.c].axes[1]], buffers[m.first.b].dtype)
+                            for m in merges)
         variants = [merges, []]
     ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
     taken = set(local.taken)
@@ -709,7 +742,7 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         w.line()
         if len(variants) > 1 and v == 0:
             names_m = ", ".join(f"{m.first.c!r} + {m.second.c!r}" for m in chosen)
-            w.line(f"if {wide}:  # merged GEMMs ({names_m}) fit one wgmma each (N <= 256)")
+            w.line(f"if {wide}:  # merged GEMMs ({names_m}) one wgmma each (N <= 256), halves of whole swizzle atoms")
             w.indent()
         _render_prim_func(w, ctx, func_name, threads, swizzle)
         w.line()
@@ -766,6 +799,10 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             w.line("# prologue")
         for i, op in enumerate(kernel.prologue):
             _render_op(w, ctx, op, "prologue", i)
+        ctx.hoisted = loop_invariant_bridges(kernel, ctx.bridges)
+        for r in ctx.hoisted:
+            w.line(f"T.copy({names[r]}, {ctx.bridge_names[r]})  # layout bridge of loop-invariant {r!r}, "
+                   "issued before the loop")
         w.line(f"# streamed loop over {lp.axis!r}, {block_expr[lp.axis]} at a time")
         if lp.visible is None:
             w.line(f"for {loop_var} in T.Pipelined({_tiles(ctx, lp.axis)}, "
@@ -834,9 +871,13 @@ def render(plan: Plan) -> str:
     names_k = [k.name for k in plan.kernels]
     if len(set(names_k)) != len(names_k):  # validation does not compare kernel names
         raise PlanError(f"plan repeats a kernel name: {names_k}")
+    # Every user string below reaches the source only as a name that passed pyrunner.ir.names
+    # (identifiers, docstrings, comments) or as the recomputed hex hash.
+    check_plan_names(plan)
+    phash = plan_hash(plan)  # recomputed; the stored one is compared once the plan has rendered
+    given = plan
     plan = optimize(plan)
     sizes = axis_sizes(plan)
-    phash = plan.provenance.plan_hash or plan_hash(plan)
 
     params = sorted({p for k in plan.kernels for p in k.params})
     for k in plan.kernels:
@@ -919,6 +960,7 @@ def render(plan: Plan) -> str:
         w.dedent()
     w.lines.extend(body.lines)
     _render_runtime(w, plan, build_names)
+    checked_hash(given)
     return w.text()
 
 
