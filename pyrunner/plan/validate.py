@@ -475,7 +475,7 @@ def _check_kernel(plan: Plan, ki: int, k: Kernel, values: Mapping[str, int], siz
                     raise PlanError(f"{ow}: operand {r!r} has axes {bufs[r].axes}, which are not a "
                                     f"subset of dst {op.dst!r}'s axes {dst.axes} (axis {extra[0]!r})")
             for e in walk(op.expr):
-                if isinstance(e, Const) and math.isnan(e.value):
+                if isinstance(e, Const) and math.isnan(e.number()):
                     raise PlanError(f"{ow}: a constant is NaN")
                 if isinstance(e, AxisSize) and e.axis not in sizes:
                     raise PlanError(f"{ow}: size of unknown axis {e.axis!r}; graph axes are {sorted(sizes)}")
