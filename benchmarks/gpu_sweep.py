@@ -63,6 +63,16 @@ def small_sizes(sizes: dict[str, int]) -> dict[str, int]:
     return {a: (min(n, SMALL_CAP) if n >= 64 else min(n, SMALL_HEADS)) for a, n in sizes.items()}
 
 
+def odd_sizes(sizes: dict[str, int]) -> dict[str, int]:
+    """Sizes no power-of-two tile divides: 4096 -> 4000, 1024 -> 1000, 128 -> 96 (a free head dim), 256 -> 192;
+    head/group counts kept. Exercises the partial last tiles of every axis."""
+    def odd(n: int) -> int:
+        if n >= 512:
+            return n - n * 3 // 128
+        return n * 3 // 4 if n >= 64 else n
+    return {a: odd(n) for a, n in sizes.items()}
+
+
 def real_sizes_random(sizes: dict[str, int]) -> dict[str, int]:
     return {a: (min(n * REAL_SCALE, REAL_CAP) if n >= 64 else n) for a, n in sizes.items()}
 
@@ -98,7 +108,7 @@ def collect(args) -> list[Case]:
     cases: list[Case] = []
     for shape in args.shapes.split(","):  # every small case before any real one
         for name, source, doc, real in graphs:
-            sizes = small_sizes(real) if shape == "small" else real
+            sizes = {"small": small_sizes, "odd": odd_sizes}.get(shape, lambda s: s)(real)
             for dtype in args.dtypes.split(","):
                 cases.append(Case(f"{name}@{shape}/{dtype}", source, _resized(doc, sizes), shape, dtype))
     return cases

@@ -469,6 +469,14 @@ class GemmMerge:
     second: Gemm
 
 
+def _read_by_threads(kernel: Kernel, name: str) -> bool:
+    """Whether a pipelined kernel reads a buffer with thread code (anything but a GEMM operand)."""
+    if kernel.loop is None:
+        return False
+    ops = kernel.prologue + kernel.body + kernel.epilogue
+    return any(name in op_reads_writes(op)[0] for op in ops if not isinstance(op, Gemm))
+
+
 def _mentions(op, name: str) -> bool:
     r, w = op_reads_writes(op)
     return name in r or name in w
@@ -563,6 +571,11 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
             _scalar_copy(w, ctx, src, dst, True)
             return
         target = _half(ctx, dst.name) if ctx.halves and dst.name in ctx.halves else n[dst.name]
+        if section == "prologue" and _read_by_threads(ctx.kernel, dst.name):
+            # TileLang 0.1.15's warp specialisation waits for a prologue TMA load only before the first
+            # GEMM that reads it, so thread reads before that race the copy: load these synchronously.
+            w.line(f"T.copy({_region(ctx, src)}, {target}, annotations={{\"disable_tma\": True}})")
+            return
         w.line(f"T.copy({_region(ctx, src)}, {target})")
     elif isinstance(op, Store):
         src = ctx.buffers[op.src]

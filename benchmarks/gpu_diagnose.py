@@ -1,0 +1,153 @@
+"""GPU diagnosis of kernels that fail verification: which kernel, which tiles, under which lowering.
+
+For each case (a sweep case id such as ``mlp_relu_squared@real/bf16``) and each variant, a worker
+process plans the case, compiles it (variant: TileLang pass configs or config overrides), checks it
+against float64 (``run.verify.GpuVerifier``) and, for the ``default`` variant, bisects it kernel by
+kernel against the CPU executor on the device's own intermediates (``run.bisect``). A variant that
+passes where ``default`` fails names the lowering feature at fault.
+
+Run on the GPU machine through gpu_run.sh's environment:
+    SCRIPT=benchmarks/gpu_diagnose.py TOTAL_S=300 OUT=/tmp/diag bash benchmarks/gpu_run.sh --cases A,B
+Writes ``diagnose.jsonl`` (one record per case x variant) under ``--out`` and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+VARIANTS: dict[str, dict] = {
+    "default": {},
+    "no_smem_reuse": {"pass": {"tl.disable_shared_memory_reuse": True}},
+    "no_warp_spec": {"pass": {"tl.disable_warp_specialized": True}},
+    "no_tma": {"pass": {"tl.disable_tma_lower": True}},
+    "stages1": {"stages": 1},
+}
+
+
+def _case(case_id: str):
+    import gpu_sweep
+
+    name = case_id.split("@")[0]
+    ns = argparse.Namespace(random=64, random_seed0=0, shapes="small,real", dtypes="bf16,fp16", only=name, graph=[])
+    for c in gpu_sweep.collect(ns):
+        if c.id == case_id:
+            return c
+    raise SystemExit(f"error: no sweep case {case_id!r}")
+
+
+def worker(case_id: str, variant: str) -> dict:
+    import torch
+
+    from pyrunner.backend.tilelang.compile import TARGET, rendered_module
+    from pyrunner.ir.graph_json import graph_from_json
+    from pyrunner.plan.analysis import resolve_config
+    from pyrunner.planner import search
+    from pyrunner.run.bisect import bisect_kernels
+    from pyrunner.run.verify import GpuVerifier
+
+    case = _case(case_id)
+    graph = graph_from_json(case.graph)
+    (plan,) = search(graph, case.dtype, top=1)
+    spec = VARIANTS[variant]
+    over = {k.name: {"stages": spec["stages"]} for k in plan.kernels
+            if "stages" in spec and k.loop is not None and isinstance(k.loop.stages, str)}
+    values = resolve_config(plan, over or None)
+    module = rendered_module(plan)
+    module.PASS_CONFIGS = {**module.PASS_CONFIGS, **spec.get("pass", {})}
+    t0 = time.monotonic()
+    kernels = module.compile_kernels(values, target=TARGET)
+    rec: dict = {"case": case_id, "variant": variant, "compile_s": round(time.monotonic() - t0, 1),
+                 "config": values, "structure": [k.name for k in plan.kernels]}
+    args = {name: a for name, _, a in module.KERNELS}
+
+    def launch(tensors: dict) -> None:
+        module.launch(tensors, values, kernels=kernels)
+
+    verifier = GpuVerifier(plan, graph, device="cuda")
+    res = verifier.check(launch)
+    rec.update(ok=res.ok, error=res.error, bound=res.bound, per_output=res.per_output)
+    if variant == "default":
+        tensors = verifier.tensors()
+
+        def run_one(name: str) -> None:
+            kernels[name](*(tensors[a] for a in args[name]))
+            torch.cuda.synchronize()
+
+        rec["bisect"] = [vars(v) for v in bisect_kernels(plan, run_one, tensors, values, res.bound)]
+    return rec
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", required=True, help="comma-separated sweep case ids")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--jobs", type=int, default=12)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=400, help="wall-clock budget for everything")
+    ap.add_argument("--worker", nargs=2, metavar=("CASE", "VARIANT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        try:
+            print("RECORD " + json.dumps(worker(*args.worker), default=str), flush=True)
+        except Exception as e:  # noqa: BLE001 - reported as the case's record
+            import traceback
+
+            traceback.print_exc()
+            print("RECORD " + json.dumps({"case": args.worker[0], "variant": args.worker[1], "ok": False,
+                                          "failure": f"{type(e).__name__}: {str(e).splitlines()[-1:]}"}), flush=True)
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs = [(c, v) for c in args.cases.split(",") for v in args.variants.split(",")]
+    log = open(out / "diagnose.log", "a")
+    end = time.monotonic() + args.budget_s - 10
+
+    def run(job: tuple[str, str]) -> dict:
+        left = end - time.monotonic()
+        if left < 20:
+            return {"case": job[0], "variant": job[1], "ok": False, "failure": "skipped: budget spent"}
+        try:
+            p = subprocess.run([sys.executable, __file__, "--worker", *job], capture_output=True, text=True,
+                               timeout=left)
+            text = p.stdout + p.stderr
+        except subprocess.TimeoutExpired as e:
+            text = f"timeout after {left:.0f} s\n{e.stdout or ''}"
+        log.write(f"===== {job}\n{text}\n")
+        log.flush()
+        lines = [ln[7:] for ln in text.splitlines() if ln.startswith("RECORD ")]
+        rec = json.loads(lines[-1]) if lines else {"case": job[0], "variant": job[1], "ok": False,
+                                                    "failure": text.strip().splitlines()[-1:] or "no output"}
+        print(f"{job[0]:44s} {job[1]:14s} {'ok' if rec.get('ok') else 'WRONG':6s} "
+              f"err {rec.get('error')} {rec.get('failure', '')}", flush=True)
+        return rec
+
+    with ThreadPoolExecutor(args.jobs) as pool:
+        records = list(pool.map(run, jobs))
+    with open(out / "diagnose.jsonl", "w") as f:
+        for r in records:
+            f.write(json.dumps(r, default=str) + "\n")
+    print("\n== diagnosis: error per case and variant (ok / WRONG)")
+    for c in args.cases.split(","):
+        row = [r for r in records if r["case"] == c]
+        print(c, " ".join(f"{r['variant']}={'ok' if r.get('ok') else 'WRONG'}({r.get('error')})" for r in row))
+        for r in row:
+            for v in r.get("bisect", []):
+                print(f"   bisect {v['kernel']}: errors {v['errors']} bad tiles {v['bad_tiles']} "
+                      f"rows {v['bad_rows_in_tile']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Checks on the CUDA that TileLang lowers a rendered kernel to, for hazards no plan check can see.
+
+The one hazard checked today: a shared tile filled by a TMA load that thread code reads before
+waiting on the load's mbarrier. TileLang 0.1.15's warp specialisation places the wait for a
+prologue TMA load just before the first GEMM that reads the tile, so an elementwise read earlier
+in the prologue (attention on RMS-normalised Q read Q's tile to form its statistics) raced the copy
+and read stale shared memory: right on the CPU, wrong on the H200 (sweep run 4, error 18). The
+renderer now loads such tiles synchronously; this check keeps any lowering that reintroduces the
+pattern out of a compiled kernel (tests run it over every planned kernel).
+
+The check reads the source text: a TMA load ``tma_load(desc, mbarrier[N], &((T*)buf)[...], ...)``
+with a constant barrier index (a load outside a pipelined loop), then the following lines up to
+``mbarrier[N].wait``; a line there that reads ``((T*)buf)`` other than to build a wgmma descriptor
+or issue another TMA load is a race.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TMA_LOAD = re.compile(r"tma_load\([^;]*?mbarrier\[(\d+)\][^;]*?\(\(\w+\*\)(\w+)\)")
+_NOT_A_READ = ("tma_load", "initialize_wgmma_descriptor", "arrive_and_expect_tx", "expect_transaction")
+
+
+@dataclass(frozen=True)
+class TmaRace:
+    """A shared buffer read by threads before the TMA load that fills it is waited on."""
+
+    buffer: str
+    barrier: int
+    load_line: int
+    read_line: int
+
+    def __str__(self) -> str:
+        return (f"shared buffer {self.buffer!r} is read on line {self.read_line} before the TMA load on line "
+                f"{self.load_line} is waited on (mbarrier[{self.barrier}])")
+
+
+def tma_races(cuda_source: str) -> list[TmaRace]:
+    """Every unwaited read of a TMA-loaded shared tile in one kernel's CUDA source."""
+    lines = cuda_source.splitlines()
+    found: list[TmaRace] = []
+    for i, line in enumerate(lines):
+        m = _TMA_LOAD.search(line)
+        if not m:
+            continue
+        barrier, buf = int(m.group(1)), m.group(2)
+        read = re.compile(r"\(\(\w+\*\)" + re.escape(buf) + r"\)")
+        for j in range(i + 1, len(lines)):
+            text = lines[j]
+            if f"mbarrier[{barrier}].wait" in text:
+                break
+            if read.search(text) and not any(k in text for k in _NOT_A_READ):
+                found.append(TmaRace(buf, barrier, i + 1, j + 1))
+                break
+    return found

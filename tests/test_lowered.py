@@ -1,0 +1,51 @@
+"""The lowered-CUDA hazard check: it finds the TMA race of sweep run 4, and no planned kernel has one."""
+
+from __future__ import annotations
+
+import pytest
+
+from pyrunner.backend.tilelang.lowered import tma_races
+
+RACY = """\
+  if (tl::tl_shuffle_elect<256>()) {
+    mbarrier[8].arrive_and_expect_tx(16384);
+    tl::tma_load(Q_desc, mbarrier[8], (&(((bfloat16_t*)Q_s)[(i * 4096)])), (i * 64), 0, 0);
+  }
+  __syncthreads();
+  *(uint4*)(Q_s_local_cast + 0) = *(uint4*)(((bfloat16_t*)Q_s) + (((int)threadIdx.x) * 8));
+  mbarrier[8].wait(0);
+"""
+
+WAITED = """\
+    tl::tma_load(K_desc, mbarrier[0], (&(((bfloat16_t*)K_s)[0])), 0, 0, 0);
+  mbarrier[0].wait(0);
+  tl::initialize_wgmma_descriptor<1, 1, 64>(desc_b, (&(((bfloat16_t*)K_s)[0])));
+  float2 v = *(float2*)(((bfloat16_t*)K_s) + 4);
+"""
+
+
+def test_finds_a_read_before_the_wait() -> None:
+    (race,) = tma_races(RACY)
+    assert (race.buffer, race.barrier, race.load_line, race.read_line) == ("Q_s", 8, 3, 6)
+    assert "'Q_s'" in str(race) and "mbarrier[8]" in str(race)
+
+
+def test_a_read_after_the_wait_is_fine() -> None:
+    assert tma_races(WAITED) == []
+
+
+@pytest.mark.parametrize("graph", ["attention_qk_norm", "norm_rmsnorm_weight_matmul"])
+def test_rendered_prologue_loads_read_by_threads_do_not_race(graph: str) -> None:
+    """A prologue tile that thread code reads (Q's RMS statistics) is loaded without the racing TMA path."""
+    pytest.importorskip("tilelang")
+    from pathlib import Path
+
+    from pyrunner.backend.tilelang.compile import lower_to_cuda
+    from pyrunner.errors import GraphError
+    from pyrunner.ir.graph_json import graph_from_json, read_json_file
+    from pyrunner.planner import search
+
+    doc = read_json_file(Path(__file__).parent / "data" / f"{graph}.json", "graph file", GraphError)
+    (plan,) = search(graph_from_json(doc), "bf16", top=1)
+    for name, src in lower_to_cuda(plan).items():
+        assert tma_races(src) == [], name
