@@ -91,7 +91,7 @@ def worker(case_id: str, variant: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", required=True, help="comma-separated sweep case ids")
+    ap.add_argument("--cases", default="", help="comma-separated sweep case ids")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
             print("RECORD " + json.dumps({"case": args.worker[0], "variant": args.worker[1], "ok": False,
                                           "failure": f"{type(e).__name__}: {str(e).splitlines()[-1:]}"}), flush=True)
         return 0
+    if not args.cases:
+        ap.error("--cases is required")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(c, v) for c in args.cases.split(",") for v in args.variants.split(",")]
