@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pyrunner.backend.tilelang.compile import check_fits, compile_cubin, lower_to_cuda
-from pyrunner.backend.tilelang.lowered import tma_races
+from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread_reads
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.planner import search
@@ -77,6 +77,8 @@ def test_corpus_best_plan_builds_cubin(path: Path, tmp_path: Path) -> None:
     sources = lower_to_cuda(plan)
     assert set(sources) == {k.name for k in plan.kernels}
     assert {k: [str(r) for r in tma_races(src)] for k, src in sources.items() if tma_races(src)} == {}
+    assert {k: warp_specialised_thread_reads(src) for k, src in sources.items()
+            if warp_specialised_thread_reads(src)} == {}
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH: CUDA source checked, cubin not built")
     cubins = compile_cubin(sources, tmp_path)

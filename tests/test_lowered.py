@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pyrunner.backend.tilelang.lowered import tma_races
+from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread_reads
 
 RACY = """\
   if (tl::tl_shuffle_elect<256>()) {
@@ -34,9 +34,23 @@ def test_a_read_after_the_wait_is_fine() -> None:
     assert tma_races(WAITED) == []
 
 
-@pytest.mark.parametrize("graph", ["attention_qk_norm", "norm_rmsnorm_weight_matmul"])
-def test_rendered_prologue_loads_read_by_threads_do_not_race(graph: str) -> None:
-    """A prologue tile that thread code reads (Q's RMS statistics) is loaded without the racing TMA path."""
+WS_READ = """\
+    tl::warpgroup_reg_alloc<240>();
+        tl::tma_load(H_desc, mbarrier[(f_step % 3)], (&(((float*)H_s)[((f_step % 3) * 8192)])), 0, 0);
+      float2 v_ = *(float2*)(((float*)H_s) + ((f_step_1 % 3) * 8192));
+"""
+
+
+def test_finds_thread_reads_of_a_warp_specialised_stage() -> None:
+    assert warp_specialised_thread_reads(WS_READ) == ["H_s"]
+    assert warp_specialised_thread_reads(WS_READ.replace("warpgroup_reg_alloc", "x")) == []
+
+
+@pytest.mark.parametrize("graph", ["attention_qk_norm", "norm_rmsnorm_weight_matmul", "mlp_relu_squared"])
+def test_rendered_kernels_have_no_tma_hazards(graph: str) -> None:
+    """A prologue tile that thread code reads (Q's RMS statistics) is loaded without the racing TMA path,
+    and a loop that reads its pipelined tiles with thread code (relu(H)^2 of a loaded H) is not warp
+    specialised (sweep run 4's wrong kernels; diagnosis run 6)."""
     pytest.importorskip("tilelang")
     from pathlib import Path
 
@@ -49,3 +63,4 @@ def test_rendered_prologue_loads_read_by_threads_do_not_race(graph: str) -> None
     (plan,) = search(graph_from_json(doc), "bf16", top=1)
     for name, src in lower_to_cuda(plan).items():
         assert tma_races(src) == [], name
+        assert warp_specialised_thread_reads(src) == [], name

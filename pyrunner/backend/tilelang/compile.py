@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET, render
+from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET, kernel_pass_configs, render
 from pyrunner.errors import DeviceFitError, PlanError
 from pyrunner.files import inside
 from pyrunner.plan.analysis import resolve_config
@@ -108,8 +108,9 @@ def lower_to_cuda(plan: Plan, config: dict | None = None, work_dir: Path | None 
     funcs = build_prim_funcs(plan, config, work_dir)
     target = Target(TARGET)
     out: dict[str, str] = {}
-    with target, tvm.transform.PassContext(config=PASS_CONFIGS):
-        for name, func in funcs.items():
+    kernels = {k.name: k for k in plan.kernels}
+    for name, func in funcs.items():
+        with target, tvm.transform.PassContext(config={**PASS_CONFIGS, **kernel_pass_configs(kernels[name])}):
             out[name] = tilelang.lower(func, target=target).kernel_source
     return out
 

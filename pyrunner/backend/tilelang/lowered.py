@@ -19,8 +19,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_TMA_LOAD = re.compile(r"tma_load\([^;]*?mbarrier\[(\d+)\][^;]*?\(\(\w+\*\)(\w+)\)")
+_TMA_CALL = re.compile(r"tma_load\(([^;]*)\);")
+_BARRIER = re.compile(r"mbarrier\[([^\]]*)\]")
+_SMEM = re.compile(r"\(\(\w+\*\)(\w+)\)")
 _NOT_A_READ = ("tma_load", "initialize_wgmma_descriptor", "arrive_and_expect_tx", "expect_transaction")
+
+
+def _tma_load(line: str) -> tuple[str, str] | None:
+    """(barrier index expression, shared buffer) of a TMA load on this line, either argument order
+    (tiled: descriptor, barrier, smem, coords; bulk: smem, global, barrier, bytes)."""
+    call = _TMA_CALL.search(line)
+    if call is None:
+        return None
+    barrier, smem = _BARRIER.search(call.group(1)), _SMEM.search(call.group(1))
+    return (barrier.group(1), smem.group(1)) if barrier and smem else None
 
 
 @dataclass(frozen=True)
@@ -42,10 +54,10 @@ def tma_races(cuda_source: str) -> list[TmaRace]:
     lines = cuda_source.splitlines()
     found: list[TmaRace] = []
     for i, line in enumerate(lines):
-        m = _TMA_LOAD.search(line)
-        if not m:
+        load = _tma_load(line)
+        if load is None or not load[0].isdigit():
             continue
-        barrier, buf = int(m.group(1)), m.group(2)
+        barrier, buf = int(load[0]), load[1]
         read = re.compile(r"\(\(\w+\*\)" + re.escape(buf) + r"\)")
         for j in range(i + 1, len(lines)):
             text = lines[j]
@@ -54,4 +66,23 @@ def tma_races(cuda_source: str) -> list[TmaRace]:
             if read.search(text) and not any(k in text for k in _NOT_A_READ):
                 found.append(TmaRace(buf, barrier, i + 1, j + 1))
                 break
+    return found
+
+
+def warp_specialised_thread_reads(cuda_source: str) -> list[str]:
+    """Shared tiles that a warp-specialised pipelined loop fills with TMA and reads with thread code.
+
+    Such a read races the stage's release (``render.NO_WARP_SPECIALISATION`` says why); the renderer
+    turns warp specialisation off for kernels whose loops read a pipelined tile, so this is empty for
+    every kernel it emits.
+    """
+    if "warpgroup_reg_alloc" not in cuda_source:  # TileLang's producer/consumer register split
+        return []
+    loads = [_tma_load(ln) for ln in cuda_source.splitlines()]
+    staged = {ld[1] for ld in loads if ld is not None and not ld[0].isdigit()}
+    found = []
+    for buf in sorted(staged):
+        read = re.compile(r"\(\(\w+\*\)" + re.escape(buf) + r"\)")
+        if any(read.search(ln) and not any(k in ln for k in _NOT_A_READ) for ln in cuda_source.splitlines()):
+            found.append(buf)
     return found

@@ -65,6 +65,12 @@ TARGET = {"kind": "cuda", "arch": H200.arch}
 SM_COUNT = H200.sms
 """Streaming multiprocessors of the target; decides whether block reordering can matter."""
 PASS_CONFIGS = {"tl.enable_fast_math": True}
+NO_WARP_SPECIALISATION = {"tl.disable_warp_specialized": True}
+"""Pass config of a kernel whose loop reads a pipelined tile with thread code: TileLang 0.1.15 releases
+a warp-specialised stage with an ``mbarrier.arrive`` asm that has no memory clobber, so nvcc may move
+those shared-memory reads after the release, and the producer's next copy overwrites the stage under
+them (sweep run 4: right on the CPU, wrong on the H200; run 6 diagnosis: every such kernel is right
+without warp specialisation). The non-specialised pipeline syncs all threads between stages."""
 MERGE_ATOM_BYTES = 128  # TileLang's widest shared-memory swizzle atom: each half of a merged B tile spans whole atoms
 """TileLang pass configs of every kernel: fast math (``--use_fast_math``: ex2.approx, rcp.approx)."""
 MMA_POLICY_HELPER = (
@@ -75,7 +81,8 @@ MMA_POLICY_HELPER = (
 )
 
 _RESERVED_MODULE = {
-    "T", "tilelang", "SM_COUNT", "PASS_CONFIGS", "mma_policy", "PLAN_HASH", "WORKLOAD", "DTYPE", "ACCUM_DTYPE",
+    "T", "tilelang", "SM_COUNT", "PASS_CONFIGS", "KERNEL_PASS_CONFIGS", "mma_policy", "PLAN_HASH", "WORKLOAD",
+    "DTYPE", "ACCUM_DTYPE",
     "TARGET", "TENSORS", "CONFIG_SPACE",
     "DEFAULT_CONFIG", "KERNELS", "merge_config", "build_kernels", "compile_kernels", "launch", "_COMPILED",
     "tensors", "config", "kernels", "target", "name", "build", "args", "cfg", "key",
@@ -467,6 +474,15 @@ class GemmMerge:
 
     first: Gemm
     second: Gemm
+
+
+def kernel_pass_configs(kernel: Kernel) -> dict[str, bool]:
+    """TileLang pass configs this kernel needs beside ``PASS_CONFIGS`` (see ``NO_WARP_SPECIALISATION``)."""
+    if kernel.loop is None:
+        return {}
+    staged = {op.dst for op in kernel.body if isinstance(op, Load)}
+    thread_reads = {r for op in kernel.body if not isinstance(op, Gemm) for r in op_reads_writes(op)[0]}
+    return dict(NO_WARP_SPECIALISATION) if staged & thread_reads else {}
 
 
 def _read_by_threads(kernel: Kernel, name: str) -> bool:
@@ -938,6 +954,9 @@ def render(plan: Plan) -> str:
     w.line(f"TARGET = {TARGET!r}")
     w.line(f"SM_COUNT = {SM_COUNT!r}")
     w.line(f"PASS_CONFIGS = {PASS_CONFIGS!r}")
+    per_kernel = {k.name: kernel_pass_configs(k) for k in plan.kernels if kernel_pass_configs(k)}
+    w.line(f"KERNEL_PASS_CONFIGS = {per_kernel!r}  # kernels whose loop reads a pipelined tile with thread code: "
+           "no warp specialisation")
     w.line()
     w.line("# axis extents")
     for a in sorted(sizes):
@@ -1015,7 +1034,8 @@ def _render_runtime(w: _Writer, plan: Plan, build_names: dict[str, str]) -> None
     w.line("def compile_kernels(config=None, target=TARGET):")
     w.indent()
     w.line('"""JIT-compile every kernel for the GPU (needs CUDA)."""')
-    w.line("return {name: tilelang.compile(func, target=target, pass_configs=PASS_CONFIGS)")
+    w.line("return {name: tilelang.compile(func, target=target,")
+    w.line("                               pass_configs={**PASS_CONFIGS, **KERNEL_PASS_CONFIGS.get(name, {})})")
     w.line("        for name, func in build_kernels(config).items()}")
     w.dedent()
     w.line()
