@@ -77,7 +77,7 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
     space: dict[str, list[int]] = {}
     m_axes = {g.m_axis for g in low.gemms}
     for a in low.tiled:
-        lo = min(64, sizes[a]) if a in m_axes else 16
+        lo = 64 if a in m_axes else 16  # one WGMMA needs 64 rows: a shorter axis gets one padded tile
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
         space[block_param(low.stream)] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 256)
