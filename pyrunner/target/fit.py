@@ -91,9 +91,9 @@ class FitModel:
         group = layout_groups(kernel)
         gemms = [op for op in kernel_ops(kernel) if isinstance(op, Gemm)]
         acc_groups = {group[op.c] for op in gemms if op.c in group}
-        # (accumulator, its axes, A operand, whether A is laid out like an accumulator)
-        self.gemms = [(op.c, tuple(bufs[op.c].axes), op.a, op.a in group and group[op.a] in acc_groups)
-                      for op in gemms]
+        # (accumulator, its axes, A operand, whether A is laid out like an accumulator, whether A is in registers)
+        self.gemms = [(op.c, tuple(bufs[op.c].axes), op.a, op.a in group and group[op.a] in acc_groups,
+                       bufs[op.a].scope == "fragment") for op in gemms]
 
     def geometry(self, values: Mapping[str, int]) -> KernelGeometry:
         return kernel_geometry(self.kernel, values, self.sizes)
@@ -146,7 +146,7 @@ class FitModel:
         rows, else TileLang cannot reconcile the two layouts: rows must be a multiple of 16 x warps.
         """
         warps = geo.threads // self.device.warp
-        for c, axes, a, a_like_acc in self.gemms:
+        for c, axes, a, a_like_acc, a_in_regs in self.gemms:
             rows, cols = (geo.blocks[x] for x in axes)
             if cols > MAX_GEMM_N:
                 return f"the {rows}x{cols} tile GEMM into {c!r} is wider than wgmma's N limit of {MAX_GEMM_N}"
@@ -154,6 +154,10 @@ class FitModel:
                 return (f"the tile GEMM into {c!r} reads its A operand {a!r} from registers, so each of the "
                         f"{warps} warps ({geo.threads} threads) needs 16 whole rows of it, "
                         f"but the tile has {rows} rows")
+            if a_in_regs and rows > 64 * (warps // 4):
+                return (f"the tile GEMM into {c!r} reads its A operand {a!r} from registers: TileLang lays "
+                        f"out two GEMMs' fragments alike only with one 64-row slab per warpgroup, and "
+                        f"{rows} rows on {warps // 4} warpgroup(s) give more (layout infer conflict)")
             if not any(warps % mw == 0 and rows % (16 * mw) == 0 and cols % (8 * (warps // mw)) == 0
                        for mw in range(1, warps + 1)):
                 return (f"the {rows}x{cols} tile GEMM into {c!r} cannot be split among {warps} warps "
