@@ -101,6 +101,7 @@ class Candidate:
     tensors: list[GlobalTensor]
     total_us: float
     unguarded: int = 0
+    scaled_operands: int = 0
 
     def signature(self) -> tuple:
         """Kernel structure: candidates differing only in algebra that lowers alike count once."""
@@ -111,7 +112,24 @@ class Candidate:
                       kinds(k.low.epilogue), tuple(sorted(k.est.config.items()))) for k in self.kernels)
 
     def rank(self) -> tuple:
-        return (self.unguarded, round(self.total_us, 2), len(self.variant.steps), len(self.kernels))
+        return (self.unguarded, self.scaled_operands, round(self.total_us, 2), len(self.variant.steps),
+                len(self.kernels))
+
+
+def _scales_pulled_out(g: Graph, limit: int = 16) -> Variant | None:
+    """g with every scale that can leave a GEMM operand moved onto its result (the rules applied to a
+    fixed point): seeded beside the breadth-first variants, which a bounded search may not reach
+    (two normalised operands take two more steps than the plain graph; ``scaled_gemm_operands``)."""
+    from pyrunner.rules.registry import RULES, iter_rewrites
+
+    rules = [RULES["matmul_row_scale_commute"], RULES["matmul_div_commute"]]
+    v = Variant(g, [])
+    for _ in range(limit):
+        step = next(((g2, r, m) for r in rules for g2, m in iter_rewrites(v.graph, r)), None)
+        if step is None:
+            break
+        v = Variant(step[0], v.steps + [Step(rule=step[1].name, at=brief(step[2]))])
+    return v if v.steps else None
 
 
 def max_variants(g: Graph) -> int:
@@ -131,6 +149,10 @@ def derive(g: Graph, limit: int | None = None) -> list[Variant]:
     if canon is not None and canon[0].key() not in seen and cap > 1:
         seen.add(canon[0].key())
         variants.append(Variant(canon[0], canon[1]))
+    pulled = _scales_pulled_out(g)
+    if pulled is not None and pulled.graph.key() not in seen and cap > len(variants):
+        seen.add(pulled.graph.key())
+        variants.append(pulled)
     frontier = list(variants)
     for _ in range(MAX_DEPTH):
         nxt: list[Variant] = []
@@ -138,7 +160,7 @@ def derive(g: Graph, limit: int | None = None) -> list[Variant]:
             for rule in algebraic:
                 for g2, matched in iter_rewrites(v.graph, rule):
                     if len(variants) >= cap:
-                        return variants
+                        return variants + _pulled_variants(variants, seen)
                     if g2.key() in seen:
                         continue
                     seen.add(g2.key())
@@ -148,7 +170,21 @@ def derive(g: Graph, limit: int | None = None) -> list[Variant]:
         frontier = nxt
         if not frontier:
             break
-    return variants
+    return variants + _pulled_variants(variants, seen)
+
+
+def _pulled_variants(variants: list[Variant], seen: set) -> list[Variant]:
+    """The scales-pulled-out form of every overflow-safe variant that still has a scaled GEMM operand
+    (those rank first, and the bounded search may stop short of pulling both scales of a product)."""
+    out: list[Variant] = []
+    for v in variants:
+        if unguarded_exps(v.graph) or not scaled_gemm_operands(v.graph):
+            continue
+        p = _scales_pulled_out(v.graph)
+        if p is not None and p.graph.key() not in seen:
+            seen.add(p.graph.key())
+            out.append(Variant(p.graph, v.steps + p.steps))
+    return out
 
 
 @dataclass
@@ -161,6 +197,7 @@ class _Layout:
     names: dict[Term, str]
     outputs: dict[Term, str]
     unguarded: int
+    scaled_operands: int
 
 
 class Budget:
@@ -280,7 +317,7 @@ class Planner:
         if any(t not in consumed for t in cut):
             return None
         total = sum(k.est.time_us for k in kernels)
-        return Candidate(v, kernels, list(tensors.values()), total, lay.unguarded)
+        return Candidate(v, kernels, list(tensors.values()), total, lay.unguarded, lay.scaled_operands)
 
     # --- partition search ------------------------------------------------------------
     def _explore(self, v: Variant, budget: Budget) -> list[Candidate]:
@@ -366,7 +403,7 @@ def _layout(g: Graph) -> _Layout:
         used.add(name)
         names[t] = name
     anchors = [t for t in inner if t.op in ("reduce", "matmul")]
-    return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms))
+    return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms), scaled_gemm_operands(terms))
 
 
 def _guarded(arg: Term) -> bool:
@@ -389,6 +426,21 @@ def unguarded_exps(terms: Graph | list[Term]) -> int:
     """Exponentials that can overflow: ranked before speed, as correctness comes first."""
     ts = terms.terms() if isinstance(terms, Graph) else terms
     return sum(1 for t in ts if t.op == "unary" and t.fn in ("exp", "exp2") and not _guarded(t.args[0]))
+
+
+def scaled_gemm_operands(terms: Graph | list[Term]) -> int:
+    """GEMM operands scaled by a factor free of the contracted axis: ranked before speed.
+
+    Such an operand is rounded to the storage dtype after scaling, for the tensor cores, where the
+    scale could be applied to the float32 result instead (``matmul_row_scale_commute``,
+    ``matmul_div_commute``). Unscaled attention scores on RMS-normalised Q and K (random graph 0)
+    amplified that rounding through exp past the bf16 bound; the pulled-out form was as fast.
+    """
+    from pyrunner.rules.registry import matmul_div_commute, matmul_row_scale_commute
+
+    ts = terms.terms() if isinstance(terms, Graph) else terms
+    return sum(1 for t in ts if t.op == "matmul" and (matmul_row_scale_commute(t) is not None
+                                                      or matmul_div_commute(t) is not None))
 
 
 def _prod(xs: list[int]) -> int:
@@ -471,7 +523,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         if sig in seen:
             continue
         seen.add(sig)
-        ranked.append((c.unguarded, len(ranked), to_plan(planner, c, naive or fallback)))
+        ranked.append(((c.unguarded, c.scaled_operands), len(ranked), to_plan(planner, c, naive or fallback)))
         if len(ranked) >= lookahead:
             break
     if tuning is not False and tuning.entries:

@@ -109,8 +109,9 @@ def lower_to_cuda(plan: Plan, config: dict | None = None, work_dir: Path | None 
     target = Target(TARGET)
     out: dict[str, str] = {}
     kernels = {k.name: k for k in plan.kernels}
+    tensors = {t.name: t for t in plan.tensors}
     for name, func in funcs.items():
-        with target, tvm.transform.PassContext(config={**PASS_CONFIGS, **kernel_pass_configs(kernels[name])}):
+        with target, tvm.transform.PassContext(config={**PASS_CONFIGS, **kernel_pass_configs(kernels[name], tensors)}):
             out[name] = tilelang.lower(func, target=target).kernel_source
     return out
 

@@ -32,6 +32,7 @@ import keyword
 import math
 import re
 from dataclasses import dataclass
+from typing import Mapping
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
@@ -476,13 +477,20 @@ class GemmMerge:
     second: Gemm
 
 
-def kernel_pass_configs(kernel: Kernel) -> dict[str, bool]:
-    """TileLang pass configs this kernel needs beside ``PASS_CONFIGS`` (see ``NO_WARP_SPECIALISATION``)."""
+def kernel_pass_configs(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> dict[str, bool]:
+    """TileLang pass configs this kernel needs beside ``PASS_CONFIGS`` (see ``NO_WARP_SPECIALISATION``).
+
+    Also off for a loop that loads a tensor whose rows are not 16-byte aligned (n = 50257 in bf16):
+    TMA cannot load it, and TileLang's warp specialisation then doubles the threads with a copying
+    producer group, halving the registers per thread below what the kernel's wgmma needs.
+    """
     if kernel.loop is None:
         return {}
-    staged = {op.dst for op in kernel.body if isinstance(op, Load)}
+    loads = [op for op in kernel.body if isinstance(op, Load)]
     thread_reads = {r for op in kernel.body if not isinstance(op, Gemm) for r in op_reads_writes(op)[0]}
-    return dict(NO_WARP_SPECIALISATION) if staged & thread_reads else {}
+    unaligned = any(tensors[op.src].shape and tensors[op.src].shape[-1] * H200.dtype_bytes[tensors[op.src].dtype] % 16
+                    for op in loads)
+    return dict(NO_WARP_SPECIALISATION) if unaligned or {op.dst for op in loads} & thread_reads else {}
 
 
 def _read_by_threads(kernel: Kernel, name: str) -> bool:
@@ -954,7 +962,8 @@ def render(plan: Plan) -> str:
     w.line(f"TARGET = {TARGET!r}")
     w.line(f"SM_COUNT = {SM_COUNT!r}")
     w.line(f"PASS_CONFIGS = {PASS_CONFIGS!r}")
-    per_kernel = {k.name: kernel_pass_configs(k) for k in plan.kernels if kernel_pass_configs(k)}
+    tensors = {t.name: t for t in plan.tensors}
+    per_kernel = {k.name: kernel_pass_configs(k, tensors) for k in plan.kernels if kernel_pass_configs(k, tensors)}
     w.line(f"KERNEL_PASS_CONFIGS = {per_kernel!r}  # kernels whose loop reads a pipelined tile with thread code: "
            "no warp specialisation")
     w.line()
