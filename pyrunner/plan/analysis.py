@@ -81,6 +81,16 @@ def op_reads_writes(op: Op) -> tuple[list[str], list[str]]:
     raise TypeError(f"not a tile op: {op!r}")  # pragma: no cover - the schema admits no other op
 
 
+def thread_reads_staged(body: list[Op]) -> bool:
+    """Whether a loop body reads a tile it loads with thread code (anything but a GEMM operand).
+
+    TileLang cannot warp-specialise such a loop safely (``backend.tilelang.render.NO_WARP_SPECIALISATION``),
+    so the renderer turns it off and the cost model prices the loop without the producer/consumer split.
+    """
+    staged = {op.dst for op in body if isinstance(op, Load)}
+    return any(r in staged for op in body if not isinstance(op, Gemm) for r in op_reads_writes(op)[0])
+
+
 def op_buffers(op: Op) -> set[str]:
     """Every buffer a tile op mentions (read or written)."""
     reads, writes = op_reads_writes(op)

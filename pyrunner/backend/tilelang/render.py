@@ -37,7 +37,7 @@ from typing import Mapping
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops, op_reads_writes
+from pyrunner.plan.analysis import AxisRole, kernel_args, kernel_axes, kernel_ops, op_reads_writes, thread_reads_staged
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schema import (
     AxisSize,
@@ -487,10 +487,9 @@ def kernel_pass_configs(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> 
     if kernel.loop is None:
         return {}
     loads = [op for op in kernel.body if isinstance(op, Load)]
-    thread_reads = {r for op in kernel.body if not isinstance(op, Gemm) for r in op_reads_writes(op)[0]}
     unaligned = any(tensors[op.src].shape and tensors[op.src].shape[-1] * H200.dtype_bytes[tensors[op.src].dtype] % 16
                     for op in loads)
-    return dict(NO_WARP_SPECIALISATION) if unaligned or {op.dst for op in loads} & thread_reads else {}
+    return dict(NO_WARP_SPECIALISATION) if unaligned or thread_reads_staged(kernel.body) else {}
 
 
 def _read_by_threads(kernel: Kernel, name: str) -> bool:
