@@ -365,6 +365,17 @@ def test_racing_store() -> None:
     reject(data, "epilogue[1] (store): blocks race on 'S': grid axis 'd' has 4 tiles")
 
 
+def test_second_store_in_one_kernel() -> None:
+    """One kernel storing its output twice (its writes list naming it once, so the plan-wide
+    single-writer check cannot see it): the kernel check rejects the second store."""
+    data = doc("attention")
+    epilogue = _k(data)["epilogue"]
+    assert epilogue[1] == {"op": "store", "src": "out", "dst": "O"}
+    epilogue.append(dict(epilogue[1]))
+    reject(data, "kernels[0] 'attention' epilogue[2] (store): stores 'O' a second time; a global tensor has "
+                 "one writer (one store in one kernel)")
+
+
 def test_block_equal_to_size_is_one_tile_not_a_race() -> None:
     data = doc("rmsnorm")
     k = _k(data)
