@@ -432,3 +432,19 @@ def test_mutated_plans_raise_only_user_errors(data: object) -> None:
 def test_random_json_is_rejected_cleanly(data: object) -> None:
     with pytest.raises(UserError):
         validate_plan(data)
+
+
+def test_loop_visible_with_a_wrong_arity_is_a_plan_error() -> None:
+    """A mask predicate whose comparison has three arguments: one clear PlanError, never a traceback."""
+    from pyrunner.ir import catalog
+    from pyrunner.planner import search
+
+    plan = search(catalog.get("CausalAttention", {"h": 1, "t_q": 1024, "t_kv": 1024, "d": 64}), "bf16")[0]
+    doc = plan.model_dump(mode="json")
+    loop = next(k["loop"] for k in doc["kernels"] if k.get("loop") and k["loop"].get("visible"))
+    calls = [loop["visible"]]
+    while calls[-1]["kind"] == "call" and calls[-1]["fn"] not in ("lt", "le"):
+        calls.append(next(a for a in calls[-1]["args"] if a["kind"] == "call"))
+    calls[-1]["args"].append(calls[-1]["args"][0])
+    with pytest.raises(PlanError, match=r"loop.visible calls '(lt|le)' with 3 argument\(s\); it takes 2"):
+        validate_plan(doc)

@@ -153,6 +153,10 @@ def _check_visible(s: KernelScope) -> None:
     loop = s.kernel.loop
     if loop is None or loop.visible is None:
         return
+    for c in (e for e in walk(loop.visible) if isinstance(e, Call)):
+        if len(c.args) != EXPR_FUNCTIONS[c.fn]:  # before the predicate is read: it unpacks arguments
+            raise PlanError(f"{s.kw}: loop.visible calls {c.fn!r} with {len(c.args)} argument(s); "
+                            f"it takes {EXPR_FUNCTIONS[c.fn]}")
     if not masks.is_index_predicate(loop.visible):
         raise PlanError(f"{s.kw}: loop.visible must be an index predicate (comparisons of affine forms in "
                         "index values, combined by min/max/mul), so loop bounds can be derived from it")
