@@ -309,7 +309,11 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int]) -> d
         if t.op in ("reduce", "matmul") and t.axis != s:
             if sizes[t.axis] > MAX_FULL_EXTENT:
                 raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) too large to hold whole in a tile")
-            full[t.axis] = sizes[t.axis]
+            n = sizes[t.axis]
+            if t.op == "reduce" and n > 16 and n & (n - 1):  # TileLang finds no fragment layout (d = 96)
+                raise Infeasible(f"a reduction over axis {t.axis} held whole needs a power-of-two extent, "
+                                 f"not {n}: it is streamed instead")
+            full[t.axis] = n
     return full
 
 

@@ -55,6 +55,9 @@ from pyrunner.target.fit import FitModel
 
 __all__ = ["Budget", "Planner", "kernel_of", "search"]
 
+SCALED_OPERAND_PENALTY = 0.05
+"""Ranking surcharge per GEMM operand that carries a scale (``scaled_gemm_operands``): a plan that moves
+the scale onto the float32 result wins unless the scaled form is predicted more than 5% faster."""
 MAX_VARIANTS = 48
 MAX_DEPTH = 6
 MAX_EXHAUSTIVE_CUTS = 6
@@ -112,8 +115,12 @@ class Candidate:
                       kinds(k.low.epilogue), tuple(sorted(k.est.config.items()))) for k in self.kernels)
 
     def rank(self) -> tuple:
-        return (self.unguarded, self.scaled_operands, round(self.total_us, 2), len(self.variant.steps),
-                len(self.kernels))
+        return (self.unguarded, round(self.ranked_us, 2), len(self.variant.steps), len(self.kernels))
+
+    @property
+    def ranked_us(self) -> float:
+        """Predicted time with ``SCALED_OPERAND_PENALTY`` per scaled GEMM operand: precision breaks near-ties."""
+        return self.total_us * (1.0 + SCALED_OPERAND_PENALTY * self.scaled_operands)
 
 
 def _scales_pulled_out(g: Graph, limit: int = 16) -> Variant | None:
@@ -429,7 +436,7 @@ def unguarded_exps(terms: Graph | list[Term]) -> int:
 
 
 def scaled_gemm_operands(terms: Graph | list[Term]) -> int:
-    """GEMM operands scaled by a factor free of the contracted axis: ranked before speed.
+    """GEMM operands scaled by a factor free of the contracted axis: a ranking surcharge.
 
     Such an operand is rounded to the storage dtype after scaling, for the tensor cores, where the
     scale could be applied to the float32 result instead (``matmul_row_scale_commute``,
@@ -528,7 +535,8 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
             break
     if tuning is not False and tuning.entries:
         ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
-    ranked.sort(key=lambda x: (x[0], round(x[2].cost.total_us, 2), x[1]))
+    ranked.sort(key=lambda x: (x[0][0], round(x[2].cost.total_us * (1.0 + SCALED_OPERAND_PENALTY * x[0][1]), 2),
+                               x[1]))
     return [p for _, _, p in ranked[:top]]
 
 
