@@ -49,8 +49,9 @@ from pyrunner.plan.schema import (
 )
 from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
-from pyrunner.planner.lower import Infeasible, Lowered, cone, lower, stream_candidates
+from pyrunner.planner.lower import Infeasible, Lowered, Roots, as_roots, cone, lower, stream_candidates
 from pyrunner.planner.memo import TileMemo, kernel_of
+from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.target.fit import FitModel
 
 __all__ = ["Budget", "Planner", "kernel_of", "search"]
@@ -107,8 +108,9 @@ class Candidate:
         def kinds(ops: list) -> tuple[str, ...]:
             return tuple(sorted(op.op for op in ops if op.op in ("load", "gemm", "reduce", "store")))
 
-        return tuple((tuple(axes_of(k.low.root)), k.low.stream, kinds(k.low.prologue), kinds(k.low.body),
-                      kinds(k.low.epilogue), tuple(sorted(k.est.config.items()))) for k in self.kernels)
+        return tuple((tuple(tuple(axes_of(r)) for r in k.low.roots), k.low.stream, kinds(k.low.prologue),
+                      kinds(k.low.body), kinds(k.low.epilogue), tuple(sorted(k.est.config.items())))
+                     for k in self.kernels)
 
     def rank(self) -> tuple:
         return (self.unguarded, round(self.total_us, 2), len(self.variant.steps), len(self.kernels))
@@ -214,30 +216,37 @@ class Planner:
             v._meta["layout"] = _layout(v.graph)
         return v._meta["layout"]
 
-    def _kernel(self, root: Term, boundary: dict[Term, str], tensors: dict[str, GlobalTensor], labels: dict[Term, str],
-                out_name: str, reserved: frozenset[str]) -> tuple[KernelChoice | None, list[Term]]:
-        """The cheapest lowering of root's kernel (None if none fits) and the tensors it reads."""
+    def _kernel(self, root: Roots, boundary: dict[Term, str], tensors: dict[str, GlobalTensor], labels: dict[Term, str],
+                out_name: str | tuple[str, ...], reserved: frozenset[str],
+                streams: tuple[str | None, ...] | None = None) -> tuple[KernelChoice | None, list[Term]]:
+        """The cheapest lowering of root's kernel (None if none fits) and the tensors it reads.
+        Several roots (with one output name each): one multi-output kernel. ``streams``: the loop
+        axes to try (default: every candidate)."""
         terms = cone(root, boundary)
-        leaves = [t for t in terms if t is not root and t in boundary]
-        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves))
+        roots = as_roots(root)
+        leaves = [t for t in terms if all(t is not r for r in roots) and t in boundary]
+        outs = [out_name] if isinstance(out_name, str) else list(out_name)
+        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves), streams)
         if key in self._cache:
             for why in self._why.get(key, ()):
                 self._reject(why)
             return self._cache[key], leaves
         dtypes = {boundary[t]: tensors[boundary[t]].dtype for t in leaves}
-        nbytes = {n: DTYPE_BYTES[tensors[n].dtype] * _prod(tensors[n].shape) for n in [*dtypes, out_name]}
+        nbytes = {n: DTYPE_BYTES[tensors[n].dtype] * _prod(tensors[n].shape) for n in [*dtypes, *outs]}
         best: KernelChoice | None = None
         whys: list[str] = []
         for s in stream_candidates(root, terms, boundary):
+            if streams is not None and s not in streams:
+                continue
             try:
                 low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name, reserved)
             except Infeasible as e:
                 whys.append(str(e))
                 continue
-            kernel, est, why = self.tiles.best(low, out_name, nbytes)
+            kernel, est, why = self.tiles.best(low, outs[0], nbytes)
             if est is None:
-                whys.append(f"the smallest tile of the kernel computing {brief(root, 60)} does not fit the device: "
-                            f"{why}")
+                what = " and ".join(brief(r, 60) for r in roots)
+                whys.append(f"the smallest tile of the kernel computing {what} does not fit the device: {why}")
                 continue
             if best is None or est.time_us < best.est.time_us:
                 best = KernelChoice(low, kernel, est, self.sizes, self.machine)
@@ -249,6 +258,14 @@ class Planner:
         return best, leaves
 
     def partition(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term]) -> Candidate | None:
+        """The partition of ``v`` materialising ``cut``, one kernel per materialised term (None if
+        a kernel is infeasible)."""
+        got = self.partitions(v, cut, merge=False)
+        return got[0] if got else None
+
+    def partitions(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term], merge: bool = True) -> list[Candidate]:
+        """The partition materialising ``cut`` and, with ``merge``, the same partition with sibling
+        kernels merged into multi-output kernels where the cost model predicts a gain."""
         lay = self.layout(v)
         labels = v.graph.labels
         tensors: dict[str, GlobalTensor] = {}
@@ -263,7 +280,7 @@ class Planner:
             tensors[name] = self._tensor(name, t, "intermediate")
         for t, n in lay.outputs.items():
             if t.op == "input":
-                return None
+                return []
             boundary[t] = n
             tensors[n] = self._tensor(n, t, "output")
         kernels: list[KernelChoice] = []
@@ -274,13 +291,35 @@ class Planner:
                 continue
             kc, leaves = self._kernel(t, boundary, tensors, labels, boundary[t], reserved)
             if kc is None:
-                return None
+                return []
             kernels.append(kc)
             consumed.update(leaves)
         if any(t not in consumed for t in cut):
-            return None
+            return []
         total = sum(k.est.time_us for k in kernels)
-        return Candidate(v, kernels, list(tensors.values()), total, lay.unguarded)
+        cand = Candidate(v, kernels, list(tensors.values()), total, lay.unguarded)
+        merged = self._merged(cand, boundary, tensors, labels, reserved) if merge else None
+        return [cand] if merged is None else [cand, merged]
+
+    def _merged(self, cand: Candidate, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
+                labels: dict[Term, str], reserved: frozenset[str]) -> Candidate | None:
+        """``cand`` with sibling kernels merged (``merge.merge_siblings``); None if none merge."""
+        def group(members: tuple[int, ...], kc: KernelChoice) -> Group[KernelChoice]:
+            return Group(members, frozenset(kc.low.reads), frozenset(kc.low.writes), merge_key(kc.low), kc,
+                         kc.est.time_us)
+
+        def try_merge(a: Group[KernelChoice], b: Group[KernelChoice]) -> Group[KernelChoice] | None:
+            la, lb = a.choice.low, b.choice.low
+            kc, _ = self._kernel(la.roots + lb.roots, boundary, tensors, labels, (*la.writes, *lb.writes), reserved,
+                                 streams=(la.stream,))
+            return None if kc is None else group(a.members + b.members, kc)
+
+        groups = [group((i,), kc) for i, kc in enumerate(cand.kernels)]
+        out = merge_siblings(groups, try_merge)
+        if len(out) == len(groups):
+            return None
+        kernels = [g.choice for g in out]
+        return Candidate(cand.variant, kernels, cand.tensors, sum(k.est.time_us for k in kernels), cand.unguarded)
 
     # --- partition search ------------------------------------------------------------
     def _explore(self, v: Variant, budget: Budget) -> list[Candidate]:
@@ -292,9 +331,7 @@ class Planner:
                 for c in itertools.combinations(anchors, r):
                     if not budget.spend(cost):
                         return out
-                    cand = self.partition(v, c)
-                    if cand is not None:
-                        out.append(cand)
+                    out.extend(self.partitions(v, c))
             return out
         return self._beam(v, anchors, budget)
 
@@ -303,10 +340,13 @@ class Planner:
         order = {t: i for i, t in enumerate(anchors)}
         cost = len(self.layout(v).terms)
         results: dict[frozenset[Term], Candidate | None] = {}
+        alternatives: list[Candidate] = []  # merged partitions, offered beside the unmerged ones
 
         def evaluate(cut: frozenset[Term]) -> Candidate | None:
             if cut not in results:
-                results[cut] = self.partition(v, tuple(sorted(cut, key=order.__getitem__)))
+                got = self.partitions(v, tuple(sorted(cut, key=order.__getitem__)))
+                alternatives.extend(got[1:])
+                results[cut] = min(got, key=Candidate.rank) if got else None
             return results[cut]
 
         # fusing everything is worth a look only while one kernel could plausibly hold it
@@ -325,7 +365,7 @@ class Planner:
                     if nb in results:
                         continue
                     if not budget.spend(cost):
-                        return [c for c in results.values() if c is not None]
+                        return [c for c in results.values() if c is not None] + alternatives
                     c = evaluate(nb)
                     if c is not None:
                         scored.append((c.rank(), nb))
@@ -334,7 +374,7 @@ class Planner:
             if not scored or (best is not None and scored[0][0] >= best):
                 break
             best = scored[0][0]
-        return [c for c in results.values() if c is not None]
+        return [c for c in results.values() if c is not None] + alternatives
 
     def candidates(self, naive: bool = False, budget: Budget | None = None) -> list[Candidate]:
         if naive:
@@ -349,6 +389,11 @@ class Planner:
                 break
         out.sort(key=Candidate.rank)
         return out
+
+
+def merge_key(low: Lowered) -> tuple:
+    """What two kernels must share to merge: the loop axis (or none) and the grid axes."""
+    return low.stream, tuple(sorted(g.axis for g in low.grid))
 
 
 def _layout(g: Graph) -> _Layout:
