@@ -26,6 +26,10 @@ MAX_MERGE_KERNELS = 64
 """Partitions with more kernels than this are not merged (the pairwise search is quadratic; such
 partitions are long chains, whose kernels depend on each other anyway)."""
 
+MAX_MERGE_TRIES = 4
+"""Merges tried per kernel of a partition (each is a lowering and a tile search), so a partition of
+many compatible siblings costs linear, not cubic, work."""
+
 C = TypeVar("C")
 
 
@@ -86,6 +90,7 @@ def merge_siblings(groups: list[Group[C]],
     if len(groups) < 2 or len(groups) > MAX_MERGE_KERNELS:
         return groups
     groups = list(groups)
+    tries = MAX_MERGE_TRIES * len(groups)
     tried: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
     merged = True
     while merged:
@@ -94,6 +99,9 @@ def merge_siblings(groups: list[Group[C]],
         for i, j in _pairs(groups):
             if j in reach[i] or i in reach[j] or (groups[i].members, groups[j].members) in tried:
                 continue
+            if tries <= 0:
+                return topological(groups)
+            tries -= 1
             tried.add((groups[i].members, groups[j].members))
             g = try_merge(groups[i], groups[j])
             if g is None or g.time_us >= groups[i].time_us + groups[j].time_us:

@@ -64,6 +64,9 @@ BEAM_WIDTH = 4
 MAX_WORK = 100_000
 """Partition-search work per search: each partition evaluated costs its graph's term count.
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
+MERGE_WORK = 16
+"""Budget a merge attempt costs per term it lowers: unlike a partition, whose kernels mostly come from
+the cache, each merge lowers a new kernel and searches its tiles (tens of milliseconds)."""
 TIME_BUDGET_S = 30.0
 """Wall-time safety net of the partition search (a loaded machine); the best plan by then wins."""
 VARIANT_TERMS = 6000
@@ -263,9 +266,11 @@ class Planner:
         got = self.partitions(v, cut, merge=False)
         return got[0] if got else None
 
-    def partitions(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term], merge: bool = True) -> list[Candidate]:
+    def partitions(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term], merge: bool = True,
+                   budget: Budget | None = None) -> list[Candidate]:
         """The partition materialising ``cut`` and, with ``merge``, the same partition with sibling
-        kernels merged into multi-output kernels where the cost model predicts a gain."""
+        kernels merged into multi-output kernels where the cost model predicts a gain (each merge
+        tried is paid from ``budget``, by the terms it lowers)."""
         lay = self.layout(v)
         labels = v.graph.labels
         tensors: dict[str, GlobalTensor] = {}
@@ -298,11 +303,11 @@ class Planner:
             return []
         total = sum(k.est.time_us for k in kernels)
         cand = Candidate(v, kernels, list(tensors.values()), total, lay.unguarded)
-        merged = self._merged(cand, boundary, tensors, labels, reserved) if merge else None
+        merged = self._merged(cand, boundary, tensors, labels, reserved, budget) if merge else None
         return [cand] if merged is None else [cand, merged]
 
     def _merged(self, cand: Candidate, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
-                labels: dict[Term, str], reserved: frozenset[str]) -> Candidate | None:
+                labels: dict[Term, str], reserved: frozenset[str], budget: Budget | None) -> Candidate | None:
         """``cand`` with sibling kernels merged (``merge.merge_siblings``); None if none merge."""
         def group(members: tuple[int, ...], kc: KernelChoice) -> Group[KernelChoice]:
             return Group(members, frozenset(kc.low.reads), frozenset(kc.low.writes), merge_key(kc.low), kc,
@@ -310,6 +315,8 @@ class Planner:
 
         def try_merge(a: Group[KernelChoice], b: Group[KernelChoice]) -> Group[KernelChoice] | None:
             la, lb = a.choice.low, b.choice.low
+            if budget is not None and not budget.spend(MERGE_WORK * (len(la.terms) + len(lb.terms))):
+                return None
             kc, _ = self._kernel(la.roots + lb.roots, boundary, tensors, labels, (*la.writes, *lb.writes), reserved,
                                  streams=(la.stream,))
             return None if kc is None else group(a.members + b.members, kc)
@@ -331,7 +338,7 @@ class Planner:
                 for c in itertools.combinations(anchors, r):
                     if not budget.spend(cost):
                         return out
-                    out.extend(self.partitions(v, c))
+                    out.extend(self.partitions(v, c, budget=budget))
             return out
         return self._beam(v, anchors, budget)
 
@@ -344,7 +351,7 @@ class Planner:
 
         def evaluate(cut: frozenset[Term]) -> Candidate | None:
             if cut not in results:
-                got = self.partitions(v, tuple(sorted(cut, key=order.__getitem__)))
+                got = self.partitions(v, tuple(sorted(cut, key=order.__getitem__)), budget=budget)
                 alternatives.extend(got[1:])
                 results[cut] = min(got, key=Candidate.rank) if got else None
             return results[cut]
