@@ -230,3 +230,52 @@ def test_merge_only_when_cheaper_and_compatible() -> None:
 def test_topological_order_follows_reads() -> None:
     a, b, c = _g(0, {"c"}, {"a"}), _g(1, {"a"}, {"b"}), _g(2, set(), {"c"})
     assert [g.members for g in topological([a, b, c])] == [(2,), (0,), (1,)]
+
+
+def test_merge_tries_are_bounded() -> None:
+    """Many compatible siblings: at most MAX_MERGE_TRIES lowerings per kernel, however many pairs."""
+    from pyrunner.planner.merge import MAX_MERGE_TRIES
+
+    groups = [_g(i, {f"x{i}"}, {f"y{i}"}) for i in range(12)]
+    calls = []
+
+    def never(a: Group, b: Group) -> Group | None:
+        calls.append((a.members, b.members))
+        return None  # nothing fits: every compatible pair is tried once, up to the cap
+
+    out = merge_siblings(groups, never)
+    assert len(out) == len(groups)
+    assert len(calls) == min(MAX_MERGE_TRIES * len(groups), len(groups) * (len(groups) - 1) // 2)
+    assert len(set(calls)) == len(calls)
+
+
+def test_merges_are_paid_from_the_search_budget() -> None:
+    """With no budget left, a partition is offered without merges (the search stays bounded)."""
+    from pyrunner.planner.search import Budget
+
+    graph = load_graph_file(ATTENTION_LSE)
+    planner = Planner(graph, "fp16")
+    v = next(v for v in derive(graph) if len(planner.partitions(v, (), budget=Budget())) == 2)
+    assert len(Planner(graph, "fp16").partitions(v, (), budget=Budget(work=0))) == 1
+
+
+def test_random_multi_output_graphs_merge_and_match_float64() -> None:
+    """Randomized: seeded random graphs with several outputs (tests/graph_strategies.py) plan, some
+    with multi-output kernels, and every plan passes the CPU executor at the bf16 bound of its
+    kernel count (verify.executor_bound)."""
+    from graph_strategies import seeded_graph_doc
+
+    from pyrunner.ir.graph_json import graph_from_json
+
+    merged = 0
+    for seed in range(60):
+        doc = seeded_graph_doc(seed)
+        if len(doc["outputs"]) < 2:
+            continue
+        (plan,) = search(graph_from_json(doc), "bf16", top=1, tuning=False)
+        check_plan(plan)
+        merged += any(len(k.writes) > 1 for k in plan.kernels)
+        small = scale_down(plan)
+        res = verify_executor(small, graph_of(small), execute, seed=seed)
+        assert res.ok, f"seed {seed}: {res.message}"
+    assert merged >= 3
