@@ -49,6 +49,7 @@ def ruleCatalog : List RuleInfo := [
   ⟨``matmul_row_scale_commute, "(X * s) @ W = (X @ W) * s when s is constant along the contraction"⟩,
   ⟨``exp_to_exp2, "exp(x) = exp2(x * log2(e))"⟩,
   ⟨``mean_to_sum_div, "mean_a(x) = sum_a(x) / |a|"⟩,
+  ⟨``variance_sum_of_squares, "mean_a((x - mean_a(x))^2) = mean_a(x^2) - mean_a(x)^2 over a non-empty axis a"⟩,
   ⟨``reduction_tiling, "a sum or max over an axis is the tiled loop's running sum or max"⟩,
   ⟨``online_softmax_rescale,
     "the online-softmax state (m, l, o) rescaled to a new shift and merged with a tile equals the direct computation"⟩,

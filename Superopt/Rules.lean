@@ -157,6 +157,111 @@ theorem exp_to_exp2_max_shift (j₀ : ι) (js : List ι) (x : ι → α) (i : ι
 /-- `mean = sum / n`, where `n` is the extent of the reduced axis (definitional). -/
 theorem mean_to_sum_div (l : List α) : listMean l = listSum l / (natToScalar l.length : α) := rfl
 
+/-! ## The variance from the sum and the sum of squares -/
+
+/-- `a * 0 = 0`. -/
+theorem scalar_mul_zero (a : α) : a * ScalarField.zero = ScalarField.zero := by
+  rw [ScalarField.mul_comm, ScalarField.zero_mul]
+
+/-- `a * (b + c) = a * b + a * c`. -/
+theorem scalar_left_distrib (a b c : α) : a * (b + c) = a * b + a * c := by
+  rw [ScalarField.mul_comm a (b + c), ScalarField.right_distrib, ScalarField.mul_comm b a,
+    ScalarField.mul_comm c a]
+
+/-- `(a + b) + (c + d) = (a + c) + (b + d)`. -/
+theorem scalar_add_add_add_comm (a b c d : α) : a + b + (c + d) = a + c + (b + d) := by
+  rw [ScalarField.add_assoc a b (c + d), ← ScalarField.add_assoc b c d, ScalarField.add_comm b c,
+    ScalarField.add_assoc c b d, ← ScalarField.add_assoc a c (b + d)]
+
+/-- `a + -a = 0`. -/
+theorem scalar_add_neg_cancel (a : α) : a + -a = ScalarField.zero := by
+  rw [ScalarField.add_comm, ScalarField.neg_add_cancel]
+
+/-- `(q - c) + c = q`. -/
+theorem scalar_sub_add_cancel (q c : α) : q - c + c = q := by
+  rw [ScalarField.sub_eq_add_neg q c, ScalarField.add_assoc q (-c) c, ScalarField.neg_add_cancel c,
+    scalar_add_zero q]
+
+/-- From `a + b = c`: `a = c - b`. -/
+theorem scalar_eq_sub_of_add_eq (a b c : α) (h : a + b = c) : a = c - b := by
+  rw [← h, ScalarField.sub_eq_add_neg (a + b) b, ScalarField.add_assoc a b (-b), scalar_add_neg_cancel b,
+    scalar_add_zero a]
+
+/-- From `a + b = c + b`: `a = c`. -/
+theorem scalar_add_right_cancel (a b c : α) (h : a + b = c + b) : a = c := by
+  have h2 := scalar_eq_sub_of_add_eq a b (c + b) h
+  rw [ScalarField.sub_eq_add_neg (c + b) b, ScalarField.add_assoc c b (-b), scalar_add_neg_cancel b,
+    scalar_add_zero c] at h2
+  exact h2
+
+/-- `n * (s / n) = s` for `n ≠ 0`. -/
+theorem scalar_mul_div_cancel (n s : α) (hn : n ≠ ScalarField.zero) : n * (s / n) = s := by
+  rw [ScalarField.div_eq_mul_inv s n, ← ScalarField.mul_assoc n s (inv n), ScalarField.mul_comm n s,
+    ScalarField.mul_assoc s n (inv n), ScalarField.mul_inv_cancel n hn, ScalarField.mul_one s]
+
+/-- `p² + 2c (p + c) = (p + c)² + c²`, with squares written as products. -/
+theorem scalar_sq_shift (p c : α) : p * p + (c + c) * (p + c) = (p + c) * (p + c) + c * c := by
+  rw [scalar_left_distrib (c + c) p c, ScalarField.right_distrib c c p, ScalarField.right_distrib c c c,
+    ScalarField.right_distrib p c (p + c), scalar_left_distrib p p c, scalar_left_distrib c p c,
+    ScalarField.mul_comm p c]
+  simp only [ScalarField.add_assoc]
+
+/-- `(q - c)² + 2c q = q² + c²`: `scalar_sq_shift` at `p = q - c`. -/
+theorem scalar_sq_sub_add (q c : α) : (q - c) * (q - c) + (c + c) * q = q * q + c * c := by
+  have h := scalar_sq_shift (q - c) c
+  rw [scalar_sub_add_cancel q c] at h
+  exact h
+
+/-- One element more in `listSum_sq_sub`: the induction step as scalar algebra. -/
+theorem scalar_sq_sum_step (q c f x g n : α) (ih : f + (c + c) * x = g + n * (c * c)) :
+    (q - c) * (q - c) + f + (c + c) * (q + x) = q * q + g + (n + ScalarField.one) * (c * c) := by
+  rw [scalar_left_distrib (c + c) q x,
+    scalar_add_add_add_comm ((q - c) * (q - c)) f ((c + c) * q) ((c + c) * x), ih, scalar_sq_sub_add q c,
+    ScalarField.right_distrib n ScalarField.one (c * c), ScalarField.one_mul (c * c),
+    ScalarField.add_comm (n * (c * c)) (c * c), scalar_add_add_add_comm (q * q) g (c * c) (n * (c * c))]
+
+/--
+The squares about any `c`, kept free of subtraction: `Σ (x - c)² + 2c Σ x = Σ x² + n c²`, where
+`n` is the number of terms.
+-/
+theorem listSum_sq_sub (ks : List ι) (x : ι → α) (c : α) :
+    listSum (ks.map fun k => (x k - c) * (x k - c)) + (c + c) * listSum (ks.map x) =
+      listSum (ks.map fun k => x k * x k) + natToScalar ks.length * (c * c) := by
+  induction ks with
+  | nil =>
+    simp only [List.map_nil, listSum, List.length_nil, natToScalar, ScalarField.zero_mul, scalar_mul_zero]
+  | cons a l ih =>
+    simp only [List.map_cons, listSum, List.length_cons, natToScalar]
+    exact scalar_sq_sum_step (x a) c _ _ _ _ ih
+
+/-- `d + 2 (s/n) s = q + n (s/n)²` gives `d / n = q / n - (s/n)²`, for `n ≠ 0`. -/
+theorem variance_of_sums (d s q n : α) (hn : n ≠ ScalarField.zero)
+    (h : d + (s / n + s / n) * s = q + n * (s / n * (s / n))) :
+    d / n = q / n - s / n * (s / n) := by
+  rw [← ScalarField.mul_assoc n (s / n) (s / n), scalar_mul_div_cancel n s hn,
+    ScalarField.right_distrib (s / n) (s / n) s, ScalarField.mul_comm s (s / n),
+    ← ScalarField.add_assoc d (s / n * s) (s / n * s)] at h
+  have h2 := scalar_add_right_cancel (d + s / n * s) (s / n * s) q h
+  refine scalar_eq_sub_of_add_eq (d / n) (s / n * (s / n)) (q / n) ?_
+  rw [← h2, ScalarField.div_eq_mul_inv (d + s / n * s) n, ScalarField.right_distrib d (s / n * s) (inv n),
+    ← ScalarField.div_eq_mul_inv d n, ScalarField.mul_assoc (s / n) s (inv n), ← ScalarField.div_eq_mul_inv s n]
+
+/--
+The variance as the mean of squares minus the squared mean:
+`mean_a ((x - mean_a x)²) = mean_a (x²) - (mean_a x)²`, over a non-empty axis (its extent `n`
+is not zero in the scalars). Both means on the right are sums over the same axis, so one streaming
+pass computes them. In floating point the difference cancels when the mean is large against the
+spread of `x`; this theorem is about exact scalars.
+-/
+theorem variance_sum_of_squares (ks : List ι) (x : ι → α)
+    (hn : (natToScalar ks.length : α) ≠ ScalarField.zero) :
+    listSum (ks.map fun k => (x k - listSum (ks.map x) / natToScalar ks.length) *
+        (x k - listSum (ks.map x) / natToScalar ks.length)) / natToScalar ks.length =
+      listSum (ks.map fun k => x k * x k) / natToScalar ks.length -
+        listSum (ks.map x) / natToScalar ks.length * (listSum (ks.map x) / natToScalar ks.length) :=
+  variance_of_sums _ (listSum (ks.map x)) _ (natToScalar ks.length) hn
+    (listSum_sq_sub ks x (listSum (ks.map x) / natToScalar ks.length))
+
 /--
 Two tiles: a sum over `l₁ ++ l₂` is the sum of the tiles' sums, and a max over a list split into
 two non-empty tiles is the max of the tiles' maxima.

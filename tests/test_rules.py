@@ -64,7 +64,8 @@ def ops_of(g: Graph) -> set[tuple[str, str]]:
 def test_registry_names_and_kinds() -> None:
     assert RULE_NAMES == (
         "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div",
-        "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop",
+        "variance_sum_of_squares", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
+        "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
         "masked_tile_skip",
     )
@@ -150,6 +151,38 @@ def test_rules_fire_on_the_seed_workloads() -> None:
     assert fired("RMSNormMLP", {"m": 2, "d": 3, "n": 2}) == {
         "matmul_row_scale_commute", "mean_to_sum_div", "elementwise_mul_comm"}
     assert fired("Matmul", {"m": 2, "d": 3, "n": 2}) == set()
+    assert "variance_sum_of_squares" in fired("LayerNormMatmul", {"m": 2, "d": 3, "n": 2})
+
+
+def test_variance_rule_needs_the_mean_of_the_same_term_over_the_same_axis() -> None:
+    x, y = inp("x", ("i", "a")), inp("y", ("i", "a"))
+    rule = RULES["variance_sum_of_squares"]
+    centred = binary("sub", x, reduce("mean", x, "a"))
+    assert rule.apply(reduce("mean", unary("square", centred), "a")) is not None
+    other = binary("sub", x, reduce("mean", y, "a"))  # another term's mean: not a variance
+    assert rule.apply(reduce("mean", unary("square", other), "a")) is None
+    xb = inp("x", ("i", "a", "b"))
+    across = binary("sub", xb, reduce("mean", xb, "b"))  # centred along b, averaged along a
+    assert rule.apply(reduce("mean", unary("square", across), "a")) is None
+    assert rule.apply(reduce("sum", unary("square", centred), "a")) is None  # a sum, not a mean
+
+
+def test_variance_rule_keeps_values_on_random_data() -> None:
+    """Randomized: the rewritten LayerNorm statistics equal the centred ones in float64 (inputs of
+    unit spread around a moderate offset: the cancellation the rule's docstring warns of stays
+    small)."""
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        m, d = int(rng.integers(1, 6)), int(rng.integers(1, 40))
+        x = inp("x", ("m", "d"))
+        lhs = reduce("mean", unary("square", binary("sub", x, reduce("mean", x, "d"))), "d")
+        rhs = RULES["variance_sum_of_squares"].apply(lhs)
+        g1 = Graph("v", {"m": m, "d": d}, (("out", lhs),))
+        g2 = Graph("v", {"m": m, "d": d}, (("out", rhs),))
+        vals = {"x": rng.normal(loc=rng.uniform(-3, 3), size=(m, d))}
+        a, b = evaluate(g1, vals)["out"], evaluate(g2, vals)["out"]
+        np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-12 * (1 + np.abs(vals["x"]).max() ** 2),
+                                   err_msg=f"trial {trial}")
 
 
 def test_shared_subterm_is_rewritten_everywhere() -> None:
@@ -289,6 +322,12 @@ def pattern_mean(gen: Gen) -> tuple[Term, bool]:
     return reduce("mean", gen.term(2, (a,)), a), True
 
 
+def pattern_variance(gen: Gen) -> tuple[Term, bool]:
+    a = gen.draw(st.sampled_from(AXES))
+    x = gen.term(2, (a,))
+    return reduce("mean", unary("square", binary("sub", x, reduce("mean", x, a))), a), True
+
+
 def pattern_mul_comm(gen: Gen) -> tuple[Term, bool]:
     x = gen.term(2, (gen.draw(st.sampled_from(AXES)),))
     y = gen.term(1, avoid=tuple(a for a in AXES if a not in result_axes(x)))
@@ -308,6 +347,7 @@ PATTERNS = {
     "matmul_row_scale_commute": lambda gen: pattern_pull_out(gen, "mul"),
     "exp_to_exp2": pattern_exp,
     "mean_to_sum_div": pattern_mean,
+    "variance_sum_of_squares": pattern_variance,
     "elementwise_mul_comm": pattern_mul_comm,
     "elementwise_mul_assoc": pattern_mul_assoc,
 }

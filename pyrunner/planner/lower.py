@@ -1,6 +1,8 @@
 """Lower one fused sub-graph to a tile-level kernel, for a chosen streamed axis.
 
-The kernel computes ``root`` from global tensors (``boundary``). Terms are
+The kernel computes ``root`` from global tensors (``boundary``); ``root`` may be several
+terms (sibling kernels merged into one multi-output kernel: their cones are lowered together,
+so shared loads and common subterms appear once, and each root gets its own store). Terms are
 sorted into phases relative to the streamed axis ``s``:
 
 * pre   - no ``s`` axis and no dependence on a reduction over ``s``: prologue;
@@ -113,7 +115,7 @@ class LoadInfo:
 class Lowered:
     """A kernel's structure before tile sizes are chosen."""
 
-    root: Term
+    root: Term                # the first root (its axes name the kernel's structure)
     stream: str | None
     grid: list[GridAxis]
     tiled: list[str]          # grid axes whose block is a tuning parameter
@@ -131,18 +133,30 @@ class Lowered:
     rules: list[str] = field(default_factory=list)
     terms: frozenset[Term] = frozenset()
     visible: Expr | None = None  # loop steps whose tile has this all false are skipped (masked_tile_skip)
+    roots: tuple[Term, ...] = ()  # every term the kernel stores, in ``writes`` order
 
 
-def _is_leaf(t: Term, root: Term, boundary: dict[Term, str]) -> bool:
+Roots = Term | tuple[Term, ...]
+"""What a kernel stores: one term, or several (a multi-output kernel)."""
+
+
+def as_roots(root: Roots) -> tuple[Term, ...]:
+    return root if isinstance(root, tuple) else (root,)
+
+
+def _is_leaf(t: Term, root: Roots, boundary: dict[Term, str]) -> bool:
+    if isinstance(root, tuple):
+        return all(t is not r for r in root) and (t in boundary or t.op in LEAF_OPS)
     return t is not root and (t in boundary or t.op in LEAF_OPS)
 
 
-def cone(root: Term, boundary: dict[Term, str]) -> list[Term]:
+def cone(root: Roots, boundary: dict[Term, str]) -> list[Term]:
     """Terms the kernel touches (operands first): what it computes plus the leaves it
-    reads (materialized tensors, constants), whose operands it does not visit."""
+    reads (materialized tensors, constants), whose operands it does not visit. Several
+    roots: the union of their cones, each term once."""
     out: list[Term] = []
     seen: set[Term] = set()
-    stack: list[tuple[Term, bool]] = [(root, False)]
+    stack: list[tuple[Term, bool]] = [(r, False) for r in reversed(as_roots(root))]
     while stack:
         t, done = stack.pop()
         if done:
@@ -159,14 +173,14 @@ def cone(root: Term, boundary: dict[Term, str]) -> list[Term]:
     return out
 
 
-def _computed(root: Term, terms: list[Term], boundary: dict[Term, str]) -> list[Term]:
+def _computed(root: Roots, terms: list[Term], boundary: dict[Term, str]) -> list[Term]:
     return [t for t in terms if not _is_leaf(t, root, boundary)]
 
 
-def stream_candidates(root: Term, terms: list[Term], boundary: dict[Term, str] | None = None) -> list[str | None]:
+def stream_candidates(root: Roots, terms: list[Term], boundary: dict[Term, str] | None = None) -> list[str | None]:
     """Axes reduced inside the kernel (not by a tensor it reads) and absent from its
-    output, plus no loop."""
-    root_axes = set(axes_of(root))
+    outputs, plus no loop."""
+    root_axes = {a for r in as_roots(root) for a in axes_of(r)}
     computed = terms if boundary is None else _computed(root, terms, boundary)
     axes: list[str] = []
     for t in computed:
@@ -317,7 +331,7 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int]) -> d
     return full
 
 
-def _choose_tiled(root: Term, computed: list[Term], s: str | None,
+def _choose_tiled(root: Roots, computed: list[Term], s: str | None,
                   sizes: dict[str, int]) -> tuple[set[str], dict[str, int]]:
     """Pick which axes are tiled (2-D tensor-core tiles) and which are held whole."""
     full = _held_whole(computed, s, sizes)
@@ -329,7 +343,8 @@ def _choose_tiled(root: Term, computed: list[Term], s: str | None,
             if cands and not any(a in tiled or a in full for a in cands):
                 tiled.add(max(cands, key=lambda a: (sizes[a], cands.index(a))))
     if not matmuls:
-        tiled.update([a for a in axes_of(root) if a not in full][-2:])
+        out_axes = list(dict.fromkeys(a for r in as_roots(root) for a in axes_of(r)))
+        tiled.update([a for a in out_axes if a not in full][-2:])
     for t in matmuls:
         for op in t.args:
             free = [a for a in axes_of(op) if a != t.axis]
@@ -338,7 +353,7 @@ def _choose_tiled(root: Term, computed: list[Term], s: str | None,
     return tiled, full
 
 
-def _kernel_axes(terms: list[Term], root: Term, boundary: dict[Term, str]) -> list[str]:
+def _kernel_axes(terms: list[Term], root: Roots, boundary: dict[Term, str]) -> list[str]:
     """Axes the kernel iterates over: the result axes of everything it touches, plus the
     axes it reduces itself. A tensor read from global memory brings only its own axes,
     never the axis its producer reduced (that loop ran in the producer's kernel)."""
@@ -351,10 +366,13 @@ def _kernel_axes(terms: list[Term], root: Term, boundary: dict[Term, str]) -> li
     return out
 
 
-def _grid(all_axes: list[str], root: Term, s: str | None, tiled: set[str], full: dict[str, int],
+def _grid(all_axes: list[str], root: Roots, s: str | None, tiled: set[str], full: dict[str, int],
           sizes: dict[str, int]) -> list[GridAxis]:
+    """One grid axis per kernel axis but the loop's. An axis split across blocks must be an axis
+    of every tensor the kernel stores: otherwise blocks would race on that store."""
     grid: list[GridAxis] = []
-    root_axes = axes_of(root)
+    roots = as_roots(root)
+    root_axes = [a for a in axes_of(roots[0]) if all(a in axes_of(r) for r in roots[1:])]
     for a in all_axes:
         if a == s:
             continue
@@ -365,7 +383,7 @@ def _grid(all_axes: list[str], root: Term, s: str | None, tiled: set[str], full:
         else:
             g = GridAxis(axis=a, block=1)
         if a not in root_axes and g.block != sizes[a]:
-            raise Infeasible(f"axis {a} is split across blocks but not in the output")
+            raise Infeasible(f"axis {a} is split across blocks but not in every output")
         grid.append(g)
     return grid
 
@@ -375,16 +393,17 @@ def _grid(all_axes: list[str], root: Term, s: str | None, tiled: set[str], full:
 class _Builder:
     """Accumulates buffers and ops while walking the cone in order."""
 
-    def __init__(self, root: Term, computed: list[Term], boundary: dict[Term, str], tensor_dtype: dict[str, str],
-                 sizes: dict[str, int], dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str,
+    def __init__(self, root: Roots, computed: list[Term], boundary: dict[Term, str], tensor_dtype: dict[str, str],
+                 sizes: dict[str, int], dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str | list[str],
                  indexed: set[str], reserved: frozenset[str] | None = None) -> None:
-        self.root, self.computed, self.boundary = root, computed, boundary
+        self.roots, self.computed, self.boundary = as_roots(root), computed, boundary
         self.tensor_dtype, self.sizes, self.dtype, self.s = tensor_dtype, sizes, dtype, s
         self.labels = labels
         self.indexed = indexed
         self.buffers: dict[str, Buffer] = {}
         # buffer names never shadow tensors
-        self.reserved = (reserved if reserved is not None else frozenset(boundary.values())) | {out_tensor}
+        outs = [out_tensor] if isinstance(out_tensor, str) else list(out_tensor)
+        self.reserved = (reserved if reserved is not None else frozenset(boundary.values())) | set(outs)
         self.buf_of: dict[Term, str] = {}
         self.expr_inline: dict[Term, tuple[Expr, int]] = {}
         self.cast_of: dict[tuple[str, str], str] = {}
@@ -408,6 +427,10 @@ class _Builder:
         self.tail = False  # the streamed axis ends in a partial tile
         self.loaded: set[str] = set()
         self.tail_masked: set[tuple[str, float]] = set()
+
+    def is_root(self, t: Term) -> bool:
+        """t is stored by the kernel: it needs a buffer of its own, never an inline expression."""
+        return any(t is r for r in self.roots)
 
     # --- naming ------------------------------------------------------------
     def fresh(self, base: str) -> str:
@@ -511,7 +534,7 @@ class _Builder:
     # --- one method per op kind ------------------------------------------------
     def emit_elementwise(self, t: Term) -> None:
         at = self.where[t]
-        if static(t) and t is not self.root:
+        if static(t) and not self.is_root(t):
             self.expr_inline[t] = (static_expr(t), 0)
             return
         if t.op == "ternary" and t.fn == "where" and static(t.args[0]):
@@ -527,7 +550,7 @@ class _Builder:
         e = Call(fn=t.fn, args=[p[0] for p in parts])
         depth = 1 + max(p[1] for p in parts)
         us = self.users.get(t, [])
-        inline = (t is not self.root and len(us) == 1 and us[0].op in ELEMENTWISE_OPS
+        inline = (not self.is_root(t) and len(us) == 1 and us[0].op in ELEMENTWISE_OPS
                   and self.where[us[0]] == at and depth < MAX_INLINE_DEPTH)
         if inline:
             self.expr_inline[t] = (e, depth)
@@ -670,14 +693,21 @@ def _unique(xs: list[str]) -> list[str]:
     return list(dict.fromkeys(xs))
 
 
-def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], sizes: dict[str, int],
-          dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str,
+def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], sizes: dict[str, int],
+          dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str | list[str],
           reserved: frozenset[str] | None = None) -> Lowered:
     """Lower the cone of ``root`` with streamed axis ``s`` (None: no loop). ``reserved``: the
-    names of all global tensors (default: the boundary's), which no buffer name may shadow."""
+    names of all global tensors (default: the boundary's), which no buffer name may shadow.
+
+    Several roots (a tuple, with one output tensor each in ``out_tensor``): one kernel computing
+    all of them over one grid and one loop, with a store per root (a multi-output kernel)."""
+    roots = as_roots(root)
+    outs = [out_tensor] if isinstance(out_tensor, str) else list(out_tensor)
+    if len(outs) != len(roots) or len(set(outs)) != len(outs):
+        raise ValueError(f"lower: {len(roots)} root(s) need as many distinct output tensors, got {outs}")
     terms = cone(root, boundary)
     computed = _computed(root, terms, boundary)
-    leaves = [t for t in terms if t is not root and t in boundary]
+    leaves = [t for t in terms if _is_leaf(t, root, boundary) and t in boundary]
     phase = _phases(computed, s)
     sources = _online_sources(computed, phase)
     online = _online_sums(computed, s, sources)
@@ -707,16 +737,16 @@ def lower(root: Term, boundary: dict[Term, str], tensor_dtype: dict[str, str], s
         b.ops["epilogue"][:0] = [Map(dst=n, expr=Call(fn="div", args=[Ref(buf=n), AxisSize(axis=k)]))
                                  for n, k in b.mean_fix]
     b.at = "epilogue" if s is not None else "prologue"
-    out_buf = b.materialize(root, b.at)
-    b.ops["epilogue"].append(Store(src=out_buf, dst=out_tensor))
+    for r, out in zip(roots, outs, strict=True):
+        b.ops["epilogue"].append(Store(src=b.materialize(r, b.at), dst=out))
     b.fused_loop_rules()
     reuse_in_place(b.buffers, b.ops)
     return Lowered(
-        root=root, stream=s, grid=grid, tiled=sorted(a for a in tiled if a != s), full=full,
+        root=roots[0], stream=s, grid=grid, tiled=sorted(a for a in tiled if a != s), full=full,
         buffers=list(b.buffers.values()), prologue=b.ops["prologue"], body=b.ops["body"],
-        epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=[out_tensor],
+        epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=outs,
         gemms=b.gemms, loads=b.loads, ew_elems=b.ew_elems, trans_elems=b.trans_elems, rules=_unique(b.rules),
-        terms=frozenset(computed), visible=visible,
+        terms=frozenset(computed), visible=visible, roots=roots,
     )
 
 

@@ -49,15 +49,19 @@ from pyrunner.plan.schema import (
 )
 from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
-from pyrunner.planner.lower import Infeasible, Lowered, cone, lower, stream_candidates
+from pyrunner.planner.lower import Infeasible, Lowered, Roots, as_roots, cone, lower, stream_candidates
 from pyrunner.planner.memo import TileMemo, kernel_of
+from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.target.fit import FitModel
 
 __all__ = ["Budget", "Planner", "kernel_of", "search"]
 
-SCALED_OPERAND_PENALTY = 0.05
-"""Ranking surcharge per GEMM operand that carries a scale (``scaled_gemm_operands``): a plan that moves
-the scale onto the float32 result wins unless the scaled form is predicted more than 5% faster."""
+PRECISION_PENALTY = 0.05
+"""Ranking surcharge per precision risk (``Candidate.precision_risks``): a GEMM operand that carries a
+scale (``scaled_gemm_operands``: moving it onto the float32 result avoids a rounding), or a variance
+taken in one pass by ``variance_sum_of_squares`` (cancellation when the mean dwarfs the spread). The
+riskier form wins only when predicted more than 5% faster per risk."""
+CANCELLING_RULES = ("variance_sum_of_squares",)
 MAX_VARIANTS = 48
 MAX_DEPTH = 6
 MAX_EXHAUSTIVE_CUTS = 6
@@ -66,6 +70,9 @@ BEAM_WIDTH = 4
 MAX_WORK = 100_000
 """Partition-search work per search: each partition evaluated costs its graph's term count.
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
+MERGE_WORK = 16
+"""Budget a merge attempt costs per term it lowers: unlike a partition, whose kernels mostly come from
+the cache, each merge lowers a new kernel and searches its tiles (tens of milliseconds)."""
 TIME_BUDGET_S = 30.0
 """Wall-time safety net of the partition search (a loaded machine); the best plan by then wins."""
 VARIANT_TERMS = 6000
@@ -111,16 +118,22 @@ class Candidate:
         def kinds(ops: list) -> tuple[str, ...]:
             return tuple(sorted(op.op for op in ops if op.op in ("load", "gemm", "reduce", "store")))
 
-        return tuple((tuple(axes_of(k.low.root)), k.low.stream, kinds(k.low.prologue), kinds(k.low.body),
-                      kinds(k.low.epilogue), tuple(sorted(k.est.config.items()))) for k in self.kernels)
+        return tuple((tuple(tuple(axes_of(r)) for r in k.low.roots), k.low.stream, kinds(k.low.prologue),
+                      kinds(k.low.body), kinds(k.low.epilogue), tuple(sorted(k.est.config.items())))
+                     for k in self.kernels)
 
     def rank(self) -> tuple:
         return (self.unguarded, round(self.ranked_us, 2), len(self.variant.steps), len(self.kernels))
 
     @property
+    def precision_risks(self) -> int:
+        """Scaled GEMM operands, plus variances taken as mean(x^2) - mean(x)^2 (cancellation)."""
+        return self.scaled_operands + sum(1 for st in self.variant.steps if st.rule in CANCELLING_RULES)
+
+    @property
     def ranked_us(self) -> float:
-        """Predicted time with ``SCALED_OPERAND_PENALTY`` per scaled GEMM operand: precision breaks near-ties."""
-        return self.total_us * (1.0 + SCALED_OPERAND_PENALTY * self.scaled_operands)
+        """Predicted time with ``PRECISION_PENALTY`` per precision risk: precision breaks near-ties."""
+        return self.total_us * (1.0 + PRECISION_PENALTY * self.precision_risks)
 
 
 def _scales_pulled_out(g: Graph, limit: int = 16) -> Variant | None:
@@ -258,30 +271,37 @@ class Planner:
             v._meta["layout"] = _layout(v.graph)
         return v._meta["layout"]
 
-    def _kernel(self, root: Term, boundary: dict[Term, str], tensors: dict[str, GlobalTensor], labels: dict[Term, str],
-                out_name: str, reserved: frozenset[str]) -> tuple[KernelChoice | None, list[Term]]:
-        """The cheapest lowering of root's kernel (None if none fits) and the tensors it reads."""
+    def _kernel(self, root: Roots, boundary: dict[Term, str], tensors: dict[str, GlobalTensor], labels: dict[Term, str],
+                out_name: str | tuple[str, ...], reserved: frozenset[str],
+                streams: tuple[str | None, ...] | None = None) -> tuple[KernelChoice | None, list[Term]]:
+        """The cheapest lowering of root's kernel (None if none fits) and the tensors it reads.
+        Several roots (with one output name each): one multi-output kernel. ``streams``: the loop
+        axes to try (default: every candidate)."""
         terms = cone(root, boundary)
-        leaves = [t for t in terms if t is not root and t in boundary]
-        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves))
+        roots = as_roots(root)
+        leaves = [t for t in terms if all(t is not r for r in roots) and t in boundary]
+        outs = [out_name] if isinstance(out_name, str) else list(out_name)
+        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves), streams)
         if key in self._cache:
             for why in self._why.get(key, ()):
                 self._reject(why)
             return self._cache[key], leaves
         dtypes = {boundary[t]: tensors[boundary[t]].dtype for t in leaves}
-        nbytes = {n: DTYPE_BYTES[tensors[n].dtype] * _prod(tensors[n].shape) for n in [*dtypes, out_name]}
+        nbytes = {n: DTYPE_BYTES[tensors[n].dtype] * _prod(tensors[n].shape) for n in [*dtypes, *outs]}
         best: KernelChoice | None = None
         whys: list[str] = []
         for s in stream_candidates(root, terms, boundary):
+            if streams is not None and s not in streams:
+                continue
             try:
                 low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name, reserved)
             except Infeasible as e:
                 whys.append(str(e))
                 continue
-            kernel, est, why = self.tiles.best(low, out_name, nbytes)
+            kernel, est, why = self.tiles.best(low, outs[0], nbytes)
             if est is None:
-                whys.append(f"the smallest tile of the kernel computing {brief(root, 60)} does not fit the device: "
-                            f"{why}")
+                what = " and ".join(brief(r, 60) for r in roots)
+                whys.append(f"the smallest tile of the kernel computing {what} does not fit the device: {why}")
                 continue
             if best is None or est.time_us < best.est.time_us:
                 best = KernelChoice(low, kernel, est, self.sizes, self.machine)
@@ -293,6 +313,16 @@ class Planner:
         return best, leaves
 
     def partition(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term]) -> Candidate | None:
+        """The partition of ``v`` materialising ``cut``, one kernel per materialised term (None if
+        a kernel is infeasible)."""
+        got = self.partitions(v, cut, merge=False)
+        return got[0] if got else None
+
+    def partitions(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term], merge: bool = True,
+                   budget: Budget | None = None) -> list[Candidate]:
+        """The partition materialising ``cut`` and, with ``merge``, the same partition with sibling
+        kernels merged into multi-output kernels where the cost model predicts a gain (each merge
+        tried is paid from ``budget``, by the terms it lowers)."""
         lay = self.layout(v)
         labels = v.graph.labels
         tensors: dict[str, GlobalTensor] = {}
@@ -307,7 +337,7 @@ class Planner:
             tensors[name] = self._tensor(name, t, "intermediate")
         for t, n in lay.outputs.items():
             if t.op == "input":
-                return None
+                return []
             boundary[t] = n
             tensors[n] = self._tensor(n, t, "output")
         kernels: list[KernelChoice] = []
@@ -318,13 +348,38 @@ class Planner:
                 continue
             kc, leaves = self._kernel(t, boundary, tensors, labels, boundary[t], reserved)
             if kc is None:
-                return None
+                return []
             kernels.append(kc)
             consumed.update(leaves)
         if any(t not in consumed for t in cut):
-            return None
+            return []
         total = sum(k.est.time_us for k in kernels)
-        return Candidate(v, kernels, list(tensors.values()), total, lay.unguarded, lay.scaled_operands)
+        cand = Candidate(v, kernels, list(tensors.values()), total, lay.unguarded, lay.scaled_operands)
+        merged = self._merged(cand, boundary, tensors, labels, reserved, budget) if merge else None
+        return [cand] if merged is None else [cand, merged]
+
+    def _merged(self, cand: Candidate, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
+                labels: dict[Term, str], reserved: frozenset[str], budget: Budget | None) -> Candidate | None:
+        """``cand`` with sibling kernels merged (``merge.merge_siblings``); None if none merge."""
+        def group(members: tuple[int, ...], kc: KernelChoice) -> Group[KernelChoice]:
+            return Group(members, frozenset(kc.low.reads), frozenset(kc.low.writes), merge_key(kc.low), kc,
+                         kc.est.time_us)
+
+        def try_merge(a: Group[KernelChoice], b: Group[KernelChoice]) -> Group[KernelChoice] | None:
+            la, lb = a.choice.low, b.choice.low
+            if budget is not None and not budget.spend(MERGE_WORK * (len(la.terms) + len(lb.terms))):
+                return None
+            kc, _ = self._kernel(la.roots + lb.roots, boundary, tensors, labels, (*la.writes, *lb.writes), reserved,
+                                 streams=(la.stream,))
+            return None if kc is None else group(a.members + b.members, kc)
+
+        groups = [group((i,), kc) for i, kc in enumerate(cand.kernels)]
+        out = merge_siblings(groups, try_merge)
+        if len(out) == len(groups):
+            return None
+        kernels = [g.choice for g in out]
+        return Candidate(cand.variant, kernels, cand.tensors, sum(k.est.time_us for k in kernels), cand.unguarded,
+                         cand.scaled_operands)
 
     # --- partition search ------------------------------------------------------------
     def _explore(self, v: Variant, budget: Budget) -> list[Candidate]:
@@ -336,9 +391,7 @@ class Planner:
                 for c in itertools.combinations(anchors, r):
                     if not budget.spend(cost):
                         return out
-                    cand = self.partition(v, c)
-                    if cand is not None:
-                        out.append(cand)
+                    out.extend(self.partitions(v, c, budget=budget))
             return out
         return self._beam(v, anchors, budget)
 
@@ -347,10 +400,13 @@ class Planner:
         order = {t: i for i, t in enumerate(anchors)}
         cost = len(self.layout(v).terms)
         results: dict[frozenset[Term], Candidate | None] = {}
+        alternatives: list[Candidate] = []  # merged partitions, offered beside the unmerged ones
 
         def evaluate(cut: frozenset[Term]) -> Candidate | None:
             if cut not in results:
-                results[cut] = self.partition(v, tuple(sorted(cut, key=order.__getitem__)))
+                got = self.partitions(v, tuple(sorted(cut, key=order.__getitem__)), budget=budget)
+                alternatives.extend(got[1:])
+                results[cut] = min(got, key=Candidate.rank) if got else None
             return results[cut]
 
         # fusing everything is worth a look only while one kernel could plausibly hold it
@@ -369,7 +425,7 @@ class Planner:
                     if nb in results:
                         continue
                     if not budget.spend(cost):
-                        return [c for c in results.values() if c is not None]
+                        return [c for c in results.values() if c is not None] + alternatives
                     c = evaluate(nb)
                     if c is not None:
                         scored.append((c.rank(), nb))
@@ -378,7 +434,7 @@ class Planner:
             if not scored or (best is not None and scored[0][0] >= best):
                 break
             best = scored[0][0]
-        return [c for c in results.values() if c is not None]
+        return [c for c in results.values() if c is not None] + alternatives
 
     def candidates(self, naive: bool = False, budget: Budget | None = None) -> list[Candidate]:
         if naive:
@@ -393,6 +449,11 @@ class Planner:
                 break
         out.sort(key=Candidate.rank)
         return out
+
+
+def merge_key(low: Lowered) -> tuple:
+    """What two kernels must share to merge: the loop axis (or none) and the grid axes."""
+    return low.stream, tuple(sorted(g.axis for g in low.grid))
 
 
 def _layout(g: Graph) -> _Layout:
@@ -530,13 +591,12 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         if sig in seen:
             continue
         seen.add(sig)
-        ranked.append(((c.unguarded, c.scaled_operands), len(ranked), to_plan(planner, c, naive or fallback)))
+        ranked.append(((c.unguarded, c.precision_risks), len(ranked), to_plan(planner, c, naive or fallback)))
         if len(ranked) >= lookahead:
             break
     if tuning is not False and tuning.entries:
         ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
-    ranked.sort(key=lambda x: (x[0][0], round(x[2].cost.total_us * (1.0 + SCALED_OPERAND_PENALTY * x[0][1]), 2),
-                               x[1]))
+    ranked.sort(key=lambda x: (x[0][0], round(x[2].cost.total_us * (1.0 + PRECISION_PENALTY * x[0][1]), 2), x[1]))
     return [p for _, _, p in ranked[:top]]
 
 

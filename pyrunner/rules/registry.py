@@ -155,6 +155,28 @@ def mean_to_sum_div(t: Term) -> Term | None:
     return _keeps_axes(t, binary("div", reduce("sum", t.args[0], t.axis), axis_size(t.axis)))
 
 
+def variance_sum_of_squares(t: Term) -> Term | None:
+    """mean_a(square(x - mean_a(x))) -> mean_a(square(x)) - square(mean_a(x)).
+
+    The variance as the mean of squares minus the squared mean: both means are sibling reductions
+    of x over a, so one streaming pass computes them (where the centred form needs the mean
+    before the squares). Numerical caveat: in floating point the difference cancels when
+    |mean| is large against the standard deviation (relative error about (mean^2 / var) u of the
+    accumulation, and a negative result is possible where var is near 0); the plan accumulates in
+    float32, and the search weighs the rule like any other (correctness checks bound its error).
+    """
+    if t.op != "reduce" or t.fn != "mean":
+        return None
+    sq = t.args[0]
+    if sq.op != "unary" or sq.fn != "square" or not _is_binary(sq.args[0], "sub"):
+        return None
+    x, m = sq.args[0].args
+    a = t.axis
+    if m.op != "reduce" or m.fn != "mean" or m.axis != a or m.args[0] != x:
+        return None
+    return _keeps_axes(t, binary("sub", reduce("mean", unary("square", x), a), unary("square", m)))
+
+
 def elementwise_mul_comm(t: Term) -> Term | None:
     """a * b -> b * a (elementwise, broadcasting by axis name) where the product keeps its axis order."""
     if not _is_binary(t, "mul"):
@@ -202,6 +224,13 @@ _RULE_LIST = (
         "mean_to_sum_div", "algebraic",
         "mean_a(x) = sum_a(x) / |a|, where |a| is the size of axis a.",
         mean_to_sum_div,
+    ),
+    Rule(
+        "variance_sum_of_squares", "algebraic",
+        "mean_a((x - mean_a(x))^2) = mean_a(x^2) - mean_a(x)^2 (|a| > 0): the variance from the sum and "
+        "the sum of squares, two sibling reductions one pass computes. Exact in real arithmetic; in "
+        "floating point the difference cancels when |mean_a(x)| is large against the spread of x.",
+        variance_sum_of_squares,
     ),
     Rule(
         "reduction_tiling", "schedule",

@@ -319,6 +319,41 @@ def _check_mean_to_sum_div() -> list[str]:
             "rule.apply on mean_a(x) equals it for |a| = 2, 3, 5"]
 
 
+def _variance_identity(square_the_mean: bool) -> Callable[[], list[str]]:
+    """mean((x - mean x)^2) == mean(x^2) - mean(x)^2; wrong variant: the mean is not squared."""
+    def body() -> list[str]:
+        i, n = sp.symbols("i n", integer=True, positive=True)
+        xs, c = sp.IndexedBase("x"), sp.Symbol("c", real=True)
+        s1, s2 = sp.Symbol("S", real=True), sp.Symbol("Q", real=True)
+        # for any n and any c: sum_i (x_i - c)^2 = Q - 2 c S + n c^2, with S = sum x_i, Q = sum x_i^2
+        expanded = sp.expand(sp.Sum(sp.expand((xs[i] - c) ** 2), (i, 1, n)).doit())
+        target = sp.expand((sp.Sum(xs[i] ** 2, (i, 1, n)) - 2 * c * sp.Sum(xs[i], (i, 1, n))).doit() + n * c ** 2)
+        if not _is_zero(expanded - target):  # no numeric probe: the sums run to a symbolic n
+            raise _Unproved("sum of squares about c, symbolic n: lhs - rhs did not simplify to 0")
+        # then c = S / n: (Q - 2 c S + n c^2) / n = Q / n - (S / n)^2
+        mean = s1 / n
+        rhs = s2 / n - (mean ** 2 if square_the_mean else mean)
+        assert_equal((s2 - 2 * mean * s1 + n * mean ** 2) / n, rhs, "variance from S and Q, symbolic n")
+        for size in (1, 2, 3, 4):
+            x = _syms("x", size)
+            mu = sp.Add(*x) / size
+            direct = sp.Add(*((v - mu) ** 2 for v in x)) / size
+            msq = sp.Add(*(v ** 2 for v in x)) / size
+            assert_equal(direct, msq - (mu ** 2 if square_the_mean else mu), f"variance, n={size}")
+        return ["sum_{i<=n} (x_i - c)^2 = sum x_i^2 - 2 c sum x_i + n c^2 for symbolic n and c",
+                "with c = sum x_i / n, divided by n: mean(x^2) - mean(x)^2 (symbolic n), and directly at n = 1..4"]
+    return body
+
+
+def _check_variance_sum_of_squares() -> list[str]:
+    shown = _variance_identity(True)()
+    for size in (2, 3, 5):
+        x = inp("x", ("r", "a"))
+        lhs = reduce("mean", unary("square", binary("sub", x, reduce("mean", x, "a"))), "a")
+        assert_rule_instance("variance_sum_of_squares", lhs, {"r": 2, "a": size}, f"rule instance, |a|={size}")
+    return shown + ["rule.apply on mean_a(square(x - mean_a(x))) equals it for |a| = 2, 3, 5"]
+
+
 # --- schedule rules -----------------------------------------------------------------------
 
 _TILINGS = ((4, 2), (6, 2), (6, 3), (4, 4), (8, 2))
@@ -588,7 +623,8 @@ class _Z3Arith:
 
 # --- registries -------------------------------------------------------------------------
 
-ALL_SIZES = ("exp_to_exp2", "mean_to_sum_div", "elementwise_mul_comm", "elementwise_mul_assoc")
+ALL_SIZES = ("exp_to_exp2", "mean_to_sum_div", "elementwise_mul_comm", "elementwise_mul_assoc",
+             "variance_sum_of_squares")
 """Rules whose check is shown for symbolic x and n (every size; the elementwise laws pointwise).
 The other checks evaluate both sides at the fixed sizes they name (n = 2..4 elements or tiles,
 2x3 and 3x3 matrices, ...): evidence that catches wrong rules (``WRONG_VARIANTS``), not proofs for all sizes; the Lean
@@ -610,6 +646,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "matmul_row_scale_commute": _scoped("matmul_row_scale_commute", _check_matmul_row_scale_commute),
     "exp_to_exp2": _scoped("exp_to_exp2", _check_exp_to_exp2),
     "mean_to_sum_div": _scoped("mean_to_sum_div", _check_mean_to_sum_div),
+    "variance_sum_of_squares": _scoped("variance_sum_of_squares", _check_variance_sum_of_squares),
     "reduction_tiling": _scoped("reduction_tiling", _reduction_tiling("max")),
     "online_softmax_rescale": _scoped("online_softmax_rescale", _online_softmax(rescale_o=True)),
     "shared_operand_fusion": _scoped("shared_operand_fusion", _check_shared_operand_fusion),
@@ -629,6 +666,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "division_commuted": lambda: _run(_product_law("comm", "div")),
     "subtraction_reassociated": lambda: _run(_product_law("assoc", "sub")),
     "masked_tile_skip_bound_too_tight": lambda: _run(_masked_tile_skip(slack=1)),
+    "variance_mean_not_squared": lambda: _run(_variance_identity(False)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"

@@ -1,0 +1,118 @@
+"""Sibling kernels of a partition merged into multi-output kernels.
+
+A partition gives every materialised term its own kernel. Two kernels with the same grid axes
+and the same streamed loop axis (or none), neither depending on the other's output (directly or
+through other kernels), can be one kernel: it lowers the union of their cones (``lower.lower``
+with several roots), so a tile both load is loaded once, a subterm both compute (the scores of
+an attention and its log-sum-exp, say) is computed once, and there is one launch instead of two.
+Each global tensor still has one writer (one store in the merged kernel).
+
+Whether a merge pays is the cost model's call: a merge is kept only when the merged kernel's
+predicted time is below the two kernels' together (it counts the shared reads and the launch saved,
+and also the register pressure that may force smaller tiles). The search offers the merged
+partition beside the unmerged one and ranks both.
+
+Why a module: the dependency bookkeeping over kernel groups (reachability, a topological order
+after merging) is separate from the search's levels; ``Planner`` supplies the lowering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+MAX_MERGE_KERNELS = 64
+"""Partitions with more kernels than this are not merged (the pairwise search is quadratic; such
+partitions are long chains, whose kernels depend on each other anyway)."""
+
+MAX_MERGE_TRIES = 4
+"""Merges tried per kernel of a partition (each is a lowering and a tile search), so a partition of
+many compatible siblings costs linear, not cubic, work."""
+
+C = TypeVar("C")
+
+
+@dataclass
+class Group(Generic[C]):
+    """Kernels of a partition computed by one kernel: their indices, and the chosen lowering."""
+
+    members: tuple[int, ...]
+    reads: frozenset[str]
+    writes: frozenset[str]
+    key: tuple
+    choice: C
+    time_us: float
+
+
+def _reach(groups: list[Group]) -> list[set[int]]:
+    """For each group, the groups it depends on, directly or through others (the group graph is a
+    DAG: merging two groups with no path between them never closes a cycle)."""
+    writer = {name: gi for gi, g in enumerate(groups) for name in g.writes}
+    direct = [{writer[n] for n in g.reads if n in writer and writer[n] != gi} for gi, g in enumerate(groups)]
+    memo: dict[int, set[int]] = {}
+    for start in range(len(groups)):
+        stack = [(start, False)]
+        while stack:
+            gi, done = stack.pop()
+            if gi in memo:
+                continue
+            if done:
+                memo[gi] = set(direct[gi]).union(*(memo[h] for h in direct[gi]))
+                continue
+            stack.append((gi, True))
+            stack.extend((h, False) for h in direct[gi] if h not in memo)
+    return [memo[gi] for gi in range(len(groups))]
+
+
+def topological(groups: list[Group]) -> list[Group]:
+    """Groups in an order where every kernel runs after the kernels whose outputs it reads; among
+    ready groups, the one holding the earliest original kernel first (the unmerged order)."""
+    reach = _reach(groups)
+    left = sorted(range(len(groups)), key=lambda gi: min(groups[gi].members))
+    done: set[int] = set()
+    out: list[Group] = []
+    while left:
+        gi = next(g for g in left if reach[g] <= done)
+        left.remove(gi)
+        done.add(gi)
+        out.append(groups[gi])
+    return out
+
+
+def merge_siblings(groups: list[Group[C]],
+                   try_merge: Callable[[Group[C], Group[C]], Group[C] | None]) -> list[Group[C]]:
+    """Greedily merge compatible independent pairs while the merged kernel is predicted faster.
+
+    ``try_merge(a, b)`` lowers the union (None when it is infeasible or does not fit). Returns the
+    groups in a valid execution order; the input when nothing merged.
+    """
+    if len(groups) < 2 or len(groups) > MAX_MERGE_KERNELS:
+        return groups
+    groups = list(groups)
+    tries = MAX_MERGE_TRIES * len(groups)
+    tried: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    merged = True
+    while merged:
+        merged = False
+        reach = _reach(groups)
+        for i, j in _pairs(groups):
+            if j in reach[i] or i in reach[j] or (groups[i].members, groups[j].members) in tried:
+                continue
+            if tries <= 0:
+                return topological(groups)
+            tries -= 1
+            tried.add((groups[i].members, groups[j].members))
+            g = try_merge(groups[i], groups[j])
+            if g is None or g.time_us >= groups[i].time_us + groups[j].time_us:
+                continue
+            groups = [x for k, x in enumerate(groups) if k not in (i, j)] + [g]
+            merged = True
+            break
+    return topological(groups)
+
+
+def _pairs(groups: list[Group]) -> list[tuple[int, int]]:
+    """Index pairs of groups with the same grid axes and loop axis, earliest kernels first."""
+    order = sorted(range(len(groups)), key=lambda gi: min(groups[gi].members))
+    return [(i, j) for a, i in enumerate(order) for j in order[a + 1:] if groups[i].key == groups[j].key]
