@@ -62,7 +62,7 @@ def test_narrow_tile_config_still_lowers_with_square_policy(tmp_path):
 def test_fast_math_exp2_fma_and_reciprocal_in_attention_source():
     src = render(_plan("Attention"))
     assert "PASS_CONFIGS = {'tl.enable_fast_math': True}" in src
-    assert "pass_configs=PASS_CONFIGS" in src
+    assert "pass_configs={**PASS_CONFIGS, **KERNEL_PASS_CONFIGS.get(name, {})}" in src
     # exp2((S - m) * c) rendered as S * c - m * c (one FMA per element)
     assert re.search(r"T\.exp2\(\(S\[[^]]+\] \* T\.float32\(1\.44[0-9]*\)\) - \(", src), src
     # the final normalisation is a reciprocal per row and a multiply per element
