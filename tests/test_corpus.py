@@ -26,14 +26,9 @@ DATA = Path(__file__).resolve().parent / "data"
 FORMAT_EXAMPLES = {"gated_mixture"}
 """Files in tests/data that document the graph format (odd sizes on purpose), not corpus operators."""
 
-CHAINED = "issue 9 item 1 (planner): two chained contractions get no plan"
-PLANNER_XFAIL = {
-    "mlp_relu_squared": CHAINED,
-    "mlp_gelu": CHAINED,
-    "mlp_geglu": CHAINED,
-    "mlp_two_layer_bias": CHAINED,
-}
-"""Corpus graphs that do not plan yet, with the planner bug that stops them (owned by the planner)."""
+PLANNER_XFAIL: dict[str, str] = {}
+"""Corpus graphs that do not plan yet, with the planner bug that stops them (none: the chained-contraction
+MLPs plan since issue 9 item 1 was fixed; an entry here is strict, so a fixed graph fails until removed)."""
 
 
 def corpus_files() -> list[Path]:
@@ -43,7 +38,7 @@ def corpus_files() -> list[Path]:
 def _params() -> list:
     out = []
     for p in corpus_files():
-        marks = [pytest.mark.xfail(reason=PLANNER_XFAIL[p.stem], raises=GraphError, strict=False)] \
+        marks = [pytest.mark.xfail(reason=PLANNER_XFAIL[p.stem], raises=GraphError, strict=True)] \
             if p.stem in PLANNER_XFAIL else []
         out.append(pytest.param(p, id=p.stem, marks=marks))
     return out
