@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -158,7 +159,12 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     from pyrunner.planner import explain, search
 
     graph = _load_graph(args)
-    plans = search(graph, DTYPES[args.dtype], top=args.top, naive=args.naive, calibration=calibration)
+    lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
+    extra = LOWER_CHECK_SPARES if lower_check else 0
+    plans = search(graph, DTYPES[args.dtype], top=args.top + extra, naive=args.naive, calibration=calibration)
+    if lower_check:
+        plans = _buildable(graph, plans, args, calibration)
+    plans = plans[:args.top]
     if not plans:
         raise UserError(f"the planner found no plan for graph {graph.name!r}")
     if len(plans) < args.top:
@@ -179,6 +185,37 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+LOWER_CHECK_SPARES = 3
+"""Next-ranked plans ``superopt`` tries when TileLang cannot lower the best one (then the naive plan)."""
+
+
+def _buildable(graph, plans: list, args: argparse.Namespace, calibration: Path | None) -> list:
+    """The plans TileLang can lower, in rank order; the naive plan when none can; a note for each skip."""
+    from pyrunner.backend.tilelang.buildable import lowering_problem
+    from pyrunner.planner import search
+
+    good = []
+    for i, p in enumerate(plans):
+        why = lowering_problem(p)
+        if why is None:
+            good.append(p)
+            if len(good) >= args.top:
+                break
+        else:
+            _note(f"note: plan {i + 1} ({p.provenance.plan_hash}) does not build with TileLang, skipped: {why}")
+    if good or args.naive:
+        if not good:
+            raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: "
+                            f"{lowering_problem(plans[0])}")
+        return good
+    (naive,) = search(graph, DTYPES[args.dtype], top=1, naive=True, calibration=calibration)
+    why = lowering_problem(naive)
+    if why is not None:
+        raise UserError(f"TileLang cannot build any plan of graph {graph.name!r}, the naive plan included: {why}")
+    _note("note: no ranked plan builds with TileLang; this is the naive plan (every op its own kernel)")
+    return [naive]
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -286,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")
     p.add_argument("--calibrate", metavar="LOG.jsonl", help="calibrate the cost model from a results log")
     p.add_argument("--out", metavar="FILE", help="write the JSON to FILE instead of stdout")
+    p.add_argument("--no-lower-check", dest="lower_check", action="store_false",
+                   help="hand out the best plan without lowering it with TileLang first "
+                        "(by default a plan TileLang cannot build is skipped for the next-ranked one)")
     p.set_defaults(func=cmd_superopt)
 
     p = sub.add_parser("report", help="summarise the results log")

@@ -1,0 +1,36 @@
+"""Can TileLang build a plan? The gate ``superopt`` passes a plan through before handing it out.
+
+The planner models the device (``target.fit``), not TileLang's layout inference or the hazards of
+its lowering, so a plan can be right and still not build (a fragment layout TileLang cannot find,
+a hazard ``lowered.py`` refuses). Lowering to CUDA needs no GPU and takes seconds, so ``superopt``
+lowers its best plan and, when that fails, hands out the next-ranked one (then the naive plan),
+saying which and why: a user's graph gets a plan that builds whenever one of those does.
+"""
+
+from __future__ import annotations
+
+from pyrunner.plan.schema import Plan
+
+
+def lowering_problem(plan: Plan) -> str | None:
+    """One line saying why TileLang cannot lower ``plan`` for the GPU, or None (also without TileLang)."""
+    try:
+        import tilelang  # noqa: F401
+    except ImportError:  # nothing to check against here; the GPU run will say
+        return None
+    from pyrunner.backend.tilelang.compile import lower_to_cuda
+    from pyrunner.backend.tilelang.diagnose import one_line
+    from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread_reads
+
+    try:
+        sources = lower_to_cuda(plan)
+    except Exception as e:  # noqa: BLE001 - any TileLang failure is a reason, reported in one line
+        return one_line(e)
+    for name, src in sources.items():
+        races = tma_races(src)
+        if races:
+            return f"kernel {name!r}: {races[0]}"
+        reads = warp_specialised_thread_reads(src)
+        if reads:
+            return f"kernel {name!r}: warp-specialised loop reads pipelined tile(s) {reads} with thread code"
+    return None
