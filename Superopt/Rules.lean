@@ -509,11 +509,11 @@ theorem masked_tile_skip {β τ : Type} (f : β → τ → β) (masked : τ → 
     cases hm : masked t with
     | true =>
       have hn : ¬ (!masked t) = true := by simp [hm]
-      rw [List.filter_cons_of_neg (p := fun t => !masked t) hn, List.foldl_cons, h init t hm]
+      rw [List.filter_cons_of_neg (p := fun t => !masked t) (l := ts) hn, List.foldl_cons, h init t hm]
       exact ih init
     | false =>
       have hp : (!masked t) = true := by simp [hm]
-      rw [List.filter_cons_of_pos (p := fun t => !masked t) hp, List.foldl_cons, List.foldl_cons]
+      rw [List.filter_cons_of_pos (p := fun t => !masked t) (l := ts) hp, List.foldl_cons, List.foldl_cons]
       exact ih (f init t)
 
 end Superopt

@@ -96,14 +96,16 @@ def roundTrip (d : Decimal) : Option String :=
 
 /-- Each check: a label and whether it holds. -/
 def checks : List (String × Bool) := [
-  ("15 unary, 6 binary, 3 reduce functions",
-    UnaryOp.all.length == 15 && BinaryOp.all.length == 6 && ReduceOp.all.length == 3),
+  ("15 unary, 8 binary, 3 reduce functions",
+    UnaryOp.all.length == 15 && BinaryOp.all.length == 8 && ReduceOp.all.length == 3),
   ("unary names", (UnaryOp.all.map UnaryOp.name) ==
     ["exp", "exp2", "log", "neg", "recip", "sqrt", "rsqrt", "square", "silu", "sigmoid",
       "tanh", "gelu", "relu", "abs", "softplus"]),
-  ("binary names", (BinaryOp.all.map BinaryOp.name) == ["add", "sub", "mul", "div", "max", "min"]),
+  ("binary names", (BinaryOp.all.map BinaryOp.name) ==
+    ["add", "sub", "mul", "div", "max", "min", "lt", "le"]),
+  ("ternary name", TernaryOp.name .select == "where"),
   ("reduce names", (ReduceOp.all.map ReduceOp.name) == ["sum", "max", "mean"]),
-  ("nine workloads", Workloads.catalog.length == 9),
+  ("eleven workloads", Workloads.catalog.length == 11),
   ("attention output axes", outputAxes "Attention" == ["h", "t_q", "d"]),
   ("gqa output axes", outputAxes "GroupedQueryAttention" == ["kv_h", "group", "t_q", "d"]),
   ("swiglu output axes", outputAxes "SwiGLU" == ["m", "n"]),
@@ -128,11 +130,12 @@ def checks : List (String × Bool) := [
   ("engine command line", ((parseOptions {} ["--top", "3", "--dtype", "bf16", "--calibrate", "r.jsonl"]).toOption.map
       (engineArgs "g.json")) == some ["-m", "pyrunner", "superopt", "--graph", "g.json", "--dtype", "bf16",
         "--top", "3", "--calibrate", "r.jsonl"]),
-  ("eleven rules", ruleNames.length == 11),
+  ("thirteen rules", ruleNames.length == 13),
   ("rule names", ruleNames == ["softmax_max_shift", "matmul_div_commute",
-    "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div", "reduction_tiling",
-    "online_softmax_rescale", "shared_operand_fusion", "reduction_in_contraction_loop",
-    "elementwise_mul_comm", "elementwise_mul_assoc"]),
+    "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div", "variance_sum_of_squares",
+    "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
+    "reduction_in_contraction_loop", "elementwise_mul_comm", "elementwise_mul_assoc",
+    "masked_tile_skip"]),
   ("last line of an error", lastLine "Traceback\nerror: no plan\n\n" == "error: no plan"),
   ("json string escapes", jsonString "a\"b\\c\n" == "\"a\\\"b\\\\c\\n\""),
   ("graph JSON of the resized Attention", graphText "Attention" [("t_kv", 64), ("d", 32)] == goldenResized)]
