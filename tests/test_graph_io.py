@@ -196,3 +196,15 @@ def test_mutated_graphs_raise_only_graph_errors(data: object) -> None:
 def test_random_json_graphs(data: object) -> None:
     with pytest.raises(UserError):
         graph_from_json(data)
+
+
+def test_show_handles_equal_but_distinct_subterms() -> None:
+    """Two structurally equal subterms built separately (QK-norm attention normalises Q and K alike):
+    ``show`` once failed with a KeyError on the second, breaking ``export``."""
+    from pyrunner.ir.graph import show
+    from pyrunner.ir.graph_json import graph_from_json, read_json_file
+
+    doc = read_json_file(Path(__file__).parent / "data" / "attention_qk_norm.json", "graph file", GraphError)
+    g = graph_from_json(doc)
+    text = show(g.outputs[0][1])
+    assert "@d" in text and "rsqrt" in text

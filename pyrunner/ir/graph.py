@@ -127,9 +127,9 @@ def _cap(text: str, limit: int) -> str:
 def show(t: Term, limit: int = SHOW_LIMIT) -> str:
     """A compact, human-readable rendering of a term (for --explain and errors), at most ``limit``
     characters; iterative and memoised over shared subterms, so any graph prints in linear time."""
-    memo: dict[int, str] = {}
+    memo: dict[Term, str] = {}  # keyed by value: subterms keeps one of several equal subterms
     for u in subterms([t]):
-        a = [memo[id(x)] for x in u.args]
+        a = [memo[x] for x in u.args]
         if u.op == "input":
             text = u.name
         elif u.op == "const":
@@ -150,8 +150,8 @@ def show(t: Term, limit: int = SHOW_LIMIT) -> str:
             text = f"({a[0]} @{u.axis} {a[1]})"
         else:
             text = f"<{u.op}>"
-        memo[id(u)] = _cap(text, limit)
-    return memo[id(t)]
+        memo[u] = _cap(text, limit)
+    return memo[t]
 
 
 def subterms(roots: Iterable[Term], deps: Callable[[Term], Iterable[Term]] | None = None) -> list[Term]:
