@@ -198,6 +198,7 @@ def _buildable(graph, plans: list, args: argparse.Namespace, calibration: Path |
 
     good = []
     for i, p in enumerate(plans):
+        _note(f"checking that TileLang builds plan {i + 1} ({p.provenance.plan_hash}); --no-lower-check skips this")
         why = lowering_problem(p)
         if why is None:
             good.append(p)
