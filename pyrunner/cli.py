@@ -197,6 +197,7 @@ def _buildable(graph, plans: list, args: argparse.Namespace, calibration: Path |
     from pyrunner.planner import search
 
     good = []
+    first_why = None
     for i, p in enumerate(plans):
         _note(f"checking that TileLang builds plan {i + 1} ({p.provenance.plan_hash}); --no-lower-check skips this")
         why = lowering_problem(p)
@@ -205,11 +206,11 @@ def _buildable(graph, plans: list, args: argparse.Namespace, calibration: Path |
             if len(good) >= args.top:
                 break
         else:
+            first_why = first_why or why
             _note(f"note: plan {i + 1} ({p.provenance.plan_hash}) does not build with TileLang, skipped: {why}")
     if good or args.naive:
         if not good:
-            raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: "
-                            f"{lowering_problem(plans[0])}")
+            raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: {first_why}")
         return good
     (naive,) = search(graph, DTYPES[args.dtype], top=1, naive=True, calibration=calibration)
     why = lowering_problem(naive)

@@ -62,6 +62,11 @@ scale (``scaled_gemm_operands``: moving it onto the float32 result avoids a roun
 taken in one pass by ``variance_sum_of_squares`` (cancellation when the mean dwarfs the spread). The
 riskier form wins only when predicted more than 5% faster per risk."""
 CANCELLING_RULES = ("variance_sum_of_squares",)
+
+
+def ranked_us(total_us: float, precision_risks: int) -> float:
+    """The time plans are ranked by: predicted time plus ``PRECISION_PENALTY`` per precision risk."""
+    return total_us * (1.0 + PRECISION_PENALTY * precision_risks)
 MAX_VARIANTS = 48
 MAX_DEPTH = 6
 MAX_EXHAUSTIVE_CUTS = 6
@@ -133,7 +138,7 @@ class Candidate:
     @property
     def ranked_us(self) -> float:
         """Predicted time with ``PRECISION_PENALTY`` per precision risk: precision breaks near-ties."""
-        return self.total_us * (1.0 + PRECISION_PENALTY * self.precision_risks)
+        return ranked_us(self.total_us, self.precision_risks)
 
 
 def _scales_pulled_out(g: Graph, limit: int = 16) -> Variant | None:
@@ -596,7 +601,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
             break
     if tuning is not False and tuning.entries:
         ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
-    ranked.sort(key=lambda x: (x[0][0], round(x[2].cost.total_us * (1.0 + PRECISION_PENALTY * x[0][1]), 2), x[1]))
+    ranked.sort(key=lambda x: (x[0][0], round(ranked_us(x[2].cost.total_us, x[0][1]), 2), x[1]))
     return [p for _, _, p in ranked[:top]]
 
 

@@ -35,6 +35,11 @@ def _tma_load(line: str) -> tuple[str, str] | None:
     return (barrier.group(1), smem.group(1)) if barrier and smem else None
 
 
+def _buffer_access(buf: str) -> re.Pattern:
+    """A typed access ``((T*)buf)`` to a shared buffer in the lowered source."""
+    return re.compile(r"\(\(\w+\*\)" + re.escape(buf) + r"\)")
+
+
 @dataclass(frozen=True)
 class TmaRace:
     """A shared buffer read by threads before the TMA load that fills it is waited on."""
@@ -58,7 +63,7 @@ def tma_races(cuda_source: str) -> list[TmaRace]:
         if load is None or not load[0].isdigit():
             continue
         barrier, buf = int(load[0]), load[1]
-        read = re.compile(r"\(\(\w+\*\)" + re.escape(buf) + r"\)")
+        read = _buffer_access(buf)
         for j in range(i + 1, len(lines)):
             text = lines[j]
             if f"mbarrier[{barrier}].wait" in text:
@@ -82,7 +87,7 @@ def warp_specialised_thread_reads(cuda_source: str) -> list[str]:
     staged = {ld[1] for ld in loads if ld is not None and not ld[0].isdigit()}
     found = []
     for buf in sorted(staged):
-        read = re.compile(r"\(\(\w+\*\)" + re.escape(buf) + r"\)")
+        read = _buffer_access(buf)
         if any(read.search(ln) and not any(k in ln for k in _NOT_A_READ) for ln in cuda_source.splitlines()):
             found.append(buf)
     return found

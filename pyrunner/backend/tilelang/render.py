@@ -962,9 +962,9 @@ def render(plan: Plan) -> str:
     w.line(f"SM_COUNT = {SM_COUNT!r}")
     w.line(f"PASS_CONFIGS = {PASS_CONFIGS!r}")
     tensors = {t.name: t for t in plan.tensors}
-    per_kernel = {k.name: kernel_pass_configs(k, tensors) for k in plan.kernels if kernel_pass_configs(k, tensors)}
-    w.line(f"KERNEL_PASS_CONFIGS = {per_kernel!r}  # kernels whose loop reads a pipelined tile with thread code: "
-           "no warp specialisation")
+    per_kernel = {k.name: cfg for k in plan.kernels if (cfg := kernel_pass_configs(k, tensors))}
+    w.line(f"KERNEL_PASS_CONFIGS = {per_kernel!r}  # loops TileLang cannot warp-specialise safely "
+           "(thread reads of a pipelined tile, or rows TMA cannot load)")
     w.line()
     w.line("# axis extents")
     for a in sorted(sizes):
