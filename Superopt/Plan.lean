@@ -59,7 +59,8 @@ def ruleCatalog : List RuleInfo := [
   ⟨``elementwise_mul_comm, "a * b = b * a for elementwise products"⟩,
   ⟨``elementwise_mul_assoc, "(a * b) * c = a * (b * c) for elementwise products"⟩,
   ⟨``masked_tile_skip,
-    "a streamed loop may leave out the tiles whose contribution to every accumulator is its identity"⟩]
+    "a streamed loop may leave out the tiles whose contribution to every accumulator is its identity"⟩,
+  ⟨``merge_axes, "adjacent axes carried together read as one: (j, l) at j * nb + l splits back to (j, l)"⟩]
 
 /-- The rule names, in catalog order. -/
 def ruleNames : List String := ruleCatalog.map (·.name)

@@ -516,4 +516,20 @@ theorem masked_tile_skip {β τ : Type} (f : β → τ → β) (masked : τ → 
       rw [List.filter_cons_of_pos (p := fun t => !masked t) (l := ts) hp, List.foldl_cons, List.foldl_cons]
       exact ih (f init t)
 
+/-! ## Merging adjacent axes -/
+
+/--
+Merging an outer axis and an inner axis of extent `nb` into one puts element `(j, l)` at
+`j * nb + l`. That index map is a bijection: the merged index gives both parts back. So a graph
+whose two axes are only carried together (never reduced, contracted, indexed or sized), stored
+row-major, computes the same values with them read as one axis; `pyrunner.ir.merge_axes` checks
+those side conditions.
+-/
+theorem merge_axes (nb j l : Nat) (hl : l < nb) :
+    (j * nb + l) / nb = j ∧ (j * nb + l) % nb = l := by
+  have hpos : 0 < nb := Nat.lt_of_le_of_lt (Nat.zero_le l) hl
+  constructor
+  · rw [Nat.add_comm, Nat.add_mul_div_right l j hpos, Nat.div_eq_of_lt hl, Nat.zero_add]
+  · rw [Nat.add_comm, Nat.add_mul_mod_self_right, Nat.mod_eq_of_lt hl]
+
 end Superopt

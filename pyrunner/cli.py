@@ -177,7 +177,9 @@ def cmd_superopt(args: argparse.Namespace) -> int:
             if len(plans) > 1:
                 _note(f"--- plan {i + 1} of {len(plans)} ---")
             _note(explain(p).rstrip("\n"))
-    data = [p.model_dump(mode="json") for p in plans]
+    from pyrunner.plan.schema import plan_document
+
+    data = [plan_document(p) for p in plans]
     text = _plan_json(data if args.top > 1 else data[0])
     if args.out:
         write_text_atomic(args.out, text)

@@ -52,7 +52,7 @@ def _docstring(plan: Plan, sig: Signature, rendered_doc: str) -> list[str]:
 def _wrapper(sig: Signature) -> list[str]:
     params = ", ".join(sig.input_names)
     specs = {s.name: (s.axes, s.shape, s.dtype, s.plan_axes) for s in sig.inputs}
-    outs = {s.name: (s.axes, s.plan_axes) for s in sig.outputs}
+    outs = {s.name: (s.axes, s.plan_axes, s.flat_shape) for s in sig.outputs}
     return [
         "",
         "",
@@ -61,7 +61,7 @@ def _wrapper(sig: Signature) -> list[str]:
         "",
         "# graph input -> (graph axes, shape, dtype, axes as the kernels store it)",
         "INPUTS = {", *[f"    {k!r}: {v!r}," for k, v in specs.items()], "}",
-        "# graph output -> (graph axes, axes as the kernels store it)",
+        "# graph output -> (graph axes, axes as the kernels store it, its shape in that order)",
         "OUTPUTS = {", *[f"    {k!r}: {v!r}," for k, v in outs.items()], "}",
         "",
         "",
@@ -83,14 +83,16 @@ def _wrapper(sig: Signature) -> list[str]:
         "    for name, x in args.items():",
         "        if x.device.type != 'cuda' or x.device != device:",
         '            raise ValueError(f"input {name!r} is on {x.device}; all inputs must be on one CUDA device")',
-        "    tensors = {name: _to(args[name], axes, plan_axes).contiguous()",
+        "    # merged axes (the plan's axis_merges) are a row-major reshape of adjacent axes",
+        "    tensors = {name: _to(args[name], axes, plan_axes).reshape(TENSORS[name][0]).contiguous()",
         "               for name, (axes, _, _, plan_axes) in INPUTS.items()}",
         "    for name, (shape, dtype, role) in TENSORS.items():",
         "        if role != 'input':",
         "            tensors[name] = torch.empty(shape, dtype=getattr(torch, dtype), device=device)",
         "    with torch.cuda.device(device):",
         "        launch(tensors, config)",
-        "    outs = tuple(_to(tensors[n], plan_axes, axes).contiguous() for n, (axes, plan_axes) in OUTPUTS.items())",
+        "    outs = tuple(_to(tensors[n].reshape(flat), plan_axes, axes).contiguous()",
+        "                 for n, (axes, plan_axes, flat) in OUTPUTS.items())",
         "    return outs[0] if len(outs) == 1 else outs",
         "",
         "",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.frontend.errors import FrontendError
-from pyrunner.frontend.signature import Signature, bind, check_tensor, permutation, signature
+from pyrunner.frontend.signature import Signature, bind, check_tensor, signature
 from pyrunner.ir.graph import Graph
 from pyrunner.plan.schema import Plan, plan_hash
 
@@ -97,18 +97,14 @@ class LoadedPlan:
             self.check(device)
         tensors: dict[str, torch.Tensor] = {}
         for spec in self.sig.inputs:
-            tensors[spec.name] = bound[spec.name].permute(permutation(spec.axes, spec.plan_axes)).contiguous()
+            tensors[spec.name] = spec.to_plan(bound[spec.name])
         for gt in self.plan.tensors:
             if gt.role != "input":
                 tensors[gt.name] = torch.empty(gt.shape, dtype=getattr(torch, gt.dtype), device=device)
         with torch.cuda.device(device):
             launch(tensors)
-        outs = tuple(_graph_order(tensors[s.name], s.plan_axes, s.axes) for s in self.sig.outputs)
+        outs = tuple(s.from_plan(tensors[s.name]) for s in self.sig.outputs)
         return outs[0] if len(outs) == 1 else outs
-
-
-def _graph_order(x, have: tuple[str, ...], want: tuple[str, ...]):
-    return x if have == want else x.permute(permutation(have, want)).contiguous()
 
 
 def require_gpu() -> None:

@@ -21,13 +21,32 @@ RESERVED = frozenset({"config"})
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One argument or result: graph axes, shape, dtype, and the plan's memory order."""
+    """One argument or result: graph axes, shape, dtype, and how the plan stores it: ``plan_axes`` (the
+    plan's memory order in graph axis names, merged axes expanded) reshaped to ``plan_shape``."""
 
     name: str
     axes: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str
     plan_axes: tuple[str, ...]
+    plan_shape: tuple[int, ...] = ()
+
+    @property
+    def flat_shape(self) -> tuple[int, ...]:
+        """The shape in ``plan_axes`` order, before the reshape to ``plan_shape``."""
+        size = dict(zip(self.axes, self.shape, strict=True))
+        return tuple(size[a] for a in self.plan_axes)
+
+    def to_plan(self, x):
+        """A caller's tensor (graph axis order) as the plan stores it."""
+        if self.plan_axes != self.axes:
+            x = x.permute(permutation(self.axes, self.plan_axes))
+        return x.reshape(self.plan_shape).contiguous()
+
+    def from_plan(self, x):
+        """A plan's tensor back in the graph's axis order."""
+        x = x.reshape(self.flat_shape)
+        return x if self.plan_axes == self.axes else x.permute(permutation(self.plan_axes, self.axes)).contiguous()
 
     def describe(self) -> str:
         return f"{self.name}[{', '.join(f'{a}={n}' for a, n in zip(self.axes, self.shape, strict=True))}] {self.dtype}"
@@ -57,6 +76,10 @@ def input_order(plan: Plan, graph: Graph) -> list[str]:
 
 def signature(plan: Plan, graph: Graph) -> Signature:
     """The call signature of a plan; PlanError if a name cannot be a Python parameter."""
+    from pyrunner.ir.merge_axes import expand_axes
+    from pyrunner.plan.views import merges_of
+
+    merges = merges_of(plan)
     by_name = {t.name: t for t in plan.tensors}
     graph_axes = {t.name: t.axes for t in graph.inputs()}
     ins = []
@@ -68,14 +91,16 @@ def signature(plan: Plan, graph: Graph) -> Signature:
         if gt is None or gt.role != "input":
             raise PlanError(f"graph input {name!r} is not an input tensor of the plan")
         axes = graph_axes[name]
-        ins.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes)))
+        ins.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype,
+                              expand_axes(gt.axes, merges), tuple(gt.shape)))
     outs = []
     for name, term in graph.outputs:
         gt = by_name.get(name)
         if gt is None or gt.role != "output":
             raise PlanError(f"graph output {name!r} is not an output tensor of the plan")
         axes = result_axes(term)
-        outs.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes)))
+        outs.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype,
+                               expand_axes(gt.axes, merges), tuple(gt.shape)))
     return Signature(tuple(ins), tuple(outs))
 
 

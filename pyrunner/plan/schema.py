@@ -257,7 +257,19 @@ class Provenance(_Strict):
     plan_hash: str = ""
 
 
+class AxisMergeSpec(_Strict):
+    """Two adjacent axes of the plan's graph that the plan's tensors and kernels see as one
+    (``ir.merge_axes``): ``axis`` = ``parts[0]`` (outer) x ``parts[1]`` (inner), a row-major reshape."""
+
+    axis: str
+    parts: list[str] = Field(min_length=2, max_length=2)
+    sizes: list[Annotated[int, Field(gt=0)]] = Field(min_length=2, max_length=2)
+
+
 class Plan(_Strict):
+    """A plan. ``graph`` is the graph as its author wrote it; ``axis_merges`` (applied in order) give
+    the graph the tensors and kernels are written against (``plan.views.kernel_graph``)."""
+
     schema_version: Literal[1] = SCHEMA_VERSION
     workload: str
     dtype: Literal["float16", "bfloat16"]
@@ -268,6 +280,15 @@ class Plan(_Strict):
     kernels: list[Kernel]
     cost: CostEstimate
     provenance: Provenance
+    axis_merges: list[AxisMergeSpec] = Field(default_factory=list)
+
+
+def plan_document(plan: Plan) -> dict:
+    """The plan's JSON document; ``axis_merges`` only where there are any (older plans stay byte-identical)."""
+    data = plan.model_dump(mode="json")
+    if not data.get("axis_merges"):
+        data.pop("axis_merges", None)
+    return data
 
 
 def canonical_json(data: dict) -> str:
@@ -276,7 +297,7 @@ def canonical_json(data: dict) -> str:
 
 def plan_hash(plan: Plan) -> str:
     """Content hash of a plan, excluding the hash field itself."""
-    data = plan.model_dump(mode="json")
+    data = plan_document(plan)
     data["provenance"]["plan_hash"] = ""
     return hashlib.sha256(canonical_json(data).encode()).hexdigest()[:16]
 

@@ -19,13 +19,14 @@ from pathlib import Path
 
 import pydantic
 
-from pyrunner.errors import GraphError, PlanError
+from pyrunner.errors import PlanError
 from pyrunner.ir.graph import Graph, result_axes
-from pyrunner.ir.graph_json import graph_from_json, read_json_file
+from pyrunner.ir.graph_json import read_json_file
 from pyrunner.ir.names import MAX_GRAPH_NAME, MAX_PLAN_NAME, hash_problem, name_problem
 from pyrunner.plan.analysis import numbered_ops, walk
 from pyrunner.plan.kernel_checks import check_kernel, check_kernel_static
 from pyrunner.plan.schema import SCHEMA_VERSION, AxisSize, GlobalTensor, Kernel, Map, Op, Plan, Ref, plan_hash
+from pyrunner.plan.views import kernel_graph, plan_graph  # noqa: F401 - plan_graph re-exported
 
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
 
@@ -129,18 +130,10 @@ def format_validation_error(e: pydantic.ValidationError, data: object) -> str:
 
 # --- semantics ------------------------------------------------------------------
 
-def plan_graph(plan: Plan) -> Graph:
-    """The plan's source graph (PlanError if it does not parse)."""
-    try:
-        return graph_from_json(plan.graph)
-    except GraphError as e:
-        raise PlanError(f"graph: {e}") from None
-
-
 def check_plan(plan: Plan) -> None:
     """Every rule of plan_semantics for the defaults of each kernel's parameters, then the hash."""
     check_plan_names(plan)
-    graph = plan_graph(plan)
+    graph = kernel_graph(plan)
     tensors = _check_tensors(plan, graph)
     kernel_names: dict[str, int] = {}
     for ki, k in enumerate(plan.kernels):
@@ -160,6 +153,10 @@ def plan_names(plan: Plan) -> Iterator[tuple[str, object, int]]:
     yield "workload", plan.workload, g
     for i, s in enumerate(plan.derivation):
         yield f"derivation[{i}].rule", s.rule, p
+    for i, m in enumerate(plan.axis_merges):
+        yield f"axis_merges[{i}].axis", m.axis, g
+        for j, a in enumerate(m.parts):
+            yield f"axis_merges[{i}].parts[{j}]", a, g
     for i, t in enumerate(plan.tensors):
         yield f"tensors[{i}].name", t.name, p
         for j, a in enumerate(t.axes):
@@ -272,7 +269,7 @@ def check_values(plan: Plan, values: Mapping[str, Mapping[str, int]]) -> None:
     ``values`` maps every kernel to all its parameters, each already in its space
     (``plan.analysis.resolve_config`` builds that from a partial config).
     """
-    graph = plan_graph(plan)
+    graph = kernel_graph(plan)
     tensors = {t.name: t for t in plan.tensors}
     for ki, k in enumerate(plan.kernels):
         if values[k.name] != k.defaults:

@@ -36,7 +36,9 @@ from pyrunner.errors import GraphError
 from pyrunner.ir.axes import axes_of
 from pyrunner.ir.brief import brief
 from pyrunner.ir.graph import Graph, Term
+from pyrunner.ir.merge_axes import AxisMerge, merge_all
 from pyrunner.plan.schema import (
+    AxisMergeSpec,
     CostEstimate,
     GlobalTensor,
     Kernel,
@@ -244,8 +246,12 @@ class Budget:
 class Planner:
     """Plans one graph at one dtype; caches kernel lowerings across partitions."""
 
-    def __init__(self, graph: Graph, dtype: str, machine: Machine = H200) -> None:
+    def __init__(self, graph: Graph, dtype: str, machine: Machine = H200, *,
+                 source: Graph | None = None, merges: tuple[AxisMerge, ...] = ()) -> None:
         self.graph = graph
+        self.source = source or graph
+        """The graph as its author wrote it; ``graph`` is it with ``merges`` applied (``ir.merge_axes``)."""
+        self.merges = merges
         self.dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
         if self.dtype not in ("float16", "bfloat16"):
             raise GraphError(f"unsupported dtype {dtype!r}; use fp16 or bf16")
@@ -541,17 +547,18 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
         kernels.append(kc.kernel.model_copy(update={"name": name, "params": params, "defaults": defaults}))
         costs.append(KernelCost(kernel=name, flops=kc.est.flops, bytes=kc.est.bytes, time_us=round(kc.est.time_us, 3),
                                 bound=kc.est.bound))
-    steps = list(c.variant.steps)
+    steps = [Step(rule="merge_axes", at=m.describe()) for m in planner.merges] + list(c.variant.steps)
     for k in kernels:
         for r in k.fused_rules:
             steps.append(Step(rule=r, at=k.name))
     plan = Plan(
-        workload=planner.graph.name, dtype=planner.dtype, graph=graph_to_json(planner.graph), derivation=steps,
+        workload=planner.graph.name, dtype=planner.dtype, graph=graph_to_json(planner.source), derivation=steps,
         tensors=c.tensors, kernels=kernels,
         cost=CostEstimate(total_us=round(c.total_us, 3), kernels=costs, launches=len(kernels),
                           model=planner.machine.as_dict()),
         provenance=Provenance(planner="superopt-python" + ("-naive" if naive else ""), version=__version__,
-                              graph_hash=graph_hash(planner.graph)),
+                              graph_hash=graph_hash(planner.source)),
+        axis_merges=[AxisMergeSpec(axis=m.axis, parts=list(m.parts), sizes=list(m.sizes)) for m in planner.merges],
     )
     return with_hash(plan)
 
@@ -576,29 +583,34 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     """
     machine = calibrate(calibration, Planner)
     planner = Planner(graph, dtype, machine)
-    cands = planner.candidates(naive=naive, budget=budget)
+    searched = [(planner, planner.candidates(naive=naive, budget=budget))]
+    merged, merges = (graph, []) if naive else merge_all(graph)
+    if merges:  # the same graph with shared-operand axes merged: bigger GEMM tiles (``ir.merge_axes``)
+        mp = Planner(merged, dtype, machine, source=graph, merges=tuple(merges))
+        searched.append((mp, mp.candidates(budget=budget)))
     fallback = False
-    if not cands and not naive:
+    if not any(cands for _, cands in searched) and not naive:
         planner.rejections.clear()
-        cands = planner.candidates(naive=True)
+        searched = [(planner, planner.candidates(naive=True))]
         fallback = True
-    if not cands:
+    if not any(cands for _, cands in searched):
         raise _no_plan(planner, graph)
     if tuning is not False:
         from pyrunner.target.tuning import TuningDB
 
         tuning = TuningDB.for_device() if tuning is None or tuning is True else tuning
     lookahead = max(top, TUNED_LOOKAHEAD) if tuning is not False and tuning.entries else top
-    ranked: list[tuple[int, int, Plan]] = []
-    seen: set[tuple] = set()
-    for c in cands:
-        sig = c.signature()
-        if sig in seen:
-            continue
-        seen.add(sig)
-        ranked.append(((c.unguarded, c.precision_risks), len(ranked), to_plan(planner, c, naive or fallback)))
-        if len(ranked) >= lookahead:
-            break
+    ranked: list[tuple[tuple[int, int], int, Plan]] = []
+    for p, cands in searched:
+        seen: set[tuple] = set()
+        for c in cands:
+            sig = c.signature()
+            if sig in seen:
+                continue
+            seen.add(sig)
+            ranked.append(((c.unguarded, c.precision_risks), len(ranked), to_plan(p, c, naive or fallback)))
+            if len(seen) >= lookahead:
+                break
     if tuning is not False and tuning.entries:
         ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
     ranked.sort(key=lambda x: (x[0][0], round(ranked_us(x[2].cost.total_us, x[0][1]), 2), x[1]))
@@ -632,7 +644,13 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
     from pyrunner.target.tuning import structure_hash
 
     machine = calibrate(calibration, Planner)
-    planner = Planner(graph, plan.dtype, machine)
+    if plan.axis_merges:
+        from pyrunner.plan.views import kernel_graph, merges_of
+
+        planner = Planner(kernel_graph(plan, graph), plan.dtype, machine, source=graph,
+                          merges=tuple(merges_of(plan)))
+    else:
+        planner = Planner(graph, plan.dtype, machine)
     want = structure_hash(plan)
     naive = plan.provenance.planner.endswith("-naive")
     for c in planner.candidates(naive=naive):

@@ -284,6 +284,15 @@ _RULE_LIST = (
         "interval reasoning over the mask's affine index predicate c.",
         None,
     ),
+    Rule(
+        "merge_axes", "schedule",
+        "Two adjacent axes a (outer, extent na) and b (inner, extent nb) that every tensor carrying them "
+        "stores together, in that order, and that no term reduces, contracts, indexes or sizes, may be "
+        "read as one axis of extent na * nb: element (j, l) sits at j * nb + l, and that index map is a "
+        "bijection ((j * nb + l) / nb = j, (j * nb + l) % nb = l for l < nb), so every value is the same "
+        "row-major reshape of the source graph's.",
+        None,
+    ),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULE_LIST}

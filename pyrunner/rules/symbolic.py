@@ -640,6 +640,43 @@ def _scoped(name: str, body: Callable[[], list[str]]) -> Callable[[], CheckResul
     return run
 
 
+def _merge_axes(transposed: bool) -> Callable[[], list[str]]:
+    """The merged index map is a bijection (every split of extents up to 6 x 6), and grouped-query
+    attention evaluated on the merged graph is the source graph's output reshaped. Wrong variant:
+    the caller's tensors reshaped with the two axes swapped (inner-major), which the rule does not say."""
+    def body() -> list[str]:
+        import numpy as np
+
+        from pyrunner.ir.graph import GraphBuilder
+        from pyrunner.ir.merge_axes import merge_all
+        from pyrunner.ir.reference import evaluate, random_inputs
+
+        for na, nb in itertools.product(range(1, 7), repeat=2):
+            for j, ll in itertools.product(range(na), range(nb)):
+                k = ll * na + j if transposed else j * nb + ll
+                if divmod(k, nb) != (j, ll):
+                    raise _Refuted(f"index {(j, ll)} of a {na} x {nb} merge maps to {k}, which splits back "
+                                   f"to {divmod(k, nb)}")
+        gb = GraphBuilder("gqa")
+        q = gb.input("Q", h=2, g=3, t=4, d=5)
+        k_, v = gb.input("K", h=2, s=6, d=5), gb.input("V", h=2, s=6, d=5)
+        gb.output("O", gb.matmul(gb.softmax(gb.matmul(q, k_, contract="d"), axis="s"), v, contract="s"))
+        src = gb.build()
+        merged, merges = merge_all(src)
+        if [m.parts for m in merges] != [("g", "t")]:
+            raise _Unproved(f"expected the query group and row axes to merge, got {merges}")
+        x = random_inputs(src, 7)
+        qm = x["Q"].transpose(0, 2, 1, 3) if transposed else x["Q"]
+        out = evaluate(merged, {**x, "Q": qm.reshape(2, 12, 5)})["O"]
+        back = out.reshape(2, 4, 3, 5).transpose(0, 2, 1, 3) if transposed else out.reshape(2, 3, 4, 5)
+        err = float(np.max(np.abs(back - evaluate(src, x)["O"])))
+        if err > 1e-12:
+            raise _Refuted(f"grouped-query attention on the merged graph differs by {err:.3g}")
+        return ["(j, l) -> j * nb + l splits back to (j, l) for every na, nb <= 6",
+                "grouped-query attention on the merged (group, t) axis equals the source graph reshaped"]
+    return body
+
+
 RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "softmax_max_shift": _scoped("softmax_max_shift", _check_softmax_max_shift),
     "matmul_div_commute": _scoped("matmul_div_commute", _check_matmul_div_commute),
@@ -654,6 +691,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "elementwise_mul_comm": _scoped("elementwise_mul_comm", _check_elementwise_mul_comm),
     "elementwise_mul_assoc": _scoped("elementwise_mul_assoc", _check_elementwise_mul_assoc),
     "masked_tile_skip": _scoped("masked_tile_skip", _masked_tile_skip(slack=0)),
+    "merge_axes": _scoped("merge_axes", _merge_axes(transposed=False)),
 }
 
 WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
@@ -667,6 +705,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "subtraction_reassociated": lambda: _run(_product_law("assoc", "sub")),
     "masked_tile_skip_bound_too_tight": lambda: _run(_masked_tile_skip(slack=1)),
     "variance_mean_not_squared": lambda: _run(_variance_identity(False)),
+    "merge_axes_inner_major": lambda: _run(_merge_axes(transposed=True)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from pyrunner.errors import PlanError
+from pyrunner.ir.merge_axes import expand_axes
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import align
 from pyrunner.plan import masks
@@ -37,6 +38,7 @@ from pyrunner.plan.schema import (
     Store,
     axis_sizes,
 )
+from pyrunner.plan.views import merges_of, to_plan_layout, to_source_layout
 from pyrunner.target.rounding import round_to  # noqa: F401 - re-exported: callers import it from here
 
 
@@ -212,7 +214,8 @@ def run_kernel(k: Kernel, cfg: dict[str, int], sizes: dict[str, int], tensors: d
 
 def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None,
             exact: bool = False, audit: bool = False) -> dict[str, np.ndarray]:
-    """Run every kernel of the plan on the CPU; returns outputs (float64) by name.
+    """Run every kernel of the plan on the CPU; returns outputs (float64) by name. Inputs and outputs
+    are in the source graph's layout (a plan's merged axes are reshaped at the boundary).
 
     Inputs are rounded to the plan's dtype first, as the GPU would see them;
     outputs and intermediates start as NaN (poisoned) so an unwritten tile shows.
@@ -222,6 +225,7 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
     nothing.
     """
     sizes = axis_sizes(plan)
+    merges = merges_of(plan)
     tensors: dict[str, np.ndarray] = {}
     dtypes = {t.name: t.dtype for t in plan.tensors}
     taxes = {t.name: list(t.axes) for t in plan.tensors}
@@ -230,6 +234,8 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
             if t.name not in inputs:
                 raise PlanError(f"missing input tensor {t.name!r}")
             x = np.asarray(inputs[t.name], dtype=np.float32)
+            if merges and x.ndim != len(t.axes):  # given in the source graph's layout
+                x = to_plan_layout(x, expand_axes(t.axes, merges), t.axes, merges)
             if list(x.shape) != list(t.shape):
                 raise PlanError(f"input {t.name!r} has shape {list(x.shape)}, plan expects {t.shape}")
             tensors[t.name] = x if exact else round_to(x, t.dtype)
@@ -238,7 +244,8 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
     values = resolve_config(plan, config, in_space=False)
     for k in plan.kernels:
         run_kernel(k, values[k.name], sizes, tensors, dtypes, taxes, exact, audit)
-    return {t.name: tensors[t.name].astype(np.float64) for t in plan.tensors if t.role == "output"}
+    return {t.name: to_source_layout(tensors[t.name], t.axes, expand_axes(t.axes, merges), merges).astype(np.float64)
+            for t in plan.tensors if t.role == "output"}
 
 
 # --- scaling a plan down to CPU-sized shapes ------------------------------------
@@ -304,7 +311,8 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     new_sizes: dict[str, int] = {}
     tiled = iter(TILED_SIZES)
     indexed = iter(INDEXED_SIZES)
-    for a in sorted(sizes):
+    parts = {p for m in plan.axis_merges for p in m.parts}
+    for a in sorted(set(sizes) - parts):
         try:
             new_sizes[a] = next(indexed) if roles[a] == {"indexed"} else next(tiled)
         except StopIteration:
@@ -334,9 +342,16 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         if loop is not None and isinstance(loop.block, int):
             loop = loop.model_copy(update={"block": new_sizes[loop.axis]})
         kernels.append(k.model_copy(update={"grid": grid, "loop": loop, "params": params, "defaults": defaults}))
+    merges = []
+    for m in reversed(plan.axis_merges):  # a later merge may merge an earlier one's axis
+        n = new_sizes[m.axis]
+        outer = min((d for d in range(2, n + 1) if n % d == 0), default=1)
+        new_sizes.update({m.parts[0]: outer, m.parts[1]: n // outer})
+        merges.insert(0, m.model_copy(update={"sizes": [outer, n // outer]}))
     tensors = [t.model_copy(update={"shape": [new_sizes[a] for a in t.axes]}) for t in plan.tensors]
     graph = dict(plan.graph)
     if "axes" in graph:
         graph["axes"] = {a: new_sizes[a] for a in graph["axes"]}
     prov = plan.provenance.model_copy(update={"plan_hash": ""})
-    return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph, "provenance": prov})
+    return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph, "provenance": prov,
+                                   "axis_merges": merges})

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pyrunner.ir.graph import Graph, result_axes
+from pyrunner.ir.merge_axes import AxisMerge, expand_axes
 from pyrunner.ir.reference import evaluate, random_inputs
+from pyrunner.plan.views import merges_of, to_plan_layout, to_source_layout
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -138,19 +140,11 @@ def output_axes(graph: Graph) -> dict[str, tuple[str, ...]]:
     return {n: result_axes(t) for n, t in graph.outputs}
 
 
-def _transpose_to(x, have: list[str] | tuple[str, ...], want: tuple[str, ...]):
-    """Put a plan tensor's axes in the graph's order (plans may store outputs permuted)."""
-    have = tuple(have)
-    if have == want or sorted(have) != sorted(want):
-        return x
-    return x.transpose([have.index(a) for a in want]) if isinstance(x, np.ndarray) \
-        else x.permute([have.index(a) for a in want])
-
-
 def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bound: float, seed: int,
             axes: Mapping[str, list[str]] | None = None, graph: Graph | None = None,
-            what: str = "") -> VerifyResult:
-    """Compare numpy outputs with the float64 reference (missing output = failure)."""
+            what: str = "", merges: Sequence[AxisMerge] = ()) -> VerifyResult:
+    """Compare numpy outputs (in the plan's layout: ``axes``, ``merges``) with the float64 reference
+    (in the source graph's; a missing output is a failure)."""
     want = output_axes(graph) if graph is not None else {}
     errs: dict[str, float] = {}
     for name, r in ref.items():
@@ -159,7 +153,7 @@ def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bo
             continue
         o = outputs[name]
         if axes and name in axes and name in want:
-            o = _transpose_to(np.asarray(o), axes[name], want[name])
+            o = to_source_layout(np.asarray(o), axes[name], want[name], merges)
         errs[name] = max_error(o, r)
     return judge(errs, bound, seed, what)
 
@@ -206,6 +200,7 @@ class GpuVerifier:
             with torch.no_grad():
                 self.ref = torch_fn(graph)(**rounded)
         self._axes = output_axes(graph)
+        self.merges = merges_of(plan)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Global tensors of the plan: inputs filled, everything else poisoned with NaN."""
@@ -215,7 +210,7 @@ class GpuVerifier:
         graph_in = {t.name: t.axes for t in self.graph.inputs()}
         for gt in self.plan.tensors:
             if gt.role == "input":
-                x = _transpose_to(self.inputs[gt.name], graph_in[gt.name], tuple(gt.axes))
+                x = to_plan_layout(self.inputs[gt.name], graph_in[gt.name], gt.axes, self.merges)
                 out[gt.name] = x.to(_tdtype(gt.dtype)).contiguous()
             else:
                 out[gt.name] = torch.full(gt.shape, float("nan"), dtype=_tdtype(gt.dtype), device=self.device)
@@ -234,7 +229,7 @@ class GpuVerifier:
             if name not in t:
                 errs[name] = float("inf")
                 continue
-            o = _transpose_to(t[name], axes.get(name, self._axes[name]), self._axes[name])
+            o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.merges)
             errs[name] = _max_error_torch(o, ref)
         return judge(errs, self.bound, self.seed, what)
 
@@ -264,11 +259,11 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     else:
         rounded = {k: v.astype(np_dt).astype(np.float64) for k, v in raw.items()}
     ref = evaluate(graph, rounded)
-    axes = {gt.name: gt.axes for gt in plan.tensors if gt.role == "output"}
+    merges = merges_of(plan)  # execute() hands outputs back with merged axes expanded
+    axes = {gt.name: list(expand_axes(gt.axes, merges)) for gt in plan.tensors if gt.role == "output"}
     try:
         outs = execute(plan, rounded)
     except Exception as e:  # noqa: BLE001 - any executor failure is a failed plan
         return VerifyResult(False, float("inf"), bound, seed, {},
                             f"CPU executor failed: {type(e).__name__}: {e}")
-    return compare(outs, ref, bound, seed, axes, graph,
-                   "CPU executor: ")
+    return compare(outs, ref, bound, seed, axes, graph, "CPU executor: ")

@@ -1,0 +1,194 @@
+"""Merging two adjacent axes into one: a free reshape that gives a GEMM more rows.
+
+Grouped-query attention's query heads share K and V. With the group axis merged into the query-row
+axis, one tile of rows spans several heads of a group, so those heads share every K/V tile a CTA
+loads, and a short query axis (decode, chunked prefill) still fills a tensor-core tile. The same
+move turns a batched product ``X[b, m, d] @ W[d, n]`` into one GEMM over ``b*m`` rows.
+
+Merging ``(outer, inner)`` into ``merged`` (extent ``|outer| * |inner|``, index
+``i_outer * |inner| + i_inner``) is a row-major reshape of every tensor that carries them. It
+changes no value when:
+
+* every input and output that has either axis has both, adjacent and in that order (so the
+  reshape of the caller's tensor is a view);
+* no term reduces, contracts, indexes (``iota``) or sizes either axis (their meaning is per axis);
+* every term's axes, with ``merged`` expanded, are the source term's axes (the axis order of
+  every value is kept).
+
+The planner offers a merge only where it can pay: some GEMM has one operand carrying both axes
+and the other carrying neither (a shared operand, like K and V in grouped-query attention). The
+Lean theorem ``merge_axes`` proves the index map a bijection; ``source_graph`` undoes a merge,
+so a caller always sees the graph it wrote.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pyrunner.errors import GraphError
+from pyrunner.ir.graph import Graph, Term, check, result_axes, subterms
+from pyrunner.ir.names import MAX_GRAPH_NAME, is_name
+
+
+@dataclass(frozen=True)
+class AxisMerge:
+    """``axis`` = ``parts[0]`` (outer) x ``parts[1]`` (inner), with the parts' extents."""
+
+    axis: str
+    parts: tuple[str, str]
+    sizes: tuple[int, int]
+
+    def describe(self) -> str:
+        return f"{self.parts[0]}, {self.parts[1]} -> {self.axis}"
+
+
+def _expand(axes: Sequence[str], merges: Sequence[AxisMerge]) -> tuple[str, ...]:
+    by_axis = {m.axis: m.parts for m in merges}
+    out: list[str] = []
+    for a in axes:
+        out.extend(by_axis.get(a, (a,)))
+    return tuple(out)
+
+
+def _merged_axes(axes: Sequence[str], m: AxisMerge) -> tuple[str, ...] | None:
+    """``axes`` with the parts of ``m`` replaced by ``m.axis``; None where they are not adjacent in order."""
+    outer, inner = m.parts
+    if outer not in axes and inner not in axes:
+        return tuple(axes)
+    if outer not in axes or inner not in axes:
+        return None
+    i = list(axes).index(outer)
+    if i + 1 >= len(axes) or axes[i + 1] != inner:
+        return None
+    return (*axes[:i], m.axis, *axes[i + 2:])
+
+
+def _per_axis_use(t: Term) -> str:
+    """The axis a term uses by name (reduced, contracted, indexed or sized), or ''."""
+    return t.axis if t.op in ("reduce", "matmul", "iota", "axis_size") else ""
+
+
+def merge_problem(g: Graph, outer: str, inner: str) -> str | None:
+    """Why ``(outer, inner)`` cannot be merged in ``g`` (None when it can)."""
+    if outer == inner or outer not in g.sizes or inner not in g.sizes:
+        return f"axes {outer!r} and {inner!r} are not two axes of the graph"
+    memo: dict[Term, tuple[str, ...]] = {}
+    probe = AxisMerge("_", (outer, inner), (g.sizes[outer], g.sizes[inner]))
+    for t in g.terms():
+        if _per_axis_use(t) in (outer, inner):
+            return f"a {t.op} uses axis {_per_axis_use(t)!r} on its own"
+        if _merged_axes(result_axes(t, memo), probe) is None:
+            return f"a value has axes {list(result_axes(t, memo))}: {outer!r}, {inner!r} not adjacent in order"
+    return None
+
+
+def shares_operand(g: Graph, outer: str, inner: str) -> bool:
+    """Whether some GEMM has one operand with both axes and the other with neither."""
+    memo: dict[Term, tuple[str, ...]] = {}
+    for t in g.terms():
+        if t.op != "matmul":
+            continue
+        carries = [{outer, inner} <= set(result_axes(x, memo)) for x in t.args]
+        lacks = [not ({outer, inner} & set(result_axes(x, memo))) for x in t.args]
+        if (carries[0] and lacks[1]) or (carries[1] and lacks[0]):
+            return True
+    return False
+
+
+def _fresh_name(g: Graph, outer: str, inner: str) -> str:
+    base = f"{outer}_{inner}"
+    if not is_name(base) or len(base) > MAX_GRAPH_NAME - 4:
+        base = "merged"
+    name, i = base, 1
+    while name in g.sizes:
+        i += 1
+        name = f"{base}_{i}"
+    return name
+
+
+def _rewrite_inputs(g: Graph, axes_of_input: dict[str, tuple[str, ...]], sizes: dict[str, int],
+                    name: str) -> Graph:
+    new: dict[Term, Term] = {}
+    for t in subterms(r for _, r in g.outputs):
+        if t.op == "input":
+            new[t] = Term("input", name=t.name, axes=axes_of_input[t.name])
+        elif t.args:
+            new[t] = t.replace_args(tuple(new[a] for a in t.args))
+        else:
+            new[t] = t
+    labels = {new[t]: lab for t, lab in g.labels.items() if t in new}
+    out = Graph(name, sizes, tuple((n, new[t]) for n, t in g.outputs), labels)
+    check(out)
+    return out
+
+
+def merge(g: Graph, outer: str, inner: str, name: str | None = None) -> tuple[Graph, AxisMerge]:
+    """``g`` with ``(outer, inner)`` merged into one new axis (``name``, else a fresh one); GraphError
+    where that would change a value."""
+    why = merge_problem(g, outer, inner)
+    if why is None and name is not None and (name in g.sizes or not is_name(name)):
+        why = f"the merged axis name {name!r} is taken or not a name"
+    if why is not None:
+        raise GraphError(f"cannot merge axes {outer!r}, {inner!r} of graph {g.name!r}: {why}")
+    m = AxisMerge(name or _fresh_name(g, outer, inner), (outer, inner), (g.sizes[outer], g.sizes[inner]))
+    sizes = {a: n for a, n in g.sizes.items() if a not in m.parts}
+    sizes[m.axis] = math.prod(m.sizes)
+    ins = {t.name: _merged_axes(t.axes, m) for t in g.inputs()}
+    out = _rewrite_inputs(g, ins, sizes, g.name)  # type: ignore[arg-type]
+    for (n, src), (_, dst) in zip(g.outputs, out.outputs, strict=True):
+        if _expand(result_axes(dst), [m]) != result_axes(src):
+            raise GraphError(f"cannot merge axes {outer!r}, {inner!r} of graph {g.name!r}: output {n!r} would "
+                             f"change its axis order")
+    return out, m
+
+
+def candidate_pairs(g: Graph) -> list[tuple[str, str]]:
+    """Adjacent axis pairs of the graph's inputs that can be merged and that a shared GEMM operand
+    makes worth merging, in input order."""
+    seen: list[tuple[str, str]] = []
+    for t in g.inputs():
+        for outer, inner in zip(t.axes, t.axes[1:], strict=False):
+            if (outer, inner) not in seen and shares_operand(g, outer, inner) and not merge_problem(g, outer, inner):
+                seen.append((outer, inner))
+    return seen
+
+
+def merge_all(g: Graph, limit: int = 3) -> tuple[Graph, list[AxisMerge]]:
+    """``g`` with every candidate pair merged, repeatedly (a run of axes becomes one), at most ``limit``
+    merges; the merges in the order applied."""
+    merges: list[AxisMerge] = []
+    while len(merges) < limit:
+        pairs = candidate_pairs(g)
+        if not pairs:
+            break
+        g, m = merge(g, *pairs[0])
+        merges.append(m)
+    return g, merges
+
+
+def source_graph(g: Graph, merges: Iterable[AxisMerge]) -> Graph:
+    """Undo ``merges`` (applied in the given order) on ``g``: the graph its author wrote."""
+    for m in reversed(list(merges)):
+        if m.axis not in g.sizes or any(p in g.sizes for p in m.parts):
+            raise GraphError(f"axis merge {m.describe()!r} does not match the graph's axes {sorted(g.sizes)}")
+        if g.sizes[m.axis] != math.prod(m.sizes):
+            raise GraphError(f"axis merge {m.describe()!r}: {m.sizes[0]} x {m.sizes[1]} is not "
+                             f"{m.axis}'s extent {g.sizes[m.axis]}")
+        for t in g.terms():
+            if _per_axis_use(t) == m.axis:
+                raise GraphError(f"axis merge {m.describe()!r}: a {t.op} uses the merged axis on its own")
+        sizes = {a: n for a, n in g.sizes.items() if a != m.axis}
+        sizes.update(zip(m.parts, m.sizes, strict=True))
+        ins = {t.name: _expand(t.axes, [m]) for t in g.inputs()}
+        g = _rewrite_inputs(g, ins, sizes, g.name)
+    return g
+
+
+def expand_axes(axes: Sequence[str], merges: Sequence[AxisMerge]) -> tuple[str, ...]:
+    """Axes of a plan tensor in source-graph terms (merged axes replaced by their parts, repeatedly)."""
+    out = tuple(axes)
+    for m in reversed(list(merges)):
+        out = _expand(out, [m])
+    return out
