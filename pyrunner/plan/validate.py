@@ -291,9 +291,9 @@ def _check_tensors(plan: Plan, graph: Graph) -> dict[str, GlobalTensor]:
                 raise PlanError(f"{where}: unknown axis {a!r}; graph axes are {sorted(sizes)}")
             if n != sizes[a]:
                 raise PlanError(f"{where}: axis {a!r} has extent {n}, but the graph says {sizes[a]}")
-        want = "float32" if t.role == "intermediate" else plan.dtype
-        if t.dtype != want:
-            raise PlanError(f"{where}: a tensor of role {t.role} must have dtype {want} "
+        want = ("float32", plan.dtype) if t.role == "intermediate" else (plan.dtype,)
+        if t.dtype not in want:
+            raise PlanError(f"{where}: a tensor of role {t.role} must have dtype {' or '.join(want)} "
                             f"(plan dtype {plan.dtype}), got {t.dtype}")
     ins = {x.name: x.axes for x in graph.inputs()}
     outs = {n: result_axes(x) for n, x in graph.outputs}

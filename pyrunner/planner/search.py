@@ -4,8 +4,9 @@
    ``max_variants``, fewer for large graphs), each variant remembering the rule
    applications that produced it; products are put in a canonical factor order
    first (``canonical_products``) so parenthesisation does not decide fusion.
-2. Partitions: which intermediates reach global memory. Reductions and
-   contractions are the cut candidates (elementwise work is fused into a
+2. Partitions: which intermediates reach global memory. Reductions,
+   contractions and computed GEMM operands (``ELEMENTWISE_TERMS``, in a second
+   pass) are the cut candidates (other elementwise work is fused into a
    neighbour). Few candidates: every subset. More: a cost-guided beam search
    over cut sets, from "cut every one" and "cut none", toggling one cut at a time.
 3. Loop structure: for each kernel, every axis it reduces may be streamed
@@ -74,6 +75,9 @@ MAX_DEPTH = 6
 MAX_EXHAUSTIVE_CUTS = 6
 """Up to this many cut candidates, every subset is tried (2**6 partitions per variant)."""
 BEAM_WIDTH = 4
+OPERAND_PASS_VARIANTS = 8
+"""Variants (those of the best plans of the first pass) searched again with their computed GEMM
+operands as cut candidates too."""
 MAX_WORK = 100_000
 """Partition-search work per search: each partition evaluated costs its graph's term count.
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
@@ -225,6 +229,9 @@ class _Layout:
     outputs: dict[Term, str]
     unguarded: int
     scaled_operands: int
+    gemm_operands_only: frozenset[Term] = frozenset()
+    """Terms every user of which is a GEMM: materialised, they are stored in the compute dtype, which
+    the GEMM rounds them to anyway (same values, half the bytes, a tile TMA can feed to the MMA)."""
 
 
 class Budget:
@@ -267,12 +274,12 @@ class Planner:
         self.rejections[why] = self.rejections.get(why, 0) + 1
 
     # --- tensors --------------------------------------------------------------
-    def _tensor(self, name: str, t: Term, role: str) -> GlobalTensor:
-        key = (t, name, role)
+    def _tensor(self, name: str, t: Term, role: str, gemm_operand: bool = False) -> GlobalTensor:
+        key = (t, name, role, gemm_operand)
         got = self._tensors.get(key)
         if got is None:
             axes = list(axes_of(t))
-            dtype = self.dtype if role != "intermediate" else "float32"
+            dtype = self.dtype if role != "intermediate" or gemm_operand else "float32"
             got = GlobalTensor(name=name, axes=axes, shape=[self.sizes[a] for a in axes], dtype=dtype, role=role)
             self._tensors[key] = got
         return got
@@ -345,7 +352,7 @@ class Planner:
         for t in cut:
             name = lay.names[t]
             boundary[t] = name
-            tensors[name] = self._tensor(name, t, "intermediate")
+            tensors[name] = self._tensor(name, t, "intermediate", t in lay.gemm_operands_only)
         for t, n in lay.outputs.items():
             if t.op == "input":
                 return []
@@ -393,8 +400,11 @@ class Planner:
                          cand.scaled_operands)
 
     # --- partition search ------------------------------------------------------------
-    def _explore(self, v: Variant, budget: Budget) -> list[Candidate]:
-        anchors = self.layout(v).anchors
+    def _explore(self, v: Variant, budget: Budget, operands: bool = False) -> list[Candidate]:
+        """Partitions of ``v`` cutting reductions and contractions (with ``operands``: also its computed
+        GEMM operands)."""
+        lay = self.layout(v)
+        anchors = lay.anchors if operands else [a for a in lay.anchors if a.op in ("reduce", "matmul")]
         if len(anchors) <= MAX_EXHAUSTIVE_CUTS:
             out = []
             cost = len(self.layout(v).terms)
@@ -422,6 +432,9 @@ class Planner:
 
         # fusing everything is worth a look only while one kernel could plausibly hold it
         starts = [frozenset(anchors)] + ([frozenset()] if len(anchors) <= 2 * MAX_EXHAUSTIVE_CUTS else [])
+        primary = frozenset(a for a in anchors if a.op in ("reduce", "matmul"))  # operands left fused
+        if primary not in starts:
+            starts.append(primary)
         beam = []
         for s in starts:
             budget.spend(cost)
@@ -459,6 +472,19 @@ class Planner:
             if budget.exhausted():
                 break
         out.sort(key=Candidate.rank)
+        # second pass, with what the first left of the budget: the best variants again, computed GEMM
+        # operands also cut (more cut candidates per variant would crowd other variants out of the first)
+        seen: list[Variant] = []
+        for c in out:
+            if len(seen) >= OPERAND_PASS_VARIANTS or budget.exhausted():
+                break
+            if any(c.variant is v for v in seen):
+                continue
+            seen.append(c.variant)
+            lay = self.layout(c.variant)
+            if any(a.op not in ("reduce", "matmul") for a in lay.anchors):
+                out.extend(self._explore(c.variant, budget, operands=True))
+        out.sort(key=Candidate.rank)
         return out
 
 
@@ -481,8 +507,24 @@ def _layout(g: Graph) -> _Layout:
             name = f"{base}_{j}"
         used.add(name)
         names[t] = name
-    anchors = [t for t in inner if t.op in ("reduce", "matmul")]
-    return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms), scaled_gemm_operands(terms))
+    users: dict[Term, set[str]] = {}
+    for t in terms:
+        for a in t.args:
+            users.setdefault(a, set()).add(t.op)
+    gemm_only = frozenset(t for t in inner if users.get(t) == {"matmul"})
+    computed = {t for t in terms if t.op in ("reduce", "matmul")}
+    for t in terms:  # elementwise values of a reduction or contraction
+        if t.op in ELEMENTWISE_TERMS and any(a in computed for a in t.args):
+            computed.add(t)
+    anchors = [t for t in inner if t.op in ("reduce", "matmul")
+               or (t in gemm_only and t.op in ELEMENTWISE_TERMS and t in computed)]
+    return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms), scaled_gemm_operands(terms), gemm_only)
+
+
+ELEMENTWISE_TERMS = ("unary", "binary", "ternary")
+"""Term kinds whose value a GEMM operand may be: a cut there materialises the operand, so the GEMM's loop
+only loads tiles (warp-specialised, ``-nows`` avoided) and the elementwise work runs once, in its
+producer's epilogue or a kernel of its own, instead of on every tile the GEMM loads."""
 
 
 def _guarded(arg: Term) -> bool:
