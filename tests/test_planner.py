@@ -12,7 +12,7 @@ from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import graph_from_json
 from pyrunner.plan.schema import Gemm, Load, Map, Plan, Reduce
 from pyrunner.planner import explain, search
-from pyrunner.planner.search import Planner
+from pyrunner.planner.search import PRECISION_PENALTY, Planner
 from pyrunner.run.executor import execute, scale_down
 from pyrunner.run.verify import max_error as max_rel_error
 
@@ -230,9 +230,12 @@ def test_unsafe_exponential_is_not_preferred() -> None:
 
 
 def test_top_k_are_distinct_and_ranked() -> None:
-    plans = search(workloads.get("RMSNorm"), "fp16", top=3)
+    plans = search(workloads.get("RMSNorm"), "fp16", top=3, tuning=False)
     costs = [p.cost.total_us for p in plans]
-    assert costs == sorted(costs)
+    # ranked by predicted time plus PRECISION_PENALTY per precision risk: a scaled GEMM operand
+    # (N = X * rstd stored for a plain GEMM, say) may rank behind a slightly slower plan
+    assert costs[0] == min(costs)
+    assert all(b >= a or b * (1 + PRECISION_PENALTY) >= a for a, b in zip(costs, costs[1:]))
     assert len({p.provenance.plan_hash for p in plans}) == 3
 
 

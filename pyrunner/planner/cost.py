@@ -216,7 +216,13 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     if low.stream is not None:
         pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
     t_tc /= max(util, 1e-3) * pipe
-    t_cc = run * (low.ew_elems / dev.cc_flops + low.trans_elems / dev.sfu_ops) / max(util, 1e-3)
+    ew, trans = low.ew_elems, low.trans_elems
+    if low.ew_by_axes:  # a value is computed once per block of each grid axis it lacks
+        split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
+        again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
+        ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
+        trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
+    t_cc = run * (ew / dev.cc_flops + trans / dev.sfu_ops) / max(util, 1e-3)
     t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * 1.5), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
@@ -233,7 +239,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     bound = "compute" if t_compute >= t_mem else "memory"
     if dev.launch_us > body * 1e6:
         bound = "latency"
-    return Estimate(time_us=time_us, flops=flops + low.ew_elems, bytes=dram + reread, bound=bound, smem=smem,
+    return Estimate(time_us=time_us, flops=flops + ew, bytes=dram + reread, bound=bound, smem=smem,
                     config=cfg)
 
 

@@ -130,6 +130,10 @@ class Lowered:
     loads: list[LoadInfo] = field(default_factory=list)
     ew_elems: float = 0.0     # elementwise/reduction element operations, whole kernel
     trans_elems: float = 0.0  # of which transcendental (SFU) evaluations
+    ew_by_axes: tuple[tuple[tuple[str, ...], float, float], ...] = ()
+    """The same work by the axes of the value computed: (axes, operations, transcendental ones). A block
+    computes its tile of each value once per block of every grid axis the value lacks (the scores'
+    softmax once per block of d when d is split), which the cost model multiplies in."""
     rules: list[str] = field(default_factory=list)
     terms: frozenset[Term] = frozenset()
     visible: Expr | None = None  # loop steps whose tile has this all false are skipped (masked_tile_skip)
@@ -413,6 +417,7 @@ class _Builder:
         self.rules: list[str] = []
         self.ew_elems = 0.0
         self.trans_elems = 0.0
+        self.ew_by_axes: dict[tuple[str, ...], list[float]] = {}
         self.scale_bufs: dict[tuple[Term, str, float], str] = {}
         self.m_prev: dict[Term, str] = {}
         self.mean_fix: list[tuple[str, str]] = []
@@ -461,6 +466,15 @@ class _Builder:
         for a in axes_of(t):
             n *= self.sizes[a]
         return n
+
+    def count(self, t: Term, ops: float = 1.0, trans: float = 0.0) -> None:
+        """Elementwise work on ``t``'s value: ``ops`` (of which ``trans`` transcendental) per element."""
+        n = self.elems(t)
+        self.ew_elems += ops * n
+        self.trans_elems += trans * n
+        acc = self.ew_by_axes.setdefault(tuple(sorted(axes_of(t))), [0.0, 0.0])
+        acc[0] += ops * n
+        acc[1] += trans * n
 
     # --- values ------------------------------------------------------------
     def expr(self, t: Term) -> tuple[Expr, int]:
@@ -516,7 +530,7 @@ class _Builder:
                 diff = Call(fn="mul", args=[diff, Const(value=coef)])
             self.ops["body"].append(Map(dst=name, expr=Call(fn=kind, args=[diff])))
             self.scale_bufs[key] = name
-            self.trans_elems += self.elems(m)
+            self.count(m, 0.0, 1.0)
         return self.scale_bufs[key]
 
     def tail_mask(self, buf: str, identity: float) -> None:
@@ -540,12 +554,9 @@ class _Builder:
         if t.op == "ternary" and t.fn == "where" and static(t.args[0]):
             self.emit_mask(t, at)
             return
-        n = self.elems(t)
-        self.ew_elems += n
-        if t.op == "unary" and t.fn in TRANSCENDENTAL:
-            self.trans_elems += n
-        if t.op == "unary" and t.fn == "exp":  # range reduction, then exp2: exp2 is the cheaper primitive
-            self.ew_elems += 4 * n
+        trans = 1.0 if t.op == "unary" and t.fn in TRANSCENDENTAL else 0.0
+        # exp: range reduction, then exp2 (the cheaper primitive): 4 more operations
+        self.count(t, 5.0 if t.op == "unary" and t.fn == "exp" else 1.0, trans)
         parts = [self.expr(a) for a in t.args]
         e = Call(fn=t.fn, args=[p[0] for p in parts])
         depth = 1 + max(p[1] for p in parts)
@@ -562,7 +573,7 @@ class _Builder:
     def emit_mask(self, t: Term, at: str) -> None:
         """where(pred, x, y) with an index predicate: the values, then the predicate applied in
         place (left out on tiles it shows whole)."""
-        self.ew_elems += 2 * self.elems(t)
+        self.count(t, 2.0)
         name = self.fragment_for(t, "t")
         self.ops[at].append(Map(dst=name, expr=self.expr(t.args[1])[0]))
         self.ops[at].append(Map(dst=name, expr=Call(fn="where", args=[self.expr(t.args[0])[0], Ref(buf=name),
@@ -571,7 +582,7 @@ class _Builder:
 
     def emit_index(self, t: Term) -> None:
         """An iota that is a kernel's own output (a naive plan): its index values as a map."""
-        self.ew_elems += self.elems(t)
+        self.count(t)
         name = self.fragment_for(t, "t")
         self.ops[self.where[t]].append(Map(dst=name, expr=static_expr(t)))
         self.buf_of[t] = name
@@ -581,7 +592,7 @@ class _Builder:
             self.emit_accumulated_reduce(t)
             return
         at = self.where[t]
-        self.ew_elems += self.elems(t.args[0])
+        self.count(t.args[0])
         src = self.materialize(t.args[0], at)
         name = self.fragment_for(t, f"{t.fn}_{t.axis}")
         self.ops[at].append(Reduce(fn=REDUCTIONS[t.fn].tile, src=src, dst=name, axis=t.axis, accumulate=False))
@@ -591,7 +602,7 @@ class _Builder:
 
     def emit_accumulated_reduce(self, t: Term) -> None:
         """A reduction over the streamed axis: a state buffer updated once per tile."""
-        self.ew_elems += self.elems(t.args[0])
+        self.count(t.args[0])
         src = self.materialize(t.args[0], "body")
         kind = REDUCTIONS[t.fn].tile
         self.tail_mask(src, -math.inf if kind == "max" else 0.0)
@@ -745,7 +756,8 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
         root=roots[0], stream=s, grid=grid, tiled=sorted(a for a in tiled if a != s), full=full,
         buffers=list(b.buffers.values()), prologue=b.ops["prologue"], body=b.ops["body"],
         epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=outs,
-        gemms=b.gemms, loads=b.loads, ew_elems=b.ew_elems, trans_elems=b.trans_elems, rules=_unique(b.rules),
+        gemms=b.gemms, loads=b.loads, ew_elems=b.ew_elems, trans_elems=b.trans_elems,
+        ew_by_axes=tuple((ax, v[0], v[1]) for ax, v in sorted(b.ew_by_axes.items())), rules=_unique(b.rules),
         terms=frozenset(computed), visible=visible, roots=roots,
     )
 

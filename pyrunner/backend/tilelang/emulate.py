@@ -29,8 +29,10 @@ import numpy as np
 
 from pyrunner.backend.tilelang.render import render
 from pyrunner.errors import PlanError
+from pyrunner.ir.merge_axes import expand_axes
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan
+from pyrunner.plan.views import merges_of, to_source_layout
 from pyrunner.target.rounding import round_to
 
 
@@ -320,7 +322,7 @@ class Emulation:
 def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None,
             source: str | None = None) -> Emulation:
     """Run the rendered kernels of ``plan`` (or ``source``, a rendering of it) on numpy; inputs by
-    graph input name, in the plan's axis order."""
+    graph input name, in the plan's axis order (merged axes may come unmerged: they are reshaped)."""
     cfg = resolve_config(plan, config)
     traces: dict[str, Trace] = {}
     tensors: dict[str, Tile] = {}
@@ -340,8 +342,10 @@ def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
         for a in args:
             tensors[a].trace = trace
         func(*(tensors[a] for a in args))
-    return Emulation({t.name: tensors[t.name].data.astype(np.float64) for t in plan.tensors if t.role == "output"},
-                     traces)
+    merges = merges_of(plan)  # outputs in the source graph's layout, as executor.execute gives them
+    return Emulation({t.name: to_source_layout(tensors[t.name].data, t.axes, expand_axes(t.axes, merges),
+                                               merges).astype(np.float64)
+                      for t in plan.tensors if t.role == "output"}, traces)
 
 
 def execute_rendered(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None) -> dict[str, np.ndarray]:
