@@ -256,8 +256,7 @@ class Planner:
     def __init__(self, graph: Graph, dtype: str, machine: Machine = H200, *,
                  source: Graph | None = None, merges: tuple[AxisMerge, ...] = ()) -> None:
         self.graph = graph
-        self.source = source or graph
-        """The graph as its author wrote it; ``graph`` is it with ``merges`` applied (``ir.merge_axes``)."""
+        self.source = source or graph  # as its author wrote it; ``graph`` is it with ``merges`` applied
         self.merges = merges
         self.dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
         if self.dtype not in ("float16", "bfloat16"):
