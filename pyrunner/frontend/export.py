@@ -51,8 +51,8 @@ def _docstring(plan: Plan, sig: Signature, rendered_doc: str) -> list[str]:
 
 def _wrapper(sig: Signature) -> list[str]:
     params = ", ".join(sig.input_names)
-    specs = {s.name: (s.axes, s.shape, s.dtype, s.plan_axes) for s in sig.inputs}
-    outs = {s.name: (s.axes, s.plan_axes, s.flat_shape) for s in sig.outputs}
+    specs = {s.name: (s.axes, s.shape, s.dtype, s.flat_axes) for s in sig.inputs}
+    outs = {s.name: (s.axes, s.flat_axes, s.flat_shape) for s in sig.outputs}
     return [
         "",
         "",

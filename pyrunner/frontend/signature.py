@@ -9,11 +9,14 @@ same function.
 from __future__ import annotations
 
 import keyword
+import math
 from dataclasses import dataclass
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.graph import Graph, result_axes
+from pyrunner.ir.merge_axes import AxisMerge, expand_axes
 from pyrunner.plan.schema import Plan
+from pyrunner.plan.views import merges_of, to_plan_layout, to_source_layout
 
 RESERVED = frozenset({"config"})
 """Names a wrapper needs for itself; a graph input may not take them."""
@@ -21,32 +24,39 @@ RESERVED = frozenset({"config"})
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One argument or result: graph axes, shape, dtype, and how the plan stores it: ``plan_axes`` (the
-    plan's memory order in graph axis names, merged axes expanded) reshaped to ``plan_shape``."""
+    """One argument or result: graph axes, shape, dtype, and how the plan stores it (``plan_axes``, with
+    the plan's axis merges)."""
 
     name: str
     axes: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str
     plan_axes: tuple[str, ...]
-    plan_shape: tuple[int, ...] = ()
+    merges: tuple[AxisMerge, ...] = ()
+
+    @property
+    def flat_axes(self) -> tuple[str, ...]:
+        """The plan's memory order in graph axis names (merged axes expanded)."""
+        return expand_axes(self.plan_axes, self.merges)
 
     @property
     def flat_shape(self) -> tuple[int, ...]:
-        """The shape in ``plan_axes`` order, before the reshape to ``plan_shape``."""
+        """The shape in ``flat_axes`` order, before the reshape to ``plan_shape``."""
         size = dict(zip(self.axes, self.shape, strict=True))
-        return tuple(size[a] for a in self.plan_axes)
+        return tuple(size[a] for a in self.flat_axes)
+
+    @property
+    def plan_shape(self) -> tuple[int, ...]:
+        size = dict(zip(self.axes, self.shape, strict=True))
+        return tuple(math.prod(size[a] for a in expand_axes([p], self.merges)) for p in self.plan_axes)
 
     def to_plan(self, x):
         """A caller's tensor (graph axis order) as the plan stores it."""
-        if self.plan_axes != self.axes:
-            x = x.permute(permutation(self.axes, self.plan_axes))
-        return x.reshape(self.plan_shape).contiguous()
+        return to_plan_layout(x, self.axes, self.plan_axes, self.merges).contiguous()
 
     def from_plan(self, x):
         """A plan's tensor back in the graph's axis order."""
-        x = x.reshape(self.flat_shape)
-        return x if self.plan_axes == self.axes else x.permute(permutation(self.plan_axes, self.axes)).contiguous()
+        return to_source_layout(x, self.plan_axes, self.axes, self.merges).contiguous()
 
     def describe(self) -> str:
         return f"{self.name}[{', '.join(f'{a}={n}' for a, n in zip(self.axes, self.shape, strict=True))}] {self.dtype}"
@@ -76,10 +86,7 @@ def input_order(plan: Plan, graph: Graph) -> list[str]:
 
 def signature(plan: Plan, graph: Graph) -> Signature:
     """The call signature of a plan; PlanError if a name cannot be a Python parameter."""
-    from pyrunner.ir.merge_axes import expand_axes
-    from pyrunner.plan.views import merges_of
-
-    merges = merges_of(plan)
+    merges = tuple(merges_of(plan))
     by_name = {t.name: t for t in plan.tensors}
     graph_axes = {t.name: t.axes for t in graph.inputs()}
     ins = []
@@ -91,16 +98,14 @@ def signature(plan: Plan, graph: Graph) -> Signature:
         if gt is None or gt.role != "input":
             raise PlanError(f"graph input {name!r} is not an input tensor of the plan")
         axes = graph_axes[name]
-        ins.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype,
-                              expand_axes(gt.axes, merges), tuple(gt.shape)))
+        ins.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes), merges))
     outs = []
     for name, term in graph.outputs:
         gt = by_name.get(name)
         if gt is None or gt.role != "output":
             raise PlanError(f"graph output {name!r} is not an output tensor of the plan")
         axes = result_axes(term)
-        outs.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype,
-                               expand_axes(gt.axes, merges), tuple(gt.shape)))
+        outs.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes), merges))
     return Signature(tuple(ins), tuple(outs))
 
 
@@ -138,8 +143,3 @@ def check_tensor(spec: TensorSpec, value: object) -> None:
     if tuple(value.shape) != spec.shape:
         raise FrontendError(f"input {spec.name!r} has shape {tuple(value.shape)}, the plan needs {spec.shape} "
                             f"({spec.describe()})")
-
-
-def permutation(have: tuple[str, ...], want: tuple[str, ...]) -> list[int]:
-    """Dims of a tensor laid out as ``have`` that put it in order ``want``."""
-    return [have.index(a) for a in want]

@@ -216,12 +216,11 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     if low.stream is not None:
         pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
     t_tc /= max(util, 1e-3) * pipe
-    ew, trans = low.ew_elems, low.trans_elems
-    if low.ew_by_axes:  # a value is computed once per block of each grid axis it lacks
-        split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
-        again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
-        ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
-        trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
+    # a value is computed once per block of each grid axis it lacks
+    split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
+    again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
+    ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
+    trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
     t_cc = run * (ew / dev.cc_flops + trans / dev.sfu_ops) / max(util, 1e-3)
     t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * 1.5), 1e-3)
     if low.stream is not None:

@@ -128,12 +128,11 @@ class Lowered:
     writes: list[str]
     gemms: list[GemmInfo] = field(default_factory=list)
     loads: list[LoadInfo] = field(default_factory=list)
-    ew_elems: float = 0.0     # elementwise/reduction element operations, whole kernel
-    trans_elems: float = 0.0  # of which transcendental (SFU) evaluations
     ew_by_axes: tuple[tuple[tuple[str, ...], float, float], ...] = ()
-    """The same work by the axes of the value computed: (axes, operations, transcendental ones). A block
-    computes its tile of each value once per block of every grid axis the value lacks (the scores'
-    softmax once per block of d when d is split), which the cost model multiplies in."""
+    """Elementwise and reduction work of the whole kernel by the axes of the value computed: (axes,
+    element operations, of which transcendental). A block computes its tile of each value once per
+    block of every grid axis the value lacks (the scores' softmax once per block of d when d is
+    split), which the cost model multiplies in."""
     rules: list[str] = field(default_factory=list)
     terms: frozenset[Term] = frozenset()
     visible: Expr | None = None  # loop steps whose tile has this all false are skipped (masked_tile_skip)
@@ -415,8 +414,6 @@ class _Builder:
         self.gemms: list[GemmInfo] = []
         self.loads: list[LoadInfo] = []
         self.rules: list[str] = []
-        self.ew_elems = 0.0
-        self.trans_elems = 0.0
         self.ew_by_axes: dict[tuple[str, ...], list[float]] = {}
         self.scale_bufs: dict[tuple[Term, str, float], str] = {}
         self.m_prev: dict[Term, str] = {}
@@ -470,8 +467,6 @@ class _Builder:
     def count(self, t: Term, ops: float = 1.0, trans: float = 0.0) -> None:
         """Elementwise work on ``t``'s value: ``ops`` (of which ``trans`` transcendental) per element."""
         n = self.elems(t)
-        self.ew_elems += ops * n
-        self.trans_elems += trans * n
         acc = self.ew_by_axes.setdefault(tuple(sorted(axes_of(t))), [0.0, 0.0])
         acc[0] += ops * n
         acc[1] += trans * n
@@ -756,8 +751,8 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
         root=roots[0], stream=s, grid=grid, tiled=sorted(a for a in tiled if a != s), full=full,
         buffers=list(b.buffers.values()), prologue=b.ops["prologue"], body=b.ops["body"],
         epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=outs,
-        gemms=b.gemms, loads=b.loads, ew_elems=b.ew_elems, trans_elems=b.trans_elems,
-        ew_by_axes=tuple((ax, v[0], v[1]) for ax, v in sorted(b.ew_by_axes.items())), rules=_unique(b.rules),
+        gemms=b.gemms, loads=b.loads, rules=_unique(b.rules),
+        ew_by_axes=tuple((ax, v[0], v[1]) for ax, v in sorted(b.ew_by_axes.items())),
         terms=frozenset(computed), visible=visible, roots=roots,
     )
 

@@ -63,7 +63,7 @@ def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tu
         [(g.m_axis, g.n_axis, g.k_axis, g.streamed, g.flops, g.a_in_registers) for g in low.gemms],
     ))
     measures = tuple((t, sizes.get(n), nbytes.get(n)) for n, t in tok.items())
-    return (structure, measures, low.ew_elems, low.trans_elems, low.ew_by_axes), tok
+    return (structure, measures, low.ew_by_axes), tok
 
 
 def _rename_params(d: dict, mapping: dict[str, str]) -> dict:

@@ -232,6 +232,8 @@ class _Layout:
     gemm_operands_only: frozenset[Term] = frozenset()
     """Terms every user of which is a GEMM: materialised, they are stored in the compute dtype, which
     the GEMM rounds them to anyway (same values, half the bytes, a tile TMA can feed to the MMA)."""
+    primary: list[Term] = field(default_factory=list)
+    """The anchors that are reductions or contractions (the first pass cuts only these)."""
 
 
 class Budget:
@@ -403,7 +405,7 @@ class Planner:
         """Partitions of ``v`` cutting reductions and contractions (with ``operands``: also its computed
         GEMM operands)."""
         lay = self.layout(v)
-        anchors = lay.anchors if operands else [a for a in lay.anchors if a.op in ("reduce", "matmul")]
+        anchors = lay.anchors if operands else lay.primary
         if len(anchors) <= MAX_EXHAUSTIVE_CUTS:
             out = []
             cost = len(self.layout(v).terms)
@@ -431,7 +433,7 @@ class Planner:
 
         # fusing everything is worth a look only while one kernel could plausibly hold it
         starts = [frozenset(anchors)] + ([frozenset()] if len(anchors) <= 2 * MAX_EXHAUSTIVE_CUTS else [])
-        primary = frozenset(a for a in anchors if a.op in ("reduce", "matmul"))  # operands left fused
+        primary = frozenset(self.layout(v).primary)  # computed operands left fused
         if primary not in starts:
             starts.append(primary)
         beam = []
@@ -481,7 +483,7 @@ class Planner:
                 continue
             seen.append(c.variant)
             lay = self.layout(c.variant)
-            if any(a.op not in ("reduce", "matmul") for a in lay.anchors):
+            if len(lay.anchors) > len(lay.primary):
                 out.extend(self._explore(c.variant, budget, operands=True))
         out.sort(key=Candidate.rank)
         return out
@@ -490,6 +492,12 @@ class Planner:
 def merge_key(low: Lowered) -> tuple:
     """What two kernels must share to merge: the loop axis (or none) and the grid axes."""
     return low.stream, tuple(sorted(g.axis for g in low.grid))
+
+
+ELEMENTWISE_TERMS = ("unary", "binary", "ternary")
+"""Term kinds whose value a GEMM operand may be: a cut there materialises the operand, so the GEMM's loop
+only loads tiles (warp-specialised, ``-nows`` avoided) and the elementwise work runs once, in its
+producer's epilogue or a kernel of its own, instead of on every tile the GEMM loads."""
 
 
 def _layout(g: Graph) -> _Layout:
@@ -515,15 +523,10 @@ def _layout(g: Graph) -> _Layout:
     for t in terms:  # elementwise values of a reduction or contraction
         if t.op in ELEMENTWISE_TERMS and any(a in computed for a in t.args):
             computed.add(t)
-    anchors = [t for t in inner if t.op in ("reduce", "matmul")
-               or (t in gemm_only and t.op in ELEMENTWISE_TERMS and t in computed)]
-    return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms), scaled_gemm_operands(terms), gemm_only)
-
-
-ELEMENTWISE_TERMS = ("unary", "binary", "ternary")
-"""Term kinds whose value a GEMM operand may be: a cut there materialises the operand, so the GEMM's loop
-only loads tiles (warp-specialised, ``-nows`` avoided) and the elementwise work runs once, in its
-producer's epilogue or a kernel of its own, instead of on every tile the GEMM loads."""
+    primary = [t for t in inner if t.op in ("reduce", "matmul")]
+    anchors = [t for t in inner if t in computed and (t.op in ("reduce", "matmul") or t in gemm_only)]
+    return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms), scaled_gemm_operands(terms), gemm_only,
+                   primary)
 
 
 def _guarded(arg: Term) -> bool:

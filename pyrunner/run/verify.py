@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pyrunner.ir.graph import Graph, result_axes
-from pyrunner.ir.merge_axes import AxisMerge, expand_axes
+from pyrunner.ir.merge_axes import expand_axes
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.views import merges_of, to_plan_layout, to_source_layout
 
@@ -142,9 +142,9 @@ def output_axes(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bound: float, seed: int,
             axes: Mapping[str, list[str]] | None = None, graph: Graph | None = None,
-            what: str = "", merges: Sequence[AxisMerge] = ()) -> VerifyResult:
-    """Compare numpy outputs (in the plan's layout: ``axes``, ``merges``) with the float64 reference
-    (in the source graph's; a missing output is a failure)."""
+            what: str = "") -> VerifyResult:
+    """Compare numpy outputs (axes ``axes``, a permutation of the graph's) with the float64 reference
+    (a missing output is a failure)."""
     want = output_axes(graph) if graph is not None else {}
     errs: dict[str, float] = {}
     for name, r in ref.items():
@@ -153,7 +153,7 @@ def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bo
             continue
         o = outputs[name]
         if axes and name in axes and name in want:
-            o = to_source_layout(np.asarray(o), axes[name], want[name], merges)
+            o = to_source_layout(np.asarray(o), axes[name], want[name], ())
         errs[name] = max_error(o, r)
     return judge(errs, bound, seed, what)
 
