@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pyrunner.backend.tilelang.compile import check_fits, compile_cubin, lower_to_cuda
-from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread_reads
+from pyrunner.backend.tilelang.lowered import releases_in_flight, tma_races, warp_specialised_thread_reads
 from pyrunner.backend.tilelang.render import render
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir.graph_json import load_graph_file
@@ -38,6 +38,7 @@ def test_plans_lower_and_compile(name: str, dtype: str, top: int, tmp_path: Path
         assert {k: tma_races(src) for k, src in sources.items() if tma_races(src)} == {}
         assert {k: warp_specialised_thread_reads(src) for k, src in sources.items()
                 if warp_specialised_thread_reads(src)} == {}
+        assert {k: releases_in_flight(src) for k, src in sources.items() if releases_in_flight(src)} == {}
         if shutil.which("nvcc") is None:
             pytest.skip("nvcc not on PATH: CUDA source checked, cubin not built")
         result = compile_cubin(sources, tmp_path / plan.provenance.plan_hash)

@@ -20,7 +20,7 @@ def lowering_problem(plan: Plan) -> str | None:
         return None
     from pyrunner.backend.tilelang.compile import lower_to_cuda
     from pyrunner.backend.tilelang.diagnose import one_line
-    from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread_reads
+    from pyrunner.backend.tilelang.lowered import releases_in_flight, tma_races, warp_specialised_thread_reads
 
     try:
         sources = lower_to_cuda(plan)
@@ -33,4 +33,7 @@ def lowering_problem(plan: Plan) -> str | None:
         reads = warp_specialised_thread_reads(src)
         if reads:
             return f"kernel {name!r}: warp-specialised loop reads pipelined tile(s) {reads} with thread code"
+        early = releases_in_flight(src)
+        if early:
+            return f"kernel {name!r}: a ring slot is released while a wgmma may still read it ({early[0]})"
     return None

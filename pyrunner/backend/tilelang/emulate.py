@@ -114,6 +114,31 @@ class Trace:
 
 # --- the numpy stand-in for tilelang.language ----------------------------------------
 
+class _BarrierRef:
+    """One mbarrier of an array: the emulator runs one representative of each role, so one arrive
+    from a role completes a phase."""
+
+    def __init__(self, owner: _Barriers, slot: int) -> None:
+        self.owner, self.slot = owner, slot
+
+    def arrive(self) -> None:
+        self.owner.phases[self.slot] += 1
+
+    def phase_parity(self) -> int:
+        return self.owner.phases[self.slot] % 2
+
+    def __str__(self) -> str:
+        return f"{self.owner.name}[{self.slot}]"
+
+
+class _Barriers:
+    def __init__(self, name: str, n: int) -> None:
+        self.name, self.phases = name, [0] * n
+
+    def __getitem__(self, slot: Any) -> _BarrierRef:
+        return _BarrierRef(self, int(slot))
+
+
 _NP_DTYPES = {"float16": np.float32, "bfloat16": np.float32, "float32": np.float32}
 
 
@@ -128,6 +153,9 @@ class FakeT:
 
     def __init__(self, trace: Trace) -> None:
         self.trace = trace
+        self._producer = None  # the producer warpgroup's generator, while a warp-specialised block runs
+        self._running = False  # inside the producer (its own arrives do not re-enter it)
+        self._pending: list[tuple] = []  # issued wgmma, not yet waited on
 
     # declarations
     def prim_func(self, f=None, **_: Any):
@@ -147,8 +175,8 @@ class FakeT:
         """``T.Pipelined(n)`` or ``T.Pipelined(lo, hi)`` (a loop whose masked tiles are skipped)."""
         return range(*(int(b) for b in bounds))
 
-    def serial(self, n):
-        return range(int(n))
+    def serial(self, lo, hi=None):
+        return range(int(lo)) if hi is None else range(int(lo), int(hi))
 
     def Parallel(self, *extents):  # noqa: N802
         grids = np.meshgrid(*(np.arange(int(e)) for e in extents), indexing="ij", sparse=True)
@@ -167,6 +195,83 @@ class FakeT:
         return Tile(name, np.full(shape, np.nan, dtype=np.float32), dtype, scope, self.trace)
 
     def use_swizzle(self, *_, **__) -> None:
+        return None
+
+    # explicit warp specialisation (render_ws): the producer runs as a generator the consumers pull
+    def alloc_barrier(self, counts, _name: str = "?"):
+        return _Barriers(_name, len(counts) if isinstance(counts, list) else 1)
+
+    def get_thread_binding(self):
+        return 0  # the rewritten source takes the producer branch as a generator, never by this value
+
+    def start_producer(self, gen) -> None:
+        self._producer = gen
+        self.trace.add("async")
+        self._pump()
+
+    def finish_producer(self) -> None:
+        """The block ends: every wgmma waited on, and the producer ran to its end (it never blocks for good)."""
+        if self._pending:
+            raise EmulationError(f"{len(self._pending)} wgmma still in flight when the block ends")
+        self._pump()
+        if self._producer is not None:
+            raise EmulationError("deadlock: the producer still waits for a free slot when the block ends")
+
+    def _pump(self) -> None:
+        """Run the producer as far as it can go: as fast as a real one could, so a slot released too
+        early is overwritten before a wgmma still in flight reads it."""
+        if self._producer is None or self._running:
+            return
+        self._running = True
+        try:
+            next(self._producer)
+        except StopIteration:
+            self._producer = None
+        finally:
+            self._running = False
+
+    def must_wait(self, ref, parity) -> bool:
+        """The producer's side of an mbarrier wait (rewritten into ``while T.must_wait(...): yield``)."""
+        return ref.phase_parity() == int(parity)
+
+    def barrier_arrive(self, ref) -> None:
+        ref.arrive()
+        self._pump()
+
+    def barrier_wait(self, ref, parity) -> None:
+        """A consumer's mbarrier parity wait: passes once the phase of that parity has completed."""
+        if ref.phase_parity() == int(parity):
+            self._pump()
+        if ref.phase_parity() == int(parity):
+            raise EmulationError(f"deadlock: the consumers wait on {ref}, which the producer never arrives on")
+
+    def tma_copy(self, src, dst, barrier=None, **_: Any) -> None:
+        self.copy(src, dst)
+
+    def wgmma_gemm(self, a, b, c, **kw: Any) -> None:
+        """Issue: traced now, computed at the wait that covers it, from the operands as they are then."""
+        self.trace.add("gemm", _name(a), _name(b), c.name)
+        self._pending.append((a, b, c, kw))
+
+    def wait_wgmma(self, n) -> None:
+        while len(self._pending) > int(n):
+            a, b, c, kw = self._pending.pop(0)
+            on, self.trace.on = self.trace.on, False
+            try:
+                self.gemm(a, b, c, **kw)
+            finally:
+                self.trace.on = on
+
+    def set_max_nreg(self, *_: Any) -> None:
+        return None
+
+    def sync_threads(self, *_: Any) -> None:
+        return None
+
+    def named_barrier_arrive(self, *_: Any) -> None:
+        return None
+
+    def fence_proxy_async(self) -> None:
         return None
 
     # data movement and compute
@@ -294,12 +399,58 @@ class _Rewrite(ast.NodeTransformer):
             return ast.copy_location(ast.For(target=target, iter=call, body=node.body, orelse=[]), node)
         return node
 
+    def __init__(self) -> None:
+        self.thread_vars: set[str] = set()
+
     def visit_Assign(self, node: ast.Assign):  # noqa: N802
         v = node.value
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and isinstance(v, ast.Call) \
-                and isinstance(v.func, ast.Attribute) and v.func.attr in ("alloc_shared", "alloc_fragment"):
+                and isinstance(v.func, ast.Attribute) \
+                and v.func.attr in ("alloc_shared", "alloc_fragment", "alloc_barrier"):
             v.keywords.append(ast.keyword(arg="_name", value=ast.Constant(node.targets[0].id)))
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) and isinstance(v, ast.Call) \
+                and isinstance(v.func, ast.Attribute) and v.func.attr == "get_thread_binding":
+            self.thread_vars.add(node.targets[0].id)
         return node
+
+    def visit_If(self, node: ast.If):  # noqa: N802
+        """``if tx >= consumers: <producer> else: <consumers>`` -> the producer as a generator that
+        yields after each arrive, started before the consumers run and finished after them."""
+        self.generic_visit(node)
+        t = node.test
+        if not (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id in self.thread_vars
+                and len(t.ops) == 1 and isinstance(t.ops[0], ast.GtE)):
+            return node
+        gen = ast.FunctionDef(name="_producer_warpgroup", args=ast.arguments(
+            posonlyargs=[], args=[], kwonlyargs=[], kw_defaults=[], defaults=[]),
+            body=_yield_while_blocked(node.body) + [ast.If(test=ast.Constant(False), body=[ast.Expr(ast.Yield())],
+                                                           orelse=[])],
+            decorator_list=[], returns=None)
+        if "type_params" in ast.FunctionDef._fields:
+            gen.type_params = []
+
+        def call(fn: str, *args: ast.expr) -> ast.Expr:
+            return ast.Expr(ast.Call(func=ast.Attribute(value=ast.Name(id="T", ctx=ast.Load()), attr=fn,
+                                                        ctx=ast.Load()), args=list(args), keywords=[]))
+
+        start = call("start_producer", ast.Call(func=ast.Name(id="_producer_warpgroup", ctx=ast.Load()),
+                                                args=[], keywords=[]))
+        return [gen, start, *node.orelse, call("finish_producer")]
+
+
+def _yield_while_blocked(stmts: list[ast.stmt]) -> list[ast.stmt]:
+    """The producer's statements with each ``T.barrier_wait(b, p)`` as ``while T.must_wait(b, p): yield``."""
+    out: list[ast.stmt] = []
+    for st in stmts:
+        if isinstance(st, (ast.For, ast.If, ast.While)):
+            st.body = _yield_while_blocked(st.body)
+            st.orelse = _yield_while_blocked(st.orelse)
+        call = st.value if isinstance(st, ast.Expr) else None
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "barrier_wait":
+            call.func.attr = "must_wait"
+            st = ast.copy_location(ast.While(test=call, body=[ast.Expr(ast.Yield())], orelse=[]), st)
+        out.append(st)
+    return out
 
 
 def load_emulated(source: str, trace: Trace) -> dict:

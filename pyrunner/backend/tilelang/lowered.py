@@ -91,3 +91,28 @@ def warp_specialised_thread_reads(cuda_source: str) -> list[str]:
         if any(read.search(ln) and not any(k in ln for k in _NOT_A_READ) for ln in cuda_source.splitlines()):
             found.append(buf)
     return found
+
+
+_EMPTY_ARRIVE = re.compile(r"(\w+)\[[^\]]*\]\.arrive\(\)")
+
+
+def releases_in_flight(cuda_source: str) -> list[str]:
+    """Stage releases issued while the wgmma batch committed last may still read the stage.
+
+    An explicitly warp-specialised loop (``render_ws``) frees a ring slot with an arrive on its
+    empty mbarrier; the producer may then overwrite the slot at once. So between the last
+    ``warpgroup_commit_batch`` and such an arrive there must be a ``wait_wgmma``. (TileLang's own
+    ``wg_wait`` annotation breaks exactly this.) Returns "line N: barrier" for each offender.
+    """
+    found: list[str] = []
+    in_flight = False
+    for n, line in enumerate(cuda_source.splitlines(), 1):
+        if "warpgroup_commit_batch" in line:
+            in_flight = True
+        elif "wait_wgmma" in line:
+            in_flight = False
+        else:
+            m = _EMPTY_ARRIVE.search(line)
+            if m and m.group(1).endswith("_empty") and in_flight:
+                found.append(f"line {n}: {m.group(1)}")
+    return found

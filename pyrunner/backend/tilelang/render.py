@@ -664,7 +664,8 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
         raise TypeError(f"not a tile op: {op!r}")
 
 
-def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm) -> None:
+def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm, fn: str = "T.gemm", full_row: bool = False) -> None:
+    """One GEMM; ``fn`` T.wgmma_gemm issues it without waiting, ``full_row`` forces 64-row slabs per warpgroup."""
     a, b = ctx.buffers[op.a], ctx.buffers[op.b]
     kwargs = []
     if a.axes[0] == op.contract:
@@ -673,14 +674,14 @@ def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm) -> None:
         kwargs.append("transpose_B=True")
     if ctx.merged_first and id(op) in ctx.merged_first:
         kwargs.append(f"policy={ctx.policy_vars[op.c + ' wide']}")
-    elif _gemm_policy_full_row(ctx.kernel, ctx.buffers, op):
+    elif full_row or _gemm_policy_full_row(ctx.kernel, ctx.buffers, op):
         kwargs.append("policy=T.GemmWarpPolicy.FullRow")
     else:
         kwargs.append(f"policy={ctx.policy_vars[op.c]}")
     if op.clear:
         kwargs.append("clear_accum=True")
     n = ctx.names
-    w.line(f"T.gemm({', '.join([n[op.a], n[op.b], n[op.c], *kwargs])})")
+    w.line(f"{fn}({', '.join([n[op.a], n[op.b], n[op.c], *kwargs])})")
 
 
 def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
@@ -767,6 +768,18 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
                             for m in merges)
         variants = [merges, []]
     ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
+    from pyrunner.backend.tilelang import render_ws  # it builds on this module's emitters
+
+    sched = None if merges else render_ws.async_schedule(ctx)
+    if sched is not None:
+        ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
+        w.line()
+        w.line(f"if {render_ws.guard(ctx, sched, threads)}:  # asynchronous two-GEMM chain (render_ws)")
+        w.indent()
+        render_ws.render_async_prim_func(w, ctx, func_name, threads, swizzle, sched)
+        w.line()
+        w.line(f"return {func_name}")
+        w.dedent()
     taken = set(local.taken)
     for v, chosen in enumerate(variants):
         local.taken = taken | set(ctx.par_vars.values())

@@ -5,37 +5,47 @@ global region every copy touches and the dim every reduction takes."""
 
 from __future__ import annotations
 
+from pyrunner.backend.tilelang.async_chain import ChainSchedule, chain_schedule, issue_order
 from pyrunner.backend.tilelang.emulate import Emulation
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schema import Fill, Gemm, Load, Map, Plan, Reduce, Store
 
 
-def _expected_events(plan: Plan, k, cfg: dict[str, int]) -> list[tuple]:
-    steps = 1
-    if k.loop is not None:
-        size = next(n for t in plan.tensors for a, n in zip(t.axes, t.shape, strict=True) if a == k.loop.axis)
-        block = cfg[k.loop.block] if isinstance(k.loop.block, str) else k.loop.block
-        steps = size // block
+def _steps(plan: Plan, k, cfg: dict[str, int]) -> int:
+    if k.loop is None:
+        return 1
+    size = next(n for t in plan.tensors for a, n in zip(t.axes, t.shape, strict=True) if a == k.loop.axis)
+    block = cfg[k.loop.block] if isinstance(k.loop.block, str) else k.loop.block
+    return size // block
+
+
+def _event(op, scalars: set[str]) -> tuple | None:
+    if isinstance(op, Load):  # a scalar tensor is copied by an element assignment
+        return ("copy", op.src, op.dst) if op.src not in scalars else ("map", op.dst)
+    if isinstance(op, Store):
+        return ("copy", op.src, op.dst) if op.dst not in scalars else None
+    if isinstance(op, Fill):
+        return ("fill", op.dst)
+    if isinstance(op, Gemm):
+        return ("gemm", op.a, op.b, op.c)
+    if isinstance(op, Reduce):
+        return ("reduce", op.fn, op.src, op.dst)
+    if isinstance(op, Map):
+        return ("map", op.dst)
+    return None  # pragma: no cover - the schema admits no other op
+
+
+def _expected_events(plan: Plan, k, cfg: dict[str, int], sched: ChainSchedule | None = None) -> list[tuple]:
+    """The plan's ops as the first block runs them; with the asynchronous chain schedule, the
+    consumers' order (``async_chain.issue_order``) without the producer's loads."""
+    steps = _steps(plan, k, cfg)
     scalars = {t.name for t in plan.tensors if not t.axes}
-    out: list[tuple] = []
-    for ops, times in ((k.prologue, 1), (k.body, steps), (k.epilogue, 1)):
-        for _ in range(times):
-            for op in ops:
-                if isinstance(op, Load):  # a scalar tensor is copied by an element assignment
-                    out.append(("copy", op.src, op.dst) if op.src not in scalars else ("map", op.dst))
-                elif isinstance(op, Store):
-                    if op.dst not in scalars:
-                        out.append(("copy", op.src, op.dst))
-                elif isinstance(op, Fill):
-                    out.append(("fill", op.dst))
-                elif isinstance(op, Gemm):
-                    out.append(("gemm", op.a, op.b, op.c))
-                elif isinstance(op, Reduce):
-                    out.append(("reduce", op.fn, op.src, op.dst))
-                elif isinstance(op, Map):
-                    out.append(("map", op.dst))
-    return out
+    if sched is None:
+        ops = [*k.prologue, *(op for _ in range(steps) for op in k.body), *k.epilogue]
+    else:
+        ops = [*k.prologue, *(k.body[i] for _, i in issue_order(sched, steps)), *k.epilogue]
+    return [e for op in ops if (e := _event(op, scalars)) is not None]
 
 
 def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) -> list[str]:
@@ -53,8 +63,18 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
         if k.loop is not None:
             blocks[k.loop.axis] = kc[k.loop.block] if isinstance(k.loop.block, str) else k.loop.block
         ident: dict[str, str] = {}
+        sched = None
+        if ("async",) in tr.events:  # rendered by render_ws: the producer's loads go into rings of slots
+            sched = chain_schedule(k, {b.name for b in k.buffers if b.scope == "shared"})
+            if sched is None:
+                problems.append(f"{k.name}: rendered with a producer warpgroup, but the plan has no chain schedule")
+                continue
+        ring = {k.body[i].dst for i in sched.loads} if sched else set()
+        stages = (kc[k.loop.stages] if isinstance(k.loop.stages, str) else k.loop.stages) if ring else 0
         for b, (name, shape, dtype, scope) in zip(k.buffers, tr.allocs, strict=False):
             want = tuple(blocks[a] for a in b.axes) or (1,)
+            if b.name in ring:
+                want = (stages, *want)
             ident[name] = b.name
             if (shape, dtype, scope) != (want, b.dtype, b.scope):
                 problems.append(f"{k.name}: buffer {b.name!r} rendered as {scope} {dtype} {shape}, "
@@ -63,8 +83,11 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
             problems.append(f"{k.name}: {len(tr.allocs)} buffers allocated, the plan has {len(k.buffers)}")
         bridges = {name for name, *_ in tr.allocs[len(k.buffers):]}
         got: list[tuple] = []
+        loads: list[tuple] = []
         seen: dict[str, int] = {}
         for ev in tr.events:
+            if ev == ("async",):
+                continue
             # buffers the renderer adds (layout bridges, staged epilogues): writes into them are its
             # own steps; a copy out of one into a global tensor stands for the plan's store
             if (ev[0] == "copy" and ev[2] in bridges) or (ev[0] == "map" and ev[1] in bridges):
@@ -85,8 +108,13 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
             if ev[0] == "copy":
                 problems += _region_problems(plan, k, ev, blocks, sizes, seen)
                 ev = ev[:3]
-            got.append(ev)
-        want = _expected_events(plan, k, kc)
+            (loads if ev[0] == "copy" and ev[2] in ring else got).append(ev)
+        if sched is not None:
+            want_loads = [_event(k.body[i], set()) for _ in range(_steps(plan, k, kc)) for i in sched.loads]
+            if loads != want_loads:
+                problems.append(f"{k.name}: the producer loads {loads[:4]}..., the plan's steps load "
+                                f"{want_loads[:4]}...")
+        want = _expected_events(plan, k, kc, sched)
         got = [w if g[:1] == ("copy",) and g[1] == "*" and w[:1] == ("copy",) and w[2] == g[2] else g
                for g, w in zip(got, want, strict=False)] + got[len(want):]
         if got != want:

@@ -1,0 +1,138 @@
+"""When and how a loop of two chained GEMMs runs with asynchronous wgmma (FlashAttention-3's schedule).
+
+TileLang's automatic warp specialisation waits on every wgmma as soon as it is issued, so the
+softmax (or the activation of a fused MLP) between a loop's two GEMMs never overlaps the tensor
+cores. For a loop body of the shape
+
+    loads;  G1: S = A1 @ B1 (cleared);  ops between;  G2: acc += A2 @ B2;  ops after
+
+the renderer instead writes an explicit producer warpgroup (TMA loads into a ring of stages, with
+full/empty mbarriers) and consumer warpgroups that issue G1 of step k and G2 of step k-1 back to
+back, wait for G1 only, run the ops between that do not touch G2's operands ("early"), then wait
+for G2 and run the rest ("late"). Two consumer warpgroups also take turns at the tensor cores
+(ping-pong), so one's softmax runs under the other's GEMMs.
+
+Moving G2 of step k into step k+1 is legal when it commutes with everything it moves past:
+the ops after it in its own step, G1 of the next step and the early ops of the next step. This
+module decides that from the plan alone (``chain_schedule``), and says which loaded tile each
+stage release waits for; ``render_ws`` writes the code and ``emulate`` replays its barrier protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pyrunner.plan.analysis import op_reads_writes
+from pyrunner.plan.schema import Gemm, Kernel, Load, Op
+
+PRODUCER_THREADS = 128
+"""One warpgroup issues the TMA loads."""
+
+
+@dataclass(frozen=True)
+class ChainSchedule:
+    """Positions in ``kernel.body`` of the ops of one step, in the order the consumers run them.
+
+    ``early`` run while G2 of the previous step is in flight, ``late`` after it has been waited
+    on. ``release`` says, for each loaded buffer, after which part of the step its stage is
+    free again: ``"g1"`` (only G1 reads it), ``"early"``, ``"late"`` or ``"g2"`` (G2 reads it,
+    so it is released one step later, once G2 has been waited on).
+    """
+
+    loads: tuple[int, ...]
+    g1: int
+    g2: int
+    early: tuple[int, ...]
+    late: tuple[int, ...]
+    release: dict[str, str]
+
+    def first_use(self, buf: str, body: list[Op]) -> str:
+        """The part of a step that reads a loaded buffer first: where its full barrier is waited on."""
+        for part, idx in (("g1", (self.g1,)), ("early", self.early), ("late", self.late), ("g2", (self.g2,))):
+            if any(buf in op_reads_writes(body[i])[0] for i in idx):
+                return part
+        raise AssertionError(buf)  # pragma: no cover - every loaded buffer is read (checked)
+
+
+def _conflict(a: Op, b: Op) -> bool:
+    """Whether two ops must keep their order (a write of one meets a read or write of the other)."""
+    ra, wa = op_reads_writes(a)
+    rb, wb = op_reads_writes(b)
+    return bool(set(wa) & (set(rb) | set(wb)) or set(ra) & set(wb))
+
+
+def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
+    """The asynchronous two-GEMM schedule of a pipelined kernel, or None where it does not apply.
+
+    ``shared``: names of the kernel's shared-memory buffers (wgmma reads B, and may read A, there).
+    Applies when the body is its loads followed by compute ops with exactly two GEMMs: the first
+    (G1) right after the loads, clearing its accumulator; the second (G2) accumulating into loop
+    state with a B operand in shared memory. Loaded tiles are read by GEMMs only (the consumers
+    never index a staged tile), and the loop has no masked bounds.
+    """
+    if kernel.loop is None or kernel.loop.visible is not None:
+        return None
+    body = kernel.body
+    loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))
+    if not loads or loads != tuple(range(len(loads))):
+        return None
+    gemms = [i for i, op in enumerate(body) if isinstance(op, Gemm)]
+    if len(gemms) != 2 or gemms[0] != len(loads):
+        return None
+    g1, g2 = gemms
+    op1, op2 = body[g1], body[g2]
+    state = {b.name for b in kernel.buffers if b.state}
+    staged = {body[i].dst for i in loads}
+    if not op1.clear or op2.clear or op2.c not in state or op1.c in state:
+        return None
+    if op1.b not in shared or op2.b not in shared or op1.c == op2.c:
+        return None
+    if len({body[i].dst for i in loads}) != len(loads) or staged & state:
+        return None
+    for i, op in enumerate(body):
+        if i not in gemms and not isinstance(op, Load) and staged & set(op_reads_writes(op)[0]):
+            return None  # thread code reading a staged tile
+    if op1.c in (op2.a, op2.b) or op2.c in (op1.a, op1.b):
+        return None
+    written = {w for i, op in enumerate(body) if i not in loads for w in op_reads_writes(op)[1]}
+    if (shared & {op1.a, op2.a}) & written or {op1.b, op2.b} & written:
+        return None  # thread writes of a wgmma's shared operand would need a consumer barrier every step
+    touches_g2 = {op2.a, op2.c}
+    early: list[int] = []
+    late: list[int] = []
+    for i in range(g1 + 1, g2):  # ops between: early unless they touch G2's operands or follow a late op
+        op = body[i]
+        r, w = op_reads_writes(op)
+        if touches_g2 & (set(r) | set(w)) or any(_conflict(body[j], op) for j in late):
+            late.append(i)
+        else:
+            early.append(i)
+    after: list[int] = []
+    for i in range(g2 + 1, len(body)):  # G2 moves past these: they must leave its operands alone
+        op = body[i]
+        r, w = op_reads_writes(op)
+        if touches_g2 & (set(r) | set(w)) or op2.b in w:
+            return None
+        if any(_conflict(body[j], op) for j in late + after):
+            after.append(i)
+            continue
+        early.append(i)
+    late += after
+    release: dict[str, str] = {}
+    for i in loads:
+        buf = body[i].dst
+        readers = [part for part, idx in (("g1", (g1,)), ("early", tuple(early)), ("late", tuple(late)),
+                                           ("g2", (g2,))) if any(buf in op_reads_writes(body[j])[0] for j in idx)]
+        if not readers:
+            return None
+        release[buf] = readers[-1]
+    return ChainSchedule(loads, g1, g2, tuple(early), tuple(late), release)
+
+
+def issue_order(sched: ChainSchedule, steps: int) -> list[tuple[int, int]]:
+    """(step, body position) of every non-load op in the order the consumers issue them."""
+    out = [(0, sched.g1), *((0, i) for i in sched.early), *((0, i) for i in sched.late)]
+    for k in range(1, steps):
+        out += [(k, sched.g1), (k - 1, sched.g2), *((k, i) for i in sched.early), *((k, i) for i in sched.late)]
+    out.append((steps - 1, sched.g2))
+    return out

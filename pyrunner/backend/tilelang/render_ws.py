@@ -1,0 +1,229 @@
+"""The explicitly warp-specialised prim_func of a two-GEMM chain loop (``async_chain`` says when and why).
+
+One producer warpgroup TMA-loads each step's tiles into a ring of ``stages`` slots and signals a
+full mbarrier per slot; the consumer warpgroups wait on it, issue wgmma asynchronously
+(``T.wgmma_gemm``), and free the slot on its empty mbarrier only after the wgmma that reads it has
+been waited on (``T.wait_wgmma``). The slot is never released before its last reader finished,
+which is what TileLang's own ``wg_wait`` annotation gets wrong. Two consumer warpgroups take turns
+issuing their GEMMs through two named barriers (FlashAttention-3's ping-pong).
+
+The build function renders this prim_func under a guard on its tile parameters (two warpgroup
+counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipelined`` form.
+"""
+
+from __future__ import annotations
+
+from pyrunner.backend.tilelang import render as R
+from pyrunner.backend.tilelang.async_chain import PRODUCER_THREADS, ChainSchedule, chain_schedule
+from pyrunner.plan.schema import Plan
+from pyrunner.target.device import H200
+
+PRODUCER_REGS, CONSUMER_REGS = 24, 240
+"""setmaxnreg budgets: the producer only issues TMA; 24 * 128 + 240 * 256 fits the 64K registers."""
+PINGPONG_BARRIER = 8
+"""First of the two named barriers of the ping-pong (TileLang's own lowering uses ids below 8)."""
+CONSUMER_BARRIER = PINGPONG_BARRIER + 2
+"""Named barrier of the consumer warpgroups alone (the producer never joins it)."""
+
+
+def async_schedule(ctx: R._Ctx) -> ChainSchedule | None:
+    """The chain schedule of the kernel being rendered, where this renderer can write it."""
+    kernel = ctx.kernel
+    if kernel.loop is None or ctx.bridges or R.gemm_merges(kernel):
+        return None
+    shared = {b.name for b in kernel.buffers if b.scope == "shared"}
+    sched = chain_schedule(kernel, shared)
+    if sched is None:
+        return None
+    for i in sched.loads:  # TMA: 16-byte aligned rows of a tensor with at least two axes
+        t = ctx.tensors[kernel.body[i].src]
+        if len(t.axes) < 2 or t.shape[-1] * H200.dtype_bytes[t.dtype] % 16:
+            return None
+        if any(ctx.roles[a].kind == "indexed" for a in ctx.buffers[kernel.body[i].dst].axes):
+            return None
+    return sched
+
+
+def guard(ctx: R._Ctx, sched: ChainSchedule, threads: str) -> str:
+    """Python condition on the tile parameters under which the asynchronous form is rendered."""
+    body = ctx.kernel.body
+    conds = [f"{threads} in (128, 256)"]
+    for g in (body[sched.g1], body[sched.g2]):
+        rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
+        conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
+        conds.append(f"{R._paren(cols)} <= 256")
+    axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
+    for a in sorted(axes):
+        if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
+            conds.append(f"{ctx.size_const[a]} % {ctx.block_expr[a]} == 0")
+    return " and ".join(dict.fromkeys(conds))
+
+
+def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, staged: list[str],
+             full: dict[str, str], empty: dict[str, str]) -> None:
+    """The prim_func's signature, launch, buffers (the loaded ones as rings of slots) and mbarriers."""
+    plan: Plan = ctx.plan
+    kernel, names, size_const, buffers = ctx.kernel, ctx.names, ctx.size_const, ctx.buffers
+    lp = kernel.loop
+    stages = lp.stages if isinstance(lp.stages, str) else str(lp.stages)
+    w.line("@T.prim_func")
+    tensors = {t.name: t for t in plan.tensors}
+    w.line(f"def {func_name}(")
+    for t in R.kernel_args(plan, kernel):
+        w.line(f'    {names[t]}: T.Tensor({R._tuple(size_const[a] for a in tensors[t].axes)}, "{tensors[t].dtype}"),')
+    w.line("):")
+    w.indent()
+    R._grid_launch(ctx, w, f"threads={R._paren(threads)} + {PRODUCER_THREADS}")
+    for b in kernel.buffers:
+        if b.name in staged:
+            w.line(f'{names[b.name]} = T.alloc_shared({R._tuple([stages, *R._extent(ctx, b)])}, "{b.dtype}")'
+                   f"  # ring of {stages} slots, filled by the producer warpgroup")
+            continue
+        alloc = "T.alloc_shared" if b.scope == "shared" else "T.alloc_fragment"
+        note = "  # state: carried across loop steps" if b.state else ""
+        w.line(f'{names[b.name]} = {alloc}({R._tuple(R._extent(ctx, b))}, "{b.dtype}"){note}')
+    dtypes = {t.name: t.dtype for t in plan.tensors}
+    for (src, dst), stage in ctx.staging.items():
+        w.line(f'{stage} = T.alloc_shared({R._tuple(R._extent(ctx, buffers[src]))}, "{dtypes[dst]}")'
+               f"  # epilogue tile of {dst!r} for one TMA store")
+    for b in staged:
+        w.line(f"{full[b]} = T.alloc_barrier([{PRODUCER_THREADS}] * {R._paren(stages)})  # slot of {b!r} loaded")
+        w.line(f"{empty[b]} = T.alloc_barrier([{threads}] * {R._paren(stages)})  # slot of {b!r} free again")
+
+
+def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, swizzle: str | None,
+                           sched: ChainSchedule) -> None:
+    """``@T.prim_func`` of the kernel with a producer warpgroup and asynchronous, ping-ponged consumers."""
+    kernel, names, buffers = ctx.kernel, ctx.names, ctx.buffers
+    body = kernel.body
+    lp = kernel.loop
+    stages = lp.stages if isinstance(lp.stages, str) else str(lp.stages)
+    staged = [body[i].dst for i in sched.loads]
+    loop_var = ctx.loop_var
+    fresh = ctx.local.fresh
+    full = {b: fresh(f"{b}_full") for b in staged}
+    empty = {b: fresh(f"{b}_empty") for b in staged}
+    tx, wg, last = fresh("tx"), fresh("wg"), fresh("last_step")
+    pp = fresh("pingpong")
+    steps = R._tiles(ctx, lp.axis)
+    w.line(f"{pp} = {threads} == 256  # two consumer warpgroups take turns at the tensor cores")
+    w.line(f"{last} = {steps} - 1")
+    _declare(w, ctx, func_name, threads, staged, full, empty)
+    w.line(f"{tx} = T.get_thread_binding()")
+    if swizzle is not None:
+        w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
+
+    def slot(step: str) -> str:
+        return f"{R._paren(step)} % {R._paren(stages)}"
+
+    def parity(step: str) -> str:
+        return f"({R._paren(step)} // {R._paren(stages)}) % 2"
+
+    w.line(f"if {tx} >= {threads}:  # producer warpgroup: TMA loads into the ring, a slot once it is free")
+    w.indent()
+    w.line(f"T.set_max_nreg({PRODUCER_REGS}, 0)")
+    w.line(f"for {loop_var} in T.serial({steps}):")
+    w.indent()
+    for i in sched.loads:
+        op = body[i]
+        b = op.dst
+        nd = len(buffers[b].axes)
+        w.line(f"T.barrier_wait({empty[b]}[{slot(loop_var)}], 1 - {parity(loop_var)})")
+        w.line(f"T.tma_copy({R._region(ctx, ctx.tensors[op.src])}, {names[b]}[{slot(loop_var)}, "
+               f"{', '.join([':'] * nd)}], barrier={full[b]}[{slot(loop_var)}])")
+        w.line(f"T.barrier_arrive({full[b]}[{slot(loop_var)}])")
+    w.dedent()
+    w.dedent()
+    w.line("else:  # consumer warpgroups")
+    w.indent()
+    w.line(f"T.set_max_nreg({CONSUMER_REGS}, 1)")
+    w.line(f"{wg} = {tx} // 128")
+    if kernel.prologue:
+        w.line("# prologue")
+    for i, op in enumerate(kernel.prologue):
+        R._render_op(w, ctx, op, "prologue", i)
+    if any(buffers[x].scope == "shared" for op in kernel.prologue for x in R.op_reads_writes(op)[1]):
+        w.line("T.fence_proxy_async()  # the prologue's shared-memory writes, visible to wgmma")
+        w.line(f"T.sync_threads({CONSUMER_BARRIER}, {threads})  # ... and finished by every consumer thread")
+
+    staged_names = {b: names[b] for b in staged}
+
+    def bind(step: str) -> None:
+        for b in staged:
+            nd = len(buffers[b].axes)
+            names[b] = f"{staged_names[b]}[{slot(step)}, {', '.join([':'] * nd)}]"
+
+    def waits(part: str, step: str) -> None:
+        for b in staged:
+            if sched.first_use(b, body) == part:
+                w.line(f"T.barrier_wait({full[b]}[{slot(step)}], {parity(step)})")
+
+    def releases(part: str, step: str) -> None:
+        for b in staged:
+            if sched.release[b] == part:
+                w.line(f"T.barrier_arrive({empty[b]}[{slot(step)}])")
+
+    def gemm(i: int, step: str) -> None:
+        bind(step)
+        R._render_gemm(w, ctx, body[i], fn="T.wgmma_gemm", full_row=True)
+
+    def thread_ops(part: str, idx: tuple[int, ...], step: str) -> None:
+        waits(part, step)
+        bind(step)
+        for i in idx:
+            R._render_op(w, ctx, body[i], "body", i)
+        releases(part, step)
+
+    prev = f"{loop_var} - 1"
+    w.line(f"# step 0 of the streamed loop over {lp.axis!r}: G1 alone")
+    w.line(f"for {loop_var} in T.serial(1):")
+    w.indent()
+    waits("g1", loop_var)
+    w.line(f"if {pp}:")
+    w.line(f"    if {wg} == 1:")
+    w.line(f"        T.named_barrier_arrive({PINGPONG_BARRIER}, 256)  # warpgroup 0 goes first")
+    w.line(f"    T.sync_threads({PINGPONG_BARRIER} + {wg}, 256)")
+    gemm(sched.g1, loop_var)
+    w.line(f"if {pp}:")
+    w.line(f"    T.named_barrier_arrive({PINGPONG_BARRIER + 1} - {wg}, 256)")
+    w.line("T.wait_wgmma(0)")
+    releases("g1", loop_var)
+    thread_ops("early", sched.early, loop_var)
+    thread_ops("late", sched.late, loop_var)
+    w.dedent()
+    w.line("# steps 1..: G1 of this step and G2 of the previous one in flight together")
+    w.line(f"for {loop_var} in T.serial(1, {steps}):")
+    w.indent()
+    waits("g1", loop_var)
+    w.line(f"if {pp}:")
+    w.line(f"    T.sync_threads({PINGPONG_BARRIER} + {wg}, 256)")
+    gemm(sched.g1, loop_var)
+    waits("g2", prev)
+    gemm(sched.g2, prev)
+    w.line(f"if {pp}:")
+    w.line(f"    T.named_barrier_arrive({PINGPONG_BARRIER + 1} - {wg}, 256)")
+    w.line("T.wait_wgmma(1)  # G1 done; G2 of the previous step may still run")
+    releases("g1", loop_var)
+    thread_ops("early", sched.early, loop_var)
+    w.line("T.wait_wgmma(0)")
+    releases("g2", prev)
+    thread_ops("late", sched.late, loop_var)
+    w.dedent()
+    w.line("# G2 of the last step")
+    waits("g2", last)
+    w.line(f"if {pp}:")
+    w.line(f"    T.sync_threads({PINGPONG_BARRIER} + {wg}, 256)")
+    gemm(sched.g2, last)
+    w.line(f"if {pp}:")
+    w.line(f"    if {wg} == 0:")
+    w.line(f"        T.named_barrier_arrive({PINGPONG_BARRIER + 1}, 256)")
+    w.line("T.wait_wgmma(0)")
+    releases("g2", last)
+    names.update(staged_names)
+    if kernel.epilogue:
+        w.line("# epilogue")
+    for i, op in enumerate(kernel.epilogue):
+        R._render_op(w, ctx, op, "epilogue", i)
+    w.dedent()
+    w.dedent()
+    w.dedent()

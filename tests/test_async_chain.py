@@ -1,0 +1,133 @@
+"""The asynchronous two-GEMM chain schedule (backend/tilelang/async_chain.py, render_ws.py): which loops
+get it and how their ops split, that the rendered producer/consumer source computes the graph on the
+CPU emulator with its barrier protocol replayed, and that the emulator and the lowered-CUDA check
+catch a slot released too early, a slot never released, and a wait that lets G1 run on."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from pyrunner.backend.tilelang.async_chain import chain_schedule, issue_order
+from pyrunner.backend.tilelang.emulate import EmulationError, emulate
+from pyrunner.backend.tilelang.lowered import releases_in_flight
+from pyrunner.backend.tilelang.render import render
+from pyrunner.backend.tilelang.structure import structure_problems
+from pyrunner.ir import catalog
+from pyrunner.ir.reference import evaluate, random_inputs
+from pyrunner.plan.analysis import op_reads_writes
+from pyrunner.plan.schema import Gemm, Map, Ref
+from pyrunner.planner import search
+from pyrunner.run.executor import round_to
+from pyrunner.run.runner import graph_of
+from pyrunner.run.verify import compare, executor_bound
+
+SMALL = {"h": 1, "t_q": 128, "t_kv": 512, "d": 32}  # eight loop steps: every ring slot is reused
+
+
+def _plan(name: str = "Attention", sizes: dict | None = None):
+    (plan,) = search(catalog.get(name, sizes), "bf16", top=1)
+    return plan
+
+
+def _shared(kernel) -> set[str]:
+    return {b.name for b in kernel.buffers if b.scope == "shared"}
+
+
+def test_attention_splits_into_g1_early_late_and_g2() -> None:
+    (k,) = _plan().kernels
+    sched = chain_schedule(k, _shared(k))
+    assert sched is not None
+    body = k.body
+    assert isinstance(body[sched.g1], Gemm) and body[sched.g1].clear
+    assert isinstance(body[sched.g2], Gemm) and not body[sched.g2].clear
+    g2 = body[sched.g2]
+    for i in sched.early:  # run under G2 of the previous step: never touch its operands
+        r, w = op_reads_writes(body[i])
+        assert not {g2.a, g2.c} & (set(r) | set(w)), body[i]
+    late_writes = {w for i in sched.late for w in op_reads_writes(body[i])[1]}
+    assert {g2.a, g2.c} <= late_writes  # P = cast(S) and the rescale of acc wait for G2
+    assert sched.release == {"K_s": "g1", "V_s": "g2"}
+    order = issue_order(sched, 3)
+    assert order[0] == (0, sched.g1) and order[-1] == (2, sched.g2)
+    assert order.index((1, sched.g1)) < order.index((0, sched.g2))  # G1 of step 1 goes before G2 of step 0
+    assert sum(1 for _, i in order if i == sched.g2) == 3
+
+
+def test_no_chain_for_one_gemm_or_an_op_after_g2_that_reads_its_accumulator() -> None:
+    (mm,) = _plan("Matmul").kernels
+    assert chain_schedule(mm, _shared(mm)) is None
+    (k,) = _plan().kernels
+    sched = chain_schedule(k, _shared(k))
+    acc = k.body[sched.g2].c
+    reads_acc = Map(op="map", dst=k.body[sched.early[0]].dst, expr=Ref(kind="ref", buf=acc))
+    broken = k.model_copy(update={"body": [*k.body, reads_acc]})
+    assert chain_schedule(broken, _shared(broken)) is None
+
+
+def _small_case():
+    plan = _plan(sizes=SMALL)
+    graph = graph_of(plan)
+    inputs = {k: round_to(v, "bfloat16").astype(np.float64) for k, v in random_inputs(graph, 5).items()}
+    return plan, graph, inputs, render(plan)
+
+
+def _run(plan, graph, inputs, source):
+    em = emulate(plan, inputs, source=source)
+    res = compare(em.outputs, evaluate(graph, inputs), executor_bound(plan), 0,
+                  {t.name: t.axes for t in plan.tensors if t.role == "output"}, graph)
+    return em, res
+
+
+def test_rendered_producer_and_consumers_compute_attention() -> None:
+    plan, graph, inputs, src = _small_case()
+    assert "T.wgmma_gemm(" in src and "T.tma_copy(" in src and "T.wait_wgmma(1)" in src
+    em, res = _run(plan, graph, inputs, src)
+    assert ("async",) in em.traces[plan.kernels[0].name].events  # the producer branch really ran
+    assert res.ok, res.message
+    assert structure_problems(plan, em) == []
+
+
+MUTATIONS = {
+    # V's slot freed before the wgmma reading it is waited on: the producer refills it underneath
+    "early_release": (r"(\n\s+)(T\.wait_wgmma\(0\)\n)(\s+)"
+                      r"(T\.barrier_arrive\(V_s_empty\[\(t_kv_step - 1\) % stages\]\))", r"\1\4\n\3\2"),
+    # K's slot never freed: the producer waits for it for ever
+    "no_release": (r"\n\s+T\.barrier_arrive\(K_s_empty\[t_kv_step % stages\]\)\n", "\n"),
+    # the softmax reads S before G1 has been waited on
+    "no_wait": (r"T\.wait_wgmma\(1\)", "T.wait_wgmma(2)"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_the_emulator_catches_a_broken_barrier_protocol(mutation: str) -> None:
+    plan, graph, inputs, src = _small_case()
+    pat, rep = MUTATIONS[mutation]
+    bad, n = re.subn(pat, rep, src, count=1)
+    assert n == 1, f"mutation {mutation!r} did not apply"
+    try:
+        _, res = _run(plan, graph, inputs, bad)
+    except EmulationError as e:
+        assert "deadlock" in str(e)
+        return
+    assert not res.ok, f"mutation {mutation!r} went unnoticed"
+
+
+def test_lowered_check_flags_a_release_under_a_wgmma_in_flight() -> None:
+    ok = ("tl::warpgroup_commit_batch();\n  tl::wait_wgmma<1>();\n  K_s_empty[(k & 1)].arrive();\n"
+          "  tl::warpgroup_commit_batch();\n  tl::wait_wgmma<0>();\n  V_s_empty[0].arrive();\n")
+    assert releases_in_flight(ok) == []
+    bad = ok.replace("  tl::wait_wgmma<1>();\n", "", 1)
+    assert releases_in_flight(bad) == ["line 2: K_s_empty"]
+
+
+def test_rendered_attention_lowers_without_a_release_in_flight() -> None:
+    pytest.importorskip("tilelang")
+    from pyrunner.backend.tilelang.compile import lower_to_cuda
+
+    plan = _plan()
+    (src,) = lower_to_cuda(plan).values()
+    assert "wait_wgmma<1>" in src and "warpgroup_reg_alloc" in src
+    assert releases_in_flight(src) == []
