@@ -22,6 +22,8 @@ PRODUCER_REGS, CONSUMER_REGS = 24, 240
 """setmaxnreg budgets: the producer only issues TMA; 24 * 128 + 240 * 256 fits the 64K registers."""
 PINGPONG_BARRIER = 8
 """First of the two named barriers of the ping-pong (TileLang's own lowering uses ids below 8)."""
+BARRIER_SLACK = 1024
+"""Bytes of shared memory left for the mbarriers and TileLang's own scratch."""
 CONSUMER_BARRIER = PINGPONG_BARRIER + 2
 """Named barrier of the consumer warpgroups alone (the producer never joins it)."""
 
@@ -44,6 +46,26 @@ def async_schedule(ctx: R._Ctx) -> ChainSchedule | None:
     return sched
 
 
+def shared_bytes(ctx: R._Ctx, sched: ChainSchedule) -> str:
+    """Expression for the shared memory of the asynchronous form: every shared buffer once, the loaded
+    ones once per slot, plus the epilogue's TMA-store tiles (TileLang cannot fold those into the dead
+    rings here, as it does for a ``T.Pipelined`` loop; sweep 17, ScaledAttention at 3 stages: 256 KiB)."""
+    kernel = ctx.kernel
+    lp = kernel.loop
+    stages = lp.stages if isinstance(lp.stages, str) else str(lp.stages)
+    staged = {kernel.body[i].dst for i in sched.loads}
+    dtypes = {t.name: t.dtype for t in ctx.plan.tensors}
+    terms = []
+    for b in kernel.buffers:
+        if b.scope == "shared":
+            size = " * ".join([*(R._paren(e) for e in R._extent(ctx, b)), str(H200.dtype_bytes[b.dtype])])
+            terms.append(f"{R._paren(stages)} * {size}" if b.name in staged else size)
+    for src, dst in ctx.staging:
+        terms.append(" * ".join([*(R._paren(e) for e in R._extent(ctx, ctx.buffers[src])),
+                                 str(H200.dtype_bytes[dtypes[dst]])]))
+    return f"({' + '.join(terms)})"
+
+
 def guard(ctx: R._Ctx, sched: ChainSchedule, threads: str) -> str:
     """Python condition on the tile parameters under which the asynchronous form is rendered."""
     body = ctx.kernel.body
@@ -52,6 +74,7 @@ def guard(ctx: R._Ctx, sched: ChainSchedule, threads: str) -> str:
         rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
         conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
         conds.append(f"{R._paren(cols)} <= 256")
+    conds.append(f"{shared_bytes(ctx, sched)} <= {H200.smem_per_block - BARRIER_SLACK}")
     axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
     for a in sorted(axes):
         if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
