@@ -16,6 +16,14 @@ It also records a trace of the first block of every kernel (copies with their gl
 gemms, reductions, fills, map writes) and the buffers it allocates, which ``structure.py``
 compares with the plan op by op. It does not model TileLang's own lowering (layouts, warp
 partition, pipelining): that still needs the GPU sweep.
+
+An explicitly warp-specialised kernel (``render_ws``) runs its producer branch as a generator
+that loads as far ahead as its empty mbarriers let it, and ``T.wgmma_gemm`` computes at the
+``T.wait_wgmma`` that covers it, from its operands as they are then: a slot freed too early is
+overwritten under a GEMM in flight, a slot never freed deadlocks, and either fails the check.
+
+Why one module: the numpy stand-in for ``T``, the source rewrite that makes the producer a
+generator, and the driver that runs every block share the trace and the barrier state.
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipel
 
 from __future__ import annotations
 
-from pyrunner.backend.tilelang import render as R
+from pyrunner.backend.tilelang import emit as R
 from pyrunner.backend.tilelang.async_chain import PRODUCER_THREADS, ChainSchedule, chain_schedule
+from pyrunner.plan.analysis import kernel_args, op_reads_writes
 from pyrunner.plan.schema import Plan
 from pyrunner.target.device import H200
 
@@ -92,7 +93,7 @@ def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, staged: li
     w.line("@T.prim_func")
     tensors = {t.name: t for t in plan.tensors}
     w.line(f"def {func_name}(")
-    for t in R.kernel_args(plan, kernel):
+    for t in kernel_args(plan, kernel):
         w.line(f'    {names[t]}: T.Tensor({R._tuple(size_const[a] for a in tensors[t].axes)}, "{tensors[t].dtype}"),')
     w.line("):")
     w.indent()
@@ -165,7 +166,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
         w.line("# prologue")
     for i, op in enumerate(kernel.prologue):
         R._render_op(w, ctx, op, "prologue", i)
-    if any(buffers[x].scope == "shared" for op in kernel.prologue for x in R.op_reads_writes(op)[1]):
+    if any(buffers[x].scope == "shared" for op in kernel.prologue for x in op_reads_writes(op)[1]):
         w.line("T.fence_proxy_async()  # the prologue's shared-memory writes, visible to wgmma")
         w.line(f"T.sync_threads({CONSUMER_BARRIER}, {threads})  # ... and finished by every consumer thread")
 
