@@ -45,6 +45,8 @@ def RuleInfo.name (r : RuleInfo) : String :=
 /-- Every proven rewrite rule, in the order of `pyrunner.rules.RULE_NAMES`. -/
 def ruleCatalog : List RuleInfo := [
   ⟨``softmax_max_shift, "exp(x_i - m) / sum_j exp(x_j - m) = exp(x_i) / sum_j exp(x_j)"⟩,
+  ⟨``softmax_scaled_max_shift,
+    "exp((y_i - m) * c) / sum_j exp((y_j - m) * c) = exp(y_i * c) / sum_j exp(y_j * c)"⟩,
   ⟨``matmul_div_commute, "(P / l) @ V = (P @ V) / l when l is constant along the contraction"⟩,
   ⟨``matmul_row_scale_commute, "(X * s) @ W = (X @ W) * s when s is constant along the contraction"⟩,
   ⟨``exp_to_exp2, "exp(x) = exp2(x * log2(e))"⟩,

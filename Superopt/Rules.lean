@@ -67,6 +67,20 @@ theorem softmax_max_shift_exp2 (js : List ι) (x : ι → α) (m : α) (i : ι) 
   softmax_shift_exp2 js x (x i) m
 
 /--
+The shift under a scale: `exp ((y i - m) * c) / Σ_j exp ((y j - m) * c) = exp (y i * c) / Σ_j exp (y j * c)`
+for any `m` and `c`: `softmax_max_shift` with the shift `m * c`. With `m = max_a y` and `c > 0`
+(attention's `1 / sqrt d`) every exponent is still at most 0, and the scale stays on the
+exponent's argument, where it folds into `exp2`'s constant, instead of scaling the scores first.
+-/
+theorem softmax_scaled_max_shift (js : List ι) (y : ι → α) (c m : α) (i : ι) :
+    exp ((y i - m) * c) / listSum (js.map fun j => exp ((y j - m) * c)) =
+      exp (y i * c) / listSum (js.map fun j => exp (y j * c)) := by
+  rw [sub_mul_distrib (y i) m c,
+    listSum_map_ext js (fun j => exp ((y j - m) * c)) (fun j => exp (y j * c - m * c))
+      (fun j => congrArg exp (sub_mul_distrib (y j) m c))]
+  exact softmax_max_shift js (fun j => y j * c) (m * c) i
+
+/--
 Delayed normalisation: `(P / d) @ V = (P @ V) / d` when `d` is constant along the contracted
 axis (here: `d` does not depend on the index `k`).
 -/

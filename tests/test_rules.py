@@ -13,6 +13,7 @@ from pyrunner.ir import catalog as workloads
 from pyrunner.ir.graph import (
     Graph,
     Term,
+    axis_size,
     binary,
     check,
     const,
@@ -30,6 +31,7 @@ from pyrunner.rules.registry import (
     RULES,
     SCHEDULE_RULE_NAMES,
     RuleError,
+    _is_max_shifted,
     get_rule,
     rewrites,
     substitute,
@@ -63,7 +65,8 @@ def ops_of(g: Graph) -> set[tuple[str, str]]:
 
 def test_registry_names_and_kinds() -> None:
     assert RULE_NAMES == (
-        "softmax_max_shift", "matmul_div_commute", "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div",
+        "softmax_max_shift", "softmax_scaled_max_shift", "matmul_div_commute", "matmul_row_scale_commute",
+        "exp_to_exp2", "mean_to_sum_div",
         "variance_sum_of_squares", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
         "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
@@ -299,6 +302,14 @@ def pattern_softmax(gen: Gen) -> tuple[Term, bool]:
     return binary("div", ex, reduce("sum", ex, a)), True
 
 
+def pattern_scaled_softmax(gen: Gen) -> tuple[Term, bool]:
+    a = gen.draw(st.sampled_from(AXES))
+    x = gen.term(2, (a,))
+    c = gen.draw(st.sampled_from((const(0.125), const(3.0), unary("rsqrt", axis_size(a)))))
+    ex = unary("exp", binary("mul", x, c) if gen.draw(st.booleans()) else binary("mul", c, x))
+    return binary("div", ex, reduce("sum", ex, a)), a in result_axes(x) and not _is_max_shifted(x, a)
+
+
 def pattern_pull_out(gen: Gen, fn: str) -> tuple[Term, bool]:
     a = gen.draw(st.sampled_from(AXES))
     x = gen.term(2, (a,))
@@ -343,6 +354,7 @@ def pattern_mul_assoc(gen: Gen) -> tuple[Term, bool]:
 
 PATTERNS = {
     "softmax_max_shift": pattern_softmax,
+    "softmax_scaled_max_shift": pattern_scaled_softmax,
     "matmul_div_commute": lambda gen: pattern_pull_out(gen, "div"),
     "matmul_row_scale_commute": lambda gen: pattern_pull_out(gen, "mul"),
     "exp_to_exp2": pattern_exp,

@@ -30,9 +30,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from pyrunner.ir.axes import axes_of
 from pyrunner.ir.graph import Term, subterms
-from pyrunner.ir.ops import REDUCTIONS, UNARY
+from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS, UNARY
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import block_param, expr_refs, op_buffers
 from pyrunner.plan.schema import (
@@ -202,17 +204,35 @@ Factor = tuple[str, float] | None | bool
 """False: independent of m; (E, c): t = f * E(-c*m) with f free of m; None: any other dependence."""
 
 
-def _exp_scale(t: Term, m: Term, dep: dict[Term, bool]) -> tuple[str, float] | None:
-    """If t == E(c * (x - m)) with x free of m, return (E, c)."""
+def constant_value(t: Term, sizes: dict[str, int]) -> float | None:
+    """The value of a term built from constants and axis sizes only (``rsqrt(|d|)``), else None."""
+    if t.op == "const":
+        return float(t.value)
+    if t.op == "axis_size":
+        return float(sizes[t.axis]) if t.axis in sizes else None
+    if t.op not in ("unary", "binary") or t.fn not in ELEMENTWISE:
+        return None
+    args = [constant_value(a, sizes) for a in t.args]
+    if any(a is None for a in args):
+        return None
+    with np.errstate(all="ignore"):
+        v = float(ELEMENTWISE[t.fn].numpy(*(np.float64(a) for a in args)))
+    return v if math.isfinite(v) else None
+
+
+def _exp_scale(t: Term, m: Term, dep: dict[Term, bool], sizes: dict[str, int]) -> tuple[str, float] | None:
+    """If t == E(c * (x - m)) with x free of m and c a product of constants, return (E, c)."""
     if t.op != "unary" or t.fn not in ("exp", "exp2"):
         return None
     arg, coef = t.args[0], 1.0
-    if arg.op == "binary" and arg.fn == "mul":
+    while arg.op == "binary" and arg.fn == "mul":
         a, b = arg.args
-        if b.op == "const":
-            arg, coef = a, b.value
-        elif a.op == "const":
-            arg, coef = b, a.value
+        if (v := constant_value(b, sizes)) is not None:
+            arg, coef = a, coef * v
+        elif (v := constant_value(a, sizes)) is not None:
+            arg, coef = b, coef * v
+        else:
+            break
     if arg.op == "binary" and arg.fn == "sub" and arg.args[1] == m and not dep.get(arg.args[0], False):
         return t.fn, coef
     return None
@@ -230,12 +250,12 @@ def _product_factor(fn: str, fa: Factor, fb: Factor) -> Factor:
     return None
 
 
-def _factor_of(t: Term, m: Term, dep: dict[Term, bool], fac: dict[Term, Factor]) -> Factor:
+def _factor_of(t: Term, m: Term, dep: dict[Term, bool], fac: dict[Term, Factor], sizes: dict[str, int]) -> Factor:
     if t == m:
         return None
     if not dep[t]:
         return False
-    if (sc := _exp_scale(t, m, dep)) is not None:
+    if (sc := _exp_scale(t, m, dep, sizes)) is not None:
         return sc
     if t.op == "binary" and t.fn in ("mul", "div"):
         return _product_factor(t.fn, fac[t.args[0]], fac[t.args[1]])
@@ -245,7 +265,7 @@ def _factor_of(t: Term, m: Term, dep: dict[Term, bool], fac: dict[Term, Factor])
     return None
 
 
-def online_factors(computed: list[Term], m: Term) -> dict[Term, Factor]:
+def online_factors(computed: list[Term], m: Term, sizes: dict[str, int] | None = None) -> dict[Term, Factor]:
     """The factor of every computed term (operands first) with respect to running max m.
     Terms read from global memory are finished values: independent of the running max."""
     dep: dict[Term, bool] = {}
@@ -256,7 +276,7 @@ def online_factors(computed: list[Term], m: Term) -> dict[Term, Factor]:
             if a not in cset and a not in dep:
                 dep[a], fac[a] = False, False
         dep[t] = t == m or any(dep[a] for a in t.args)
-        fac[t] = _factor_of(t, m, dep, fac)
+        fac[t] = _factor_of(t, m, dep, fac, sizes or {})
     return fac
 
 
@@ -294,12 +314,13 @@ def _online_sources(computed: list[Term], phase: dict[Term, str]) -> list[Term]:
     return src
 
 
-def _online_sums(computed: list[Term], s: str | None, sources: list[Term]) -> dict[Term, tuple[Term, str, float]]:
+def _online_sums(computed: list[Term], s: str | None, sources: list[Term],
+                 sizes: dict[str, int]) -> dict[Term, tuple[Term, str, float]]:
     """Loop sums kept relative to a running max: acc -> (max, E, c)."""
     online: dict[Term, tuple[Term, str, float]] = {}
     accs = [t for t in computed if _is_acc(t, s)]
     for m in sources:
-        fac = online_factors(computed, m)
+        fac = online_factors(computed, m, sizes)
         for acc in accs:
             if acc is m:
                 continue
@@ -551,7 +572,10 @@ class _Builder:
             return
         trans = 1.0 if t.op == "unary" and t.fn in TRANSCENDENTAL else 0.0
         # exp: range reduction, then exp2 (the cheaper primitive): 4 more operations
-        self.count(t, 5.0 if t.op == "unary" and t.fn == "exp" else 1.0, trans)
+        ops = 5.0 if t.op == "unary" and t.fn == "exp" else 1.0
+        if self._folded_factor(t):
+            ops = 0.0
+        self.count(t, ops, trans)
         parts = [self.expr(a) for a in t.args]
         e = Call(fn=t.fn, args=[p[0] for p in parts])
         depth = 1 + max(p[1] for p in parts)
@@ -564,6 +588,17 @@ class _Builder:
             name = self.fragment_for(t, "t")
             self.ops[at].append(Map(dst=name, expr=e))
             self.buf_of[t] = name
+
+    def _folded_factor(self, t: Term) -> bool:
+        """A constant factor on an inlined elementwise value, ``(S - m) * rsqrt(|d|) * log2(e)``: the
+        renderer multiplies the constants out and emits one FMA per element for the whole chain."""
+        if t.op != "binary" or t.fn != "mul":
+            return False
+        a, b = t.args
+        for x, c in ((a, b), (b, a)):
+            if static(c) and x in self.expr_inline and x.op in ("unary", "binary", "ternary"):
+                return True
+        return False
 
     def emit_mask(self, t: Term, at: str) -> None:
         """where(pred, x, y) with an index predicate: the values, then the predicate applied in
@@ -716,7 +751,7 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     leaves = [t for t in terms if _is_leaf(t, root, boundary) and t in boundary]
     phase = _phases(computed, s)
     sources = _online_sources(computed, phase)
-    online = _online_sums(computed, s, sources)
+    online = _online_sums(computed, s, sources, sizes)
     tiled, full = _choose_tiled(root, computed, s, sizes)
     all_axes = _kernel_axes(terms, root, boundary)
     indexed = {a for a in all_axes if a not in tiled and a not in full and a != s}

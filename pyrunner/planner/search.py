@@ -530,12 +530,14 @@ def _layout(g: Graph) -> _Layout:
 
 
 def _guarded(arg: Term) -> bool:
-    """arg is x - max_a(x), possibly scaled by a positive constant: exp(arg) <= 1."""
+    """arg is x - max_a(x), possibly scaled by a positive constant (1/sqrt(d) too): exp(arg) <= 1."""
+    from pyrunner.rules.registry import positive_constant
+
     while arg.op == "binary" and arg.fn == "mul":
         a, b = arg.args
-        if b.op == "const" and b.value > 0:
+        if positive_constant(b):
             arg = a
-        elif a.op == "const" and a.value > 0:
+        elif positive_constant(a):
             arg = b
         else:
             return False

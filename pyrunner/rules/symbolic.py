@@ -36,7 +36,9 @@ from pyrunner.ir.graph import (
     LOG2E,
     Graph,
     Term,
+    axis_size,
     binary,
+    const,
     inp,
     matmul,
     reduce,
@@ -265,6 +267,32 @@ def _matmul_scale_identity(op: str, scale_on_contracted_axis: bool) -> Callable[
             assert_equal(lhs, rhs, f"{op} scale, entry ({i},{j})")
         return [f"(X {op} s) @ W = (X @ W) {op} s for symbolic 2x3 @ 3x3 with s constant along the contraction"]
     return body
+
+
+def _check_softmax_scaled_max_shift() -> list[str]:
+    for n in (2, 3, 4):
+        x = _syms("x", n)
+        m, c = sp.Symbol("m", real=True), sp.Symbol("c", positive=True)
+        den_s = sp.Add(*(sp.exp((xj - m) * c) for xj in x))
+        den = sp.Add(*(sp.exp(xj * c) for xj in x))
+        for i in range(n):
+            assert_equal(sp.exp((x[i] - m) * c) / den_s, sp.exp(x[i] * c) / den, f"scaled ratio, n={n}, i={i}")
+    x = inp("x", ("i", "a"))
+    for c in (const(0.125), unary("rsqrt", axis_size("a"))):
+        ex = unary("exp", binary("mul", x, c))
+        lhs = binary("div", ex, reduce("sum", ex, "a"))
+        assert_rule_instance("softmax_scaled_max_shift", lhs, {"i": 2, "a": 3}, f"rule instance with scale {c}")
+    # with c > 0 the shifted exponents stay <= 0, one of them 0
+    xs = z3.Reals("x0 x1 x2")
+    cz = z3.Real("c")
+    mz = xs[0]
+    for v in xs[1:]:
+        mz = z3.If(v > mz, v, mz)
+    bound = z3.And(*((v - mz) * cz <= 0 for v in xs), z3.Or(*((v - mz) * cz == 0 for v in xs)))
+    assert_valid(z3.Implies(cz > 0, bound), "scaled max bound")
+    return ["exp((x_i - m) c)/sum exp((x_j - m) c) = exp(x_i c)/sum exp(x_j c) for symbolic m, c > 0, n = 2..4",
+            "rule.apply on div(exp(x * c), sum_a exp(x * c)) for c = 0.125 and rsqrt(|a|) equals the input term",
+            "z3: c > 0 implies (x_i - max(x)) c <= 0 with equality at some i"]
 
 
 def _check_matmul_div_commute() -> list[str]:
@@ -679,6 +707,7 @@ def _merge_axes(transposed: bool) -> Callable[[], list[str]]:
 
 RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "softmax_max_shift": _scoped("softmax_max_shift", _check_softmax_max_shift),
+    "softmax_scaled_max_shift": _scoped("softmax_scaled_max_shift", _check_softmax_scaled_max_shift),
     "matmul_div_commute": _scoped("matmul_div_commute", _check_matmul_div_commute),
     "matmul_row_scale_commute": _scoped("matmul_row_scale_commute", _check_matmul_row_scale_commute),
     "exp_to_exp2": _scoped("exp_to_exp2", _check_exp_to_exp2),

@@ -273,7 +273,7 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
     value = _constant_value(ctx, e)
     if value is not None:  # e.g. rsqrt(|d|): one literal, not a special-function call per element
         return _const(value)
-    folded = _folded_exp_arg(e)
+    folded = _folded_exp_arg(ctx, e)
     if folded is not None:  # exp2((a - b) * c) as one FMA per element: a * c - b * c
         a, b, c = (_expr(ctx, x, idx) for x in folded)
         return ELEMENTWISE[e.fn].emit_tilelang([f"({a} * {c}) - ({b} * {c})"])
@@ -292,8 +292,9 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
 
 
 def _constant_value(ctx: _Ctx, e) -> float | None:
-    """The float32 value of a call on constants and axis sizes only (fast math would not fold it: nvcc
-    keeps ``rsqrtf(128.0f)`` as a MUFU op per element), or None when it reads a buffer or an index."""
+    """The value of a call on constants and axis sizes only (float64; the literal rounds it once),
+    or None when it reads a buffer or an index. Fast math would not fold it: nvcc kept
+    ``rsqrtf(128.0f)`` as a MUFU op per element."""
     if isinstance(e, Const):
         return e.number()
     if isinstance(e, AxisSize):
@@ -304,23 +305,33 @@ def _constant_value(ctx: _Ctx, e) -> float | None:
     if any(a is None for a in args):
         return None
     with np.errstate(all="ignore"):
-        v = float(np.float32(ELEMENTWISE[e.fn].numpy(*(np.float32(a) for a in args))))
+        v = float(ELEMENTWISE[e.fn].numpy(*(np.float64(a) for a in args)))
     return v if math.isfinite(v) else None
 
 
-def _folded_exp_arg(e: Call):
-    """(a, b, c) when ``e`` is exp/exp2 of ``(a - b) * c`` with a constant c, else None."""
+def _folded_exp_arg(ctx: _Ctx, e: Call):
+    """(a, b, c) when ``e`` is exp/exp2 of ``(a - b)`` times constant factors whose product is c
+    (``((S - m) * rsqrt(|d|)) * log2(e)``), else None: rendered as one FMA, ``a * c - b * c``."""
     if e.fn not in ("exp", "exp2") or len(e.args) != 1:
         return None
-    arg = e.args[0]
-    if not isinstance(arg, Call) or arg.fn != "mul" or len(arg.args) != 2:
+    factors, stack = [], [e.args[0]]
+    while stack:
+        t = stack.pop()
+        if isinstance(t, Call) and t.fn == "mul" and len(t.args) == 2 and _constant_value(ctx, t) is None:
+            stack.extend(t.args)
+        else:
+            factors.append(t)
+    c, rest = 1.0, []
+    for f in factors:
+        v = _constant_value(ctx, f)
+        if v is None:
+            rest.append(f)
+        else:
+            c *= v
+    if len(rest) != 1 or len(factors) < 2 or not isinstance(rest[0], Call) or rest[0].fn != "sub" \
+            or len(rest[0].args) != 2:
         return None
-    x, y = arg.args
-    if isinstance(x, Const):
-        x, y = y, x
-    if not isinstance(y, Const) or not isinstance(x, Call) or x.fn != "sub" or len(x.args) != 2:
-        return None
-    return x.args[0], x.args[1], y
+    return rest[0].args[0], rest[0].args[1], Const(value=c)
 
 
 def _is_broadcast(ctx: _Ctx, e, idx: dict[str, str]) -> bool:
