@@ -154,11 +154,17 @@ def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
         return rec
 
     try:
+        from pyrunner.backend.tilelang.buildable import buildable
+        from pyrunner.cli import LOWER_CHECK_SPARES
         from pyrunner.ir.graph_json import graph_from_json
         from pyrunner.planner import search
 
         graph = graph_from_json(case.graph)
-        (plan,) = search(graph, case.dtype, top=1)
+        plans = search(graph, case.dtype, top=1 + LOWER_CHECK_SPARES)
+        good, skipped = buildable(plans)  # the plan `superopt` hands out (its lowering check)
+        plan = good[0] if good else plans[0]
+        if skipped:
+            rec.extra["skipped"] = skipped
     except Exception as e:  # noqa: BLE001 - one failing case never stops the sweep
         return _done(results, fail("failed-plan", e), t0)
     rec.stage, rec.plan_hash, rec.kernels = "planned", plan.provenance.plan_hash, len(plan.kernels)

@@ -195,21 +195,14 @@ LOWER_CHECK_SPARES = 3
 
 def _buildable(graph, plans: list, args: argparse.Namespace, calibration: Path | None) -> list:
     """The plans TileLang can lower, in rank order; the naive plan when none can; a note for each skip."""
-    from pyrunner.backend.tilelang.buildable import lowering_problem
+    from pyrunner.backend.tilelang.buildable import buildable, lowering_problem
     from pyrunner.planner import search
 
-    good = []
-    first_why = None
-    for i, p in enumerate(plans):
-        _note(f"checking that TileLang builds plan {i + 1} ({p.provenance.plan_hash}); --no-lower-check skips this")
-        why = lowering_problem(p)
-        if why is None:
-            good.append(p)
-            if len(good) >= args.top:
-                break
-        else:
-            first_why = first_why or why
-            _note(f"note: plan {i + 1} ({p.provenance.plan_hash}) does not build with TileLang, skipped: {why}")
+    _note(f"checking that TileLang builds the ranked plans ({len(plans)}); --no-lower-check skips this")
+    good, skipped = buildable(plans, args.top)
+    for line in skipped:
+        _note(f"note: {line}")
+    first_why = skipped[0].split("skipped: ", 1)[1] if skipped else None
     if good or args.naive:
         if not good:
             raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: {first_why}")

@@ -37,3 +37,21 @@ def lowering_problem(plan: Plan) -> str | None:
         if early:
             return f"kernel {name!r}: a ring slot is released while a wgmma may still read it ({early[0]})"
     return None
+
+
+def buildable(plans: list[Plan], top: int = 1) -> tuple[list[Plan], list[str]]:
+    """Up to ``top`` plans TileLang can lower, in rank order, and one line per plan skipped on the way.
+
+    What ``superopt`` hands out, and so what the GPU sweep runs: a user gets the best plan that
+    builds, not the best-ranked one."""
+    good: list[Plan] = []
+    skipped: list[str] = []
+    for i, p in enumerate(plans):
+        why = lowering_problem(p)
+        if why is None:
+            good.append(p)
+            if len(good) >= top:
+                break
+        else:
+            skipped.append(f"plan {i + 1} ({p.provenance.plan_hash}) does not build with TileLang, skipped: {why}")
+    return good, skipped
