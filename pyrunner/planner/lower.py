@@ -200,8 +200,9 @@ def _is_acc(t: Term, s: str | None) -> bool:
 
 # --- online softmax: how loop sums depend on a running max ------------------------
 
-Factor = tuple[str, float] | None | bool
-"""False: independent of m; (E, c): t = f * E(-c*m) with f free of m; None: any other dependence."""
+Factor = tuple[str, float, "Expr | None"] | None | bool
+"""False: independent of m; (E, c, c as an expression or None): t = f * E(-c*m) with f free of m;
+None: any other dependence."""
 
 
 def constant_value(t: Term, sizes: dict[str, int]) -> float | None:
@@ -220,22 +221,38 @@ def constant_value(t: Term, sizes: dict[str, int]) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _exp_scale(t: Term, m: Term, dep: dict[Term, bool], sizes: dict[str, int]) -> tuple[str, float] | None:
-    """If t == E(c * (x - m)) with x free of m and c a product of constants, return (E, c)."""
+def _exp_scale(t: Term, m: Term, dep: dict[Term, bool],
+               sizes: dict[str, int]) -> tuple[str, float, Expr | None] | None:
+    """If t == E(c * (x - m)) with x free of m and c a product of constants, return (E, c, c's
+    expression): None for plain numbers; the factors themselves where they read axis sizes
+    (``rsqrt(|d|)``), so the plan stays right at other sizes (``scale_down``)."""
     if t.op != "unary" or t.fn not in ("exp", "exp2"):
         return None
     arg, coef = t.args[0], 1.0
+    factors: list[Term] = []
     while arg.op == "binary" and arg.fn == "mul":
         a, b = arg.args
         if (v := constant_value(b, sizes)) is not None:
             arg, coef = a, coef * v
+            factors.append(b)
         elif (v := constant_value(a, sizes)) is not None:
             arg, coef = b, coef * v
+            factors.append(a)
         else:
             break
     if arg.op == "binary" and arg.fn == "sub" and arg.args[1] == m and not dep.get(arg.args[0], False):
-        return t.fn, coef
+        return t.fn, coef, _coef_expr(factors)
     return None
+
+
+def _coef_expr(factors: list[Term]) -> Expr | None:
+    """The product of constant factors as a plan expression, or None when they are all numbers."""
+    if all(f.op == "const" for f in factors):
+        return None
+    expr: Expr = static_expr(factors[0])
+    for f in factors[1:]:
+        expr = Call(fn="mul", args=[expr, static_expr(f)])
+    return expr
 
 
 def _product_factor(fn: str, fa: Factor, fb: Factor) -> Factor:
@@ -246,7 +263,10 @@ def _product_factor(fn: str, fa: Factor, fb: Factor) -> Factor:
     if fb is False:
         return fa
     if fa and fb and fa[0] == fb[0]:
-        return (fa[0], fa[1] + fb[1])
+        ea = fa[2] if fa[2] is not None else const_expr(fa[1])
+        eb = fb[2] if fb[2] is not None else const_expr(fb[1])
+        both = None if fa[2] is None and fb[2] is None else Call(fn="add", args=[ea, eb])
+        return (fa[0], fa[1] + fb[1], both)
     return None
 
 
@@ -315,9 +335,9 @@ def _online_sources(computed: list[Term], phase: dict[Term, str]) -> list[Term]:
 
 
 def _online_sums(computed: list[Term], s: str | None, sources: list[Term],
-                 sizes: dict[str, int]) -> dict[Term, tuple[Term, str, float]]:
+                 sizes: dict[str, int]) -> dict[Term, tuple[Term, str, float, Expr | None]]:
     """Loop sums kept relative to a running max: acc -> (max, E, c)."""
-    online: dict[Term, tuple[Term, str, float]] = {}
+    online: dict[Term, tuple[Term, str, float, Expr | None]] = {}
     accs = [t for t in computed if _is_acc(t, s)]
     for m in sources:
         fac = online_factors(computed, m, sizes)
@@ -335,7 +355,7 @@ def _online_sums(computed: list[Term], s: str | None, sources: list[Term],
                 raise Infeasible("a loop sum depends on two running maxima")
             if acc.op == "reduce" and acc.fn != "sum":
                 raise Infeasible("only sums can be rescaled online")
-            online[acc] = (m, f[0], f[1])
+            online[acc] = (m, f[0], f[1], f[2])
     return online
 
 
@@ -439,7 +459,7 @@ class _Builder:
         self.scale_bufs: dict[tuple[Term, str, float], str] = {}
         self.m_prev: dict[Term, str] = {}
         self.mean_fix: list[tuple[str, str]] = []
-        self.online: dict[Term, tuple[Term, str, float]] = {}
+        self.online: dict[Term, tuple[Term, str, float, Expr | None]] = {}
         self.online_src: set[Term] = set()
         self.users: dict[Term, list[Term]] = {}
         self.where: dict[Term, str] = {}
@@ -537,12 +557,14 @@ class _Builder:
             raise Infeasible("tile GEMM operands must be 2-D tiles")
         return fa[0], fb[0]
 
-    def scale_buffer(self, m: Term, kind: str, coef: float) -> str:
+    def scale_buffer(self, m: Term, kind: str, coef: float, coef_expr: Expr | None = None) -> str:
         key = (m, kind, coef)
         if key not in self.scale_bufs:
             name = self.add_buffer("rescale", list(self.buffers[self.buf_of[m]].axes), "fragment", "float32")
             diff: Expr = Call(fn="sub", args=[Ref(buf=self.m_prev[m]), Ref(buf=self.body_ref.get(m, self.buf_of[m]))])
-            if coef != 1.0:
+            if coef_expr is not None:
+                diff = Call(fn="mul", args=[diff, coef_expr])
+            elif coef != 1.0:
                 diff = Call(fn="mul", args=[diff, Const(value=coef)])
             self.ops["body"].append(Map(dst=name, expr=Call(fn=kind, args=[diff])))
             self.scale_bufs[key] = name
@@ -645,8 +667,8 @@ class _Builder:
             self.ops["body"].append(Map(dst=prev, expr=Ref(buf=name)))
             self.m_prev[t] = prev
         if t in self.online:
-            m, kind_e, coef = self.online[t]
-            sc = self.scale_buffer(m, kind_e, coef)
+            m, kind_e, coef, coef_expr = self.online[t]
+            sc = self.scale_buffer(m, kind_e, coef, coef_expr)
             part = self.add_buffer(f"{name}_tile", list(self.buffers[name].axes), "fragment", "float32")
             self.ops["body"].append(Reduce(fn="sum", src=src, dst=part, axis=t.axis, accumulate=False))
             self.ops["body"].append(Map(dst=name, expr=Call(fn="add", args=[
@@ -680,8 +702,8 @@ class _Builder:
         if streamed:
             self.ops["prologue"].append(Fill(dst=name, value=0.0))
             if t in self.online:
-                m, kind_e, coef = self.online[t]
-                sc = self.scale_buffer(m, kind_e, coef)
+                m, kind_e, coef, coef_expr = self.online[t]
+                sc = self.scale_buffer(m, kind_e, coef, coef_expr)
                 self.ops["body"].append(Map(dst=name, expr=Call(fn="mul", args=[Ref(buf=name), Ref(buf=sc)])))
             self.ops["body"].append(Gemm(a=a_buf, b=b_buf, c=name, contract=t.axis, clear=False))
         else:
@@ -782,6 +804,7 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
         b.ops["epilogue"].append(Store(src=b.materialize(r, b.at), dst=out))
     b.fused_loop_rules()
     reuse_in_place(b.buffers, b.ops)
+    b.ops["body"] = route_reduced_tile(b.buffers, b.ops["body"], b.loaded)
     return Lowered(
         root=roots[0], stream=s, grid=grid, tiled=sorted(a for a in tiled if a != s), full=full,
         buffers=list(b.buffers.values()), prologue=b.ops["prologue"], body=b.ops["body"],
@@ -834,6 +857,73 @@ def _reusable(cand: Buffer, d: Buffer, sec: str) -> bool:
     # loop state is only needed across iterations: after the loop it is an ordinary value
     return not (cand.state and sec != "epilogue") and cand.scope == "fragment" and cand.dtype == d.dtype \
         and cand.axes == d.axes
+
+
+def _rename_ref(e: Expr, old: str, new: str) -> Expr:
+    if isinstance(e, Ref):
+        return Ref(buf=new) if e.buf == old else e
+    if isinstance(e, Call):
+        return Call(fn=e.fn, args=[_rename_ref(a, old, new) for a in e.args])
+    return e
+
+
+def _gemm_a_groups(buffers: dict[str, Buffer], body: list) -> set[str]:
+    """Fragments that share a register layout (one Map ties same-axes fragments) with a GEMM's
+    fragment A operand, whose layout the wgmma fixes."""
+    parent = {n: n for n, b in buffers.items() if b.scope == "fragment"}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    for op in body:
+        if isinstance(op, Map) and op.dst in parent:
+            for r in expr_refs(op.expr):
+                if r in parent and set(buffers[r].axes) == set(buffers[op.dst].axes):
+                    parent[find(r)] = find(op.dst)
+    roots = {find(op.a) for op in body if isinstance(op, Gemm) and op.a in parent}
+    return {n for n in parent if find(n) in roots}
+
+
+def route_reduced_tile(buffers: dict[str, Buffer], body: list, loaded: set[str]) -> list:
+    """Read a loaded tile that the loop both reduces and maps into a GEMM operand through that Map's
+    fragment: ``F = X`` first, then the reduction and the Map read F.
+
+    Reduced straight from shared memory, the row statistic gets a layout of its own, while the
+    Map's result is laid out for the wgmma; the online-softmax update then combines statistics of
+    both origins and TileLang finds no layout ("no available layout found": short-query GQA, whose
+    scores come from the previous kernel, once the scale stopped being a Map of its own). With the
+    copy every statistic follows the wgmma layout. The copy is exact (float32 holds the tile).
+    """
+    a_group = _gemm_a_groups(buffers, body)
+    for x in sorted(loaded):
+        if x not in buffers or buffers[x].scope != "shared":
+            continue
+        reduced = any(isinstance(op, Reduce) and op.src == x for op in body)
+        first = next((i for i, op in enumerate(body) if isinstance(op, Map) and x in expr_refs(op.expr)), None)
+        if not reduced or first is None:
+            continue
+        f = body[first].dst
+        fb = buffers[f]
+        if fb.scope != "fragment" or fb.state or fb.dtype != "float32" or f not in a_group \
+                or set(fb.axes) != set(buffers[x].axes):
+            continue
+        if any(f in op_buffers(op) for op in body[:first]):
+            continue  # F is live before the Map: no room for the copy
+        last_load = max(i for i, op in enumerate(body) if isinstance(op, Load))
+        if last_load > first:
+            continue
+        out = list(body[:last_load + 1]) + [Map(dst=f, expr=Ref(buf=x))]
+        for i in range(last_load + 1, len(body)):
+            op = body[i]
+            if i <= first and isinstance(op, Reduce) and op.src == x:
+                op = Reduce(fn=op.fn, src=f, dst=op.dst, axis=op.axis, accumulate=op.accumulate)
+            elif i <= first and isinstance(op, Map) and x in expr_refs(op.expr):
+                op = Map(dst=op.dst, expr=_rename_ref(op.expr, x, f))
+            out.append(op)
+        body = out
+    return body
 
 
 def reuse_in_place(buffers: dict[str, Buffer], ops: dict[str, list]) -> None:

@@ -10,6 +10,10 @@ Matching is by structure and axes only. A rewrite must also keep the matched
 term's axis order, so that every user of the term (and every output layout)
 is unchanged; where an operand order decides the order, the rule picks the one
 that keeps it, and otherwise declines.
+
+Why one module: the registry is the one table of rules (name, statement, rewrite), and the
+rewrites share their matching helpers (axis-order keeping, max-shift and positivity tests);
+the Lean catalog and the symbolic checks are keyed by this table's order.
 """
 
 from __future__ import annotations
