@@ -14,14 +14,20 @@ outside its space), which validation of the plan alone cannot rule out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from pyrunner.errors import PlanError
+from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.schema import (
+    AxisSize,
     Block,
     Call,
+    Const,
     Fill,
     Gemm,
     Kernel,
@@ -57,6 +63,24 @@ def walk(expr: object) -> Iterator[object]:
         yield e
         if isinstance(e, Call):
             stack.extend(reversed(e.args))
+
+
+def constant_value(e: object, sizes: Mapping[str, int]) -> float | None:
+    """The value of an expression built from constants and axis sizes only (``rsqrt(|d|) * log2 e``),
+    in float64, or None when it reads a buffer or an index, or is not finite. The planner folds such
+    factors into one coefficient and the renderer into one literal."""
+    if isinstance(e, Const):
+        return e.number()
+    if isinstance(e, AxisSize):
+        return float(sizes[e.axis]) if e.axis in sizes else None
+    if not isinstance(e, Call) or e.fn not in ELEMENTWISE or e.fn in ("lt", "le", "where"):
+        return None
+    args = [constant_value(a, sizes) for a in e.args]
+    if any(a is None for a in args):
+        return None
+    with np.errstate(all="ignore"):
+        v = float(ELEMENTWISE[e.fn].numpy(*(np.float64(a) for a in args)))
+    return v if math.isfinite(v) else None
 
 
 def expr_refs(expr: object) -> list[str]:

@@ -30,13 +30,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from pyrunner.ir.axes import axes_of
 from pyrunner.ir.graph import Term, subterms
-from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS, UNARY
+from pyrunner.ir.ops import REDUCTIONS, UNARY
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import block_param, expr_refs, op_buffers
+from pyrunner.plan.analysis import block_param, constant_value, expr_refs, op_buffers
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -205,20 +203,11 @@ Factor = tuple[str, float, "Expr | None"] | None | bool
 None: any other dependence."""
 
 
-def constant_value(t: Term, sizes: dict[str, int]) -> float | None:
+def term_constant(t: Term, sizes: dict[str, int]) -> float | None:
     """The value of a term built from constants and axis sizes only (``rsqrt(|d|)``), else None."""
-    if t.op == "const":
-        return float(t.value)
-    if t.op == "axis_size":
-        return float(sizes[t.axis]) if t.axis in sizes else None
-    if t.op not in ("unary", "binary") or t.fn not in ELEMENTWISE:
+    if t.op not in ("const", "axis_size") and not static(t):
         return None
-    args = [constant_value(a, sizes) for a in t.args]
-    if any(a is None for a in args):
-        return None
-    with np.errstate(all="ignore"):
-        v = float(ELEMENTWISE[t.fn].numpy(*(np.float64(a) for a in args)))
-    return v if math.isfinite(v) else None
+    return constant_value(static_expr(t), sizes)
 
 
 def _exp_scale(t: Term, m: Term, dep: dict[Term, bool],
@@ -232,10 +221,10 @@ def _exp_scale(t: Term, m: Term, dep: dict[Term, bool],
     factors: list[Term] = []
     while arg.op == "binary" and arg.fn == "mul":
         a, b = arg.args
-        if (v := constant_value(b, sizes)) is not None:
+        if (v := term_constant(b, sizes)) is not None:
             arg, coef = a, coef * v
             factors.append(b)
-        elif (v := constant_value(a, sizes)) is not None:
+        elif (v := term_constant(a, sizes)) is not None:
             arg, coef = b, coef * v
             factors.append(a)
         else:

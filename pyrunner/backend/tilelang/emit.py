@@ -19,12 +19,10 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-import numpy as np
-
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import AxisRole, kernel_ops, op_reads_writes, thread_reads_staged
+from pyrunner.plan.analysis import AxisRole, constant_value, kernel_ops, op_reads_writes, thread_reads_staged
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -292,21 +290,9 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
 
 
 def _constant_value(ctx: _Ctx, e) -> float | None:
-    """The value of a call on constants and axis sizes only (float64; the literal rounds it once),
-    or None when it reads a buffer or an index. Fast math would not fold it: nvcc kept
-    ``rsqrtf(128.0f)`` as a MUFU op per element."""
-    if isinstance(e, Const):
-        return e.number()
-    if isinstance(e, AxisSize):
-        return float(ctx.roles[e.axis].size) if e.axis in ctx.roles else float(axis_sizes(ctx.plan)[e.axis])
-    if not isinstance(e, Call) or e.fn not in ELEMENTWISE or e.fn in ("lt", "le", "where"):
-        return None
-    args = [_constant_value(ctx, a) for a in e.args]
-    if any(a is None for a in args):
-        return None
-    with np.errstate(all="ignore"):
-        v = float(ELEMENTWISE[e.fn].numpy(*(np.float64(a) for a in args)))
-    return v if math.isfinite(v) else None
+    """``analysis.constant_value`` at the plan's sizes: a call on constants and axis sizes becomes one
+    literal. Fast math would not fold it: nvcc kept ``rsqrtf(128.0f)`` as a MUFU op per element."""
+    return constant_value(e, axis_sizes(ctx.plan))
 
 
 def _folded_exp_arg(ctx: _Ctx, e: Call):

@@ -198,6 +198,18 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
             R._render_op(w, ctx, body[i], "body", i)
         releases(part, step)
 
+    def my_turn() -> None:  # ping-pong: wait until the other warpgroup has issued its GEMMs
+        w.line(f"if {pp}:")
+        w.line(f"    T.sync_threads({PINGPONG_BARRIER} + {wg}, 256)")
+
+    def your_turn(only: str = "") -> None:  # ... and hand the tensor cores over after issuing ours
+        w.line(f"if {pp}:")
+        if only:
+            w.line(f"    if {wg} == {only}:")
+            w.line(f"        T.named_barrier_arrive({PINGPONG_BARRIER + 1 - int(only)}, 256)")
+        else:
+            w.line(f"    T.named_barrier_arrive({PINGPONG_BARRIER + 1} - {wg}, 256)")
+
     prev = f"{loop_var} - 1"
     w.line(f"# step 0 of the streamed loop over {lp.axis!r}: G1 alone")
     w.line(f"for {loop_var} in T.serial(1):")
@@ -208,8 +220,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     w.line(f"        T.named_barrier_arrive({PINGPONG_BARRIER}, 256)  # warpgroup 0 goes first")
     w.line(f"    T.sync_threads({PINGPONG_BARRIER} + {wg}, 256)")
     gemm(sched.g1, loop_var)
-    w.line(f"if {pp}:")
-    w.line(f"    T.named_barrier_arrive({PINGPONG_BARRIER + 1} - {wg}, 256)")
+    your_turn()
     w.line("T.wait_wgmma(0)")
     releases("g1", loop_var)
     thread_ops("early", sched.early, loop_var)
@@ -219,13 +230,11 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     w.line(f"for {loop_var} in T.serial(1, {steps}):")
     w.indent()
     waits("g1", loop_var)
-    w.line(f"if {pp}:")
-    w.line(f"    T.sync_threads({PINGPONG_BARRIER} + {wg}, 256)")
+    my_turn()
     gemm(sched.g1, loop_var)
     waits("g2", prev)
     gemm(sched.g2, prev)
-    w.line(f"if {pp}:")
-    w.line(f"    T.named_barrier_arrive({PINGPONG_BARRIER + 1} - {wg}, 256)")
+    your_turn()
     w.line("T.wait_wgmma(1)  # G1 done; G2 of the previous step may still run")
     releases("g1", loop_var)
     thread_ops("early", sched.early, loop_var)
@@ -235,12 +244,9 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     w.dedent()
     w.line("# G2 of the last step")
     waits("g2", last)
-    w.line(f"if {pp}:")
-    w.line(f"    T.sync_threads({PINGPONG_BARRIER} + {wg}, 256)")
+    my_turn()
     gemm(sched.g2, last)
-    w.line(f"if {pp}:")
-    w.line(f"    if {wg} == 0:")
-    w.line(f"        T.named_barrier_arrive({PINGPONG_BARRIER + 1}, 256)")
+    your_turn(only="0")  # warpgroup 1 has no turn left to hand over: every arrive meets a sync
     w.line("T.wait_wgmma(0)")
     releases("g2", last)
     names.update(staged_names)
