@@ -164,7 +164,7 @@ def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
         good, skipped = buildable(plans)  # the plan `superopt` hands out (its lowering check)
         plan = good[0] if good else plans[0]
         if skipped:
-            rec.extra["skipped"] = skipped
+            rec.extra["skipped"] = [str(skip) for skip in skipped]
     except Exception as e:  # noqa: BLE001 - one failing case never stops the sweep
         return _done(results, fail("failed-plan", e), t0)
     rec.stage, rec.plan_hash, rec.kernels = "planned", plan.provenance.plan_hash, len(plan.kernels)

@@ -200,9 +200,9 @@ def _buildable(graph, plans: list, args: argparse.Namespace, calibration: Path |
 
     _note(f"checking that TileLang builds the ranked plans ({len(plans)}); --no-lower-check skips this")
     good, skipped = buildable(plans, args.top)
-    for line in skipped:
-        _note(f"note: {line}")
-    first_why = skipped[0].split("skipped: ", 1)[1] if skipped else None
+    for skip in skipped:
+        _note(f"note: {skip}")
+    first_why = skipped[0].why if skipped else None
     if good or args.naive:
         if not good:
             raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: {first_why}")

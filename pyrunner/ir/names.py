@@ -15,7 +15,7 @@ or a path. The rules:
 - not a Python keyword (``class``, ``None``, ...) and not a dunder (``__x``).
 
 Names the rendered module binds itself (``T``, ``tilelang``, its constants) may still be used:
-the renderer gives every plan name a fresh identifier that avoids them (``render._Names``).
+the renderer gives every plan name a fresh identifier that avoids them (``emit._Names``).
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def op_reads_writes(op: Op) -> tuple[list[str], list[str]]:
 def thread_reads_staged(body: list[Op]) -> bool:
     """Whether a loop body reads a tile it loads with thread code (anything but a GEMM operand).
 
-    TileLang cannot warp-specialise such a loop safely (``backend.tilelang.render.NO_WARP_SPECIALISATION``),
+    TileLang cannot warp-specialise such a loop safely (``backend.tilelang.emit.NO_WARP_SPECIALISATION``),
     so the renderer turns it off and the cost model prices the loop without the producer/consumer split.
     """
     staged = {op.dst for op in body if isinstance(op, Load)}

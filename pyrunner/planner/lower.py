@@ -52,6 +52,7 @@ from pyrunner.plan.schema import (
     Store,
 )
 from pyrunner.planner.masking import skippable_predicates
+from pyrunner.target.layout import fragment_groups
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
 
@@ -857,22 +858,10 @@ def _rename_ref(e: Expr, old: str, new: str) -> Expr:
 
 
 def _gemm_a_groups(buffers: dict[str, Buffer], body: list) -> set[str]:
-    """Fragments that share a register layout (one Map ties same-axes fragments) with a GEMM's
-    fragment A operand, whose layout the wgmma fixes."""
-    parent = {n: n for n, b in buffers.items() if b.scope == "fragment"}
-
-    def find(x: str) -> str:
-        while parent[x] != x:
-            x = parent[x]
-        return x
-
-    for op in body:
-        if isinstance(op, Map) and op.dst in parent:
-            for r in expr_refs(op.expr):
-                if r in parent and set(buffers[r].axes) == set(buffers[op.dst].axes):
-                    parent[find(r)] = find(op.dst)
-    roots = {find(op.a) for op in body if isinstance(op, Gemm) and op.a in parent}
-    return {n for n in parent if find(n) in roots}
+    """Fragments that share a register layout with a GEMM's fragment A operand (fixed by the wgmma)."""
+    group = fragment_groups(buffers.values(), body)
+    roots = {group[op.a] for op in body if isinstance(op, Gemm) and op.a in group}
+    return {n for n, g in group.items() if g in roots}
 
 
 def route_reduced_tile(buffers: dict[str, Buffer], body: list, loaded: set[str]) -> list:

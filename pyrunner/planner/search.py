@@ -531,16 +531,9 @@ def _layout(g: Graph) -> _Layout:
 
 def _guarded(arg: Term) -> bool:
     """arg is x - max_a(x), possibly scaled by a positive constant (1/sqrt(d) too): exp(arg) <= 1."""
-    from pyrunner.rules.registry import positive_constant
+    from pyrunner.rules.registry import strip_positive_scale
 
-    while arg.op == "binary" and arg.fn == "mul":
-        a, b = arg.args
-        if positive_constant(b):
-            arg = a
-        elif positive_constant(a):
-            arg = b
-        else:
-            return False
+    arg = strip_positive_scale(arg)
     if arg.op == "binary" and arg.fn == "sub":
         x, m = arg.args
         return m.op == "reduce" and m.fn == "max" and m.args[0] == x

@@ -85,6 +85,19 @@ def positive_constant(t: Term) -> bool:
     return False
 
 
+def strip_positive_scale(x: Term) -> Term:
+    """x without the positive constant factors and divisors around it (``(y - m) * c / c'``)."""
+    while True:
+        if _is_binary(x, "mul") and positive_constant(x.args[1]):
+            x = x.args[0]
+        elif _is_binary(x, "mul") and positive_constant(x.args[0]):
+            x = x.args[1]
+        elif _is_binary(x, "div") and positive_constant(x.args[1]):
+            x = x.args[0]
+        else:
+            return x
+
+
 def _is_max_shifted(x: Term, a: str) -> bool:
     """Whether x is already y - max_a(y), possibly scaled by a positive constant.
 
@@ -92,19 +105,8 @@ def _is_max_shifted(x: Term, a: str) -> bool:
     here keeps repeated rule application finite (also after exp_to_exp2 turns
     exp(y - m) into exp2((y - m) * LOG2E)).
     """
-    if _is_binary(x, "sub"):
-        y, m = x.args
-        return m == reduce("max", y, a)
-    if _is_binary(x, "mul"):
-        p, q = x.args
-        if positive_constant(q):
-            return _is_max_shifted(p, a)
-        if positive_constant(p):
-            return _is_max_shifted(q, a)
-    if _is_binary(x, "div"):
-        p, q = x.args
-        return positive_constant(q) and _is_max_shifted(p, a)
-    return False
+    x = strip_positive_scale(x)
+    return _is_binary(x, "sub") and x.args[1] == reduce("max", x.args[0], a)
 
 
 # --- algebraic rules -------------------------------------------------------------

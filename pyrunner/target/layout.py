@@ -9,8 +9,10 @@ grid, and the renderer (``backend.tilelang.render``) to emit bridge copies and t
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pyrunner.plan.analysis import AxisRole, expr_refs, numbered_ops
-from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce
+from pyrunner.plan.schema import Buffer, Gemm, Kernel, Load, Map, Reduce
 
 GENERATION = 2
 """Code-generator generation, stamped into results records and tuning keys: the same plan renders to
@@ -20,8 +22,13 @@ measurements (2: MMA-shaped warp policy, merged B tiles, TMA-store epilogues, fa
 
 def layout_groups(kernel: Kernel) -> dict[str, str]:
     """Fragment -> representative of its layout group: same-axes fragments one Map touches share a layout."""
-    bufs = {b.name: b for b in kernel.buffers}
-    parent = {b.name: b.name for b in kernel.buffers if b.scope == "fragment"}
+    return fragment_groups(kernel.buffers, [op for _, _, op in numbered_ops(kernel)])
+
+
+def fragment_groups(buffers: Iterable[Buffer], ops: Iterable) -> dict[str, str]:
+    """``layout_groups`` over any list of buffers and ops (the planner asks before a kernel exists)."""
+    bufs = {b.name: b for b in buffers}
+    parent = {n: n for n, b in bufs.items() if b.scope == "fragment"}
 
     def find(x: str) -> str:
         while parent[x] != x:
@@ -29,7 +36,7 @@ def layout_groups(kernel: Kernel) -> dict[str, str]:
             x = parent[x]
         return x
 
-    for _, _, op in numbered_ops(kernel):
+    for op in ops:
         if isinstance(op, Map) and op.dst in parent:
             for r in expr_refs(op.expr):
                 if r in parent and set(bufs[r].axes) == set(bufs[op.dst].axes):

@@ -34,9 +34,10 @@ class ChainSchedule:
     """Positions in ``kernel.body`` of the ops of one step, in the order the consumers run them.
 
     ``early`` run while G2 of the previous step is in flight, ``late`` after it has been waited
-    on. ``release`` says, for each loaded buffer, after which part of the step its stage is
-    free again: ``"g1"`` (only G1 reads it), ``"early"``, ``"late"`` or ``"g2"`` (G2 reads it,
-    so it is released one step later, once G2 has been waited on).
+    on. For each loaded buffer, ``acquire`` names the part of a step that reads it first (its full
+    barrier is waited on there) and ``release`` the part that reads it last (its slot is free again
+    after it): ``"g1"``, ``"early"``, ``"late"`` or ``"g2"`` (G2 of a step runs in the next one,
+    so a tile G2 reads is released a step later, once G2 has been waited on).
     """
 
     loads: tuple[int, ...]
@@ -44,14 +45,8 @@ class ChainSchedule:
     g2: int
     early: tuple[int, ...]
     late: tuple[int, ...]
+    acquire: dict[str, str]
     release: dict[str, str]
-
-    def first_use(self, buf: str, body: list[Op]) -> str:
-        """The part of a step that reads a loaded buffer first: where its full barrier is waited on."""
-        for part, idx in (("g1", (self.g1,)), ("early", self.early), ("late", self.late), ("g2", (self.g2,))):
-            if any(buf in op_reads_writes(body[i])[0] for i in idx):
-                return part
-        raise AssertionError(buf)  # pragma: no cover - every loaded buffer is read (checked)
 
 
 def _conflict(a: Op, b: Op) -> bool:
@@ -87,7 +82,7 @@ def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
         return None
     if op1.b not in shared or op2.b not in shared or op1.c == op2.c:
         return None
-    if len({body[i].dst for i in loads}) != len(loads) or staged & state:
+    if len(staged) != len(loads) or staged & state:
         return None
     for i, op in enumerate(body):
         if i not in gemms and not isinstance(op, Load) and staged & set(op_reads_writes(op)[0]):
@@ -118,15 +113,15 @@ def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
             continue
         early.append(i)
     late += after
+    acquire: dict[str, str] = {}
     release: dict[str, str] = {}
-    for i in loads:
-        buf = body[i].dst
-        readers = [part for part, idx in (("g1", (g1,)), ("early", tuple(early)), ("late", tuple(late)),
-                                           ("g2", (g2,))) if any(buf in op_reads_writes(body[j])[0] for j in idx)]
+    parts = (("g1", (g1,)), ("early", early), ("late", late), ("g2", (g2,)))
+    for buf in staged:
+        readers = [part for part, idx in parts if any(buf in op_reads_writes(body[j])[0] for j in idx)]
         if not readers:
             return None
-        release[buf] = readers[-1]
-    return ChainSchedule(loads, g1, g2, tuple(early), tuple(late), release)
+        acquire[buf], release[buf] = readers[0], readers[-1]
+    return ChainSchedule(loads, g1, g2, tuple(early), tuple(late), acquire, release)
 
 
 def issue_order(sched: ChainSchedule, steps: int) -> list[tuple[int, int]]:

@@ -9,6 +9,8 @@ saying which and why: a user's graph gets a plan that builds whenever one of tho
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyrunner.plan.schema import Plan
 
 
@@ -39,13 +41,25 @@ def lowering_problem(plan: Plan) -> str | None:
     return None
 
 
-def buildable(plans: list[Plan], top: int = 1) -> tuple[list[Plan], list[str]]:
-    """Up to ``top`` plans TileLang can lower, in rank order, and one line per plan skipped on the way.
+@dataclass(frozen=True)
+class Skipped:
+    """A ranked plan that TileLang cannot lower: its rank (1-based), the plan and why."""
+
+    rank: int
+    plan: Plan
+    why: str
+
+    def __str__(self) -> str:
+        return f"plan {self.rank} ({self.plan.provenance.plan_hash}) does not build with TileLang, skipped: {self.why}"
+
+
+def buildable(plans: list[Plan], top: int = 1) -> tuple[list[Plan], list[Skipped]]:
+    """Up to ``top`` plans TileLang can lower, in rank order, and the plans skipped on the way.
 
     What ``superopt`` hands out, and so what the GPU sweep runs: a user gets the best plan that
     builds, not the best-ranked one."""
     good: list[Plan] = []
-    skipped: list[str] = []
+    skipped: list[Skipped] = []
     for i, p in enumerate(plans):
         why = lowering_problem(p)
         if why is None:
@@ -53,5 +67,5 @@ def buildable(plans: list[Plan], top: int = 1) -> tuple[list[Plan], list[str]]:
             if len(good) >= top:
                 break
         else:
-            skipped.append(f"plan {i + 1} ({p.provenance.plan_hash}) does not build with TileLang, skipped: {why}")
+            skipped.append(Skipped(i + 1, p, why))
     return good, skipped

@@ -22,7 +22,14 @@ from typing import Mapping
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import AxisRole, constant_value, kernel_ops, op_reads_writes, thread_reads_staged
+from pyrunner.plan.analysis import (
+    AxisRole,
+    constant_value,
+    kernel_args,
+    kernel_ops,
+    op_reads_writes,
+    thread_reads_staged,
+)
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -39,7 +46,6 @@ from pyrunner.plan.schema import (
     Reduce,
     Ref,
     Store,
-    axis_sizes,
 )
 from pyrunner.target.device import H200
 from pyrunner.target.layout import launch_axes, layout_groups
@@ -128,6 +134,7 @@ class _Ctx:
     merged_first: dict[int, GemmMerge] = None  # id of the GEMM that issues a merge -> the merge
     staging: dict[tuple[str, str], str] = None  # (fragment, global tensor) of an epilogue store -> shared tile
     hoisted: set[str] = None  # loop-invariant fragments whose bridge copy is issued once, before the loop
+    sizes: dict[str, int] = None  # axis -> extent (constant expressions fold to literals at these)
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""
@@ -188,34 +195,6 @@ def _half(ctx: _Ctx, name: str) -> str:
         b = ctx.block_expr[a]
         parts.append((f"{b}:2 * {_paren(b)}" if half else f"0:{b}") if i == ax else f"0:{b}")
     return f"{ctx.names[wide]}[{', '.join(parts)}]"
-
-
-def _check_buffers(kernel: Kernel, roles: dict[str, AxisRole], plan: Plan) -> dict[str, Buffer]:
-    bufs: dict[str, Buffer] = {}
-    tensor_names = {t.name for t in plan.tensors}
-    for b in kernel.buffers:
-        if b.name in bufs:
-            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} is declared twice")
-        if b.name in tensor_names:
-            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} has the name of a global tensor")
-        if len(set(b.axes)) != len(b.axes):
-            raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} repeats an axis: {b.axes}")
-        for a in b.axes:
-            r = roles.get(a)
-            if r is None or r.kind == "indexed":
-                raise PlanError(f"kernel {kernel.name!r}: buffer {b.name!r} has axis {a!r}, which is neither a "
-                                "tiled grid axis (block != 1) nor the loop axis of the kernel")
-        bufs[b.name] = b
-    return bufs
-
-
-def _buf(ctx: _Ctx, name: str, where: str) -> Buffer:
-    b = ctx.buffers.get(name)
-    if b is None:
-        raise PlanError(f"{where}: unknown buffer {name!r}; buffers are {sorted(ctx.buffers)}")
-    return b
-
-
 
 
 def _region(ctx: _Ctx, tensor: GlobalTensor) -> str:
@@ -292,7 +271,7 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
 def _constant_value(ctx: _Ctx, e) -> float | None:
     """``analysis.constant_value`` at the plan's sizes: a call on constants and axis sizes becomes one
     literal. Fast math would not fold it: nvcc kept ``rsqrtf(128.0f)`` as a MUFU op per element."""
-    return constant_value(e, axis_sizes(ctx.plan))
+    return constant_value(e, ctx.sizes)
 
 
 def _folded_exp_arg(ctx: _Ctx, e: Call):
@@ -702,3 +681,46 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
         ctx.coord[a] = coord_names[a]
 
 
+def _stages(kernel: Kernel) -> str:
+    """The loop's pipeline depth as source text: a literal or its tile parameter."""
+    assert kernel.loop is not None
+    return str(kernel.loop.stages)
+
+
+def _signature_and_launch(w: _Writer, ctx: _Ctx, func_name: str, threads: str) -> None:
+    """``@T.prim_func``, its global tensor arguments and ``with T.Kernel(...)`` (indents into the block)."""
+    tensors = {t.name: t for t in ctx.plan.tensors}
+    w.line("@T.prim_func")
+    w.line(f"def {func_name}(")
+    for t in kernel_args(ctx.plan, ctx.kernel):
+        shape = _tuple(ctx.size_const[a] for a in tensors[t].axes)
+        w.line(f'    {ctx.names[t]}: T.Tensor({shape}, "{tensors[t].dtype}"),')
+    w.line("):")
+    w.indent()
+    _grid_launch(ctx, w, f"threads={threads}")
+
+
+def _declare_buffers(w: _Writer, ctx: _Ctx, rings: frozenset[str] = frozenset()) -> None:
+    """Every buffer of the kernel, then the renderer's own: layout bridges and TMA-store epilogue
+    tiles. ``rings``: loaded buffers allocated once per pipeline slot (the explicit producer form)."""
+    for b in ctx.kernel.buffers:
+        if b.name in ctx.halves and ctx.halves[b.name][0] != b.name:
+            continue  # the upper half of a merged B tile
+        if b.name in rings:
+            stages = _stages(ctx.kernel)
+            w.line(f'{ctx.names[b.name]} = T.alloc_shared({_tuple([stages, *_extent(ctx, b)])}, "{b.dtype}")'
+                   f"  # ring of {stages} slots, filled by the producer warpgroup")
+            continue
+        alloc = "T.alloc_shared" if b.scope == "shared" else "T.alloc_fragment"
+        note = "  # state: carried across loop steps" if b.state else ""
+        if b.name in ctx.halves:
+            note = "  # merged: two GEMMs' tiles side by side"
+        w.line(f'{ctx.names[b.name]} = {alloc}({_tuple(_alloc_extent(ctx, b))}, "{b.dtype}"){note}')
+    for b, bridge in ctx.bridge_names.items():
+        buf = ctx.buffers[b]
+        w.line(f'{bridge} = T.alloc_shared({_tuple(_extent(ctx, buf))}, "{buf.dtype}")'
+               f"  # shared copy of {b!r} for maps that need another fragment layout")
+    dtypes = {t.name: t.dtype for t in ctx.plan.tensors}
+    for (src, dst), stage in ctx.staging.items():
+        w.line(f'{stage} = T.alloc_shared({_tuple(_extent(ctx, ctx.buffers[src]))}, "{dtypes[dst]}")'
+               f"  # epilogue tile of {dst!r} for one TMA store")

@@ -77,7 +77,7 @@ def tma_races(cuda_source: str) -> list[TmaRace]:
 def warp_specialised_thread_reads(cuda_source: str) -> list[str]:
     """Shared tiles that a warp-specialised pipelined loop fills with TMA and reads with thread code.
 
-    Such a read races the stage's release (``render.NO_WARP_SPECIALISATION`` says why); the renderer
+    Such a read races the stage's release (``emit.NO_WARP_SPECIALISATION`` says why); the renderer
     turns warp specialisation off for kernels whose loops read a pipelined tile, so this is empty for
     every kernel it emits.
     """

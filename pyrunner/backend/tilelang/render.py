@@ -31,29 +31,23 @@ from __future__ import annotations
 import keyword
 
 from pyrunner.backend.tilelang import render_ws
-from pyrunner.backend.tilelang.emit import (  # noqa: F401 - re-exported for callers of render
-    MERGE_ATOM_BYTES,
-    NO_WARP_SPECIALISATION,
+from pyrunner.backend.tilelang.emit import (
     GemmMerge,
-    _alloc_extent,
-    _check_buffers,
     _Ctx,
+    _declare_buffers,
     _extent,
-    _grid_launch,
-    _ident,
     _loop_bounds,
     _merge_legal,
     _Names,
     _paren,
-    _region,
-    _render_gemm,
     _render_op,
+    _signature_and_launch,
+    _stages,
     _tiles,
     _tuple,
     _Writer,
     gemm_merges,
     gemm_policy_names,
-    has_tail,
     kernel_pass_configs,
     loop_invariant_bridges,
 )
@@ -111,7 +105,7 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     bridged = sorted({b for bs in bridges.values() for b in bs}, key=[x.name for x in kernel.buffers].index)
     bridge_names = {b: local.fresh(f"{b}_bridge") for b in bridged}
     ctx = _Ctx(plan, kernel, roles, buffers, tensors, names, size_const, block_expr, {}, loop_var, local, helpers, {},
-               bridges, bridge_names, {}, {})
+               bridges, bridge_names, {}, {}, sizes=axis_sizes(plan))
 
     defaults = ", ".join(f"{p}={kernel.defaults[p]}" for p in kernel.params)
     w.line(f"def {build_name}({defaults}):")
@@ -143,7 +137,7 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
                             for m in merges)
         variants = [merges, []]
     ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
-    sched = None if merges else render_ws.async_schedule(ctx)
+    sched = render_ws.async_schedule(ctx)
     if sched is not None:
         ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
         w.line()
@@ -176,35 +170,9 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
 
 def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizzle: str | None) -> None:
     """The ``@T.prim_func`` of one kernel (with the GEMM merges recorded in ``ctx``)."""
-    plan, kernel, names, size_const = ctx.plan, ctx.kernel, ctx.names, ctx.size_const
-    buffers, block_expr, loop_var = ctx.buffers, ctx.block_expr, ctx.loop_var
-    bridged = list(ctx.bridge_names)
-    bridge_names = ctx.bridge_names
-    args = kernel_args(plan, kernel)
-    w.line("@T.prim_func")
-    tensors = {t.name: t for t in plan.tensors}
-    w.line(f"def {func_name}(")
-    for t in args:
-        w.line(f'    {names[t]}: T.Tensor({_tuple(size_const[a] for a in tensors[t].axes)}, "{tensors[t].dtype}"),')
-    w.line("):")
-    w.indent()
-    _grid_launch(ctx, w, f"threads={threads}")
-    for b in kernel.buffers:
-        if b.name in ctx.halves and ctx.halves[b.name][0] != b.name:
-            continue  # the upper half of a merged B tile
-        alloc = "T.alloc_shared" if b.scope == "shared" else "T.alloc_fragment"
-        note = "  # state: carried across loop steps" if b.state else ""
-        if b.name in ctx.halves:
-            note = "  # merged: two GEMMs' tiles side by side"
-        w.line(f'{names[b.name]} = {alloc}({_tuple(_alloc_extent(ctx, b))}, "{b.dtype}"){note}')
-    for b in bridged:
-        buf = buffers[b]
-        w.line(f'{bridge_names[b]} = T.alloc_shared({_tuple(_extent(ctx, buf))}, "{buf.dtype}")'
-               f"  # shared copy of {b!r} for maps that need another fragment layout")
-    dtypes = {t.name: t.dtype for t in plan.tensors}
-    for (src, dst), stage in ctx.staging.items():
-        w.line(f'{stage} = T.alloc_shared({_tuple(_extent(ctx, buffers[src]))}, "{dtypes[dst]}")'
-               f"  # epilogue tile of {dst!r} for one TMA store")
+    kernel, names, buffers, block_expr, loop_var = ctx.kernel, ctx.names, ctx.buffers, ctx.block_expr, ctx.loop_var
+    _signature_and_launch(w, ctx, func_name, threads)
+    _declare_buffers(w, ctx)
     if swizzle is not None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
     sections = [("prologue", kernel.prologue), ("body", kernel.body), ("epilogue", kernel.epilogue)]
@@ -216,7 +184,7 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
                 _render_op(w, ctx, op, section, i)
     else:
         lp = kernel.loop
-        stages = lp.stages if isinstance(lp.stages, str) else str(lp.stages)
+        stages = _stages(kernel)
         if kernel.prologue:
             w.line("# prologue")
         for i, op in enumerate(kernel.prologue):

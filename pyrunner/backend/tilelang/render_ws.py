@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pyrunner.backend.tilelang import emit as R
 from pyrunner.backend.tilelang.async_chain import PRODUCER_THREADS, ChainSchedule, chain_schedule
-from pyrunner.plan.analysis import kernel_args, op_reads_writes
-from pyrunner.plan.schema import Plan
+from pyrunner.plan.analysis import op_reads_writes
 from pyrunner.target.device import H200
 
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
@@ -32,7 +31,7 @@ CONSUMER_BARRIER = PINGPONG_BARRIER + 2
 def async_schedule(ctx: R._Ctx) -> ChainSchedule | None:
     """The chain schedule of the kernel being rendered, where this renderer can write it."""
     kernel = ctx.kernel
-    if kernel.loop is None or ctx.bridges or R.gemm_merges(kernel):
+    if kernel.loop is None or ctx.bridges or R.gemm_merges(kernel):  # bridges, merged tiles: T.Pipelined
         return None
     shared = {b.name for b in kernel.buffers if b.scope == "shared"}
     sched = chain_schedule(kernel, shared)
@@ -52,8 +51,7 @@ def shared_bytes(ctx: R._Ctx, sched: ChainSchedule) -> str:
     ones once per slot, plus the epilogue's TMA-store tiles (TileLang cannot fold those into the dead
     rings here, as it does for a ``T.Pipelined`` loop; sweep 17, ScaledAttention at 3 stages: 256 KiB)."""
     kernel = ctx.kernel
-    lp = kernel.loop
-    stages = lp.stages if isinstance(lp.stages, str) else str(lp.stages)
+    stages = R._stages(kernel)
     staged = {kernel.body[i].dst for i in sched.loads}
     dtypes = {t.name: t.dtype for t in ctx.plan.tensors}
     terms = []
@@ -86,33 +84,12 @@ def guard(ctx: R._Ctx, sched: ChainSchedule, threads: str) -> str:
 def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, staged: list[str],
              full: dict[str, str], empty: dict[str, str]) -> None:
     """The prim_func's signature, launch, buffers (the loaded ones as rings of slots) and mbarriers."""
-    plan: Plan = ctx.plan
-    kernel, names, size_const, buffers = ctx.kernel, ctx.names, ctx.size_const, ctx.buffers
-    lp = kernel.loop
-    stages = lp.stages if isinstance(lp.stages, str) else str(lp.stages)
-    w.line("@T.prim_func")
-    tensors = {t.name: t for t in plan.tensors}
-    w.line(f"def {func_name}(")
-    for t in kernel_args(plan, kernel):
-        w.line(f'    {names[t]}: T.Tensor({R._tuple(size_const[a] for a in tensors[t].axes)}, "{tensors[t].dtype}"),')
-    w.line("):")
-    w.indent()
-    R._grid_launch(ctx, w, f"threads={R._paren(threads)} + {PRODUCER_THREADS}")
-    for b in kernel.buffers:
-        if b.name in staged:
-            w.line(f'{names[b.name]} = T.alloc_shared({R._tuple([stages, *R._extent(ctx, b)])}, "{b.dtype}")'
-                   f"  # ring of {stages} slots, filled by the producer warpgroup")
-            continue
-        alloc = "T.alloc_shared" if b.scope == "shared" else "T.alloc_fragment"
-        note = "  # state: carried across loop steps" if b.state else ""
-        w.line(f'{names[b.name]} = {alloc}({R._tuple(R._extent(ctx, b))}, "{b.dtype}"){note}')
-    dtypes = {t.name: t.dtype for t in plan.tensors}
-    for (src, dst), stage in ctx.staging.items():
-        w.line(f'{stage} = T.alloc_shared({R._tuple(R._extent(ctx, buffers[src]))}, "{dtypes[dst]}")'
-               f"  # epilogue tile of {dst!r} for one TMA store")
+    stages = R._paren(R._stages(ctx.kernel))
+    R._signature_and_launch(w, ctx, func_name, f"{R._paren(threads)} + {PRODUCER_THREADS}")
+    R._declare_buffers(w, ctx, rings=frozenset(staged))
     for b in staged:
-        w.line(f"{full[b]} = T.alloc_barrier([{PRODUCER_THREADS}] * {R._paren(stages)})  # slot of {b!r} loaded")
-        w.line(f"{empty[b]} = T.alloc_barrier([{threads}] * {R._paren(stages)})  # slot of {b!r} free again")
+        w.line(f"{full[b]} = T.alloc_barrier([{PRODUCER_THREADS}] * {stages})  # slot of {b!r} loaded")
+        w.line(f"{empty[b]} = T.alloc_barrier([{threads}] * {stages})  # slot of {b!r} free again")
 
 
 def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, swizzle: str | None,
@@ -121,7 +98,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     kernel, names, buffers = ctx.kernel, ctx.names, ctx.buffers
     body = kernel.body
     lp = kernel.loop
-    stages = lp.stages if isinstance(lp.stages, str) else str(lp.stages)
+    stages = R._stages(kernel)
     staged = [body[i].dst for i in sched.loads]
     loop_var = ctx.loop_var
     fresh = ctx.local.fresh
@@ -179,7 +156,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
 
     def waits(part: str, step: str) -> None:
         for b in staged:
-            if sched.first_use(b, body) == part:
+            if sched.acquire[b] == part:
                 w.line(f"T.barrier_wait({full[b]}[{slot(step)}], {parity(step)})")
 
     def releases(part: str, step: str) -> None:
