@@ -1,7 +1,8 @@
-"""The asynchronous two-GEMM chain schedule (backend/tilelang/async_chain.py, render_ws.py): which loops
-get it and how their ops split, that the rendered producer/consumer source computes the graph on the
-CPU emulator with its barrier protocol replayed, and that the emulator and the lowered-CUDA check
-catch a slot released too early, a slot never released, and a wait that lets G1 run on."""
+"""The asynchronous loop schedules (backend/tilelang/async_chain.py, render_ws.py), the two-GEMM chain
+and the GEMM mainloop: which loops get them and how their ops split, that the rendered
+producer/consumer source computes the graph on the CPU emulator with its barrier protocol replayed,
+and that the emulator and the lowered-CUDA check catch a slot released too early, a slot never
+released, and a wait that lets a wgmma run on past the point its result or operand is needed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from pyrunner.backend.tilelang.async_chain import chain_schedule, issue_order
+from pyrunner.backend.tilelang.async_chain import async_schedule, chain_schedule, issue_order, mainloop_schedule
 from pyrunner.backend.tilelang.emulate import EmulationError, emulate
 from pyrunner.backend.tilelang.lowered import releases_in_flight
 from pyrunner.backend.tilelang.render import render
@@ -25,6 +26,7 @@ from pyrunner.run.runner import graph_of
 from pyrunner.run.verify import compare, executor_bound
 
 SMALL = {"h": 1, "t_q": 128, "t_kv": 512, "d": 32}  # eight loop steps: every ring slot is reused
+SMALL_MM = {"m": 128, "d": 1024, "n": 256}  # sixteen steps of the default 64-deep tile
 
 
 def _plan(name: str = "Attention", sizes: dict | None = None):
@@ -67,8 +69,21 @@ def test_no_chain_for_one_gemm_or_an_op_after_g2_that_reads_its_accumulator() ->
     assert chain_schedule(broken, _shared(broken)) is None
 
 
-def _small_case():
-    plan = _plan(sizes=SMALL)
+def test_matmul_gets_the_mainloop_and_a_gemm_after_thread_code_does_not() -> None:
+    (mm,) = _plan("Matmul").kernels
+    sched = mainloop_schedule(mm, _shared(mm))
+    assert sched is not None and async_schedule(mm, _shared(mm)) == sched
+    assert [type(mm.body[i]).__name__ for i in sched.gemms] == ["Gemm"]
+    assert issue_order(sched, 2) == [(0, sched.gemms[0]), (1, sched.gemms[0])]
+    (k,) = _plan().kernels  # attention: thread code between the GEMMs, so the chain, not the mainloop
+    assert mainloop_schedule(k, _shared(k)) is None
+    g = mm.body[sched.gemms[0]]
+    cleared = mm.model_copy(update={"body": [*mm.body[:-1], g.model_copy(update={"clear": True})]})
+    assert mainloop_schedule(cleared, _shared(cleared)) is None  # no loop state to accumulate into
+
+
+def _small_case(name: str = "Attention", sizes: dict | None = None):
+    plan = _plan(name, sizes or SMALL)
     graph = graph_of(plan)
     inputs = {k: round_to(v, "bfloat16").astype(np.float64) for k, v in random_inputs(graph, 5).items()}
     return plan, graph, inputs, render(plan)
@@ -88,6 +103,40 @@ def test_rendered_producer_and_consumers_compute_attention() -> None:
     assert ("async",) in em.traces[plan.kernels[0].name].events  # the producer branch really ran
     assert res.ok, res.message
     assert structure_problems(plan, em) == []
+
+
+def test_rendered_mainloop_computes_matmul() -> None:
+    plan, graph, inputs, src = _small_case("Matmul", SMALL_MM)
+    assert "asynchronous GEMM mainloop" in src and "T.wait_wgmma(1)" in src
+    em, res = _run(plan, graph, inputs, src)
+    assert ("async",) in em.traces[plan.kernels[0].name].events
+    assert res.ok, res.message
+    assert structure_problems(plan, em) == []
+
+
+MAINLOOP_MUTATIONS = {
+    # the slot of this step freed instead of the previous one's: its wgmma has not been waited on
+    "current_slot": (r"T\.barrier_arrive\(X_s_empty\[\(d_step - 1\) % stages\]\)",
+                     "T.barrier_arrive(X_s_empty[d_step % stages])"),
+    # the previous step's wgmma may still be in flight when its slot is freed
+    "wait_two": (r"T\.wait_wgmma\(1\)", "T.wait_wgmma(2)"),
+    # W's slots never freed past the first ring: deadlock
+    "no_release": (r"\n\s+T\.barrier_arrive\(W_s_empty\[\(d_step - 1\) % stages\]\)\n", "\n"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MAINLOOP_MUTATIONS))
+def test_the_emulator_catches_a_broken_mainloop(mutation: str) -> None:
+    plan, graph, inputs, src = _small_case("Matmul", SMALL_MM)
+    pat, rep = MAINLOOP_MUTATIONS[mutation]
+    bad, n = re.subn(pat, rep, src, count=1)
+    assert n == 1, f"mutation {mutation!r} did not apply"
+    try:
+        _, res = _run(plan, graph, inputs, bad)
+    except EmulationError as e:
+        assert "deadlock" in str(e) or "in flight" in str(e)
+        return
+    assert not res.ok, f"mutation {mutation!r} went unnoticed"
 
 
 MUTATIONS = {
@@ -123,11 +172,11 @@ def test_lowered_check_flags_a_release_under_a_wgmma_in_flight() -> None:
     assert releases_in_flight(bad) == ["line 2: K_s_empty"]
 
 
-def test_rendered_attention_lowers_without_a_release_in_flight() -> None:
+def test_rendered_attention_and_matmul_lower_without_a_release_in_flight() -> None:
     pytest.importorskip("tilelang")
     from pyrunner.backend.tilelang.compile import lower_to_cuda
 
-    plan = _plan()
-    (src,) = lower_to_cuda(plan).values()
-    assert "wait_wgmma<1>" in src and "warpgroup_reg_alloc" in src
-    assert releases_in_flight(src) == []
+    for plan in (_plan(), _plan("Matmul")):
+        (src,) = lower_to_cuda(plan).values()
+        assert "wait_wgmma<1>" in src and "warpgroup_reg_alloc" in src
+        assert releases_in_flight(src) == []

@@ -1,4 +1,5 @@
-"""When and how a loop of two chained GEMMs runs with asynchronous wgmma (FlashAttention-3's schedule).
+"""When and how a streamed loop runs its GEMMs as asynchronous wgmma: a two-GEMM chain
+(FlashAttention-3's schedule) and a plain accumulation mainloop (CUTLASS's).
 
 TileLang's automatic warp specialisation waits on every wgmma as soon as it is issued, so the
 softmax (or the activation of a fused MLP) between a loop's two GEMMs never overlaps the tensor
@@ -16,6 +17,12 @@ Moving G2 of step k into step k+1 is legal when it commutes with everything it m
 the ops after it in its own step, G1 of the next step and the early ops of the next step. This
 module decides that from the plan alone (``chain_schedule``), and says which loaded tile each
 stage release waits for; ``render_ws`` writes the code and ``emulate`` replays its barrier protocol.
+
+A loop whose body is only its loads and GEMMs accumulating into loop state (a matmul, a GEMM fed
+by a normalised operand the prologue left in shared memory) gets the mainloop schedule
+(``mainloop_schedule``): the consumers issue step k's wgmma, wait until only those are in flight,
+and free step k-1's slots. The tensor cores never drain between steps, which TileLang's
+``wait<0>`` after every GEMM makes them do.
 """
 
 from __future__ import annotations
@@ -47,6 +54,22 @@ class ChainSchedule:
     late: tuple[int, ...]
     acquire: dict[str, str]
     release: dict[str, str]
+
+    @property
+    def gemms(self) -> tuple[int, ...]:
+        return (self.g1, self.g2)
+
+
+@dataclass(frozen=True)
+class MainloopSchedule:
+    """Positions in ``kernel.body`` of a loop that only loads and accumulates: every loaded tile is
+    acquired before the step's GEMMs and released one step later, once they have been waited on."""
+
+    loads: tuple[int, ...]
+    gemms: tuple[int, ...]
+
+
+AsyncSchedule = ChainSchedule | MainloopSchedule
 
 
 def _conflict(a: Op, b: Op) -> bool:
@@ -124,8 +147,43 @@ def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
     return ChainSchedule(loads, g1, g2, tuple(early), tuple(late), acquire, release)
 
 
-def issue_order(sched: ChainSchedule, steps: int) -> list[tuple[int, int]]:
+def mainloop_schedule(kernel: Kernel, shared: set[str]) -> MainloopSchedule | None:
+    """The asynchronous mainloop of a pipelined kernel whose body is its loads followed by GEMMs only,
+    each accumulating into loop state from operands in shared memory; None where that does not hold."""
+    if kernel.loop is None or kernel.loop.visible is not None:
+        return None
+    body = kernel.body
+    loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))
+    if not loads or loads != tuple(range(len(loads))) or len(body) == len(loads):
+        return None
+    gemms = tuple(range(len(loads), len(body)))
+    if not all(isinstance(body[i], Gemm) for i in gemms):
+        return None
+    state = {b.name for b in kernel.buffers if b.state}
+    staged = {body[i].dst for i in loads}
+    if len(staged) != len(loads) or staged & state:
+        return None
+    accs = {body[i].c for i in gemms}
+    if len(accs) != len(gemms):
+        return None
+    for i in gemms:
+        g = body[i]
+        if g.clear or g.c not in state or g.a not in shared or g.b not in shared or {g.a, g.b} & accs:
+            return None
+    if staged - {x for i in gemms for x in (body[i].a, body[i].b)}:
+        return None  # a tile loaded for no GEMM
+    return MainloopSchedule(loads, gemms)
+
+
+def async_schedule(kernel: Kernel, shared: set[str]) -> AsyncSchedule | None:
+    """The asynchronous schedule a pipelined kernel's loop can run under, if any."""
+    return chain_schedule(kernel, shared) or mainloop_schedule(kernel, shared)
+
+
+def issue_order(sched: AsyncSchedule, steps: int) -> list[tuple[int, int]]:
     """(step, body position) of every non-load op in the order the consumers issue them."""
+    if isinstance(sched, MainloopSchedule):
+        return [(k, i) for k in range(steps) for i in sched.gemms]
     out = [(0, sched.g1), *((0, i) for i in sched.early), *((0, i) for i in sched.late)]
     for k in range(1, steps):
         out += [(k, sched.g1), (k - 1, sched.g2), *((k, i) for i in sched.early), *((k, i) for i in sched.late)]

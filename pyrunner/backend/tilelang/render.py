@@ -31,6 +31,7 @@ from __future__ import annotations
 import keyword
 
 from pyrunner.backend.tilelang import render_ws
+from pyrunner.backend.tilelang.async_chain import ChainSchedule
 from pyrunner.backend.tilelang.emit import (
     GemmMerge,
     _Ctx,
@@ -141,7 +142,8 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     if sched is not None:
         ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
         w.line()
-        w.line(f"if {render_ws.guard(ctx, sched, threads)}:  # asynchronous two-GEMM chain (render_ws)")
+        form = "two-GEMM chain" if isinstance(sched, ChainSchedule) else "GEMM mainloop"
+        w.line(f"if {render_ws.guard(ctx, sched, threads)}:  # asynchronous {form} (render_ws)")
         w.indent()
         render_ws.render_async_prim_func(w, ctx, func_name, threads, swizzle, sched)
         w.line()

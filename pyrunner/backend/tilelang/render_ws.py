@@ -1,11 +1,12 @@
-"""The explicitly warp-specialised prim_func of a two-GEMM chain loop (``async_chain`` says when and why).
+"""The explicitly warp-specialised prim_func of an asynchronous loop (``async_chain`` says when and why).
 
 One producer warpgroup TMA-loads each step's tiles into a ring of ``stages`` slots and signals a
 full mbarrier per slot; the consumer warpgroups wait on it, issue wgmma asynchronously
 (``T.wgmma_gemm``), and free the slot on its empty mbarrier only after the wgmma that reads it has
 been waited on (``T.wait_wgmma``). The slot is never released before its last reader finished,
 which is what TileLang's own ``wg_wait`` annotation gets wrong. Two consumer warpgroups take turns
-issuing their GEMMs through two named barriers (FlashAttention-3's ping-pong).
+issuing their GEMMs through two named barriers (FlashAttention-3's ping-pong). A mainloop (loads
+and accumulating GEMMs only) keeps one step's wgmma in flight while the next step's are issued.
 
 The build function renders this prim_func under a guard on its tile parameters (two warpgroup
 counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipelined`` form.
@@ -13,8 +14,9 @@ counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipel
 
 from __future__ import annotations
 
+from pyrunner.backend.tilelang import async_chain
 from pyrunner.backend.tilelang import emit as R
-from pyrunner.backend.tilelang.async_chain import PRODUCER_THREADS, ChainSchedule, chain_schedule
+from pyrunner.backend.tilelang.async_chain import PRODUCER_THREADS, AsyncSchedule, ChainSchedule, MainloopSchedule
 from pyrunner.plan.analysis import op_reads_writes
 from pyrunner.target.device import H200
 
@@ -28,13 +30,13 @@ CONSUMER_BARRIER = PINGPONG_BARRIER + 2
 """Named barrier of the consumer warpgroups alone (the producer never joins it)."""
 
 
-def async_schedule(ctx: R._Ctx) -> ChainSchedule | None:
+def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
     """The chain schedule of the kernel being rendered, where this renderer can write it."""
     kernel = ctx.kernel
     if kernel.loop is None or ctx.bridges or R.gemm_merges(kernel):  # bridges, merged tiles: T.Pipelined
         return None
     shared = {b.name for b in kernel.buffers if b.scope == "shared"}
-    sched = chain_schedule(kernel, shared)
+    sched = async_chain.async_schedule(kernel, shared)
     if sched is None:
         return None
     for i in sched.loads:  # TMA: 16-byte aligned rows of a tensor with at least two axes
@@ -46,7 +48,7 @@ def async_schedule(ctx: R._Ctx) -> ChainSchedule | None:
     return sched
 
 
-def shared_bytes(ctx: R._Ctx, sched: ChainSchedule) -> str:
+def shared_bytes(ctx: R._Ctx, sched: AsyncSchedule) -> str:
     """Expression for the shared memory of the asynchronous form: every shared buffer once, the loaded
     ones once per slot, plus the epilogue's TMA-store tiles (TileLang cannot fold those into the dead
     rings here, as it does for a ``T.Pipelined`` loop; sweep 17, ScaledAttention at 3 stages: 256 KiB)."""
@@ -65,11 +67,11 @@ def shared_bytes(ctx: R._Ctx, sched: ChainSchedule) -> str:
     return f"({' + '.join(terms)})"
 
 
-def guard(ctx: R._Ctx, sched: ChainSchedule, threads: str) -> str:
+def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
     """Python condition on the tile parameters under which the asynchronous form is rendered."""
     body = ctx.kernel.body
     conds = [f"{threads} in (128, 256)"]
-    for g in (body[sched.g1], body[sched.g2]):
+    for g in (body[i] for i in sched.gemms):
         rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
         conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
         conds.append(f"{R._paren(cols)} <= 256")
@@ -92,34 +94,62 @@ def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, staged: li
         w.line(f"{empty[b]} = T.alloc_barrier([{threads}] * {stages})  # slot of {b!r} free again")
 
 
+class _Ring:
+    """The ring of slots the producer fills and the consumers drain: slot and phase of a step, the
+    mbarrier waits and arrives, and the staged buffers' names bound to one step's slot."""
+
+    def __init__(self, w: R._Writer, ctx: R._Ctx, staged: list[str]) -> None:
+        self.w, self.ctx, self.staged = w, ctx, staged
+        self.stages = R._paren(R._stages(ctx.kernel))
+        fresh = ctx.local.fresh
+        self.full = {b: fresh(f"{b}_full") for b in staged}
+        self.empty = {b: fresh(f"{b}_empty") for b in staged}
+        self.names = {b: ctx.names[b] for b in staged}
+
+    def slot(self, step: str) -> str:
+        return f"{R._paren(step)} % {self.stages}"
+
+    def parity(self, step: str) -> str:
+        return f"({R._paren(step)} // {self.stages}) % 2"
+
+    def bind(self, step: str) -> None:
+        """Point the staged buffers' names at ``step``'s slot (``unbind`` restores them)."""
+        for b in self.staged:
+            nd = len(self.ctx.buffers[b].axes)
+            self.ctx.names[b] = f"{self.names[b]}[{self.slot(step)}, {', '.join([':'] * nd)}]"
+
+    def unbind(self) -> None:
+        self.ctx.names.update(self.names)
+
+    def wait_full(self, bufs: list[str], step: str) -> None:
+        for b in bufs:
+            self.w.line(f"T.barrier_wait({self.full[b]}[{self.slot(step)}], {self.parity(step)})")
+
+    def release(self, bufs: list[str], step: str) -> None:
+        for b in bufs:
+            self.w.line(f"T.barrier_arrive({self.empty[b]}[{self.slot(step)}])")
+
+
 def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, swizzle: str | None,
-                           sched: ChainSchedule) -> None:
-    """``@T.prim_func`` of the kernel with a producer warpgroup and asynchronous, ping-ponged consumers."""
-    kernel, names, buffers = ctx.kernel, ctx.names, ctx.buffers
+                           sched: AsyncSchedule) -> None:
+    """``@T.prim_func`` of the kernel with a producer warpgroup and asynchronous consumers."""
+    kernel, buffers = ctx.kernel, ctx.buffers
     body = kernel.body
     lp = kernel.loop
-    stages = R._stages(kernel)
     staged = [body[i].dst for i in sched.loads]
     loop_var = ctx.loop_var
     fresh = ctx.local.fresh
-    full = {b: fresh(f"{b}_full") for b in staged}
-    empty = {b: fresh(f"{b}_empty") for b in staged}
+    ring = _Ring(w, ctx, staged)
     tx, wg, last = fresh("tx"), fresh("wg"), fresh("last_step")
-    pp = fresh("pingpong")
+    pp = fresh("pingpong") if isinstance(sched, ChainSchedule) else None
     steps = R._tiles(ctx, lp.axis)
-    w.line(f"{pp} = {threads} == 256  # two consumer warpgroups take turns at the tensor cores")
+    if pp is not None:
+        w.line(f"{pp} = {threads} == 256  # two consumer warpgroups take turns at the tensor cores")
     w.line(f"{last} = {steps} - 1")
-    _declare(w, ctx, func_name, threads, staged, full, empty)
+    _declare(w, ctx, func_name, threads, staged, ring.full, ring.empty)
     w.line(f"{tx} = T.get_thread_binding()")
     if swizzle is not None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
-
-    def slot(step: str) -> str:
-        return f"{R._paren(step)} % {R._paren(stages)}"
-
-    def parity(step: str) -> str:
-        return f"({R._paren(step)} // {R._paren(stages)}) % 2"
-
     w.line(f"if {tx} >= {threads}:  # producer warpgroup: TMA loads into the ring, a slot once it is free")
     w.indent()
     w.line(f"T.set_max_nreg({PRODUCER_REGS}, 0)")
@@ -129,10 +159,11 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
         op = body[i]
         b = op.dst
         nd = len(buffers[b].axes)
-        w.line(f"T.barrier_wait({empty[b]}[{slot(loop_var)}], 1 - {parity(loop_var)})")
-        w.line(f"T.tma_copy({R._region(ctx, ctx.tensors[op.src])}, {names[b]}[{slot(loop_var)}, "
-               f"{', '.join([':'] * nd)}], barrier={full[b]}[{slot(loop_var)}])")
-        w.line(f"T.barrier_arrive({full[b]}[{slot(loop_var)}])")
+        slot = ring.slot(loop_var)
+        w.line(f"T.barrier_wait({ring.empty[b]}[{slot}], 1 - {ring.parity(loop_var)})")
+        w.line(f"T.tma_copy({R._region(ctx, ctx.tensors[op.src])}, {ring.names[b]}[{slot}, "
+               f"{', '.join([':'] * nd)}], barrier={ring.full[b]}[{slot}])")
+        w.line(f"T.barrier_arrive({ring.full[b]}[{slot}])")
     w.dedent()
     w.dedent()
     w.line("else:  # consumer warpgroups")
@@ -146,31 +177,63 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     if any(buffers[x].scope == "shared" for op in kernel.prologue for x in op_reads_writes(op)[1]):
         w.line("T.fence_proxy_async()  # the prologue's shared-memory writes, visible to wgmma")
         w.line(f"T.sync_threads({CONSUMER_BARRIER}, {threads})  # ... and finished by every consumer thread")
+    if isinstance(sched, MainloopSchedule):
+        _mainloop_consumers(w, ctx, sched, ring, steps, last)
+    else:
+        _chain_consumers(w, ctx, sched, ring, steps, last, wg, pp)
+    ring.unbind()
+    if kernel.epilogue:
+        w.line("# epilogue")
+    for i, op in enumerate(kernel.epilogue):
+        R._render_op(w, ctx, op, "epilogue", i)
+    w.dedent()
+    w.dedent()
+    w.dedent()
 
-    staged_names = {b: names[b] for b in staged}
 
-    def bind(step: str) -> None:
-        for b in staged:
-            nd = len(buffers[b].axes)
-            names[b] = f"{staged_names[b]}[{slot(step)}, {', '.join([':'] * nd)}]"
+def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring: _Ring, steps: str,
+                        last: str) -> None:
+    """Each step: wait for its tiles, issue its GEMMs, wait until only they are in flight, and free
+    the previous step's slots (their wgmma are done); the tensor cores never drain between steps."""
+    loop_var = ctx.loop_var
+    n = len(sched.gemms)
+    w.line(f"# streamed loop over {ctx.kernel.loop.axis!r}: one step's wgmma in flight while the next is issued")
+    w.line(f"for {loop_var} in T.serial({steps}):")
+    w.indent()
+    ring.wait_full(ring.staged, loop_var)
+    ring.bind(loop_var)
+    for i in sched.gemms:
+        R._render_gemm(w, ctx, ctx.kernel.body[i], fn="T.wgmma_gemm", full_row=True)
+    w.line(f"T.wait_wgmma({n})  # the previous step's wgmma done; this step's may still run")
+    w.line(f"if {loop_var} > 0:")
+    w.indent()
+    ring.release(ring.staged, f"{loop_var} - 1")
+    w.dedent()
+    w.dedent()
+    w.line("T.wait_wgmma(0)")
+    ring.release(ring.staged, last)
+
+
+def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: _Ring, steps: str, last: str,
+                     wg: str, pp: str) -> None:
+    """G1 of step k and G2 of step k-1 issued back to back, the ops between them split around the
+    wait for G2, and two warpgroups taking turns at the tensor cores (FlashAttention-3)."""
+    body = ctx.kernel.body
+    loop_var = ctx.loop_var
 
     def waits(part: str, step: str) -> None:
-        for b in staged:
-            if sched.acquire[b] == part:
-                w.line(f"T.barrier_wait({full[b]}[{slot(step)}], {parity(step)})")
+        ring.wait_full([b for b in ring.staged if sched.acquire[b] == part], step)
 
     def releases(part: str, step: str) -> None:
-        for b in staged:
-            if sched.release[b] == part:
-                w.line(f"T.barrier_arrive({empty[b]}[{slot(step)}])")
+        ring.release([b for b in ring.staged if sched.release[b] == part], step)
 
     def gemm(i: int, step: str) -> None:
-        bind(step)
+        ring.bind(step)
         R._render_gemm(w, ctx, body[i], fn="T.wgmma_gemm", full_row=True)
 
     def thread_ops(part: str, idx: tuple[int, ...], step: str) -> None:
         waits(part, step)
-        bind(step)
+        ring.bind(step)
         for i in idx:
             R._render_op(w, ctx, body[i], "body", i)
         releases(part, step)
@@ -188,7 +251,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
             w.line(f"    T.named_barrier_arrive({PINGPONG_BARRIER + 1} - {wg}, 256)")
 
     prev = f"{loop_var} - 1"
-    w.line(f"# step 0 of the streamed loop over {lp.axis!r}: G1 alone")
+    w.line(f"# step 0 of the streamed loop over {ctx.kernel.loop.axis!r}: G1 alone")
     w.line(f"for {loop_var} in T.serial(1):")
     w.indent()
     waits("g1", loop_var)
@@ -226,11 +289,3 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     your_turn(only="0")  # warpgroup 1 has no turn left to hand over: every arrive meets a sync
     w.line("T.wait_wgmma(0)")
     releases("g2", last)
-    names.update(staged_names)
-    if kernel.epilogue:
-        w.line("# epilogue")
-    for i, op in enumerate(kernel.epilogue):
-        R._render_op(w, ctx, op, "epilogue", i)
-    w.dedent()
-    w.dedent()
-    w.dedent()

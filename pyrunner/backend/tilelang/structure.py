@@ -5,7 +5,7 @@ global region every copy touches and the dim every reduction takes."""
 
 from __future__ import annotations
 
-from pyrunner.backend.tilelang.async_chain import ChainSchedule, chain_schedule, issue_order
+from pyrunner.backend.tilelang.async_chain import AsyncSchedule, async_schedule, issue_order
 from pyrunner.backend.tilelang.emulate import Emulation
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.passes import optimize
@@ -36,8 +36,8 @@ def _event(op, scalars: set[str]) -> tuple | None:
     return None  # pragma: no cover - the schema admits no other op
 
 
-def _expected_events(plan: Plan, k, cfg: dict[str, int], sched: ChainSchedule | None = None) -> list[tuple]:
-    """The plan's ops as the first block runs them; with the asynchronous chain schedule, the
+def _expected_events(plan: Plan, k, cfg: dict[str, int], sched: AsyncSchedule | None = None) -> list[tuple]:
+    """The plan's ops as the first block runs them; with an asynchronous schedule, the
     consumers' order (``async_chain.issue_order``) without the producer's loads."""
     steps = _steps(plan, k, cfg)
     scalars = {t.name for t in plan.tensors if not t.axes}
@@ -65,9 +65,10 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
         ident: dict[str, str] = {}
         sched = None
         if ("async",) in tr.events:  # rendered by render_ws: the producer's loads go into rings of slots
-            sched = chain_schedule(k, {b.name for b in k.buffers if b.scope == "shared"})
+            sched = async_schedule(k, {b.name for b in k.buffers if b.scope == "shared"})
             if sched is None:
-                problems.append(f"{k.name}: rendered with a producer warpgroup, but the plan has no chain schedule")
+                problems.append(f"{k.name}: rendered with a producer warpgroup, but the plan has no asynchronous "
+                                "schedule")
                 continue
         ring = {k.body[i].dst for i in sched.loads} if sched else set()
         stages = (kc[k.loop.stages] if isinstance(k.loop.stages, str) else k.loop.stages) if ring else 0
