@@ -15,6 +15,12 @@ processes, bounded by a share of the budget; phase 2 runs each plan in its own p
 per-run deadline (max-autotune is skipped when the deadline is near) and a hard kill, and a
 killed or crashed run is still logged, from its checkpoint. One failing workload never stops the
 others.
+
+``--alternatives N`` also times the next N distinct plans of each graph (verified and autotuned
+like the first, without baselines; records in ``$OUT/alternatives.jsonl``). Their times land in the
+tuning database, whose measured times the planner prefers, so runs teach it which *plan* is
+fastest, not only which config: a plan the model ranks second is measured once and then chosen
+on its merits.
 """
 
 from __future__ import annotations
@@ -104,8 +110,13 @@ def _graphs(args) -> list[tuple[str, object]]:
     return out
 
 
+ALT = "~alt"
+"""Job names of alternative plans: ``<tag>~alt<rank>`` (timed without baselines, logged apart)."""
+
+
 def _plan_all(args, work: Path, results: Path, say: Tee) -> list[tuple[str, str, Path]]:
-    """Plan every (graph, dtype); a planner failure is logged as a failed record."""
+    """Plan every (graph, dtype), with ``--alternatives`` more per graph; a planner failure is logged
+    as a failed record."""
     from pyrunner.log.results import append_record, make_record
     from pyrunner.planner import search
     from pyrunner.planner.search import ranked_plan_configs
@@ -117,32 +128,35 @@ def _plan_all(args, work: Path, results: Path, say: Tee) -> list[tuple[str, str,
         for tag, g in graphs:
             t = time.monotonic()
             try:
-                (plan,) = search(g, dtype, top=1, calibration=args.calibration)
-                configs = ranked_plan_configs(g, plan, max(args.autotune, 1), args.calibration)
+                plans = search(g, dtype, top=1 + args.alternatives, calibration=args.calibration)
+                configs = [ranked_plan_configs(g, p, max(args.autotune, 1), args.calibration) for p in plans]
             except Exception as e:  # noqa: BLE001 - record and go on with the others
                 say(f"PLAN FAILED {g.name} {dtype}: {type(e).__name__}: {e}")
                 append_record(results, make_record(
                     plan_hash="none", workload=g.name, graph_hash="", shapes=dict(g.sizes), dtype=dtype,
                     device="planner", status="failed-compile", message=f"planner failed: {type(e).__name__}: {e}"))
                 continue
-            path = work / "plans" / f"{tag}_{dtype}.json"
-            path.write_text(plan.model_dump_json(indent=1))
-            path.with_suffix(".configs.json").write_text(json.dumps(configs))
-            measured = " (measured, tuning database)" if plan.cost.model.get("measured") else ""
-            say(f"planned {tag:14s} {dtype:9s} plan {plan.provenance.plan_hash}  {len(plan.kernels)} kernel(s)  "
-                f"predicted {plan.cost.total_us:.1f} us{measured}  {len(configs)} ranked config(s)  "
-                f"({time.monotonic() - t:.1f} s)")
-            jobs.append((tag, dtype, path))
+            for rank, (plan, ranked) in enumerate(zip(plans, configs, strict=True), 1):
+                name = tag if rank == 1 else f"{tag}{ALT}{rank}"
+                path = work / "plans" / f"{name}_{dtype}.json"
+                path.write_text(plan.model_dump_json(indent=1))
+                path.with_suffix(".configs.json").write_text(json.dumps(ranked))
+                measured = " (measured, tuning database)" if plan.cost.model.get("measured") else ""
+                say(f"planned {name:14s} {dtype:9s} plan {plan.provenance.plan_hash}  {len(plan.kernels)} kernel(s)  "
+                    f"predicted {plan.cost.total_us:.1f} us{measured}  {len(ranked)} ranked config(s)  "
+                    f"({time.monotonic() - t:.1f} s)")
+                jobs.append((name, dtype, path))
     return jobs
 
 
 # --- worker processes ---------------------------------------------------------------
 
 def _worker_cmd(args, mode: str, plan: Path, results: Path, work: Path, deadline_s: float,
-                checkpoint: Path | None = None) -> list[str]:
+                checkpoint: Path | None = None, baselines: str | None = None) -> list[str]:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--plan", str(plan),
            "--results", str(results), "--work", str(work), "--autotune", str(args.autotune),
-           "--deadline-s", f"{deadline_s:.0f}", "--baselines", args.baselines, "--rounds", str(args.rounds)]
+           "--deadline-s", f"{deadline_s:.0f}", "--baselines", args.baselines if baselines is None else baselines,
+           "--rounds", str(args.rounds)]
     if args.tuning_out:
         cmd += ["--tuning-out", str(args.tuning_out)]
     if checkpoint is not None:
@@ -201,7 +215,8 @@ def _warm(args, jobs, results: Path, work: Path, until: float, say: Tee) -> None
         left = until - time.monotonic()
         if left < 5:
             return name, dtype, None, 0.0
-        rc, secs = _run_proc(_worker_cmd(args, "warm", plan, results, work, left), left,
+        rc, secs = _run_proc(_worker_cmd(args, "warm", plan, results, work, left,
+                                         baselines="" if ALT in name else None), left,
                              work / "logs" / f"warm_{name}_{dtype}.log")
         return name, dtype, rc, secs
 
@@ -215,11 +230,13 @@ def _shapes(plan: dict) -> dict[str, int]:
     return {a: n for t in plan["tensors"] for a, n in zip(t["axes"], t["shape"], strict=True)}
 
 
-def _timed(args, jobs, results: Path, work: Path, end: float, say: Tee) -> None:
+def _timed(args, jobs, log_path: Path, work: Path, end: float, say: Tee) -> None:
     from pyrunner.log.results import append_record, make_record, read_log
     from pyrunner.run.runner import record_after_exit, record_from_checkpoint
 
     for i, (name, dtype, plan_path) in enumerate(jobs):
+        alt = ALT in name  # an alternative plan: no baselines, its own log
+        results = log_path.with_name("alternatives.jsonl") if alt else log_path
         left = end - time.monotonic()
         share = left / (len(jobs) - i)
         plan = json.loads(plan_path.read_text())
@@ -241,7 +258,8 @@ def _timed(args, jobs, results: Path, work: Path, end: float, say: Tee) -> None:
         pending.unlink(missing_ok=True)
         log = work / "logs" / f"run_{name}_{dtype}.log"
         say(f"== run {name} {dtype} plan {phash} (deadline {soft:.0f} s, hard limit {hard:.0f} s)")
-        rc, secs = _run_proc(_worker_cmd(args, "run", plan_path, pending, work, soft, ck), hard, log)
+        rc, secs = _run_proc(_worker_cmd(args, "run", plan_path, pending, work, soft, ck,
+                                         baselines="" if alt else None), hard, log)
         text = log.read_text(errors="replace")
         say.raw(f"----- log of run {name} {dtype} -----\n{text}")
         written = read_log(pending)
@@ -304,6 +322,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the second shape set (attention t=8192 and t=1024, matmul 4096^3, "
                          "RMSNormMLP m=8192)")
     ap.add_argument("--shapes2-only", action="store_true", help="run only the second shape set")
+    ap.add_argument("--alternatives", type=int, default=0,
+                    help="also time the next N distinct plans of each graph (no baselines; alternatives.jsonl), "
+                         "so the tuning database learns which plan is fastest")
     ap.add_argument("--tuning-out", type=Path, default=None,
                     help="tuning database to update (default: $OUT/tuning_<device>.json, seeded from "
                          "benchmarks/tuning/)")
@@ -344,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
     _pack_sources(args.work, args.out)
     records = latest(read_log(results))
     table = short_table(records)
+    alts = results.with_name("alternatives.jsonl")
+    if alts.exists():  # the alternatives beside the plan each workload ran with
+        table += "\nalternative plans (tuning database only):\n" + "\n".join(
+            f"  {r.workload:22s} {r.dtype:9s} plan {r.plan_hash}  "
+            f"{'-' if r.plan_us is None else f'{r.plan_us:.1f} us'}  {r.status}" for r in read_log(alts))
     say.raw(table)
     say(f"== done in {time.monotonic() - start:.0f} s; results in {args.out}")
     print("\n" + table, flush=True)

@@ -196,3 +196,21 @@ def test_gpu_run_second_shape_set_plans_distinct_files():
     assert sizes["RMSNormMLP_m8192"]["m"] == 8192
     only = mod._graphs(argparse.Namespace(workloads="Matmul", graph=None, shapes2=False, shapes2_only=True))
     assert len(only) == 4
+
+
+def test_gpu_run_alternatives_plan_the_next_distinct_plans(tmp_path):
+    import argparse
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("gpu_run", "benchmarks/gpu_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = argparse.Namespace(workloads="RMSNorm", graph=None, shapes2=False, shapes2_only=False,
+                              dtypes="bfloat16", alternatives=2, autotune=2, calibration=None)
+    said: list[str] = []
+    jobs = mod._plan_all(args, tmp_path, tmp_path / "results.jsonl", lambda *p: said.append(" ".join(map(str, p))))
+    assert [n for n, _, _ in jobs] == ["RMSNorm", f"RMSNorm{mod.ALT}2", f"RMSNorm{mod.ALT}3"]
+    hashes = {json.loads(p.read_text())["provenance"]["plan_hash"] for _, _, p in jobs}
+    assert len(hashes) == 3  # three distinct plans, each with its own ranked configs
+    assert all(p.with_suffix(".configs.json").exists() for _, _, p in jobs)

@@ -135,6 +135,7 @@ class _Ctx:
     staging: dict[tuple[str, str], str] = None  # (fragment, global tensor) of an epilogue store -> shared tile
     hoisted: set[str] = None  # loop-invariant fragments whose bridge copy is issued once, before the loop
     sizes: dict[str, int] = None  # axis -> extent (constant expressions fold to literals at these)
+    slots: dict[str, str] = None  # ring buffer -> slot index its element reads take first (render_ws)
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""
@@ -238,6 +239,8 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
     if isinstance(e, Ref):
         b = ctx.buffers[e.buf]
         ix = ", ".join(idx[a] for a in b.axes) if b.axes else "0"
+        if ctx.slots and b.name in ctx.slots and b.name not in ctx.reroute:
+            ix = f"{ctx.slots[b.name]}, {ix}"
         load = f"{ctx.reroute.get(b.name, ctx.names[b.name])}[{ix}]"
         return load if b.dtype == "float32" else f'T.cast({load}, "float32")'
     if isinstance(e, Const):

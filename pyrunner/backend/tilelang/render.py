@@ -31,7 +31,6 @@ from __future__ import annotations
 import keyword
 
 from pyrunner.backend.tilelang import render_ws
-from pyrunner.backend.tilelang.async_chain import ChainSchedule
 from pyrunner.backend.tilelang.emit import (
     GemmMerge,
     _Ctx,
@@ -56,6 +55,7 @@ from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.analysis import kernel_args, kernel_axes
 from pyrunner.plan.passes import optimize
+from pyrunner.plan.schedule import ChainSchedule
 from pyrunner.plan.schema import (
     Gemm,
     Kernel,

@@ -1,4 +1,4 @@
-"""The explicitly warp-specialised prim_func of an asynchronous loop (``async_chain`` says when and why).
+"""The explicitly warp-specialised prim_func of an asynchronous loop (``plan.schedule`` says when and why).
 
 One producer warpgroup TMA-loads each step's tiles into a ring of ``stages`` slots and signals a
 full mbarrier per slot; the consumer warpgroups wait on it, issue wgmma asynchronously
@@ -14,12 +14,14 @@ counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipel
 
 from __future__ import annotations
 
-from pyrunner.backend.tilelang import async_chain
 from pyrunner.backend.tilelang import emit as R
-from pyrunner.backend.tilelang.async_chain import PRODUCER_THREADS, AsyncSchedule, ChainSchedule, MainloopSchedule
+from pyrunner.plan import schedule
 from pyrunner.plan.analysis import op_reads_writes
+from pyrunner.plan.schedule import AsyncSchedule, ChainSchedule, MainloopSchedule
 from pyrunner.target.device import H200
 
+PRODUCER_THREADS = 128
+"""One warpgroup issues the TMA loads."""
 PRODUCER_REGS, CONSUMER_REGS = 24, 240
 """setmaxnreg budgets: the producer only issues TMA; 24 * 128 + 240 * 256 fits the 64K registers."""
 PINGPONG_BARRIER = 8
@@ -33,10 +35,12 @@ CONSUMER_BARRIER = PINGPONG_BARRIER + 2
 def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
     """The chain schedule of the kernel being rendered, where this renderer can write it."""
     kernel = ctx.kernel
-    if kernel.loop is None or ctx.bridges or R.gemm_merges(kernel):  # bridges, merged tiles: T.Pipelined
+    if kernel.loop is None or R.gemm_merges(kernel):  # merged B tiles: T.Pipelined
+        return None
+    if any(section == "body" for section, _ in ctx.bridges):  # a layout bridge every step: T.Pipelined
         return None
     shared = {b.name for b in kernel.buffers if b.scope == "shared"}
-    sched = async_chain.async_schedule(kernel, shared)
+    sched = schedule.async_schedule(kernel, shared)
     if sched is None:
         return None
     for i in sched.loads:  # TMA: 16-byte aligned rows of a tensor with at least two axes
@@ -118,8 +122,14 @@ class _Ring:
             nd = len(self.ctx.buffers[b].axes)
             self.ctx.names[b] = f"{self.names[b]}[{self.slot(step)}, {', '.join([':'] * nd)}]"
 
+    def bind_elements(self, step: str) -> None:
+        """Element reads of the staged buffers (a Map's operands) index ``step``'s slot first."""
+        self.unbind()
+        self.ctx.slots = {b: self.slot(step) for b in self.staged}
+
     def unbind(self) -> None:
         self.ctx.names.update(self.names)
+        self.ctx.slots = None
 
     def wait_full(self, bufs: list[str], step: str) -> None:
         for b in bufs:
@@ -193,8 +203,8 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
 
 def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring: _Ring, steps: str,
                         last: str) -> None:
-    """Each step: wait for its tiles, issue its GEMMs, wait until only they are in flight, and free
-    the previous step's slots (their wgmma are done); the tensor cores never drain between steps."""
+    """Each step: wait for its tiles, issue its GEMMs, run its thread ops under them, wait until only
+    they are in flight, and free the previous step's slots (their wgmma and thread reads are done)."""
     loop_var = ctx.loop_var
     n = len(sched.gemms)
     w.line(f"# streamed loop over {ctx.kernel.loop.axis!r}: one step's wgmma in flight while the next is issued")
@@ -204,6 +214,10 @@ def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring
     ring.bind(loop_var)
     for i in sched.gemms:
         R._render_gemm(w, ctx, ctx.kernel.body[i], fn="T.wgmma_gemm", full_row=True)
+    ring.bind_elements(loop_var)
+    for i in sched.ops:  # thread work under the MMAs: it leaves their operands and accumulators alone
+        R._render_op(w, ctx, ctx.kernel.body[i], "body", i)
+    ring.unbind()
     w.line(f"T.wait_wgmma({n})  # the previous step's wgmma done; this step's may still run")
     w.line(f"if {loop_var} > 0:")
     w.indent()

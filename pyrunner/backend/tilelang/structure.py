@@ -5,10 +5,10 @@ global region every copy touches and the dim every reduction takes."""
 
 from __future__ import annotations
 
-from pyrunner.backend.tilelang.async_chain import AsyncSchedule, async_schedule, issue_order
 from pyrunner.backend.tilelang.emulate import Emulation
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.passes import optimize
+from pyrunner.plan.schedule import AsyncSchedule, async_schedule, issue_order
 from pyrunner.plan.schema import Fill, Gemm, Load, Map, Plan, Reduce, Store
 
 
@@ -38,7 +38,7 @@ def _event(op, scalars: set[str]) -> tuple | None:
 
 def _expected_events(plan: Plan, k, cfg: dict[str, int], sched: AsyncSchedule | None = None) -> list[tuple]:
     """The plan's ops as the first block runs them; with an asynchronous schedule, the
-    consumers' order (``async_chain.issue_order``) without the producer's loads."""
+    consumers' order (``plan.schedule.issue_order``) without the producer's loads."""
     steps = _steps(plan, k, cfg)
     scalars = {t.name for t in plan.tensors if not t.axes}
     if sched is None:

@@ -16,13 +16,15 @@ for G2 and run the rest ("late"). Two consumer warpgroups also take turns at the
 Moving G2 of step k into step k+1 is legal when it commutes with everything it moves past:
 the ops after it in its own step, G1 of the next step and the early ops of the next step. This
 module decides that from the plan alone (``chain_schedule``), and says which loaded tile each
-stage release waits for; ``render_ws`` writes the code and ``emulate`` replays its barrier protocol.
+stage release waits for; ``backend.tilelang.render_ws`` writes the code and ``emulate`` replays
+its barrier protocol. The cost model reads the same decision (work that overlaps the MMAs).
 
-A loop whose body is only its loads and GEMMs accumulating into loop state (a matmul, a GEMM fed
-by a normalised operand the prologue left in shared memory) gets the mainloop schedule
-(``mainloop_schedule``): the consumers issue step k's wgmma, wait until only those are in flight,
-and free step k-1's slots. The tensor cores never drain between steps, which TileLang's
-``wait<0>`` after every GEMM makes them do.
+A loop whose body is its loads, GEMMs accumulating into loop state, and thread work that leaves
+the GEMMs' operands and accumulators alone (a matmul; a norm-fed GEMM summing squares of the tile
+it multiplies) gets the mainloop schedule (``mainloop_schedule``): the consumers issue step k's
+wgmma, run the thread work under them, wait until only step k's are in flight, and free step
+k-1's slots. The tensor cores never drain between steps, which TileLang's ``wait<0>`` after every
+GEMM makes them do.
 """
 
 from __future__ import annotations
@@ -30,10 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyrunner.plan.analysis import op_reads_writes
-from pyrunner.plan.schema import Gemm, Kernel, Load, Op
-
-PRODUCER_THREADS = 128
-"""One warpgroup issues the TMA loads."""
+from pyrunner.plan.schema import Buffer, Gemm, Kernel, Load, Map, Op
 
 
 @dataclass(frozen=True)
@@ -62,11 +61,13 @@ class ChainSchedule:
 
 @dataclass(frozen=True)
 class MainloopSchedule:
-    """Positions in ``kernel.body`` of a loop that only loads and accumulates: every loaded tile is
-    acquired before the step's GEMMs and released one step later, once they have been waited on."""
+    """Positions in ``kernel.body`` of a loop that loads, accumulates GEMMs and runs thread ``ops``
+    beside them: every loaded tile is acquired before the step's GEMMs and released one step
+    later, once they have been waited on (the step's thread ops have run by then)."""
 
     loads: tuple[int, ...]
     gemms: tuple[int, ...]
+    ops: tuple[int, ...] = ()
 
 
 AsyncSchedule = ChainSchedule | MainloopSchedule
@@ -148,18 +149,25 @@ def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
 
 
 def mainloop_schedule(kernel: Kernel, shared: set[str]) -> MainloopSchedule | None:
-    """The asynchronous mainloop of a pipelined kernel whose body is its loads followed by GEMMs only,
-    each accumulating into loop state from operands in shared memory; None where that does not hold."""
+    """The asynchronous mainloop of a pipelined kernel (``mainloop_of`` says when), or None."""
     if kernel.loop is None or kernel.loop.visible is not None:
         return None
-    body = kernel.body
+    return mainloop_of(kernel.body, kernel.buffers, shared)
+
+
+def mainloop_of(body: list[Op], buffers: list[Buffer], shared: set[str]) -> MainloopSchedule | None:
+    """The mainloop of a loop body (unmasked): its loads, then GEMMs each accumulating into loop state
+    from operands in shared memory, and thread ops that commute with every GEMM (they neither write
+    a GEMM's operands nor touch its accumulator) and read loaded tiles element by element only.
+    Takes the body and buffers rather than a kernel so the cost model can ask before tiles exist."""
     loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))
-    if not loads or loads != tuple(range(len(loads))) or len(body) == len(loads):
+    if not loads or loads != tuple(range(len(loads))):
         return None
-    gemms = tuple(range(len(loads), len(body)))
-    if not all(isinstance(body[i], Gemm) for i in gemms):
+    gemms = tuple(i for i in range(len(loads), len(body)) if isinstance(body[i], Gemm))
+    ops = tuple(i for i in range(len(loads), len(body)) if not isinstance(body[i], Gemm))
+    if not gemms:
         return None
-    state = {b.name for b in kernel.buffers if b.state}
+    state = {b.name for b in buffers if b.state}
     staged = {body[i].dst for i in loads}
     if len(staged) != len(loads) or staged & state:
         return None
@@ -170,9 +178,14 @@ def mainloop_schedule(kernel: Kernel, shared: set[str]) -> MainloopSchedule | No
         g = body[i]
         if g.clear or g.c not in state or g.a not in shared or g.b not in shared or {g.a, g.b} & accs:
             return None
-    if staged - {x for i in gemms for x in (body[i].a, body[i].b)}:
-        return None  # a tile loaded for no GEMM
-    return MainloopSchedule(loads, gemms)
+        if any(_conflict(g, body[j]) for j in ops):
+            return None  # the thread op would have to wait for the wgmma
+    for j in ops:  # thread code reads a staged tile element by element (a Map), never as a whole tile
+        if not isinstance(body[j], Map) and staged & set(op_reads_writes(body[j])[0]):
+            return None
+    if staged - {x for i in range(len(loads), len(body)) for x in op_reads_writes(body[i])[0]}:
+        return None  # a tile loaded for nothing
+    return MainloopSchedule(loads, gemms, ops)
 
 
 def async_schedule(kernel: Kernel, shared: set[str]) -> AsyncSchedule | None:
@@ -183,7 +196,7 @@ def async_schedule(kernel: Kernel, shared: set[str]) -> AsyncSchedule | None:
 def issue_order(sched: AsyncSchedule, steps: int) -> list[tuple[int, int]]:
     """(step, body position) of every non-load op in the order the consumers issue them."""
     if isinstance(sched, MainloopSchedule):
-        return [(k, i) for k in range(steps) for i in sched.gemms]
+        return [(k, i) for k in range(steps) for i in (*sched.gemms, *sched.ops)]
     out = [(0, sched.g1), *((0, i) for i in sched.early), *((0, i) for i in sched.late)]
     for k in range(1, steps):
         out += [(k, sched.g1), (k - 1, sched.g2), *((k, i) for i in sched.early), *((k, i) for i in sched.late)]

@@ -1,4 +1,4 @@
-"""The asynchronous loop schedules (backend/tilelang/async_chain.py, render_ws.py), the two-GEMM chain
+"""The asynchronous loop schedules (plan/schedule.py, render_ws.py), the two-GEMM chain
 and the GEMM mainloop: which loops get them and how their ops split, that the rendered
 producer/consumer source computes the graph on the CPU emulator with its barrier protocol replayed,
 and that the emulator and the lowered-CUDA check catch a slot released too early, a slot never
@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 
-from pyrunner.backend.tilelang.async_chain import async_schedule, chain_schedule, issue_order, mainloop_schedule
 from pyrunner.backend.tilelang.emulate import EmulationError, emulate
 from pyrunner.backend.tilelang.lowered import releases_in_flight
 from pyrunner.backend.tilelang.render import render
@@ -19,6 +18,7 @@ from pyrunner.backend.tilelang.structure import structure_problems
 from pyrunner.ir import catalog
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.analysis import op_reads_writes
+from pyrunner.plan.schedule import async_schedule, chain_schedule, issue_order, mainloop_schedule
 from pyrunner.plan.schema import Gemm, Map, Ref
 from pyrunner.planner import search
 from pyrunner.run.executor import round_to
@@ -112,6 +112,37 @@ def test_rendered_mainloop_computes_matmul() -> None:
     assert ("async",) in em.traces[plan.kernels[0].name].events
     assert res.ok, res.message
     assert structure_problems(plan, em) == []
+
+
+def _fused_rmsnorm_case():
+    """RMSNorm fed into a GEMM as one kernel: the loop sums squares of the X tile the GEMM multiplies."""
+    plans = search(catalog.get("RMSNorm", SMALL_MM), "bf16", top=5, tuning=False)
+    plan = next(p for p in plans if len(p.kernels) == 1)
+    graph = graph_of(plan)
+    inputs = {k: round_to(v, "bfloat16").astype(np.float64) for k, v in random_inputs(graph, 7).items()}
+    return plan, graph, inputs, render(plan)
+
+
+def test_thread_work_beside_the_mainloop_reads_the_ring_slot() -> None:
+    plan, graph, inputs, src = _fused_rmsnorm_case()
+    (k,) = plan.kernels
+    sched = mainloop_schedule(k, _shared(k))
+    assert sched is not None and sched.ops  # the sum of squares runs beside the wgmma
+    assert re.search(r"X_s\[d_step % stages, m_i, d_i\]", src)  # element reads index the step's slot
+    em, res = _run(plan, graph, inputs, src)
+    assert ("async",) in em.traces[k.name].events
+    assert res.ok, res.message
+    assert structure_problems(plan, em) == []
+    # freeing X's slot of this step, not the previous one, lets the producer refill it under the reads
+    bad, n = re.subn(r"T\.barrier_arrive\(X_s_empty\[\(d_step - 1\) % stages\]\)",
+                     "T.barrier_arrive(X_s_empty[d_step % stages])", src, count=1)
+    assert n == 1
+    try:
+        _, res = _run(plan, graph, inputs, bad)
+    except EmulationError as e:
+        assert "deadlock" in str(e)
+        return
+    assert not res.ok
 
 
 MAINLOOP_MUTATIONS = {
