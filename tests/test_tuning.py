@@ -8,6 +8,7 @@ import pytest
 
 from pyrunner.errors import UserError
 from pyrunner.ir import catalog
+from pyrunner.plan.schedule import FORM_VERSIONS, plan_forms
 from pyrunner.planner import search
 from pyrunner.planner.search import prefer_measured, ranked_plan_configs
 from pyrunner.run.runner import RunOptions, _tuned_entry, autotune_candidates, default_config
@@ -67,6 +68,29 @@ def test_record_keeps_the_faster_config(tmp_path):
     assert db.lookup(plan, "h200").config == fast
     assert db.record(plan, slow, 40.0, "h200")
     assert db.lookup(plan, "h200").config == slow
+
+
+def test_an_entry_measured_under_another_loop_form_is_stale(tmp_path):
+    plan = _plan()  # Matmul: one kernel, the asynchronous mainloop
+    (k,) = plan.kernels
+    db = TuningDB(tmp_path / "x.json")
+    db.record(plan, default_config(plan), 50.0, "h200")
+    entry = db.lookup(plan, "h200")
+    assert entry is not None and entry.extra["forms"] == f"{k.name}:mainloop.{FORM_VERSIONS['mainloop']}"
+    entry.extra["forms"] = f"{k.name}:pipelined.1"  # timed before the kernel rendered as the mainloop
+    assert db.lookup(plan, "h200") is None
+    assert prefer_measured(plan, db).cost.model.get("measured") is None  # the planner falls back to the model
+    assert db.record(plan, _other_config(plan), 55.0, "h200")  # slower, but the old time was other code
+    assert db.lookup(plan, "h200").time_us == 55.0
+    del db.lookup(plan, "h200").extra["forms"]  # files from before forms were recorded: taken as they are
+    assert db.lookup(plan, "h200") is not None
+
+
+def test_plan_forms_name_every_kernels_loop_form():
+    assert plan_forms(_plan("Attention").kernels).endswith(":chain.1")
+    rms = search(catalog.get("RMSNorm"), "bf16", top=5, tuning=False)
+    forms = {plan_forms(p.kernels) for p in rms}
+    assert any("pipelined" in f and "mainloop" in f for f in forms)  # statistics kernel + mainloop GEMM
 
 
 def test_record_rejects_configs_outside_the_space(tmp_path):

@@ -202,3 +202,25 @@ def issue_order(sched: AsyncSchedule, steps: int) -> list[tuple[int, int]]:
         out += [(k, sched.g1), (k - 1, sched.g2), *((k, i) for i in sched.early), *((k, i) for i in sched.late)]
     out.append((steps - 1, sched.g2))
     return out
+
+
+FORM_VERSIONS = {"flat": 1, "pipelined": 1, "chain": 1, "mainloop": 1}
+"""Version of the code each loop form renders to. The tuning database stores the forms a time was
+measured under and ignores it once they differ, so bump a form's version when its rendering
+changes and only that form's times are retired."""
+
+
+def kernel_form(kernel: Kernel) -> str:
+    """The loop form the plan schedules a kernel for: ``flat`` (no loop), ``chain`` or ``mainloop``
+    (asynchronous), else ``pipelined``. A label that stays the same while the plan-level decision
+    does: the renderer may still write ``T.Pipelined`` (tile guard, merged B tiles, rows TMA
+    cannot load)."""
+    if kernel.loop is None:
+        return "flat"
+    sched = async_schedule(kernel, {b.name for b in kernel.buffers if b.scope == "shared"})
+    return "pipelined" if sched is None else "chain" if isinstance(sched, ChainSchedule) else "mainloop"
+
+
+def plan_forms(kernels: list[Kernel]) -> str:
+    """Each kernel's form and its version, e.g. ``k0_tmp2:pipelined.1,k1_Y:mainloop.2``."""
+    return ",".join(f"{k.name}:{(f := kernel_form(k))}.{FORM_VERSIONS[f]}" for k in kernels)

@@ -9,6 +9,12 @@ is fastest, and nothing else:
 - the axis sizes, the dtype, the device, the TileLang version and the renderer generation
   (``target.layout.GENERATION``: the same plan renders to different code across generations).
 
+An entry also records the loop form of each kernel it was measured under, with that form's
+version (``plan.schedule.plan_forms``); a lookup ignores an entry whose forms differ from the
+plan's now, so a kernel that starts rendering as an asynchronous loop, or a form whose code
+changed, is planned by the model and re-tuned instead of trusted at a time its old code measured.
+Entries without the record (older files) are taken as they are.
+
 The runner uses a tuned config by default; the planner's estimate prefers a measured time;
 ``benchmarks/gpu_run.py`` writes new results into a copy of the file under ``$OUT``.
 """
@@ -23,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pyrunner.errors import UserError
+from pyrunner.plan.schedule import plan_forms
 from pyrunner.plan.schema import Plan, axis_sizes, canonical_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +133,8 @@ class TuningDB:
         e = self.entries.get(tuning_key(plan, device, tl_version))
         if e is None or not _valid(plan, e.config):
             return None
+        if "forms" in e.extra and e.extra["forms"] != plan_forms(plan.kernels):
+            return None  # measured under other code: stale
         return e
 
     def record(self, plan: Plan, config: Config, time_us: float, device: str, *, tried: int = 1,
@@ -135,12 +144,16 @@ class TuningDB:
             raise UserError(f"tuning record for {plan.workload}: config {config} is not in the plan's space")
         key = tuning_key(plan, device, tl_version)
         old = self.entries.get(key)
+        forms = plan_forms(plan.kernels)
+        if old is not None and old.extra.get("forms", forms) != forms:
+            old = None  # measured under other code: replaced whatever it measured
         if old is not None and old.time_us <= time_us and old.config != config:
             old.tried += tried
             return False
         self.entries[key] = Entry(workload=plan.workload, config=config, time_us=round(float(time_us), 3),
                                   tried=tried + (old.tried if old else 0), default_us=default_us,
-                                  plan_hash=plan.provenance.plan_hash or "", extra=extra or {})
+                                  plan_hash=plan.provenance.plan_hash or "",
+                                  extra={**(extra or {}), "forms": forms})
         return True
 
     def to_json(self) -> str:
