@@ -80,6 +80,8 @@ def test_matmul_gets_the_mainloop_and_a_gemm_after_thread_code_does_not() -> Non
     g = mm.body[sched.gemms[0]]
     cleared = mm.model_copy(update={"body": [*mm.body[:-1], g.model_copy(update={"clear": True})]})
     assert mainloop_schedule(cleared, _shared(cleared)) is None  # no loop state to accumulate into
+    scaled = Map(op="map", dst=g.a, expr=Ref(kind="ref", buf=g.a))  # thread code writing a ring slot
+    assert mainloop_schedule(mm.model_copy(update={"body": [*mm.body, scaled]}), _shared(mm)) is None
 
 
 def _small_case(name: str = "Attention", sizes: dict | None = None):

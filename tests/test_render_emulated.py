@@ -67,7 +67,8 @@ def test_the_check_catches_planted_renderer_bugs(mutation: str) -> None:
     plan, graph, inputs, src = _matmul_case()
     subs = {
         # the store of Y lands one row further (a wrong index expression)
-        "region": (r"Y\[m_blk \* block_m:\(m_blk \+ 1\) \* block_m", "Y[m_blk * block_m + 1:(m_blk + 1) * block_m + 1"),
+        "region": (r"Y\[(m_blk\w*) \* block_m:\((m_blk\w*) \+ 1\) \* block_m",
+                   r"Y[\1 * block_m + 1:(\2 + 1) * block_m + 1"),
         # every loop step reads the same slice of W
         "loop_region": (r"W\[d_step \* block_d:\(d_step \+ 1\) \* block_d", "W[0:block_d"),
         "reduce_dim": (r"dim=1", "dim=0"),
@@ -76,8 +77,10 @@ def test_the_check_catches_planted_renderer_bugs(mutation: str) -> None:
         "transpose": (r"T\.gemm\(X_s, W_s, acc", "T.gemm(X_s, W_s, acc, transpose_B=True"),
     }
     pat, rep = subs[mutation]
-    bad, n = re.subn(pat, rep, src, count=1)
-    assert n == 1, f"mutation {mutation!r} did not apply"
+    # every rendering of the construct: the build function has an asynchronous and a T.Pipelined
+    # form of the GEMM kernel, and the small config runs one of them
+    bad, n = re.subn(pat, rep, src)
+    assert n >= 1, f"mutation {mutation!r} did not apply"
     try:
         ok, problems = _check(plan, graph, inputs, bad)
     except EmulationError:

@@ -17,7 +17,7 @@ Moving G2 of step k into step k+1 is legal when it commutes with everything it m
 the ops after it in its own step, G1 of the next step and the early ops of the next step. This
 module decides that from the plan alone (``chain_schedule``), and says which loaded tile each
 stage release waits for; ``backend.tilelang.render_ws`` writes the code and ``emulate`` replays
-its barrier protocol. The cost model reads the same decision (work that overlaps the MMAs).
+its barrier protocol; the tuning database records which form each kernel was timed under.
 
 A loop whose body is its loads, GEMMs accumulating into loop state, and thread work that leaves
 the GEMMs' operands and accumulators alone (a matmul; a norm-fed GEMM summing squares of the tile
@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyrunner.plan.analysis import op_reads_writes
-from pyrunner.plan.schema import Buffer, Gemm, Kernel, Load, Map, Op
+from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Op
 
 
 @dataclass(frozen=True)
@@ -149,17 +149,13 @@ def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
 
 
 def mainloop_schedule(kernel: Kernel, shared: set[str]) -> MainloopSchedule | None:
-    """The asynchronous mainloop of a pipelined kernel (``mainloop_of`` says when), or None."""
+    """The asynchronous mainloop of a pipelined kernel without masked bounds whose body is its loads,
+    then GEMMs each accumulating into loop state from operands in shared memory, and thread ops that
+    commute with every GEMM (they neither write a GEMM's operands nor touch its accumulator) and
+    read loaded tiles element by element only; None where that does not hold."""
     if kernel.loop is None or kernel.loop.visible is not None:
         return None
-    return mainloop_of(kernel.body, kernel.buffers, shared)
-
-
-def mainloop_of(body: list[Op], buffers: list[Buffer], shared: set[str]) -> MainloopSchedule | None:
-    """The mainloop of a loop body (unmasked): its loads, then GEMMs each accumulating into loop state
-    from operands in shared memory, and thread ops that commute with every GEMM (they neither write
-    a GEMM's operands nor touch its accumulator) and read loaded tiles element by element only.
-    Takes the body and buffers rather than a kernel so the cost model can ask before tiles exist."""
+    body, buffers = kernel.body, kernel.buffers
     loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))
     if not loads or loads != tuple(range(len(loads))):
         return None
@@ -181,8 +177,9 @@ def mainloop_of(body: list[Op], buffers: list[Buffer], shared: set[str]) -> Main
         if any(_conflict(g, body[j]) for j in ops):
             return None  # the thread op would have to wait for the wgmma
     for j in ops:  # thread code reads a staged tile element by element (a Map), never as a whole tile
-        if not isinstance(body[j], Map) and staged & set(op_reads_writes(body[j])[0]):
-            return None
+        reads, writes = op_reads_writes(body[j])
+        if staged & set(writes) or (not isinstance(body[j], Map) and staged & set(reads)):
+            return None  # and never writes one: the slot belongs to the producer's TMA
     if staged - {x for i in range(len(loads), len(body)) for x in op_reads_writes(body[i])[0]}:
         return None  # a tile loaded for nothing
     return MainloopSchedule(loads, gemms, ops)

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field, fields
 
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
-from pyrunner.plan.schedule import mainloop_of
 from pyrunner.planner.lower import Lowered
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
@@ -137,31 +136,10 @@ def mma_widths(low: Lowered, blocks: dict[str, int], threads: int) -> list[int]:
     return out
 
 
-def async_mainloop(low: Lowered) -> bool:
-    """Whether the loop can run as the asynchronous GEMM mainloop (``plan.schedule.mainloop_of``):
-    a producer warpgroup, and the loop's thread work running on the consumers beside the MMAs."""
-    if low.stream is None or low.visible is not None or not low.gemms:
-        return False
-    return mainloop_of(low.body, low.buffers, {b.name for b in low.buffers if b.scope == "shared"}) is not None
-
-
-def async_mainloop_fits(low: Lowered, blocks: dict[str, int], sizes: dict[str, int], threads: int) -> bool:
-    """The renderer's guard for the asynchronous form at these tiles (``render_ws.guard``): one or two
-    consumer warpgroups of 64-row wgmma slabs at most 256 wide, and loaded tiles without tails."""
-    if threads not in (128, 256):
-        return False
-    for g in low.gemms:
-        if blocks.get(g.m_axis, 1) % (64 * (threads // 128)) or blocks.get(g.n_axis, 1) > 256:
-            return False
-    return all(sizes[a] % blocks[a] == 0 for ld in low.loads if ld.in_loop for a in ld.axes if a in blocks)
-
-
 def warp_specialized(low: Lowered) -> bool:
     """TileLang 0.1.15 splits a pipelined loop into a TMA producer + consumers: 384-thread launch bounds,
-    one CTA per SM; not where the loop reads its loaded tiles with thread code (rendered without),
-    unless the loop is an asynchronous mainloop, whose producer warpgroup the renderer writes itself."""
-    return low.stream is not None and any(ld.in_loop for ld in low.loads) and (
-        not thread_reads_staged(low.body) or async_mainloop(low))
+    one CTA per SM; not where the loop reads its loaded tiles with thread code (rendered without)."""
+    return low.stream is not None and any(ld.in_loop for ld in low.loads) and not thread_reads_staged(low.body)
 
 
 NO_WS_SCALE = 1.35
@@ -176,7 +154,7 @@ def structure_class(low: Lowered) -> str:
                    and not (op.fn == "sum" and op.accumulate))  # linear sums are deferred by the renderer
     reg_a = any(g.a_in_registers for g in low.gemms)
     kind = "gemm" if n_gemm else "ew"
-    no_ws = "-nows" if n_gemm and low.stream is not None and not warp_specialized(low) else ""
+    no_ws = "-nows" if n_gemm and low.stream is not None and thread_reads_staged(low.body) else ""
     return f"{kind}{n_gemm}-{'loop' if low.stream else 'flat'}-r{loop_red}{'-regA' if reg_a else ''}{no_ws}"
 def visible_fraction(low: Lowered, blocks: dict[str, int], sizes: dict[str, int]) -> float:
     """Fraction of loop steps a kernel runs once tiles its mask hides entirely are skipped."""
@@ -248,18 +226,13 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     if low.stream is not None:
         t_mem /= pipe
     # Every wgmma is waited on at once (warpgroup_wait<0>), so CUDA-core work in a GEMM kernel runs
-    # after the MMAs, not beside them: add it; in the asynchronous mainloop the consumers run it
-    # while the step's wgmma are in flight, so only the longer of the two counts. A cross-thread
-    # reduction still inside the loop (a max, a rescaled sum) adds a fixed latency per block and
-    # step; linear sums are deferred.
+    # after the MMAs, not beside them: add it. A cross-thread reduction still inside the loop (a
+    # max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
     loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce") if low.gemms else 0
     linear = sum(1 for op in low.body if getattr(op, "op", "") == "reduce" and op.fn == "sum" and op.accumulate)
     per_step = max(0, loop_red - linear) * m.loop_reduce_s
     t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
-    if low.gemms and async_mainloop(low) and async_mainloop_fits(low, blocks, sizes, threads):
-        t_compute = max(t_tc, t_cc) + t_sync
-    else:
-        t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
+    t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
     body = max(t_compute, t_mem) * m.scale_for(structure_class(low))
     time_us = body * 1e6 + dev.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
