@@ -34,13 +34,9 @@ def _plan(name: str = "Attention", sizes: dict | None = None):
     return plan
 
 
-def _shared(kernel) -> set[str]:
-    return {b.name for b in kernel.buffers if b.scope == "shared"}
-
-
 def test_attention_splits_into_g1_early_late_and_g2() -> None:
     (k,) = _plan().kernels
-    sched = chain_schedule(k, _shared(k))
+    sched = chain_schedule(k)
     assert sched is not None
     body = k.body
     assert isinstance(body[sched.g1], Gemm) and body[sched.g1].clear
@@ -60,28 +56,28 @@ def test_attention_splits_into_g1_early_late_and_g2() -> None:
 
 def test_no_chain_for_one_gemm_or_an_op_after_g2_that_reads_its_accumulator() -> None:
     (mm,) = _plan("Matmul").kernels
-    assert chain_schedule(mm, _shared(mm)) is None
+    assert chain_schedule(mm) is None
     (k,) = _plan().kernels
-    sched = chain_schedule(k, _shared(k))
+    sched = chain_schedule(k)
     acc = k.body[sched.g2].c
     reads_acc = Map(op="map", dst=k.body[sched.early[0]].dst, expr=Ref(kind="ref", buf=acc))
     broken = k.model_copy(update={"body": [*k.body, reads_acc]})
-    assert chain_schedule(broken, _shared(broken)) is None
+    assert chain_schedule(broken) is None
 
 
 def test_matmul_gets_the_mainloop_and_a_gemm_after_thread_code_does_not() -> None:
     (mm,) = _plan("Matmul").kernels
-    sched = mainloop_schedule(mm, _shared(mm))
-    assert sched is not None and async_schedule(mm, _shared(mm)) == sched
+    sched = mainloop_schedule(mm)
+    assert sched is not None and async_schedule(mm) == sched
     assert [type(mm.body[i]).__name__ for i in sched.gemms] == ["Gemm"]
     assert issue_order(sched, 2) == [(0, sched.gemms[0]), (1, sched.gemms[0])]
     (k,) = _plan().kernels  # attention: thread code between the GEMMs, so the chain, not the mainloop
-    assert mainloop_schedule(k, _shared(k)) is None
+    assert mainloop_schedule(k) is None
     g = mm.body[sched.gemms[0]]
     cleared = mm.model_copy(update={"body": [*mm.body[:-1], g.model_copy(update={"clear": True})]})
-    assert mainloop_schedule(cleared, _shared(cleared)) is None  # no loop state to accumulate into
+    assert mainloop_schedule(cleared) is None  # no loop state to accumulate into
     scaled = Map(op="map", dst=g.a, expr=Ref(kind="ref", buf=g.a))  # thread code writing a ring slot
-    assert mainloop_schedule(mm.model_copy(update={"body": [*mm.body, scaled]}), _shared(mm)) is None
+    assert mainloop_schedule(mm.model_copy(update={"body": [*mm.body, scaled]})) is None
 
 
 def _small_case(name: str = "Attention", sizes: dict | None = None):
@@ -128,7 +124,7 @@ def _fused_rmsnorm_case():
 def test_thread_work_beside_the_mainloop_reads_the_ring_slot() -> None:
     plan, graph, inputs, src = _fused_rmsnorm_case()
     (k,) = plan.kernels
-    sched = mainloop_schedule(k, _shared(k))
+    sched = mainloop_schedule(k)
     assert sched is not None and sched.ops  # the sum of squares runs beside the wgmma
     assert re.search(r"X_s\[d_step % stages, m_i, d_i\]", src)  # element reads index the step's slot
     em, res = _run(plan, graph, inputs, src)

@@ -80,10 +80,14 @@ def _conflict(a: Op, b: Op) -> bool:
     return bool(set(wa) & (set(rb) | set(wb)) or set(ra) & set(wb))
 
 
-def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
+def _shared(kernel: Kernel) -> set[str]:
+    """The kernel's shared-memory buffers (wgmma reads B, and may read A, there)."""
+    return {b.name for b in kernel.buffers if b.scope == "shared"}
+
+
+def chain_schedule(kernel: Kernel) -> ChainSchedule | None:
     """The asynchronous two-GEMM schedule of a pipelined kernel, or None where it does not apply.
 
-    ``shared``: names of the kernel's shared-memory buffers (wgmma reads B, and may read A, there).
     Applies when the body is its loads followed by compute ops with exactly two GEMMs: the first
     (G1) right after the loads, clearing its accumulator; the second (G2) accumulating into loop
     state with a B operand in shared memory. Loaded tiles are read by GEMMs only (the consumers
@@ -91,7 +95,7 @@ def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
     """
     if kernel.loop is None or kernel.loop.visible is not None:
         return None
-    body = kernel.body
+    body, shared = kernel.body, _shared(kernel)
     loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))
     if not loads or loads != tuple(range(len(loads))):
         return None
@@ -148,19 +152,20 @@ def chain_schedule(kernel: Kernel, shared: set[str]) -> ChainSchedule | None:
     return ChainSchedule(loads, g1, g2, tuple(early), tuple(late), acquire, release)
 
 
-def mainloop_schedule(kernel: Kernel, shared: set[str]) -> MainloopSchedule | None:
+def mainloop_schedule(kernel: Kernel) -> MainloopSchedule | None:
     """The asynchronous mainloop of a pipelined kernel without masked bounds whose body is its loads,
     then GEMMs each accumulating into loop state from operands in shared memory, and thread ops that
     commute with every GEMM (they neither write a GEMM's operands nor touch its accumulator) and
     read loaded tiles element by element only; None where that does not hold."""
     if kernel.loop is None or kernel.loop.visible is not None:
         return None
-    body, buffers = kernel.body, kernel.buffers
+    body, buffers, shared = kernel.body, kernel.buffers, _shared(kernel)
     loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))
     if not loads or loads != tuple(range(len(loads))):
         return None
-    gemms = tuple(i for i in range(len(loads), len(body)) if isinstance(body[i], Gemm))
-    ops = tuple(i for i in range(len(loads), len(body)) if not isinstance(body[i], Gemm))
+    rest = range(len(loads), len(body))
+    gemms = tuple(i for i in rest if isinstance(body[i], Gemm))
+    ops = tuple(i for i in rest if not isinstance(body[i], Gemm))
     if not gemms:
         return None
     state = {b.name for b in buffers if b.state}
@@ -180,14 +185,14 @@ def mainloop_schedule(kernel: Kernel, shared: set[str]) -> MainloopSchedule | No
         reads, writes = op_reads_writes(body[j])
         if staged & set(writes) or (not isinstance(body[j], Map) and staged & set(reads)):
             return None  # and never writes one: the slot belongs to the producer's TMA
-    if staged - {x for i in range(len(loads), len(body)) for x in op_reads_writes(body[i])[0]}:
+    if staged - {x for i in rest for x in op_reads_writes(body[i])[0]}:
         return None  # a tile loaded for nothing
     return MainloopSchedule(loads, gemms, ops)
 
 
-def async_schedule(kernel: Kernel, shared: set[str]) -> AsyncSchedule | None:
+def async_schedule(kernel: Kernel) -> AsyncSchedule | None:
     """The asynchronous schedule a pipelined kernel's loop can run under, if any."""
-    return chain_schedule(kernel, shared) or mainloop_schedule(kernel, shared)
+    return chain_schedule(kernel) or mainloop_schedule(kernel)
 
 
 def issue_order(sched: AsyncSchedule, steps: int) -> list[tuple[int, int]]:
@@ -214,10 +219,10 @@ def kernel_form(kernel: Kernel) -> str:
     cannot load)."""
     if kernel.loop is None:
         return "flat"
-    sched = async_schedule(kernel, {b.name for b in kernel.buffers if b.scope == "shared"})
+    sched = async_schedule(kernel)
     return "pipelined" if sched is None else "chain" if isinstance(sched, ChainSchedule) else "mainloop"
 
 
 def plan_forms(kernels: list[Kernel]) -> str:
-    """Each kernel's form and its version, e.g. ``k0_tmp2:pipelined.1,k1_Y:mainloop.2``."""
+    """Each kernel's form and its version, e.g. ``k0_tmp2:pipelined.1,k1_Y:mainloop.1``."""
     return ",".join(f"{k.name}:{(f := kernel_form(k))}.{FORM_VERSIONS[f]}" for k in kernels)

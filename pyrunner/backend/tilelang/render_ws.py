@@ -39,8 +39,7 @@ def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
         return None
     if any(section == "body" for section, _ in ctx.bridges):  # a layout bridge every step: T.Pipelined
         return None
-    shared = {b.name for b in kernel.buffers if b.scope == "shared"}
-    sched = schedule.async_schedule(kernel, shared)
+    sched = schedule.async_schedule(kernel)
     if sched is None:
         return None
     for i in sched.loads:  # TMA: 16-byte aligned rows of a tensor with at least two axes
@@ -87,15 +86,13 @@ def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
     return " and ".join(dict.fromkeys(conds))
 
 
-def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, staged: list[str],
-             full: dict[str, str], empty: dict[str, str]) -> None:
+def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, ring: _Ring) -> None:
     """The prim_func's signature, launch, buffers (the loaded ones as rings of slots) and mbarriers."""
-    stages = R._paren(R._stages(ctx.kernel))
     R._signature_and_launch(w, ctx, func_name, f"{R._paren(threads)} + {PRODUCER_THREADS}")
-    R._declare_buffers(w, ctx, rings=frozenset(staged))
-    for b in staged:
-        w.line(f"{full[b]} = T.alloc_barrier([{PRODUCER_THREADS}] * {stages})  # slot of {b!r} loaded")
-        w.line(f"{empty[b]} = T.alloc_barrier([{threads}] * {stages})  # slot of {b!r} free again")
+    R._declare_buffers(w, ctx, rings=frozenset(ring.staged))
+    for b in ring.staged:
+        w.line(f"{ring.full[b]} = T.alloc_barrier([{PRODUCER_THREADS}] * {ring.stages})  # slot of {b!r} loaded")
+        w.line(f"{ring.empty[b]} = T.alloc_barrier([{threads}] * {ring.stages})  # slot of {b!r} free again")
 
 
 class _Ring:
@@ -156,7 +153,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     if pp is not None:
         w.line(f"{pp} = {threads} == 256  # two consumer warpgroups take turns at the tensor cores")
     w.line(f"{last} = {steps} - 1")
-    _declare(w, ctx, func_name, threads, staged, ring.full, ring.empty)
+    _declare(w, ctx, func_name, threads, ring)
     w.line(f"{tx} = T.get_thread_binding()")
     if swizzle is not None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")

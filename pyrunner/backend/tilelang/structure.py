@@ -65,7 +65,7 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
         ident: dict[str, str] = {}
         sched = None
         if ("async",) in tr.events:  # rendered by render_ws: the producer's loads go into rings of slots
-            sched = async_schedule(k, {b.name for b in k.buffers if b.scope == "shared"})
+            sched = async_schedule(k)
             if sched is None:
                 problems.append(f"{k.name}: rendered with a producer warpgroup, but the plan has no asynchronous "
                                 "schedule")
