@@ -30,6 +30,7 @@ from pyrunner.plan.analysis import (
     op_reads_writes,
     thread_reads_staged,
 )
+from pyrunner.plan.dependent_launch import DependentLaunch
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -136,6 +137,7 @@ class _Ctx:
     hoisted: set[str] = None  # loop-invariant fragments whose bridge copy is issued once, before the loop
     sizes: dict[str, int] = None  # axis -> extent (constant expressions fold to literals at these)
     slots: dict[str, str] = None  # ring buffer -> slot index its element reads take first (render_ws)
+    launch: DependentLaunch = None  # the kernel's part in the plan's programmatic dependent launch chain
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""
@@ -688,6 +690,20 @@ def _stages(kernel: Kernel) -> str:
     """The loop's pipeline depth as source text: a literal or its tile parameter."""
     assert kernel.loop is not None
     return str(kernel.loop.stages)
+
+
+def _launch_chain_top(w: _Writer, ctx: _Ctx, sync: bool) -> None:
+    """The trigger that lets the next kernel of the plan be scheduled now, and (``sync``) the wait for the
+    kernels ahead, both at the top of the block (``plan.dependent_launch`` says why this is safe)."""
+    if ctx.launch.trigger:
+        w.line("T.pdl_trigger()  # dependent launch: the next kernel may be scheduled now; it waits for this one")
+    if sync and ctx.launch.waits:
+        pdl_sync(w, "the kernels ahead finished, their writes visible")
+
+
+def pdl_sync(w: _Writer, why: str) -> None:
+    """``griddepcontrol.wait`` of a dependently launched kernel."""
+    w.line(f"T.pdl_sync()  # dependent launch: {why}")
 
 
 def _signature_and_launch(w: _Writer, ctx: _Ctx, func_name: str, threads: str) -> None:

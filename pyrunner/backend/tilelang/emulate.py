@@ -55,17 +55,22 @@ class Tile:
 
     def __init__(self, name: str, data: np.ndarray, dtype: str, scope: str, trace: Trace) -> None:
         self.name, self.data, self.dtype, self.scope, self.trace = name, data, dtype, scope, trace
+        self.written = False  # a global tensor some kernel has stored to
 
     def __getitem__(self, idx: Any) -> Any:
         idx = idx if isinstance(idx, tuple) else (idx,)
         if any(isinstance(i, slice) for i in idx):
             return Region(self, idx)
+        if self.scope == "global":
+            self.trace.touch(self, write=False)
         if idx == () and self.data.ndim == 0:
             return self.data[()]
         return self.data[idx]
 
     def __setitem__(self, idx: Any, value: Any) -> None:
         idx = idx if isinstance(idx, tuple) else (idx,)
+        if self.scope == "global":
+            self.trace.touch(self, write=True)
         self.trace.write(self, "map")
         self.data[idx] = round_to(np.asarray(value, dtype=np.float32), self.dtype)
 
@@ -110,10 +115,22 @@ class Trace:
     events: list[tuple] = field(default_factory=list)
     allocs: list[tuple[str, tuple, str, str]] = field(default_factory=list)
     on: bool = True
+    earlier: frozenset[str] = frozenset()  # tensors the kernels ahead write (dependent launch)
+    role: str = "consumer"  # the thread role running now: "producer" inside the producer warpgroup
+    synced: set[str] = field(default_factory=set)  # roles of the running block past T.pdl_sync()
+    waits: bool = False  # the kernel called T.pdl_sync(): it is launched dependently
+    early: str | None = None  # the first global access of a block before its role's T.pdl_sync()
 
     def add(self, *event: Any) -> None:
         if self.on:
             self.events.append(event)
+
+    def touch(self, tile: Tile, write: bool) -> None:
+        """A global access: before its role's wait only a read of a tensor no kernel ahead writes is safe."""
+        tile.written |= write
+        if self.early is None and self.role not in self.synced and (write or tile.name in self.earlier):
+            what = f"writes to {tile.name!r}" if write else f"reads {tile.name!r}, which a kernel ahead writes,"
+            self.early = f"a {self.role} thread {what} before T.pdl_sync()"
 
     def write(self, tile: Tile, how: str) -> None:
         if self.on and tile.scope != "global":
@@ -176,6 +193,7 @@ class FakeT:
         """Every block in turn (rewritten from ``with``); the trace keeps the first block only."""
         for i, coords in enumerate(itertools.product(*(range(int(e)) for e in extents))):
             self.trace.on = i == 0
+            self.trace.synced = set()
             yield coords[0] if len(coords) == 1 else coords
         self.trace.on = True
 
@@ -230,13 +248,13 @@ class FakeT:
         early is overwritten before a wgmma still in flight reads it."""
         if self._producer is None or self._running:
             return
-        self._running = True
+        self._running, self.trace.role = True, "producer"
         try:
             next(self._producer)
         except StopIteration:
             self._producer = None
         finally:
-            self._running = False
+            self._running, self.trace.role = False, "consumer"
 
     def must_wait(self, ref, parity) -> bool:
         """The producer's side of an mbarrier wait (rewritten into ``while T.must_wait(...): yield``)."""
@@ -282,6 +300,14 @@ class FakeT:
     def fence_proxy_async(self) -> None:
         return None
 
+    # programmatic dependent launch: the kernel is checked for global accesses before its wait
+    def pdl_trigger(self) -> None:
+        return None
+
+    def pdl_sync(self) -> None:
+        self.trace.waits = True
+        self.trace.synced.add(self.trace.role)
+
     # data movement and compute
     def copy(self, src, dst, **_: Any) -> None:
         s = _vals(src)
@@ -289,6 +315,10 @@ class FakeT:
         if s.shape != d_shape:
             raise EmulationError(f"T.copy from {_name(src)!r} {s.shape} to {_name(dst)!r} {d_shape}: shapes differ")
         region = src.bounds() if isinstance(src, Region) else dst.bounds() if isinstance(dst, Region) else None
+        for x, write in ((src, False), (dst, True)):
+            tile = x.tile if isinstance(x, Region) else x
+            if isinstance(tile, Tile) and tile.scope == "global":
+                self.trace.touch(tile, write)
         self.trace.add("copy", _name(src), _name(dst), region)
         dst.assign(s)
 
@@ -493,14 +523,18 @@ def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
             data = np.full(t.shape, np.nan, dtype=np.float32)
         tensors[t.name] = Tile(t.name, data.reshape(t.shape), t.dtype, "global", scratch)
     source = render(plan) if source is None else source
+    written: set[str] = set()
     for k_name, _build, args in load_emulated(source, Trace())["KERNELS"]:
-        trace = traces[k_name] = Trace()
+        trace = traces[k_name] = Trace(earlier=frozenset(written))
         ns = load_emulated(source, trace)
         build = next(b for n, b, _ in ns["KERNELS"] if n == k_name)
         func = build(**cfg[k_name])
         for a in args:
             tensors[a].trace = trace
         func(*(tensors[a] for a in args))
+        if trace.waits and trace.early:  # launched dependently: it may run beside the kernels ahead
+            raise EmulationError(f"kernel {k_name!r}: {trace.early}")
+        written |= {a for a in args if tensors[a].written}
     merges = merges_of(plan)  # outputs in the source graph's layout, as executor.execute gives them
     return Emulation({t.name: to_source_layout(tensors[t.name].data, t.axes, expand_axes(t.axes, merges),
                                                merges).astype(np.float64)

@@ -36,6 +36,7 @@ from pyrunner.backend.tilelang.emit import (
     _Ctx,
     _declare_buffers,
     _extent,
+    _launch_chain_top,
     _loop_bounds,
     _merge_legal,
     _Names,
@@ -54,6 +55,7 @@ from pyrunner.backend.tilelang.emit import (
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.analysis import kernel_args, kernel_axes
+from pyrunner.plan.dependent_launch import dependent_launches
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schedule import ChainSchedule
 from pyrunner.plan.schema import (
@@ -106,7 +108,7 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     bridged = sorted({b for bs in bridges.values() for b in bs}, key=[x.name for x in kernel.buffers].index)
     bridge_names = {b: local.fresh(f"{b}_bridge") for b in bridged}
     ctx = _Ctx(plan, kernel, roles, buffers, tensors, names, size_const, block_expr, {}, loop_var, local, helpers, {},
-               bridges, bridge_names, {}, {}, sizes=axis_sizes(plan))
+               bridges, bridge_names, {}, {}, sizes=axis_sizes(plan), launch=dependent_launches(plan)[kernel.name])
 
     defaults = ", ".join(f"{p}={kernel.defaults[p]}" for p in kernel.params)
     w.line(f"def {build_name}({defaults}):")
@@ -177,6 +179,8 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
     _declare_buffers(w, ctx)
     if swizzle is not None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
+    # TileLang's own warp specialisation decides which threads run what: wait at the top, in every thread
+    _launch_chain_top(w, ctx, sync=True)
     sections = [("prologue", kernel.prologue), ("body", kernel.body), ("epilogue", kernel.epilogue)]
     if kernel.loop is None:
         for section, ops in sections:

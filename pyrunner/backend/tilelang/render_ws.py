@@ -157,9 +157,12 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     w.line(f"{tx} = T.get_thread_binding()")
     if swizzle is not None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
+    R._launch_chain_top(w, ctx, sync=False)  # each role waits where it first needs the kernels ahead
     w.line(f"if {tx} >= {threads}:  # producer warpgroup: TMA loads into the ring, a slot once it is free")
     w.indent()
     w.line(f"T.set_max_nreg({PRODUCER_REGS}, 0)")
+    if ctx.launch.first_wait([body[i] for i in sched.loads]) is not None:
+        R.pdl_sync(w, "the loop loads a tensor the kernels ahead write")
     w.line(f"for {loop_var} in T.serial({steps}):")
     w.indent()
     for i in sched.loads:
@@ -177,13 +180,20 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     w.indent()
     w.line(f"T.set_max_nreg({CONSUMER_REGS}, 1)")
     w.line(f"{wg} = {tx} // 128")
+    wait_at = ctx.launch.first_wait(kernel.prologue)
     if kernel.prologue:
         w.line("# prologue")
     for i, op in enumerate(kernel.prologue):
+        if i == wait_at:
+            R.pdl_sync(w, "the kernels ahead finished (the producer's loads of the plan's inputs went ahead)")
         R._render_op(w, ctx, op, "prologue", i)
     if any(buffers[x].scope == "shared" for op in kernel.prologue for x in op_reads_writes(op)[1]):
         w.line("T.fence_proxy_async()  # the prologue's shared-memory writes, visible to wgmma")
         w.line(f"T.sync_threads({CONSUMER_BARRIER}, {threads})  # ... and finished by every consumer thread")
+    consumer_body = [op for i, op in enumerate(body) if i not in sched.loads]
+    if wait_at is None and ctx.launch.first_wait(consumer_body) is not None:
+        wait_at = len(kernel.prologue)
+        R.pdl_sync(w, "the kernels ahead finished: the loop's thread code touches global memory")
     if isinstance(sched, MainloopSchedule):
         _mainloop_consumers(w, ctx, sched, ring, steps, last)
     else:
@@ -191,7 +201,10 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     ring.unbind()
     if kernel.epilogue:
         w.line("# epilogue")
+    late_wait = ctx.launch.first_wait(kernel.epilogue) if wait_at is None else None
     for i, op in enumerate(kernel.epilogue):
+        if i == late_wait:
+            R.pdl_sync(w, "the kernels ahead finished; the loop ran alongside them")
         R._render_op(w, ctx, op, "epilogue", i)
     w.dedent()
     w.dedent()
