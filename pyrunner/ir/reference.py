@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 import numpy as np
 
 from pyrunner.ir.graph import Graph, Term, result_axes, subterms
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
+
+OperandRounding = Callable[[np.ndarray], np.ndarray]
+"""Rounds a float64 array to a storage precision, keeping float64 (``run.verify`` supplies it)."""
 
 
 def align(x: np.ndarray, have: tuple[str, ...], want: tuple[str, ...]) -> np.ndarray:
@@ -22,9 +25,13 @@ def align(x: np.ndarray, have: tuple[str, ...], want: tuple[str, ...]) -> np.nda
     return y.reshape(shape)
 
 
-def evaluate_terms(roots: list[Term], sizes: Mapping[str, int],
-                   inputs: Mapping[str, np.ndarray], dtype=np.float64) -> dict[Term, np.ndarray]:
-    """Evaluate every term reachable from roots; returns the memo table."""
+def evaluate_terms(roots: list[Term], sizes: Mapping[str, int], inputs: Mapping[str, np.ndarray],
+                   dtype=np.float64, round_operand: OperandRounding | None = None) -> dict[Term, np.ndarray]:
+    """Evaluate every term reachable from roots; returns the memo table.
+
+    ``round_operand``: applied to every computed operand of a contraction (an arg of a matmul that
+    is not a graph input) before it is contracted, as a tensor-core kernel must round it.
+    """
     memo: dict[Term, np.ndarray] = {}
     axes: dict[Term, tuple[str, ...]] = {}
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
@@ -55,17 +62,25 @@ def evaluate_terms(roots: list[Term], sizes: Mapping[str, int],
                 letters = {n: chr(ord("a") + i) for i, n in enumerate(sorted(set(axes[a]) | set(axes[b])))}
                 spec = "".join(letters[n] for n in axes[a]) + "," + "".join(letters[n] for n in axes[b])
                 spec += "->" + "".join(letters[n] for n in ax)
-                v = np.einsum(spec, memo[a], memo[b]).astype(dtype)
+                xa, xb = (memo[x] if round_operand is None or x.op == "input" else round_operand(memo[x])
+                          for x in (a, b))
+                v = np.einsum(spec, xa, xb).astype(dtype)
             else:  # pragma: no cover - check() rejects unknown ops first
                 raise ValueError(t.op)
             memo[t] = v
     return memo
 
 
-def evaluate(g: Graph, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Float64 value of each output of g, keyed by output name."""
-    memo = evaluate_terms([t for _, t in g.outputs], g.sizes, inputs)
+def evaluate(g: Graph, inputs: Mapping[str, np.ndarray],
+             round_operand: OperandRounding | None = None) -> dict[str, np.ndarray]:
+    """Float64 value of each output of g, keyed by output name (``round_operand``: see ``evaluate_terms``)."""
+    memo = evaluate_terms([t for _, t in g.outputs], g.sizes, inputs, round_operand=round_operand)
     return {n: memo[t] for n, t in g.outputs}
+
+
+def computed_operands(g: Graph) -> list[Term]:
+    """Contraction operands the graph computes (not its inputs): what ``round_operand`` rounds."""
+    return [x for t in subterms([t for _, t in g.outputs]) if t.op == "matmul" for x in t.args if x.op != "input"]
 
 
 def random_inputs(g: Graph, seed: int, scale: float = 0.5) -> dict[str, np.ndarray]:

@@ -222,7 +222,11 @@ def _sdpa_code(m: AttentionMatch, q: str, k: str, v: str, out_axes: tuple[str, .
 
 # --- code generation -------------------------------------------------------------
 
-def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
+OPERAND_DTYPES = {"float16": "torch.float16", "bfloat16": "torch.bfloat16", "float32": "torch.float32"}
+"""Storage dtypes a reference may round contraction operands to (``torch_fn(..., operand_dtype)``)."""
+
+
+def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None) -> tuple[str, list[AttentionMatch]]:
     """Plain PyTorch source computing the graph: one statement per op, static shapes."""
     roots = [t for _, t in graph.outputs]
     sizes = graph.sizes
@@ -296,7 +300,12 @@ def _source(graph: Graph, use_sdpa: bool) -> tuple[str, list[AttentionMatch]]:
             code = REDUCTIONS[t.fn].torch.format(ref(t.args[0]), axes[t.args[0]].index(t.axis))
         elif t.op == "matmul":
             a, b = t.args
-            code = _matmul_code(ref(a), axes[a], ref(b), axes[b], t.axis, axes[t], sizes)
+            xa, xb = ref(a), ref(b)
+            if operand_dtype is not None:  # a computed operand rounded as a tensor-core kernel must
+                to = OPERAND_DTYPES[operand_dtype]
+                xa, xb = (f"{x}.to({to}).to({x}.dtype)" if arg.op != "input" and arg not in consts else x
+                          for x, arg in ((xa, a), (xb, b)))
+            code = _matmul_code(xa, axes[a], xb, axes[b], t.axis, axes[t], sizes)
         else:  # pragma: no cover - check() rejects unknown ops
             raise ValueError(t.op)
         lines.append(f"    {v} = {code}")
@@ -317,8 +326,8 @@ def _load(src: str) -> TorchFn:
     return fn
 
 
-def _build(graph: Graph, use_sdpa: bool) -> tuple[TorchFn, list[AttentionMatch]]:
-    src, matches = _source(graph, use_sdpa)
+def _build(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None) -> tuple[TorchFn, list[AttentionMatch]]:
+    src, matches = _source(graph, use_sdpa, operand_dtype)
     return _load(src), matches
 
 
@@ -327,12 +336,14 @@ def torch_source(graph: Graph, vendor: bool = False) -> str:
     return _source(graph, vendor)[0]
 
 
-def torch_fn(graph: Graph) -> TorchFn:
+def torch_fn(graph: Graph, operand_dtype: str | None = None) -> TorchFn:
     """Eager PyTorch for any graph: ``torch_fn(g)(**tensors) -> {output name: tensor}``.
 
-    Outputs have the axes ``result_axes`` gives (the reference's order).
+    Outputs have the axes ``result_axes`` gives (the reference's order). ``operand_dtype`` (a key of
+    ``OPERAND_DTYPES``): every computed contraction operand is rounded to it first, as
+    ``reference.evaluate`` does with ``round_operand``.
     """
-    return _build(graph, use_sdpa=False)[0]
+    return _build(graph, use_sdpa=False, operand_dtype=operand_dtype)[0]
 
 
 def attention_matches(graph: Graph) -> list[AttentionMatch]:
