@@ -196,3 +196,64 @@ def test_rendered_attention_and_matmul_lower_without_a_release_in_flight() -> No
         (src,) = lower_to_cuda(plan).values()
         assert "wait_wgmma<1>" in src and "warpgroup_reg_alloc" in src
         assert releases_in_flight(src) == []
+
+
+# --- loops with masked bounds: each block runs its steps [lo, hi) ------------------------------------
+
+MASKED = {"h": 1, "t_q": 2048, "t_kv": 2048, "d": 64}
+"""Sliding-window attention at t = 2048 (window 1024): later query blocks start past step 0, and
+(t_kv_lo) is not a multiple of the ring's stages for some of them."""
+
+
+def _masked_case(name: str, pingpong: bool):
+    """A masked attention plan, with the ping-pong config (two consumer warpgroups, 128-row blocks)
+    added to its space where ``pingpong``: the small shape's space leaves it out."""
+    from pyrunner.plan.schema import with_hash
+
+    plan = _plan(name, MASKED)
+    if pingpong:
+        (k,) = plan.kernels
+        params = {**k.params, "block_t_q": [64, 128], "threads": [128, 256]}
+        k = k.model_copy(update={"params": params,
+                                 "defaults": {**k.defaults, "block_t_q": 128, "threads": 256, "stages": 2}})
+        plan = with_hash(plan.model_copy(update={"kernels": [k]}))
+    graph = graph_of(plan)
+    inputs = {k: round_to(v, "bfloat16").astype(np.float64) for k, v in random_inputs(graph, 5).items()}
+    return plan, graph, inputs, render(plan)
+
+
+@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("name", ["CausalAttention", "SlidingWindowAttention"])
+def test_masked_attention_runs_the_chain_over_its_visible_steps(name: str, pingpong: bool) -> None:
+    plan, graph, inputs, src = _masked_case(name, pingpong)
+    (k,) = plan.kernels
+    assert chain_schedule(k) is not None and k.loop.visible is not None
+    assert "T.serial(t_kv_lo, t_kv_hi)" in src and "if t_kv_hi > t_kv_lo:" in src
+    em, res = _run(plan, graph, inputs, src)
+    assert ("async",) in em.traces[k.name].events
+    assert res.ok, res.message
+    assert structure_problems(plan, em) == []
+
+
+MASKED_MUTATIONS = {
+    # the consumers count slots from step 0, the producer from t_kv_lo: they disagree past the window
+    "slots_from_zero": (r"K_s_full\[\(t_kv_step - t_kv_lo\) % stages\], \(\(t_kv_step - t_kv_lo\) // stages\) % 2",
+                        "K_s_full[t_kv_step % stages], (t_kv_step // stages) % 2"),
+    # the last step's G2 reads a slot one past the block's range
+    "last_past_range": (r"last_step = t_kv_hi - 1", "last_step = t_kv_hi"),
+}
+
+
+@pytest.mark.parametrize("mutation", sorted(MASKED_MUTATIONS))
+def test_the_emulator_catches_a_broken_masked_chain(mutation: str) -> None:
+    _assert_caught(_masked_case("SlidingWindowAttention", False), *MASKED_MUTATIONS[mutation], mutation)
+
+
+def test_masked_attention_lowers_without_a_release_in_flight() -> None:
+    pytest.importorskip("tilelang")
+    from pyrunner.backend.tilelang.compile import lower_to_cuda
+
+    plan = _plan("CausalAttention")  # the real shape: 128-row blocks, ping-pong, two stages fit
+    (src,) = lower_to_cuda(plan, {plan.kernels[0].name: {"stages": 2}}).values()
+    assert "wait_wgmma<1>" in src and "warpgroup_reg_alloc" in src
+    assert releases_in_flight(src) == []

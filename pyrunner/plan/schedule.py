@@ -91,9 +91,9 @@ def chain_schedule(kernel: Kernel) -> ChainSchedule | None:
     Applies when the body is its loads followed by compute ops with exactly two GEMMs: the first
     (G1) right after the loads, clearing its accumulator; the second (G2) accumulating into loop
     state with a B operand in shared memory. Loaded tiles are read by GEMMs only (the consumers
-    never index a staged tile), and the loop has no masked bounds.
+    never index a staged tile). A loop with masked bounds runs its steps [lo, hi) per block.
     """
-    if kernel.loop is None or kernel.loop.visible is not None:
+    if kernel.loop is None:
         return None
     body, shared = kernel.body, _shared(kernel)
     loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))
@@ -153,11 +153,11 @@ def chain_schedule(kernel: Kernel) -> ChainSchedule | None:
 
 
 def mainloop_schedule(kernel: Kernel) -> MainloopSchedule | None:
-    """The asynchronous mainloop of a pipelined kernel without masked bounds whose body is its loads,
+    """The asynchronous mainloop of a pipelined kernel (masked bounds allowed) whose body is its loads,
     then GEMMs each accumulating into loop state from operands in shared memory, and thread ops that
     commute with every GEMM (they neither write a GEMM's operands nor touch its accumulator) and
     read loaded tiles element by element only; None where that does not hold."""
-    if kernel.loop is None or kernel.loop.visible is not None:
+    if kernel.loop is None:
         return None
     body, buffers, shared = kernel.body, kernel.buffers, _shared(kernel)
     loads = tuple(i for i, op in enumerate(body) if isinstance(op, Load))

@@ -99,19 +99,23 @@ class _Ring:
     """The ring of slots the producer fills and the consumers drain: slot and phase of a step, the
     mbarrier waits and arrives, and the staged buffers' names bound to one step's slot."""
 
-    def __init__(self, w: R._Writer, ctx: R._Ctx, staged: list[str]) -> None:
+    def __init__(self, w: R._Writer, ctx: R._Ctx, staged: list[str], first: str = "0") -> None:
         self.w, self.ctx, self.staged = w, ctx, staged
+        self.first = first  # the loop's first step: slots and phases count from it (masked bounds start later)
         self.stages = R._paren(R._stages(ctx.kernel))
         fresh = ctx.local.fresh
         self.full = {b: fresh(f"{b}_full") for b in staged}
         self.empty = {b: fresh(f"{b}_empty") for b in staged}
         self.names = {b: ctx.names[b] for b in staged}
 
+    def _count(self, step: str) -> str:
+        return R._paren(step) if self.first == "0" else f"({step} - {self.first})"
+
     def slot(self, step: str) -> str:
-        return f"{R._paren(step)} % {self.stages}"
+        return f"{self._count(step)} % {self.stages}"
 
     def parity(self, step: str) -> str:
-        return f"({R._paren(step)} // {self.stages}) % 2"
+        return f"({self._count(step)} // {self.stages}) % 2"
 
     def bind(self, step: str) -> None:
         """Point the staged buffers' names at ``step``'s slot (``unbind`` restores them)."""
@@ -146,14 +150,22 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     staged = [body[i].dst for i in sched.loads]
     loop_var = ctx.loop_var
     fresh = ctx.local.fresh
-    ring = _Ring(w, ctx, staged)
+    masked = lp.visible is not None  # steps [lo, hi) per block: masked_tile_skip drops the rest
+    first, end = (fresh(f"{lp.axis}_lo"), fresh(f"{lp.axis}_hi")) if masked else ("0", R._tiles(ctx, lp.axis))
+    ring = _Ring(w, ctx, staged, first)
     tx, wg, last = fresh("tx"), fresh("wg"), fresh("last_step")
     pp = fresh("pingpong") if isinstance(sched, ChainSchedule) else None
-    steps = R._tiles(ctx, lp.axis)
     if pp is not None:
         w.line(f"{pp} = {threads} == 256  # two consumer warpgroups take turns at the tensor cores")
-    w.line(f"{last} = {steps} - 1")
+    if not masked:
+        w.line(f"{last} = {end} - 1")
     _declare(w, ctx, func_name, threads, ring)
+    if masked:
+        lo, hi = R._loop_bounds(ctx)
+        w.line("# masked_tile_skip: steps outside [lo, hi) have the mask false everywhere (fully masked tiles)")
+        w.line(f"{first} = {lo}")
+        w.line(f"{end} = {hi}")
+        w.line(f"{last} = {end} - 1")
     w.line(f"{tx} = T.get_thread_binding()")
     if swizzle is not None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
@@ -163,7 +175,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     w.line(f"T.set_max_nreg({PRODUCER_REGS}, 0)")
     if ctx.launch.first_wait([body[i] for i in sched.loads]) is not None:
         R.pdl_sync(w, "the loop loads a tensor the kernels ahead write")
-    w.line(f"for {loop_var} in T.serial({steps}):")
+    w.line(f"for {loop_var} in T.serial({_span(first, end)}):")
     w.indent()
     for i in sched.loads:
         op = body[i]
@@ -194,10 +206,15 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     if wait_at is None and ctx.launch.first_wait(consumer_body) is not None:
         wait_at = len(kernel.prologue)
         R.pdl_sync(w, "the kernels ahead finished: the loop's thread code touches global memory")
+    if masked:  # a block whose mask hides every step runs none (its rows come out as the T.Pipelined form's)
+        w.line(f"if {end} > {first}:")
+        w.indent()
     if isinstance(sched, MainloopSchedule):
-        _mainloop_consumers(w, ctx, sched, ring, steps, last)
+        _mainloop_consumers(w, ctx, sched, ring, first, end, last)
     else:
-        _chain_consumers(w, ctx, sched, ring, steps, last, wg, pp)
+        _chain_consumers(w, ctx, sched, ring, first, end, last, wg, pp)
+    if masked:
+        w.dedent()
     ring.unbind()
     if kernel.epilogue:
         w.line("# epilogue")
@@ -211,14 +228,20 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     w.dedent()
 
 
-def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring: _Ring, steps: str,
+def _span(first: str, end: str, skip: int = 0) -> str:
+    """``T.serial`` arguments for steps ``[first + skip, end)`` (the unmasked loop's text when first is 0)."""
+    start = str(skip) if first == "0" else (f"{first} + {skip}" if skip else first)
+    return end if start == "0" else f"{start}, {end}"
+
+
+def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring: _Ring, first: str, end: str,
                         last: str) -> None:
     """Each step: wait for its tiles, issue its GEMMs, run its thread ops under them, wait until only
     they are in flight, and free the previous step's slots (their wgmma and thread reads are done)."""
     loop_var = ctx.loop_var
     n = len(sched.gemms)
     w.line(f"# streamed loop over {ctx.kernel.loop.axis!r}: one step's wgmma in flight while the next is issued")
-    w.line(f"for {loop_var} in T.serial({steps}):")
+    w.line(f"for {loop_var} in T.serial({_span(first, end)}):")
     w.indent()
     ring.wait_full(ring.staged, loop_var)
     ring.bind(loop_var)
@@ -229,7 +252,7 @@ def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring
         R._render_op(w, ctx, ctx.kernel.body[i], "body", i)
     ring.unbind()
     w.line(f"T.wait_wgmma({n})  # the previous step's wgmma done; this step's may still run")
-    w.line(f"if {loop_var} > 0:")
+    w.line(f"if {loop_var} > {first}:")
     w.indent()
     ring.release(ring.staged, f"{loop_var} - 1")
     w.dedent()
@@ -238,8 +261,8 @@ def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring
     ring.release(ring.staged, last)
 
 
-def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: _Ring, steps: str, last: str,
-                     wg: str, pp: str) -> None:
+def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: _Ring, first: str, end: str,
+                     last: str, wg: str, pp: str) -> None:
     """G1 of step k and G2 of step k-1 issued back to back, the ops between them split around the
     wait for G2, and two warpgroups taking turns at the tensor cores (FlashAttention-3)."""
     body = ctx.kernel.body
@@ -276,7 +299,7 @@ def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: _Rin
 
     prev = f"{loop_var} - 1"
     w.line(f"# step 0 of the streamed loop over {ctx.kernel.loop.axis!r}: G1 alone")
-    w.line(f"for {loop_var} in T.serial(1):")
+    w.line(f"for {loop_var} in T.serial({'1' if first == '0' else f'{first}, {first} + 1'}):")
     w.indent()
     waits("g1", loop_var)
     w.line(f"if {pp}:")
@@ -291,7 +314,7 @@ def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: _Rin
     thread_ops("late", sched.late, loop_var)
     w.dedent()
     w.line("# steps 1..: G1 of this step and G2 of the previous one in flight together")
-    w.line(f"for {loop_var} in T.serial(1, {steps}):")
+    w.line(f"for {loop_var} in T.serial({_span(first, end, 1)}):")
     w.indent()
     waits("g1", loop_var)
     my_turn()

@@ -6,18 +6,25 @@ global region every copy touches and the dim every reduction takes."""
 from __future__ import annotations
 
 from pyrunner.backend.tilelang.emulate import Emulation
-from pyrunner.plan.analysis import resolve_config
+from pyrunner.plan import masks
+from pyrunner.plan.analysis import kernel_axes, resolve, resolve_config
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schedule import AsyncSchedule, async_schedule, issue_order
-from pyrunner.plan.schema import Fill, Gemm, Load, Map, Plan, Reduce, Store
+from pyrunner.plan.schema import Fill, Gemm, Load, Map, Plan, Reduce, Store, axis_sizes
 
 
 def _steps(plan: Plan, k, cfg: dict[str, int]) -> int:
+    """Loop steps the first block runs: all, or those its masked bounds leave (``plan.masks``)."""
     if k.loop is None:
         return 1
     size = next(n for t in plan.tensors for a, n in zip(t.axes, t.shape, strict=True) if a == k.loop.axis)
-    block = cfg[k.loop.block] if isinstance(k.loop.block, str) else k.loop.block
-    return size // block
+    block = resolve(k.loop.block, cfg)
+    if k.loop.visible is None:
+        return size // block
+    sizes = axis_sizes(plan)
+    box = {a: (0, resolve(r.block, cfg) - 1) for a, r in kernel_axes(k, sizes).items() if a != k.loop.axis}
+    box.update({masks.size_symbol(a): (n, n) for a, n in sizes.items()})
+    return len(masks.visible_steps(masks.predicate(k.loop.visible), k.loop.axis, block, size // block, box))
 
 
 def _event(op, scalars: set[str]) -> tuple | None:
