@@ -29,9 +29,11 @@ GEMM makes them do.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyrunner.plan.analysis import op_reads_writes
+from pyrunner.plan import masks
+from pyrunner.plan.analysis import kernel_axes, op_reads_writes, resolve
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Op
 
 
@@ -204,6 +206,36 @@ def issue_order(sched: AsyncSchedule, steps: int) -> list[tuple[int, int]]:
         out += [(k, sched.g1), (k - 1, sched.g2), *((k, i) for i in sched.early), *((k, i) for i in sched.late)]
     out.append((steps - 1, sched.g2))
     return out
+
+
+def longest_first_axes(kernel: Kernel, sizes: Mapping[str, int]) -> frozenset[str]:
+    """Grid axes whose later blocks run more steps of a masked loop (causal attention's query blocks).
+
+    The renderer launches such an axis in reverse, so the longest blocks start first and the short
+    ones fill the tail of the last wave (the longest-processing-time-first order FlashAttention-3
+    uses for causal attention); in launch order the axis would otherwise end on its longest blocks.
+    Decided at the kernel's default tiles; the order is only an order, so any config stays correct.
+    """
+    lp = kernel.loop
+    if lp is None or lp.visible is None:
+        return frozenset()
+    roles = kernel_axes(kernel, sizes)
+    blocks = {a: resolve(r.block, kernel.defaults) for a, r in roles.items()}
+    steps = -(-sizes[lp.axis] // blocks[lp.axis])
+    pred = masks.predicate(lp.visible)
+    base = {a: (0, blocks[a] - 1) for a in roles if a != lp.axis}
+    base.update({masks.size_symbol(a): (n, n) for a, n in sizes.items()})
+    out = set()
+    for a, r in roles.items():
+        tiles = -(-sizes[a] // blocks[a])
+        if r.kind != "grid" or tiles < 2:
+            continue
+        last = (tiles - 1) * blocks[a]
+        far = {**base, a: (last, min(sizes[a], last + blocks[a]) - 1)}
+        if len(masks.visible_steps(pred, lp.axis, blocks[lp.axis], steps, far)) > \
+                len(masks.visible_steps(pred, lp.axis, blocks[lp.axis], steps, base)):
+            out.add(a)
+    return frozenset(out)
 
 
 FORM_VERSIONS = {"flat": 1, "pipelined": 1, "chain": 1, "mainloop": 1}

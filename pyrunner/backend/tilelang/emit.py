@@ -31,6 +31,7 @@ from pyrunner.plan.analysis import (
     thread_reads_staged,
 )
 from pyrunner.plan.dependent_launch import DependentLaunch
+from pyrunner.plan.schedule import longest_first_axes
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -663,11 +664,13 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
     coord_names = {a: ctx.local.fresh(f"{a}_idx" if ctx.roles[a].kind == "indexed" else f"{a}_blk")
                    for d in dims for a in d}
     folded = dims[2] if len(dims) == 3 and len(dims[2]) > 1 else []
+    longest = [d[0] for d in dims if len(d) == 1 and d[0] in longest_first_axes(ctx.kernel, ctx.sizes)]
+    launch_names = {a: ctx.local.fresh(f"{a}_launch") for a in longest}
     launch, names = [], []
     for d in dims:
         if len(d) == 1:
             launch.append(counts[d[0]])
-            names.append(coord_names[d[0]])
+            names.append(launch_names.get(d[0], coord_names[d[0]]))
     if folded:
         fold_var = ctx.local.fresh("_".join(folded) + "_fold")
         w.line(f"# grid axes {folded} share blockIdx.z through div/mod")
@@ -682,6 +685,9 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
         if j > 0:
             expr = f"{_paren(expr)} % {_paren(counts[a])}"
         w.line(f"{coord_names[a]} = {expr}")
+    for a in longest:
+        w.line(f"{coord_names[a]} = {_paren(counts[a])} - 1 - {launch_names[a]}  # longest first: later {a!r} "
+               "blocks run more steps of the masked loop")
     for a in coord_names:
         ctx.coord[a] = coord_names[a]
 

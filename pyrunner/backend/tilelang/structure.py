@@ -9,22 +9,32 @@ from pyrunner.backend.tilelang.emulate import Emulation
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import kernel_axes, resolve, resolve_config
 from pyrunner.plan.passes import optimize
-from pyrunner.plan.schedule import AsyncSchedule, async_schedule, issue_order
+from pyrunner.plan.schedule import AsyncSchedule, async_schedule, issue_order, longest_first_axes
 from pyrunner.plan.schema import Fill, Gemm, Load, Map, Plan, Reduce, Store, axis_sizes
 
 
-def _steps(plan: Plan, k, cfg: dict[str, int]) -> int:
-    """Loop steps the first block runs: all, or those its masked bounds leave (``plan.masks``)."""
-    if k.loop is None:
-        return 1
-    size = next(n for t in plan.tensors for a, n in zip(t.axes, t.shape, strict=True) if a == k.loop.axis)
-    block = resolve(k.loop.block, cfg)
-    if k.loop.visible is None:
-        return size // block
+def _first_block(plan: Plan, k, cfg: dict[str, int]) -> tuple[dict[str, int], range]:
+    """The first block the emulator runs (and traces): its coordinate along each grid axis (the last
+    tile of an axis launched longest-first, ``plan.schedule.longest_first_axes``, else 0) and the loop
+    steps it runs (all of them, or those its masked bounds leave)."""
     sizes = axis_sizes(plan)
-    box = {a: (0, resolve(r.block, cfg) - 1) for a, r in kernel_axes(k, sizes).items() if a != k.loop.axis}
+    roles = kernel_axes(k, sizes)
+    blocks = {a: resolve(r.block, cfg) for a, r in roles.items()}
+    tiles = {a: -(-sizes[a] // blocks[a]) for a in roles}
+    longest = longest_first_axes(k, sizes)
+    coord = {a: tiles[a] - 1 if a in longest else 0 for a, r in roles.items() if r.kind != "loop"}
+    if k.loop is None:
+        return coord, range(1)
+    steps = sizes[k.loop.axis] // blocks[k.loop.axis]
+    if k.loop.visible is None:
+        return coord, range(steps)
+    box = {a: (c * blocks[a], c * blocks[a] + blocks[a] - 1) for a, c in coord.items()}
     box.update({masks.size_symbol(a): (n, n) for a, n in sizes.items()})
-    return len(masks.visible_steps(masks.predicate(k.loop.visible), k.loop.axis, block, size // block, box))
+    return coord, masks.visible_steps(masks.predicate(k.loop.visible), k.loop.axis, blocks[k.loop.axis], steps, box)
+
+
+def _steps(plan: Plan, k, cfg: dict[str, int]) -> int:
+    return len(_first_block(plan, k, cfg)[1])
 
 
 def _event(op, scalars: set[str]) -> tuple | None:
@@ -45,14 +55,36 @@ def _event(op, scalars: set[str]) -> tuple | None:
 
 def _expected_events(plan: Plan, k, cfg: dict[str, int], sched: AsyncSchedule | None = None) -> list[tuple]:
     """The plan's ops as the first block runs them; with an asynchronous schedule, the
-    consumers' order (``plan.schedule.issue_order``) without the producer's loads."""
-    steps = _steps(plan, k, cfg)
+    consumers' order (``plan.schedule.issue_order``) without the producer's loads. A masked Map
+    runs only on the tiles its mask does not show whole (the renderer's ``if``)."""
+    coord, visible = _first_block(plan, k, cfg)
     scalars = {t.name for t in plan.tensors if not t.axes}
     if sched is None:
-        ops = [*k.prologue, *(op for _ in range(steps) for op in k.body), *k.epilogue]
+        order = [(j, i) for j in range(len(visible)) for i in range(len(k.body))]
     else:
-        ops = [*k.prologue, *(k.body[i] for _, i in issue_order(sched, steps)), *k.epilogue]
-    return [e for op in ops if (e := _event(op, scalars)) is not None]
+        order = issue_order(sched, len(visible))
+    ops = [(None, op) for op in k.prologue]
+    ops += [(visible[j] if len(visible) else j, k.body[i]) for j, i in order]
+    ops += [(None, op) for op in k.epilogue]
+    return [e for step, op in ops if _runs(plan, k, cfg, coord, step, op) and (e := _event(op, scalars)) is not None]
+
+
+def _runs(plan: Plan, k, cfg: dict[str, int], coord: dict[str, int], step: int | None, op) -> bool:
+    """Whether the first block runs ``op`` (at loop step ``step``; None outside the loop)."""
+    pred = masks.mask_predicate(op) if isinstance(op, Map) else None
+    if pred is None:
+        return True
+    sizes = axis_sizes(plan)
+    roles = kernel_axes(k, sizes)
+    box = {}
+    for a, r in roles.items():
+        b = resolve(r.block, cfg)
+        c = step if r.kind == "loop" else coord.get(a, 0)
+        if c is not None:
+            box[a] = (c * b, c * b + b - 1)
+    box.update({masks.size_symbol(a): (n, n) for a, n in sizes.items()})
+    test = masks.tile_test(pred, box, masks.IntArith())
+    return test.all_true is None or test.all_true > 0
 
 
 def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) -> list[str]:
@@ -114,7 +146,7 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
                                     f"{op.axis!r} = dim {src.axes.index(op.axis)}")
                 ev = ev[:4]
             if ev[0] == "copy":
-                problems += _region_problems(plan, k, ev, blocks, sizes, seen)
+                problems += _region_problems(plan, k, ev, blocks, sizes, seen, _first_block(plan, k, kc))
                 ev = ev[:3]
             (loads if ev[0] == "copy" and ev[2] in ring else got).append(ev)
         if sched is not None:
@@ -133,10 +165,11 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
 
 
 def _region_problems(plan: Plan, k, ev: tuple, blocks: dict[str, int], sizes: dict[str, int],
-                     seen: dict[str, int]) -> list[str]:
-    """The first block (every grid coordinate 0) touches tile 0 of each tiled grid axis, the whole
-    extent of a held axis, element 0 of an indexed one, and step ``i`` of the loop axis on the
-    ``i``-th copy of that tensor in the loop."""
+                     seen: dict[str, int], first: tuple[dict[str, int], range]) -> list[str]:
+    """The first block touches its tile of each tiled grid axis (tile 0, or the last one of an axis
+    launched longest-first), the whole extent of a held axis, element 0 of an indexed one, and its
+    ``i``-th visible step of the loop axis on the ``i``-th copy of that tensor in the loop."""
+    coord, visible = first
     tensors = {t.name: t for t in plan.tensors}
     g = ev[1] if ev[1] in tensors else ev[2]
     region = ev[3]
@@ -149,13 +182,14 @@ def _region_problems(plan: Plan, k, ev: tuple, blocks: dict[str, int], sizes: di
     per_step = sum(1 for op in k.body if isinstance(op, (Load, Store)) and g in (op.src, op.dst))
     step = 0
     if loop in t.axes and per_step:
-        step = seen.get(g, 0) // per_step
+        i = seen.get(g, 0) // per_step
+        step = visible[i] if i < len(visible) else visible.start + i
         seen[g] = seen.get(g, 0) + 1
     out = []
     for a, r in zip(t.axes, region, strict=True):
         b = blocks.get(a, sizes[a])
-        want: tuple[int, int] | int = 0 if b == 1 and a != loop else ((step * b, (step + 1) * b) if a == loop
-                                                                      else (0, b))
+        c = step if a == loop else coord.get(a, 0)
+        want: tuple[int, int] | int = 0 if b == 1 and a != loop else (c * b, (c + 1) * b)
         if r != want and not (isinstance(want, int) and r == (0, 1)):
             out.append(f"{k.name}: copy of {g!r} along axis {a!r} touches {r} in the first block, expected {want}")
     return out
