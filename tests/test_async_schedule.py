@@ -6,6 +6,8 @@ released, and a wait that lets a wgmma run on past the point its result or opera
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 
 import numpy as np
@@ -257,3 +259,31 @@ def test_masked_attention_lowers_without_a_release_in_flight() -> None:
     (src,) = lower_to_cuda(plan, {plan.kernels[0].name: {"stages": 2}}).values()
     assert "wait_wgmma<1>" in src and "warpgroup_reg_alloc" in src
     assert releases_in_flight(src) == []
+
+
+# --- the planner's view of the asynchronous form --------------------------------------------------
+
+@pytest.mark.parametrize("name", ["Attention", "CausalAttention", "GroupedQueryAttention", "SlidingWindowAttention"])
+def test_the_fit_model_predicts_the_renderers_guard_and_defaults_take_the_async_form(name: str) -> None:
+    """``FitModel.renders_async`` (what config ranking prefers) never says yes where the rendered
+    build function's guard says no, agrees with it on every config of these spaces, and the planner's
+    default config is one that renders asynchronously."""
+    from pyrunner.backend.tilelang.emulate import Trace, load_emulated
+    from pyrunner.plan.schema import axis_sizes
+    from pyrunner.target.fit import FitModel
+
+    plan = search(catalog.get(name), "bf16", top=1, tuning=False)[0]
+    (k,) = plan.kernels
+    src = render(plan)
+    ns = load_emulated(src, Trace())
+    cond = re.search(r"\n    if (.*):  # asynchronous two-GEMM chain", src).group(1)
+    fit = FitModel(k, axis_sizes(plan))
+    names = sorted(k.params)
+    agree = 0
+    for values in itertools.product(*(k.params[p] for p in names)):
+        cfg = dict(zip(names, values))
+        guard = bool(eval(cond, dict(ns), dict(cfg)))  # noqa: S307 - our own rendered source
+        assert not (fit.renders_async(cfg) and not guard), cfg
+        agree += fit.renders_async(cfg) == guard
+    assert agree == math.prod(len(k.params[p]) for p in names)
+    assert fit.renders_async(k.defaults)

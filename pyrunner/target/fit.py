@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from pyrunner.plan.analysis import KernelGeometry, kernel_geometry, kernel_ops, op_reads_writes
 from pyrunner.plan.passes import defer_linear_reductions
-from pyrunner.plan.schema import Gemm, Kernel, Load, Map
+from pyrunner.plan.schedule import ChainSchedule, async_schedule
+from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Store
 from pyrunner.target.device import H200, Device
 from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
 from pyrunner.target.wgmma import tile_problem as wgmma_tile_problem
@@ -30,6 +31,10 @@ REG_OVERHEAD = 32
 
 MAX_GEMM_N = 256
 """Widest tile a Hopper warpgroup MMA (wgmma) produces in one instruction."""
+
+ASYNC_SMEM_SLACK = 1024
+"""Bytes of shared memory the explicitly warp-specialised form leaves for its mbarriers and
+TileLang's own scratch (``backend.tilelang.render_ws`` guards its form with it)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,16 @@ class FitModel:
         # (accumulator, its axes, A operand, whether A is laid out like an accumulator, whether A is in registers)
         self.gemms = [(op.c, tuple(bufs[op.c].axes), op.a, op.a in group and group[op.a] in acc_groups,
                        bufs[op.a].scope == "fragment") for op in gemms]
+        sched = async_schedule(kernel)
+        self.chain = isinstance(sched, ChainSchedule)
+        """A flash-style two-GEMM chain: its asynchronous form is preferred where a config fits it."""
+        if self.chain:
+            body = kernel.body
+            self.chain_gemms = [tuple(bufs[body[i].c].axes) for i in (sched.g1, sched.g2)]
+            self.loaded_axes = sorted({a for i in sched.loads for a in bufs[body[i].dst].axes})
+            # epilogue stores of 2-D fragments go through a shared tile (counted as 16-bit: never less)
+            self.store_tiles = [tuple(bufs[op.src].axes) for op in kernel.epilogue if isinstance(op, Store)
+                                and bufs[op.src].scope == "fragment" and len(bufs[op.src].axes) == 2]
 
     def geometry(self, values: Mapping[str, int]) -> KernelGeometry:
         return kernel_geometry(self.kernel, values, self.sizes)
@@ -112,6 +127,25 @@ class FitModel:
                       for name, (axes, size) in self.frags.items()}
         peak = max((sum(per_thread[b] for b in live) for live in self.live), default=0)
         return Footprint(self.kernel.name, smem, REG_OVERHEAD + -(-peak // 4), geo.threads)
+
+    def renders_async(self, values: Mapping[str, int]) -> bool:
+        """Whether a chain kernel renders in its asynchronous form under ``values``: the tile guard of
+        ``render_ws`` (two warpgroup counts, 64-row slabs per consumer warpgroup, N <= 256, no tails
+        along the loaded axes, the rings and epilogue tiles in shared memory), with shared memory
+        estimated from above. False for every other kernel."""
+        if not self.chain:
+            return False
+        geo = self.geometry(values)
+        if geo.threads not in (128, 256):
+            return False
+        for rows, cols in ((geo.blocks[r], geo.blocks[c]) for r, c in self.chain_gemms):
+            if rows % (64 * (geo.threads // 128)) or cols > MAX_GEMM_N:
+                return False
+        if any(self.sizes[a] % geo.blocks[a] for a in self.loaded_axes):
+            return False
+        smem = self._footprint(geo).smem_bytes + sum(2 * math.prod(geo.blocks[a] for a in axes)
+                                                     for axes in self.store_tiles)
+        return smem <= self.device.smem_per_block - ASYNC_SMEM_SLACK
 
     def why_not(self, values: Mapping[str, int]) -> str | None:
         """None when the kernel fits the device under ``values``, else the first reason it does not."""

@@ -19,6 +19,7 @@ from pyrunner.plan import schedule
 from pyrunner.plan.analysis import op_reads_writes
 from pyrunner.plan.schedule import AsyncSchedule, ChainSchedule, MainloopSchedule
 from pyrunner.target.device import H200
+from pyrunner.target.fit import ASYNC_SMEM_SLACK
 
 PRODUCER_THREADS = 128
 """One warpgroup issues the TMA loads."""
@@ -26,8 +27,6 @@ PRODUCER_REGS, CONSUMER_REGS = 24, 240
 """setmaxnreg budgets: the producer only issues TMA; 24 * 128 + 240 * 256 fits the 64K registers."""
 PINGPONG_BARRIER = 8
 """First of the two named barriers of the ping-pong (TileLang's own lowering uses ids below 8)."""
-BARRIER_SLACK = 1024
-"""Bytes of shared memory left for the mbarriers and TileLang's own scratch."""
 CONSUMER_BARRIER = PINGPONG_BARRIER + 2
 """Named barrier of the consumer warpgroups alone (the producer never joins it)."""
 
@@ -78,7 +77,7 @@ def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
         rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
         conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
         conds.append(f"{R._paren(cols)} <= 256")
-    conds.append(f"{shared_bytes(ctx, sched)} <= {H200.smem_per_block - BARRIER_SLACK}")
+    conds.append(f"{shared_bytes(ctx, sched)} <= {H200.smem_per_block - ASYNC_SMEM_SLACK}")
     axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
     for a in sorted(axes):
         if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
