@@ -200,3 +200,46 @@ def test_long_products_canonicalise_without_blowup() -> None:
     plans = search(b.build(), "fp16", top=2)
     assert time.perf_counter() - t0 < PLAN_SECONDS
     assert plans
+
+
+DUPLICATE_OUTPUTS = {  # found by tests/test_random_graphs.py: output 't2' stayed unwritten
+    "name": "DuplicateOutputs", "axes": {"m": 128, "d": 256, "n": 128},
+    "inputs": {"X": ["m", "d"], "W": ["d", "n"]},
+    "nodes": [{"name": "y", "op": "matmul", "args": ["X", "W"], "contract": "d"},
+              {"name": "t1", "op": "relu", "args": ["y"]}, {"name": "t2", "op": "relu", "args": ["y"]}],
+    "outputs": ["t2", "t1", {"name": "y_again", "node": "y"}, "y"]}
+
+
+def test_outputs_that_are_one_value_are_each_stored() -> None:
+    """Two outputs written as the same expression are one term; every name still gets its tensor,
+    stored by the kernel that computes the value, and the plan passes the CPU executor and the
+    rendered source's CPU run."""
+
+    from pyrunner.backend.tilelang.emulate import emulate
+    from pyrunner.backend.tilelang.structure import structure_problems
+    from pyrunner.ir.graph_json import graph_from_json
+    from pyrunner.ir.reference import evaluate, random_inputs
+    from pyrunner.plan.schema import Store, plan_document
+    from pyrunner.plan.validate import validate_plan
+    from pyrunner.run.executor import execute
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.verify import max_error, verify_executor
+
+    graph = graph_from_json(DUPLICATE_OUTPUTS)
+    for plan in search(graph, "bf16", top=2, tuning=False):
+        validate_plan(plan_document(plan))
+        outputs = {t.name for t in plan.tensors if t.role == "output"}
+        assert outputs == {"t1", "t2", "y", "y_again"}
+        for k in plan.kernels:  # each alias is stored right beside its value, from the same tile
+            stores = [op for op in k.prologue + k.body + k.epilogue if isinstance(op, Store)]
+            for a, b in zip(stores, stores[1:]):
+                if {a.dst, b.dst} in ({"t1", "t2"}, {"y", "y_again"}):
+                    assert a.src == b.src
+        res = verify_executor(plan, graph_of(plan), execute, seed=1)
+        assert res.ok, res.message
+        g = graph_of(plan)
+        x = random_inputs(g, 3)
+        em = emulate(plan, x)
+        ref = evaluate(g, x)
+        assert all(max_error(em.outputs[n], ref[n]) < 1e-2 for n in ref)
+        assert structure_problems(plan, em) == []

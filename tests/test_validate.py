@@ -263,6 +263,13 @@ def _k(data: dict, i: int = 0) -> dict:
     return data["kernels"][i]
 
 
+def _rename_buffer(kernel: dict, i: int, name: str) -> None:
+    """Rename buffer ``i`` and every op's reference to it (the rest of the kernel stays consistent)."""
+    old = kernel["buffers"][i]["name"]
+    text = json.dumps({k: kernel[k] for k in ("buffers", "prologue", "body", "epilogue") if k in kernel})
+    kernel.update(json.loads(text.replace(f'"{old}"', f'"{name}"')))
+
+
 SEMANTIC_CASES: list[tuple[str, str, Callable[[dict], None], tuple[str, ...]]] = [
     ("attention", "graph", lambda d: d["graph"]["nodes"][0].update(op="conv"), ("graph: ", "unknown op 'conv'")),
     ("attention", "dup tensor", lambda d: d["tensors"].append(d["tensors"][0]), ("tensors[4] 'Q'", "already")),
@@ -288,6 +295,8 @@ SEMANTIC_CASES: list[tuple[str, str, Callable[[dict], None], tuple[str, ...]]] =
      ("loop block 24", "does not divide", "masks nothing past the end")),
     ("attention", "loop is grid", lambda d: _k(d)["loop"].update(axis="t_q"), ("both a grid axis and the loop",)),
     ("attention", "dup buffer", lambda d: _k(d)["buffers"][1].update(name="Q_s"), ("buffers[1] 'Q_s'", "already")),
+    ("attention", "buffer named like a tensor", lambda d: _rename_buffer(_k(d), 1, "V"),
+     ("buffers[1] 'V'", "may not have the name of the global tensor 'V'")),
     ("attention", "axis size", lambda d: _k(d)["body"][5]["expr"]["args"][0]["args"].__setitem__(
         1, {"kind": "size", "axis": "e"}), ("body[5] (map): size of unknown axis 'e'",)),
     ("attention", "indexed buffer axis", lambda d: _k(d)["buffers"][5].update(axes=["h"]),

@@ -171,6 +171,8 @@ def _check_buffers(s: KernelScope) -> None:
         bw = f"{s.kw}: buffers[{i}] {buf.name!r}"
         if buf.name in s.bufs:
             raise PlanError(f"{bw}: a buffer named {buf.name!r} is already declared")
+        if buf.name in s.tensors:  # one namespace in the rendered kernel: the tensor argument would be shadowed
+            raise PlanError(f"{bw}: a buffer may not have the name of the global tensor {buf.name!r}")
         if len(set(buf.axes)) != len(buf.axes):
             raise PlanError(f"{bw}: repeats an axis: {buf.axes}")
         for a in buf.axes:

@@ -50,6 +50,7 @@ from pyrunner.plan.schema import (
     canonical_json,
     with_hash,
 )
+from pyrunner.planner.aliases import distinct_outputs, with_aliases
 from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
 from pyrunner.planner.lower import Infeasible, Lowered, Roots, as_roots, cone, lower, stream_candidates
@@ -620,6 +621,10 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     ``tuning``: the tuning database whose measured times and configs take precedence over the
     model's (default: the committed one of the target device; False: the model alone).
     """
+    unique, aliases = distinct_outputs(graph)
+    if aliases:  # outputs that are one value under several names: planned once, stored per name
+        plans = search(unique, dtype, top=top, naive=naive, calibration=calibration, budget=budget, tuning=tuning)
+        return [with_aliases(p, graph, aliases) for p in plans]
     machine = calibrate(calibration, Planner)
     planner = Planner(graph, dtype, machine)
     searched = [(planner, planner.candidates(naive=naive, budget=budget))]
@@ -682,6 +687,8 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
     """
     from pyrunner.target.tuning import structure_hash
 
+    original = graph
+    graph, aliases = distinct_outputs(graph)
     machine = calibrate(calibration, Planner)
     if plan.axis_merges:
         from pyrunner.plan.views import kernel_graph, merges_of
@@ -693,7 +700,10 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
     want = structure_hash(plan)
     naive = plan.provenance.planner.endswith("-naive")
     for c in planner.candidates(naive=naive):
-        if len(c.kernels) != len(plan.kernels) or structure_hash(to_plan(planner, c, naive)) != want:
+        candidate = to_plan(planner, c, naive)
+        if aliases:
+            candidate = with_aliases(candidate, original, aliases)
+        if len(c.kernels) != len(plan.kernels) or structure_hash(candidate) != want:
             continue
         tb = {t.name: _prod(t.shape) * DTYPE_BYTES[t.dtype] for t in c.tensors}
         per_kernel = []

@@ -1,0 +1,63 @@
+"""Graph outputs that compute the same value: planned once, stored once per name.
+
+Terms are hash-consed, so two outputs written as the same expression (``relu(X)`` under two names)
+are one term, and the planner, which keys outputs by term, would compute the value for one name
+only: the other output stayed unwritten (found by the random-graph test). The graph is planned
+with each value under its first name; the kernel that stores the value then stores the same tile
+to every other name as well.
+"""
+
+from __future__ import annotations
+
+from pyrunner.ir.graph import Graph, Term
+from pyrunner.plan.schema import Kernel, Plan, Store, with_hash
+
+
+def distinct_outputs(graph: Graph) -> tuple[Graph, dict[str, str]]:
+    """The graph with one output per distinct value, and each dropped name -> the name kept for its value."""
+    first: dict[Term, str] = {}
+    kept: list[tuple[str, Term]] = []
+    aliases: dict[str, str] = {}
+    for name, term in graph.outputs:
+        if term in first:
+            aliases[name] = first[term]
+        else:
+            first[term] = name
+            kept.append((name, term))
+    if not aliases:
+        return graph, aliases
+    labels = {t: first.get(t, name) for t, name in graph.labels.items()}  # the dropped names name nothing
+    return Graph(graph.name, dict(graph.sizes), tuple(kept), labels), aliases
+
+
+def with_aliases(plan: Plan, graph: Graph, aliases: dict[str, str]) -> Plan:
+    """``plan`` (of ``distinct_outputs(graph)``) as a plan of ``graph``: an output tensor per alias,
+    stored by the kernel that stores its value, right after each store of that value."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.planner.search import graph_hash
+
+    tensors = []
+    for t in plan.tensors:
+        tensors.append(t)
+        tensors += [t.model_copy(update={"name": a}) for a, kept in aliases.items() if kept == t.name]
+    kernels = [_store_aliases(k, aliases) for k in plan.kernels]
+    provenance = plan.provenance.model_copy(update={"graph_hash": graph_hash(graph), "plan_hash": ""})
+    return with_hash(plan.model_copy(update={"graph": graph_to_json(graph), "tensors": tensors, "kernels": kernels,
+                                             "provenance": provenance}))
+
+
+def _store_aliases(kernel: Kernel, aliases: dict[str, str]) -> Kernel:
+    extra = [a for a, kept in aliases.items() if kept in kernel.writes]
+    if not extra:
+        return kernel
+
+    def section(ops: list) -> list:
+        out = []
+        for op in ops:
+            out.append(op)
+            if isinstance(op, Store):
+                out += [op.model_copy(update={"dst": a}) for a, kept in aliases.items() if kept == op.dst]
+        return out
+
+    return kernel.model_copy(update={"prologue": section(kernel.prologue), "body": section(kernel.body),
+                                     "epilogue": section(kernel.epilogue), "writes": [*kernel.writes, *extra]})
