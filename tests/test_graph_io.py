@@ -208,3 +208,15 @@ def test_show_handles_equal_but_distinct_subterms() -> None:
     g = graph_from_json(doc)
     text = show(g.outputs[0][1])
     assert "@d" in text and "rsqrt" in text
+
+
+def test_an_output_that_repeats_a_value_keeps_its_name_from_other_nodes() -> None:
+    """rmsnorm(X) under two output names: the generated names of its inner nodes must not take the
+    second output's name (the JSON would then name two things alike; found by the random-graph test)."""
+    doc = {"name": "G", "axes": {"m": 64, "f0": 64}, "inputs": {"X0": ["m", "f0"]},
+           "nodes": [{"name": "t1", "op": "rmsnorm", "args": ["X0"], "axis": "f0"},
+                     {"name": "t4", "op": "rmsnorm", "args": ["X0"], "axis": "f0"}],
+           "outputs": ["t4", "t1"]}
+    g = graph_from_json(doc)
+    again = graph_from_json(graph_to_json(g))
+    assert again.outputs == g.outputs

@@ -455,6 +455,7 @@ def graph_to_json(g: Graph) -> dict:
 
     for out, t in g.outputs:
         claim(t, out)
+    used |= {out for out, _ in g.outputs}  # an output naming an already named value: no other node takes its name
     for t in terms:
         claim(t, g.labels.get(t))
     counter = 0
