@@ -9,8 +9,11 @@ to every other name as well.
 
 from __future__ import annotations
 
+import hashlib
+
 from pyrunner.ir.graph import Graph, Term
-from pyrunner.plan.schema import Kernel, Plan, Store, with_hash
+from pyrunner.ir.graph_json import graph_to_json
+from pyrunner.plan.schema import Kernel, Plan, Store, canonical_json, with_hash
 
 
 def distinct_outputs(graph: Graph) -> tuple[Graph, dict[str, str]]:
@@ -30,12 +33,14 @@ def distinct_outputs(graph: Graph) -> tuple[Graph, dict[str, str]]:
     return Graph(graph.name, dict(graph.sizes), tuple(kept), labels), aliases
 
 
+def graph_hash(g: Graph) -> str:
+    """The hash a plan's provenance records for the graph it was planned from."""
+    return hashlib.sha256(canonical_json(graph_to_json(g)).encode()).hexdigest()[:16]
+
+
 def with_aliases(plan: Plan, graph: Graph, aliases: dict[str, str]) -> Plan:
     """``plan`` (of ``distinct_outputs(graph)``) as a plan of ``graph``: an output tensor per alias,
     stored by the kernel that stores its value, right after each store of that value."""
-    from pyrunner.ir.graph_json import graph_to_json
-    from pyrunner.planner.search import graph_hash
-
     tensors = []
     for t in plan.tensors:
         tensors.append(t)

@@ -26,7 +26,6 @@ rejection reasons); the tile memo and the lowering live in ``memo.py`` and ``low
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -47,10 +46,9 @@ from pyrunner.plan.schema import (
     Plan,
     Provenance,
     Step,
-    canonical_json,
     with_hash,
 )
-from pyrunner.planner.aliases import distinct_outputs, with_aliases
+from pyrunner.planner.aliases import distinct_outputs, graph_hash, with_aliases
 from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
 from pyrunner.planner.lower import Infeasible, Lowered, Roots, as_roots, cone, lower, stream_candidates
@@ -567,12 +565,6 @@ def _prod(xs: list[int]) -> int:
     for x in xs:
         n *= x
     return n
-
-
-def graph_hash(g: Graph) -> str:
-    from pyrunner.ir.graph_json import graph_to_json
-
-    return hashlib.sha256(canonical_json(graph_to_json(g)).encode()).hexdigest()[:16]
 
 
 def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
