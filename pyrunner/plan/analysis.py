@@ -187,6 +187,17 @@ class AxisRole:
     size: int
 
 
+def block_box(coord: Mapping[str, int], blocks: Mapping[str, int],
+              sizes: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """Least and greatest index of the tile at ``coord`` along each of its axes, and every axis
+    extent under its ``plan.masks.size_symbol``: the box a mask's tile test and step range take."""
+    from pyrunner.plan.masks import size_symbol
+
+    box = {a: (c * blocks[a], c * blocks[a] + blocks[a] - 1) for a, c in coord.items()}
+    box.update({size_symbol(a): (n, n) for a, n in sizes.items()})
+    return box
+
+
 def kernel_axes(kernel: Kernel, sizes: Mapping[str, int]) -> dict[str, AxisRole]:
     """The role of each grid and loop axis of a kernel (grid axes first, in grid order)."""
     roles: dict[str, AxisRole] = {}

@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import kernel_axes, op_reads_writes, resolve
+from pyrunner.plan.analysis import block_box, kernel_axes, op_reads_writes, resolve
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Op
 
 
@@ -223,17 +223,15 @@ def longest_first_axes(kernel: Kernel, sizes: Mapping[str, int]) -> frozenset[st
     blocks = {a: resolve(r.block, kernel.defaults) for a, r in roles.items()}
     steps = -(-sizes[lp.axis] // blocks[lp.axis])
     pred = masks.predicate(lp.visible)
-    base = {a: (0, blocks[a] - 1) for a in roles if a != lp.axis}
-    base.update({masks.size_symbol(a): (n, n) for a, n in sizes.items()})
+    first = {a: 0 for a in roles if a != lp.axis}
+
+    def runs(coord: dict[str, int]) -> int:
+        return len(masks.visible_steps(pred, lp.axis, blocks[lp.axis], steps, block_box(coord, blocks, sizes)))
+
     out = set()
     for a, r in roles.items():
         tiles = -(-sizes[a] // blocks[a])
-        if r.kind != "grid" or tiles < 2:
-            continue
-        last = (tiles - 1) * blocks[a]
-        far = {**base, a: (last, min(sizes[a], last + blocks[a]) - 1)}
-        if len(masks.visible_steps(pred, lp.axis, blocks[lp.axis], steps, far)) > \
-                len(masks.visible_steps(pred, lp.axis, blocks[lp.axis], steps, base)):
+        if r.kind == "grid" and tiles > 1 and runs({**first, a: tiles - 1}) > runs(first):
             out.add(a)
     return frozenset(out)
 

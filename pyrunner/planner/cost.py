@@ -246,16 +246,16 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
                 tensor_bytes: dict[str, int], fit: FitModel, m: Machine = H200) -> Estimate | None:
     """The cheapest config of ``space`` that fits the device (``fit``), or None."""
     names = sorted(space)
-    best: Estimate | None = None
+    best: tuple[tuple, Estimate] | None = None
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values))
         if fit.why_not(cfg) is not None:
             continue
         est = estimate(low, cfg, sizes, tensor_bytes, fit.footprint(cfg).smem_bytes, m)
         key = _rank_key(fit, cfg, est.time_us)
-        if best is None or key < _rank_key(fit, best.config, best.time_us):
-            best = est
-    return best
+        if best is None or key < best[0]:
+            best = key, est
+    return None if best is None else best[1]
 
 
 def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float) -> tuple:

@@ -228,9 +228,9 @@ class GpuVerifier:
         self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=dt) for k, v in raw.items()}
         rounded = {k: v.to(torch.float64) for k, v in self.inputs.items()}
         self.ref = self._reference(graph, rounded, reference, None)
-        self.operand_error = 0.0
+        self.operand_error, self.storage_dtype = 0.0, storage_dtype(plan)
         if computed_operands(graph):
-            moved = self._reference(graph, rounded, reference, storage_dtype(plan))
+            moved = self._reference(graph, rounded, reference, self.storage_dtype)
             self.operand_error = max(_max_error_torch(moved[n], r) for n, r in self.ref.items())
             del moved
         self.bound = conditioned_bound(self.a_priori, self.operand_error)
@@ -280,7 +280,7 @@ class GpuVerifier:
             o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.merges)
             errs[name] = _max_error_torch(o, ref)
         res = judge(errs, self.bound, self.seed, what)
-        res.message += _raised(self.a_priori, self.bound, self.operand_error, storage_dtype(self.plan))
+        res.message += _raised(self.a_priori, self.bound, self.operand_error, self.storage_dtype)
         return res
 
     def check_fn(self, fn: Callable[..., Mapping[str, torch.Tensor]]) -> float:

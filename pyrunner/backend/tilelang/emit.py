@@ -393,14 +393,17 @@ def _tiles(ctx: _Ctx, axis: str) -> str:
     return f"{ctx.size_const[axis]} // {ctx.block_expr[axis]}"
 
 
-def _loop_bounds(ctx: _Ctx) -> tuple[str, str]:
-    """The steps ``[lo, hi)`` a block runs: those its ``visible`` predicate may show."""
+def _bind_loop_bounds(w: _Writer, ctx: _Ctx, lo_name: str, hi_name: str) -> None:
+    """Bind ``lo_name``, ``hi_name`` to the steps ``[lo, hi)`` a block runs (what ``visible`` may show)."""
     lp = ctx.kernel.loop
     assert lp is not None and lp.visible is not None
     steps = _tiles(ctx, lp.axis)
     box = {a: v for a, v in _tile_box(ctx, "prologue").items() if a != lp.axis}
-    return masks.step_range(masks.predicate(lp.visible), lp.axis, ctx.block_expr[lp.axis], steps, box,
-                            masks.SrcArith())
+    lo, hi = masks.step_range(masks.predicate(lp.visible), lp.axis, ctx.block_expr[lp.axis], steps, box,
+                              masks.SrcArith())
+    w.line("# masked_tile_skip: steps outside [lo, hi) have the mask false everywhere (fully masked tiles)")
+    w.line(f"{lo_name} = {lo}")
+    w.line(f"{hi_name} = {hi}")
 
 
 def _gemm_policy_full_row(kernel: Kernel, buffers: dict[str, Buffer], op: Gemm) -> bool:
@@ -664,7 +667,8 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
     coord_names = {a: ctx.local.fresh(f"{a}_idx" if ctx.roles[a].kind == "indexed" else f"{a}_blk")
                    for d in dims for a in d}
     folded = dims[2] if len(dims) == 3 and len(dims[2]) > 1 else []
-    longest = [d[0] for d in dims if len(d) == 1 and d[0] in longest_first_axes(ctx.kernel, ctx.sizes)]
+    reverse = longest_first_axes(ctx.kernel, ctx.sizes)
+    longest = [d[0] for d in dims if len(d) == 1 and d[0] in reverse]
     launch_names = {a: ctx.local.fresh(f"{a}_launch") for a in longest}
     launch, names = [], []
     for d in dims:

@@ -33,11 +33,11 @@ import keyword
 from pyrunner.backend.tilelang import render_ws
 from pyrunner.backend.tilelang.emit import (
     GemmMerge,
+    _bind_loop_bounds,
     _Ctx,
     _declare_buffers,
     _extent,
     _launch_chain_top,
-    _loop_bounds,
     _merge_legal,
     _Names,
     _paren,
@@ -204,11 +204,8 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             w.line(f"for {loop_var} in T.Pipelined({_tiles(ctx, lp.axis)}, "
                    f"num_stages={stages}):")
         else:
-            lo, hi = _loop_bounds(ctx)
             lo_name, hi_name = ctx.local.fresh(f"{lp.axis}_lo"), ctx.local.fresh(f"{lp.axis}_hi")
-            w.line("# masked_tile_skip: steps outside [lo, hi) have the mask false everywhere (fully masked tiles)")
-            w.line(f"{lo_name} = {lo}")
-            w.line(f"{hi_name} = {hi}")
+            _bind_loop_bounds(w, ctx, lo_name, hi_name)
             w.line(f"for {loop_var} in T.Pipelined({lo_name}, {hi_name}, num_stages={stages}):")
         w.indent()
         for i, op in enumerate(kernel.body):

@@ -160,10 +160,7 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
         w.line(f"{last} = {end} - 1")
     _declare(w, ctx, func_name, threads, ring)
     if masked:
-        lo, hi = R._loop_bounds(ctx)
-        w.line("# masked_tile_skip: steps outside [lo, hi) have the mask false everywhere (fully masked tiles)")
-        w.line(f"{first} = {lo}")
-        w.line(f"{end} = {hi}")
+        R._bind_loop_bounds(w, ctx, first, end)
         w.line(f"{last} = {end} - 1")
     w.line(f"{tx} = T.get_thread_binding()")
     if swizzle is not None:

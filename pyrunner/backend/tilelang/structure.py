@@ -5,36 +5,47 @@ global region every copy touches and the dim every reduction takes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from pyrunner.backend.tilelang.emulate import Emulation
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import kernel_axes, resolve, resolve_config
+from pyrunner.plan.analysis import block_box, kernel_axes, resolve, resolve_config
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schedule import AsyncSchedule, async_schedule, issue_order, longest_first_axes
 from pyrunner.plan.schema import Fill, Gemm, Load, Map, Plan, Reduce, Store, axis_sizes
 
 
-def _first_block(plan: Plan, k, cfg: dict[str, int]) -> tuple[dict[str, int], range]:
+@dataclass(frozen=True)
+class _FirstBlock:
     """The first block the emulator runs (and traces): its coordinate along each grid axis (the last
-    tile of an axis launched longest-first, ``plan.schedule.longest_first_axes``, else 0) and the loop
-    steps it runs (all of them, or those its masked bounds leave)."""
+    tile of an axis launched longest-first, ``plan.schedule.longest_first_axes``, else 0), the loop
+    steps it runs (all of them, or those its masked bounds leave) and the kernel's blocks."""
+
+    coord: dict[str, int]
+    visible: range
+    blocks: dict[str, int]
+    sizes: dict[str, int]
+    loop: str | None = None
+
+    def box(self, step: int | None = None) -> dict[str, tuple[int, int]]:
+        """Its tile's index box, at loop step ``step`` (None: without the loop axis)."""
+        coord = self.coord if step is None else {**self.coord, self.loop: step}
+        return block_box(coord, self.blocks, self.sizes)
+
+
+def _first_block(plan: Plan, k, cfg: dict[str, int]) -> _FirstBlock:
     sizes = axis_sizes(plan)
     roles = kernel_axes(k, sizes)
     blocks = {a: resolve(r.block, cfg) for a, r in roles.items()}
-    tiles = {a: -(-sizes[a] // blocks[a]) for a in roles}
     longest = longest_first_axes(k, sizes)
-    coord = {a: tiles[a] - 1 if a in longest else 0 for a, r in roles.items() if r.kind != "loop"}
+    coord = {a: -(-sizes[a] // blocks[a]) - 1 if a in longest else 0 for a, r in roles.items() if r.kind != "loop"}
     if k.loop is None:
-        return coord, range(1)
-    steps = sizes[k.loop.axis] // blocks[k.loop.axis]
+        return _FirstBlock(coord, range(1), blocks, sizes)
+    first = _FirstBlock(coord, range(sizes[k.loop.axis] // blocks[k.loop.axis]), blocks, sizes, k.loop.axis)
     if k.loop.visible is None:
-        return coord, range(steps)
-    box = {a: (c * blocks[a], c * blocks[a] + blocks[a] - 1) for a, c in coord.items()}
-    box.update({masks.size_symbol(a): (n, n) for a, n in sizes.items()})
-    return coord, masks.visible_steps(masks.predicate(k.loop.visible), k.loop.axis, blocks[k.loop.axis], steps, box)
-
-
-def _steps(plan: Plan, k, cfg: dict[str, int]) -> int:
-    return len(_first_block(plan, k, cfg)[1])
+        return first
+    return replace(first, visible=masks.visible_steps(masks.predicate(k.loop.visible), k.loop.axis,
+                                                      blocks[k.loop.axis], len(first.visible), first.box()))
 
 
 def _event(op, scalars: set[str]) -> tuple | None:
@@ -53,37 +64,29 @@ def _event(op, scalars: set[str]) -> tuple | None:
     return None  # pragma: no cover - the schema admits no other op
 
 
-def _expected_events(plan: Plan, k, cfg: dict[str, int], sched: AsyncSchedule | None = None) -> list[tuple]:
+def _expected_events(plan: Plan, k, first: _FirstBlock, sched: AsyncSchedule | None = None) -> list[tuple]:
     """The plan's ops as the first block runs them; with an asynchronous schedule, the
     consumers' order (``plan.schedule.issue_order``) without the producer's loads. A masked Map
     runs only on the tiles its mask does not show whole (the renderer's ``if``)."""
-    coord, visible = _first_block(plan, k, cfg)
+    steps = first.visible
     scalars = {t.name for t in plan.tensors if not t.axes}
-    if sched is None:
-        order = [(j, i) for j in range(len(visible)) for i in range(len(k.body))]
+    if not steps:  # every step masked: the loop's ops never run
+        order = []
+    elif sched is None:
+        order = [(j, i) for j in range(len(steps)) for i in range(len(k.body))]
     else:
-        order = issue_order(sched, len(visible))
-    ops = [(None, op) for op in k.prologue]
-    ops += [(visible[j] if len(visible) else j, k.body[i]) for j, i in order]
+        order = issue_order(sched, len(steps))
+    ops = [(None, op) for op in k.prologue] + [(steps[j], k.body[i]) for j, i in order]
     ops += [(None, op) for op in k.epilogue]
-    return [e for step, op in ops if _runs(plan, k, cfg, coord, step, op) and (e := _event(op, scalars)) is not None]
+    return [e for step, op in ops if _runs(first, step, op) and (e := _event(op, scalars)) is not None]
 
 
-def _runs(plan: Plan, k, cfg: dict[str, int], coord: dict[str, int], step: int | None, op) -> bool:
+def _runs(first: _FirstBlock, step: int | None, op) -> bool:
     """Whether the first block runs ``op`` (at loop step ``step``; None outside the loop)."""
     pred = masks.mask_predicate(op) if isinstance(op, Map) else None
     if pred is None:
         return True
-    sizes = axis_sizes(plan)
-    roles = kernel_axes(k, sizes)
-    box = {}
-    for a, r in roles.items():
-        b = resolve(r.block, cfg)
-        c = step if r.kind == "loop" else coord.get(a, 0)
-        if c is not None:
-            box[a] = (c * b, c * b + b - 1)
-    box.update({masks.size_symbol(a): (n, n) for a, n in sizes.items()})
-    test = masks.tile_test(pred, box, masks.IntArith())
+    test = masks.tile_test(pred, first.box(step), masks.IntArith())
     return test.all_true is None or test.all_true > 0
 
 
@@ -98,9 +101,8 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
     for k in plan.kernels:
         tr = em.traces[k.name]
         kc = cfg[k.name]
-        blocks = {g.axis: (kc[g.block] if isinstance(g.block, str) else g.block) for g in k.grid}
-        if k.loop is not None:
-            blocks[k.loop.axis] = kc[k.loop.block] if isinstance(k.loop.block, str) else k.loop.block
+        first = _first_block(plan, k, kc)
+        blocks = first.blocks
         ident: dict[str, str] = {}
         sched = None
         if ("async",) in tr.events:  # rendered by render_ws: the producer's loads go into rings of slots
@@ -146,15 +148,15 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
                                     f"{op.axis!r} = dim {src.axes.index(op.axis)}")
                 ev = ev[:4]
             if ev[0] == "copy":
-                problems += _region_problems(plan, k, ev, blocks, sizes, seen, _first_block(plan, k, kc))
+                problems += _region_problems(plan, k, ev, blocks, sizes, seen, first)
                 ev = ev[:3]
             (loads if ev[0] == "copy" and ev[2] in ring else got).append(ev)
         if sched is not None:
-            want_loads = [_event(k.body[i], set()) for _ in range(_steps(plan, k, kc)) for i in sched.loads]
+            want_loads = [_event(k.body[i], set()) for _ in first.visible for i in sched.loads]
             if loads != want_loads:
                 problems.append(f"{k.name}: the producer loads {loads[:4]}..., the plan's steps load "
                                 f"{want_loads[:4]}...")
-        want = _expected_events(plan, k, kc, sched)
+        want = _expected_events(plan, k, first, sched)
         got = [w if g[:1] == ("copy",) and g[1] == "*" and w[:1] == ("copy",) and w[2] == g[2] else g
                for g, w in zip(got, want, strict=False)] + got[len(want):]
         if got != want:
@@ -165,11 +167,11 @@ def structure_problems(plan: Plan, em: Emulation, config: dict | None = None) ->
 
 
 def _region_problems(plan: Plan, k, ev: tuple, blocks: dict[str, int], sizes: dict[str, int],
-                     seen: dict[str, int], first: tuple[dict[str, int], range]) -> list[str]:
+                     seen: dict[str, int], first: _FirstBlock) -> list[str]:
     """The first block touches its tile of each tiled grid axis (tile 0, or the last one of an axis
     launched longest-first), the whole extent of a held axis, element 0 of an indexed one, and its
     ``i``-th visible step of the loop axis on the ``i``-th copy of that tensor in the loop."""
-    coord, visible = first
+    coord, visible = first.coord, first.visible
     tensors = {t.name: t for t in plan.tensors}
     g = ev[1] if ev[1] in tensors else ev[2]
     region = ev[3]
