@@ -62,7 +62,9 @@ def ruleCatalog : List RuleInfo := [
   ⟨``elementwise_mul_assoc, "(a * b) * c = a * (b * c) for elementwise products"⟩,
   ⟨``masked_tile_skip,
     "a streamed loop may leave out the tiles whose contribution to every accumulator is its identity"⟩,
-  ⟨``merge_axes, "adjacent axes carried together read as one: (j, l) at j * nb + l splits back to (j, l)"⟩]
+  ⟨``merge_axes, "adjacent axes carried together read as one: (j, l) at j * nb + l splits back to (j, l)"⟩,
+  ⟨``split_reduction,
+    "chunks reduced under their own shifts, rescaled to a common shift and summed, equal the unsplit sums"⟩]
 
 /-- The rule names, in catalog order. -/
 def ruleNames : List String := ruleCatalog.map (·.name)

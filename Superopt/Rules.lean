@@ -546,4 +546,35 @@ theorem merge_axes (nb j l : Nat) (hl : l < nb) :
   · rw [Nat.add_comm, Nat.add_mul_div_right l j hpos, Nat.div_eq_of_lt hl, Nat.zero_add]
   · rw [Nat.add_comm, Nat.add_mul_mod_self_right, Nat.mod_eq_of_lt hl]
 
+/-! ## Splitting a reduction into chunks -/
+
+/-- The chunks' denominators, each under its own shift `c.1`, rescaled to the shift `M` and summed. -/
+def chunkSum (s : ι → α) (M : α) : List (α × List ι) → α
+  | [] => ScalarField.zero
+  | c :: rest => sumExp s c.1 c.2 * exp (c.1 - M) + chunkSum s M rest
+
+/-- The chunks' unnormalised outputs, each under its own shift `c.1`, rescaled to `M` and summed. -/
+def chunkSumV (s v : ι → α) (M : α) : List (α × List ι) → α
+  | [] => ScalarField.zero
+  | c :: rest => sumExpV s v c.1 c.2 * exp (c.1 - M) + chunkSumV s v M rest
+
+/--
+Splitting a reduced axis into chunks computed by separate blocks (split-K, flash-decoding): each
+chunk `c` sums its keys `c.2` under its own shift `c.1` (the chunk's max in the kernels), and the
+combine step rescales each chunk's sums by `exp (c.1 - M)` and adds them. For any shifts, that equals
+the sums over all the keys under the shift `M` (the max over the chunks' maxima in the kernels).
+The plain sums and maxima of a split axis are `reduction_tiling_range` and `reduction_tiling`.
+-/
+theorem split_reduction (s v : ι → α) (M : α) (chunks : List (α × List ι)) :
+    chunkSum s M chunks = sumExp s M (allKeys chunks) ∧
+      chunkSumV s v M chunks = sumExpV s v M (allKeys chunks) := by
+  induction chunks with
+  | nil =>
+    exact ⟨by simp only [chunkSum, allKeys, sumExp, List.map_nil, listSum],
+      by simp only [chunkSumV, allKeys, sumExpV, List.map_nil, listSum]⟩
+  | cons c rest ih =>
+    constructor
+    · simp only [chunkSum, allKeys, sumExp_append, sumExp_rescale, ih.1]
+    · simp only [chunkSumV, allKeys, sumExpV_append, sumExpV_rescale, ih.2]
+
 end Superopt

@@ -23,7 +23,7 @@ from pyrunner.ir.merge_axes import candidate_pairs, merge, merge_all, source_gra
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.schema import Plan, plan_document, with_hash
 from pyrunner.plan.validate import validate_plan
-from pyrunner.plan.views import kernel_graph, merges_of, to_plan_layout, to_source_layout
+from pyrunner.plan.views import kernel_graph, to_plan_layout, to_source_layout, view_of
 from pyrunner.planner import search
 from pyrunner.run.executor import cpu_check_plan, execute, fits_cpu_budget
 from pyrunner.run.runner import graph_of
@@ -188,7 +188,7 @@ def test_plans_without_merges_keep_their_document_and_hash() -> None:
 def test_layout_round_trip_numpy_and_torch() -> None:
     import torch
 
-    merges = merges_of(_merged_plan())
+    merges = view_of(_merged_plan())
     src = ("kv_h", "group", "t_q", "d")
     x = np.arange(8 * 8 * 16 * 4, dtype=np.float32).reshape(8, 8, 16, 4)
     y = to_plan_layout(x, src, ("kv_h", "group_t_q", "d"), merges)

@@ -9,14 +9,12 @@ same function.
 from __future__ import annotations
 
 import keyword
-import math
 from dataclasses import dataclass
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.graph import Graph, result_axes
-from pyrunner.ir.merge_axes import AxisMerge, expand_axes
 from pyrunner.plan.schema import Plan
-from pyrunner.plan.views import merges_of, to_plan_layout, to_source_layout
+from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
 
 RESERVED = frozenset({"config"})
 """Names a wrapper needs for itself; a graph input may not take them."""
@@ -25,19 +23,19 @@ RESERVED = frozenset({"config"})
 @dataclass(frozen=True)
 class TensorSpec:
     """One argument or result: graph axes, shape, dtype, and how the plan stores it (``plan_axes``, with
-    the plan's axis merges)."""
+    the plan's axis merges and splits)."""
 
     name: str
     axes: tuple[str, ...]
     shape: tuple[int, ...]
     dtype: str
     plan_axes: tuple[str, ...]
-    merges: tuple[AxisMerge, ...] = ()
+    view: View = View()
 
     @property
     def flat_axes(self) -> tuple[str, ...]:
-        """The plan's memory order in graph axis names (merged axes expanded)."""
-        return expand_axes(self.plan_axes, self.merges)
+        """The plan's memory order in graph axis names (merged axes expanded, split axes whole)."""
+        return self.view.source_axes(self.plan_axes)
 
     @property
     def flat_shape(self) -> tuple[int, ...]:
@@ -48,15 +46,15 @@ class TensorSpec:
     @property
     def plan_shape(self) -> tuple[int, ...]:
         size = dict(zip(self.axes, self.shape, strict=True))
-        return tuple(math.prod(size[a] for a in expand_axes([p], self.merges)) for p in self.plan_axes)
+        return tuple(self.view.plan_shape(self.plan_axes, size))
 
     def to_plan(self, x):
         """A caller's tensor (graph axis order) as the plan stores it."""
-        return to_plan_layout(x, self.axes, self.plan_axes, self.merges).contiguous()
+        return to_plan_layout(x, self.axes, self.plan_axes, self.view).contiguous()
 
     def from_plan(self, x):
         """A plan's tensor back in the graph's axis order."""
-        return to_source_layout(x, self.plan_axes, self.axes, self.merges).contiguous()
+        return to_source_layout(x, self.plan_axes, self.axes, self.view).contiguous()
 
     def describe(self) -> str:
         return f"{self.name}[{', '.join(f'{a}={n}' for a, n in zip(self.axes, self.shape, strict=True))}] {self.dtype}"
@@ -86,7 +84,7 @@ def input_order(plan: Plan, graph: Graph) -> list[str]:
 
 def signature(plan: Plan, graph: Graph) -> Signature:
     """The call signature of a plan; PlanError if a name cannot be a Python parameter."""
-    merges = tuple(merges_of(plan))
+    view = view_of(plan)
     by_name = {t.name: t for t in plan.tensors}
     graph_axes = {t.name: t.axes for t in graph.inputs()}
     ins = []
@@ -98,14 +96,14 @@ def signature(plan: Plan, graph: Graph) -> Signature:
         if gt is None or gt.role != "input":
             raise PlanError(f"graph input {name!r} is not an input tensor of the plan")
         axes = graph_axes[name]
-        ins.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes), merges))
+        ins.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes), view))
     outs = []
     for name, term in graph.outputs:
         gt = by_name.get(name)
         if gt is None or gt.role != "output":
             raise PlanError(f"graph output {name!r} is not an output tensor of the plan")
         axes = result_axes(term)
-        outs.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes), merges))
+        outs.append(TensorSpec(name, axes, tuple(graph.sizes[a] for a in axes), gt.dtype, tuple(gt.axes), view))
     return Signature(tuple(ins), tuple(outs))
 
 

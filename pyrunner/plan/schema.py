@@ -266,9 +266,20 @@ class AxisMergeSpec(_Strict):
     sizes: list[Annotated[int, Field(gt=0)]] = Field(min_length=2, max_length=2)
 
 
+class AxisSplitSpec(_Strict):
+    """A reduced axis of the plan's graph that the plan's tensors and kernels see as chunks
+    (``ir.split_axes``): ``axis`` = ``parts[0]`` (chunk) x ``parts[1]`` (position in the chunk), a
+    row-major reshape of the tensors that carry it; its reductions run per chunk, then across chunks."""
+
+    axis: str
+    parts: list[str] = Field(min_length=2, max_length=2)
+    sizes: list[Annotated[int, Field(gt=0)]] = Field(min_length=2, max_length=2)
+
+
 class Plan(_Strict):
-    """A plan. ``graph`` is the graph as its author wrote it; ``axis_merges`` (applied in order) give
-    the graph the tensors and kernels are written against (``plan.views.kernel_graph``)."""
+    """A plan. ``graph`` is the graph as its author wrote it; ``axis_merges`` (applied in order), then
+    ``axis_splits``, give the graph the tensors and kernels are written against
+    (``plan.views.kernel_graph``)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
     workload: str
@@ -281,13 +292,16 @@ class Plan(_Strict):
     cost: CostEstimate
     provenance: Provenance
     axis_merges: list[AxisMergeSpec] = Field(default_factory=list)
+    axis_splits: list[AxisSplitSpec] = Field(default_factory=list)
 
 
 def plan_document(plan: Plan) -> dict:
-    """The plan's JSON document; ``axis_merges`` only where there are any (older plans stay byte-identical)."""
+    """The plan's JSON document; ``axis_merges`` and ``axis_splits`` only where there are any (older plans
+    stay byte-identical)."""
     data = plan.model_dump(mode="json")
-    if not data.get("axis_merges"):
-        data.pop("axis_merges", None)
+    for key in ("axis_merges", "axis_splits"):
+        if not data.get(key):
+            data.pop(key, None)
     return data
 
 

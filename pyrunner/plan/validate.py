@@ -157,6 +157,10 @@ def plan_names(plan: Plan) -> Iterator[tuple[str, object, int]]:
         yield f"axis_merges[{i}].axis", m.axis, g
         for j, a in enumerate(m.parts):
             yield f"axis_merges[{i}].parts[{j}]", a, g
+    for i, sp in enumerate(plan.axis_splits):
+        yield f"axis_splits[{i}].axis", sp.axis, g
+        for j, a in enumerate(sp.parts):
+            yield f"axis_splits[{i}].parts[{j}]", a, g
     for i, t in enumerate(plan.tensors):
         yield f"tensors[{i}].name", t.name, p
         for j, a in enumerate(t.axes):

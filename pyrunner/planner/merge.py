@@ -1,10 +1,11 @@
 """Sibling kernels of a partition merged into multi-output kernels.
 
 A partition gives every materialised term its own kernel. Two kernels with the same grid axes
-and the same streamed loop axis (or none), neither depending on the other's output (directly or
-through other kernels), can be one kernel: it lowers the union of their cones (``lower.lower``
-with several roots), so a tile both load is loaded once, a subterm both compute (the scores of
-an attention and its log-sum-exp, say) is computed once, and there is one launch instead of two.
+and the same streamed loop axis (or none), neither depending on the other's output (or, in the
+search's last pass over its best partitions, one reading the other's directly), can be one kernel:
+it lowers the union of their cones (``lower.lower`` with several roots), so a tile both load is
+loaded once, a subterm both compute (the scores of an attention and its log-sum-exp, say) is
+computed once, and there is one launch instead of two.
 Each global tensor still has one writer (one store in the merged kernel).
 
 Whether a merge pays is the cost model's call: a merge is kept only when the merged kernel's
@@ -81,10 +82,12 @@ def topological(groups: list[Group]) -> list[Group]:
 
 
 def merge_siblings(groups: list[Group[C]],
-                   try_merge: Callable[[Group[C], Group[C]], Group[C] | None]) -> list[Group[C]]:
-    """Greedily merge compatible independent pairs while the merged kernel is predicted faster.
+                   try_merge: Callable[[Group[C], Group[C]], Group[C] | None],
+                   dependent: bool = False) -> list[Group[C]]:
+    """Greedily merge compatible pairs while the merged kernel is predicted faster.
 
-    ``try_merge(a, b)`` lowers the union (None when it is infeasible or does not fit). Returns the
+    ``try_merge(a, b)`` lowers the union (None when it is infeasible or does not fit). With
+    ``dependent``, a kernel may also merge with one it reads directly (``_mergeable``). Returns the
     groups in a valid execution order; the input when nothing merged.
     """
     if len(groups) < 2 or len(groups) > MAX_MERGE_KERNELS:
@@ -97,7 +100,7 @@ def merge_siblings(groups: list[Group[C]],
         merged = False
         reach = _reach(groups)
         for i, j in _pairs(groups):
-            if j in reach[i] or i in reach[j] or (groups[i].members, groups[j].members) in tried:
+            if not _mergeable(i, j, groups, reach, dependent) or (groups[i].members, groups[j].members) in tried:
                 continue
             if tries <= 0:
                 return topological(groups)
@@ -110,6 +113,21 @@ def merge_siblings(groups: list[Group[C]],
             merged = True
             break
     return topological(groups)
+
+
+def _mergeable(i: int, j: int, groups: list[Group], reach: list[set[int]], dependent: bool) -> bool:
+    """Whether groups i and j can be one kernel: no path between them runs through a third group (it
+    would close a cycle). A direct dependency is fine: the merged kernel computes the value it would have
+    read (a root of the same kernel) and still stores it, which pays only where a third kernel reads it
+    too (a split reduction's chunk maxima, say; else the partition without that cut is the fused kernel)."""
+    for a, b in ((i, j), (j, i)):
+        if a not in reach[b]:
+            continue
+        if not dependent or any(a in reach[k] for k in reach[b] if k != a):
+            return False
+        if not any(groups[a].writes & groups[k].reads for k in range(len(groups)) if k not in (a, b)):
+            return False
+    return True
 
 
 def _pairs(groups: list[Group]) -> list[tuple[int, int]]:

@@ -37,8 +37,10 @@ from pyrunner.ir.axes import axes_of
 from pyrunner.ir.brief import brief
 from pyrunner.ir.graph import Graph, Term
 from pyrunner.ir.merge_axes import AxisMerge, merge_all
+from pyrunner.ir.split_axes import AxisSplit, apply_split, chunk_counts, split_names, split_problem
 from pyrunner.plan.schema import (
     AxisMergeSpec,
+    AxisSplitSpec,
     CostEstimate,
     GlobalTensor,
     Kernel,
@@ -80,6 +82,10 @@ operands as cut candidates too."""
 MAX_WORK = 100_000
 """Partition-search work per search: each partition evaluated costs its graph's term count.
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
+DEPENDENT_MERGE_CANDIDATES = 8
+"""Best partitions (distinct variant and cut) the dependent-merge pass revisits."""
+DEPENDENT_MERGE_WORK = 20_000
+"""Budget of that pass (deterministic, like ``MAX_WORK``)."""
 MERGE_WORK = 16
 """Budget a merge attempt costs per term it lowers: unlike a partition, whose kernels mostly come from
 the cache, each merge lowers a new kernel and searches its tiles (tens of milliseconds)."""
@@ -122,6 +128,7 @@ class Candidate:
     total_us: float
     unguarded: int = 0
     scaled_operands: int = 0
+    cut: tuple[Term, ...] = ()
 
     def signature(self) -> tuple:
         """Kernel structure: candidates differing only in algebra that lowers alike count once."""
@@ -255,15 +262,18 @@ class Planner:
     """Plans one graph at one dtype; caches kernel lowerings across partitions."""
 
     def __init__(self, graph: Graph, dtype: str, machine: Machine = H200, *,
-                 source: Graph | None = None, merges: tuple[AxisMerge, ...] = ()) -> None:
-        self.graph = graph
+                 source: Graph | None = None, merges: tuple[AxisMerge, ...] = (),
+                 split: AxisSplit | None = None) -> None:
+        self.unsplit = graph  # derivations start here; with ``split``, each is then split
+        self.split = split
+        self.graph = graph if split is None else apply_split(graph, split)
         self.source = source or graph  # as its author wrote it; ``graph`` is it with ``merges`` applied
         self.merges = merges
         self.dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
         if self.dtype not in ("float16", "bfloat16"):
             raise GraphError(f"unsupported dtype {dtype!r}; use fp16 or bf16")
         self.machine = machine
-        self.sizes = graph.sizes
+        self.sizes = self.graph.sizes
         self._cache: dict[tuple, KernelChoice | None] = {}
         self._tensors: dict[tuple[Term, str, str], GlobalTensor] = {}
         self.tiles = TileMemo(self.sizes, machine)
@@ -337,10 +347,11 @@ class Planner:
         return got[0] if got else None
 
     def partitions(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term], merge: bool = True,
-                   budget: Budget | None = None) -> list[Candidate]:
+                   budget: Budget | None = None, dependent: bool = False) -> list[Candidate]:
         """The partition materialising ``cut`` and, with ``merge``, the same partition with sibling
-        kernels merged into multi-output kernels where the cost model predicts a gain (each merge
-        tried is paid from ``budget``, by the terms it lowers)."""
+        kernels (with ``dependent``, also a kernel and one it reads) merged into multi-output kernels
+        where the cost model predicts a gain (each merge tried is paid from ``budget``, by the terms
+        it lowers)."""
         lay = self.layout(v)
         labels = v.graph.labels
         tensors: dict[str, GlobalTensor] = {}
@@ -372,12 +383,13 @@ class Planner:
         if any(t not in consumed for t in cut):
             return []
         total = sum(k.est.time_us for k in kernels)
-        cand = Candidate(v, kernels, list(tensors.values()), total, lay.unguarded, lay.scaled_operands)
-        merged = self._merged(cand, boundary, tensors, labels, reserved, budget) if merge else None
+        cand = Candidate(v, kernels, list(tensors.values()), total, lay.unguarded, lay.scaled_operands, tuple(cut))
+        merged = self._merged(cand, boundary, tensors, labels, reserved, budget, dependent) if merge else None
         return [cand] if merged is None else [cand, merged]
 
     def _merged(self, cand: Candidate, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
-                labels: dict[Term, str], reserved: frozenset[str], budget: Budget | None) -> Candidate | None:
+                labels: dict[Term, str], reserved: frozenset[str], budget: Budget | None,
+                dependent: bool = False) -> Candidate | None:
         """``cand`` with sibling kernels merged (``merge.merge_siblings``); None if none merge."""
         def group(members: tuple[int, ...], kc: KernelChoice) -> Group[KernelChoice]:
             return Group(members, frozenset(kc.low.reads), frozenset(kc.low.writes), merge_key(kc.low), kc,
@@ -387,17 +399,19 @@ class Planner:
             la, lb = a.choice.low, b.choice.low
             if budget is not None and not budget.spend(MERGE_WORK * (len(la.terms) + len(lb.terms))):
                 return None
-            kc, _ = self._kernel(la.roots + lb.roots, boundary, tensors, labels, (*la.writes, *lb.writes), reserved,
-                                 streams=(la.stream,))
+            roots, writes = la.roots + lb.roots, (*la.writes, *lb.writes)
+            kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved, streams=(la.stream,))
+            if kc is None and la.stream is None:  # held whole, the union's tiles may not fit: stream one of its axes
+                kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved)
             return None if kc is None else group(a.members + b.members, kc)
 
         groups = [group((i,), kc) for i, kc in enumerate(cand.kernels)]
-        out = merge_siblings(groups, try_merge)
+        out = merge_siblings(groups, try_merge, dependent)
         if len(out) == len(groups):
             return None
         kernels = [g.choice for g in out]
         return Candidate(cand.variant, kernels, cand.tensors, sum(k.est.time_us for k in kernels), cand.unguarded,
-                         cand.scaled_operands)
+                         cand.scaled_operands, cand.cut)
 
     # --- partition search ------------------------------------------------------------
     def _explore(self, v: Variant, budget: Budget, operands: bool = False) -> list[Candidate]:
@@ -460,6 +474,21 @@ class Planner:
             best = scored[0][0]
         return [c for c in results.values() if c is not None] + alternatives
 
+    def variants(self) -> list[Variant]:
+        """The derivations of the graph; with a split, each derivation split (``ir.split_axes``), as the
+        split's rescaled form depends on the max-shifted form the rules reach."""
+        found = derive(self.unsplit)
+        if self.split is None:
+            return found
+        out: list[Variant] = []
+        seen: set = set()
+        for v in found:
+            g = apply_split(v.graph, self.split)
+            if g.key() not in seen:
+                seen.add(g.key())
+                out.append(Variant(g, v.steps + [Step(rule="split_reduction", at=self.split.describe())]))
+        return out
+
     def candidates(self, naive: bool = False, budget: Budget | None = None) -> list[Candidate]:
         if naive:
             v = Variant(self.graph, [])
@@ -467,7 +496,7 @@ class Planner:
             return [c] if c is not None else []
         budget = budget or Budget()
         out: list[Candidate] = []
-        for v in derive(self.graph):
+        for v in self.variants():
             out.extend(self._explore(v, budget))
             if budget.exhausted():
                 break
@@ -485,6 +514,25 @@ class Planner:
             if len(lay.anchors) > len(lay.primary):
                 out.extend(self._explore(c.variant, budget, operands=True))
         out.sort(key=Candidate.rank)
+        out.extend(self._dependent_merges(out))
+        out.sort(key=Candidate.rank)
+        return out
+
+    def _dependent_merges(self, ranked: list[Candidate]) -> list[Candidate]:
+        """The best partitions again, a kernel now also merged with one whose output it reads where a
+        third kernel reads that output too (a split reduction's chunk maxima feed the chunk's sums and
+        the combine): a last pass on a budget of its own, as such merges are too many to try everywhere."""
+        budget = Budget(DEPENDENT_MERGE_WORK)
+        out: list[Candidate] = []
+        seen: set[tuple[int, tuple[Term, ...]]] = set()
+        for c in ranked:
+            if len(seen) >= DEPENDENT_MERGE_CANDIDATES or budget.exhausted():
+                break
+            key = (id(c.variant), c.cut)
+            if key in seen or len(c.kernels) < 2:
+                continue
+            seen.add(key)
+            out.extend(self.partitions(c.variant, c.cut, budget=budget, dependent=True)[1:])
         return out
 
 
@@ -591,6 +639,8 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
         provenance=Provenance(planner="superopt-python" + ("-naive" if naive else ""), version=__version__,
                               graph_hash=graph_hash(planner.source)),
         axis_merges=[AxisMergeSpec(axis=m.axis, parts=list(m.parts), sizes=list(m.sizes)) for m in planner.merges],
+        axis_splits=[AxisSplitSpec(axis=s.axis, parts=list(s.parts), sizes=list(s.sizes))
+                     for s in ([planner.split] if planner.split else [])],
     )
     return with_hash(plan)
 
@@ -624,6 +674,9 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     if merges:  # the same graph with shared-operand axes merged: bigger GEMM tiles (``ir.merge_axes``)
         mp = Planner(merged, dtype, machine, source=graph, merges=tuple(merges))
         searched.append((mp, mp.candidates(budget=budget)))
+    for sp in [] if naive else split_candidates(merged, machine):  # a long reduction over few tiles
+        pp = Planner(merged, dtype, machine, source=graph, merges=tuple(merges), split=sp)
+        searched.append((pp, pp.candidates(budget=Budget(SPLIT_WORK) if budget is None else budget)))
     fallback = False
     if not any(cands for _, cands in searched) and not naive:
         planner.rejections.clear()
@@ -656,6 +709,36 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
 TUNED_LOOKAHEAD = 6
 """Distinct plans looked up in the tuning database before the top ones are taken."""
 
+SPLIT_WORK = MAX_WORK // 4
+"""Partition-search work per split graph (each has its own budget: the unsplit search may spend all of its own)."""
+SPLIT_MIN_EXTENT = 1024
+"""Shortest reduced axis worth splitting into chunks (each chunk streams at least 128 of it)."""
+SPLIT_TILE = 128
+SPLIT_TILE_ELEMENTS = SPLIT_TILE * SPLIT_TILE
+"""Output elements one block computes, for counting how many blocks the unsplit graph can keep busy (also
+counted as 128-wide tiles per axis, so a one-row product's thin tiles count too)."""
+
+
+def split_candidates(g: Graph, machine: Machine = H200) -> list[AxisSplit]:
+    """Splits worth a search: a long reduced axis of a graph whose outputs give fewer blocks than a
+    quarter of the SMs, in the chunk counts that fill the machine (``split_axes.chunk_counts``)."""
+    from pyrunner.ir.graph import result_axes
+
+    sms = machine.device.sms
+    parallel = max(max(-(-_prod([g.sizes[a] for a in result_axes(t)]) // SPLIT_TILE_ELEMENTS),
+                       _prod([-(-g.sizes[a] // SPLIT_TILE) for a in result_axes(t)])) for _, t in g.outputs)
+    if parallel * 4 > sms:
+        return []
+    out: list[AxisSplit] = []
+    reduced = dict.fromkeys(t.axis for t in g.terms() if t.op in ("reduce", "matmul"))
+    for a in reduced:
+        if g.sizes[a] < SPLIT_MIN_EXTENT:
+            continue
+        for c in chunk_counts(g.sizes[a], parallel, sms):
+            if split_problem(g, a, c) is None:
+                out.append(AxisSplit(a, split_names(g, a), (c, g.sizes[a] // c)))
+    return out
+
 
 def prefer_measured(plan: Plan, db=None) -> Plan:
     """The plan at its tuned config with its measured time as the estimate, where the database has it."""
@@ -682,11 +765,12 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
     original = graph
     graph, aliases = distinct_outputs(graph)
     machine = calibrate(calibration, Planner)
-    if plan.axis_merges:
-        from pyrunner.plan.views import kernel_graph, merges_of
+    if plan.axis_merges or plan.axis_splits:
+        from pyrunner.plan.views import merged_graph, merges_of, splits_of
 
-        planner = Planner(kernel_graph(plan, graph), plan.dtype, machine, source=graph,
-                          merges=tuple(merges_of(plan)))
+        splits = splits_of(plan)
+        planner = Planner(merged_graph(plan, graph), plan.dtype, machine, source=graph,
+                          merges=tuple(merges_of(plan)), split=splits[0] if splits else None)
     else:
         planner = Planner(graph, plan.dtype, machine)
     want = structure_hash(plan)

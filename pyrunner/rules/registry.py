@@ -352,6 +352,16 @@ _RULE_LIST = (
         "row-major reshape of the source graph's.",
         None,
     ),
+    Rule(
+        "split_reduction", "schedule",
+        "An axis a of extent C * J that no output carries and no term indexes may be read as chunks "
+        "(c, j), element c * J + j: sum_a f = sum_c sum_j f, max and mean alike (equal chunks), a "
+        "contraction over a is a sum over c of contractions over j, and E(s * (x - max_a x)) = "
+        "E(s * (x - m_c)) * E(s * (m_c - M)) with m_c = max_j x and M = max_c m_c, for E in {exp, exp2}: "
+        "each chunk keeps its own max-shifted sums, and the factor E(s * (m_c - M)), free of j, is taken out "
+        "of them and rescales each chunk's partial result where the chunks are summed.",
+        None,
+    ),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULE_LIST}

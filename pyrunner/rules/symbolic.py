@@ -705,6 +705,72 @@ def _merge_axes(transposed: bool) -> Callable[[], list[str]]:
     return body
 
 
+def _split_reduction(rescale: bool) -> Callable[[], list[str]]:
+    """Chunks reduced under their own shifts, rescaled to a common one and summed, equal the unsplit sums.
+
+    1. sympy: for 2 and 3 chunks of 2 keys, arbitrary per-chunk shifts m_c and a free common shift M,
+       sum_c E(m_c - M) * sum_{j in c} E(x_j - m_c) * v_j = sum_j E(x_j - M) * v_j (v = 1: the
+       denominator), E in exp, exp2.
+    2. numpy: ``ir.split_axes.split`` of grouped-query attention (max-shifted and as written), of a
+       split-K product and of an RMS-normalised product (the row scale needs every chunk, so it is taken
+       out of each chunk's contraction) evaluates to the source graph's outputs.
+    Wrong variant: the chunks summed without the rescale factor E(m_c - M).
+    """
+    def body() -> list[str]:
+        import numpy as np
+
+        from pyrunner.ir.graph import GraphBuilder
+        from pyrunner.ir.reference import evaluate, random_inputs
+        from pyrunner.ir.split_axes import split
+        from pyrunner.rules.registry import RULES, iter_rewrites
+
+        for n_chunks, k in ((2, 2), (3, 2)):
+            x, v = _syms("x", n_chunks * k), _syms("v", n_chunks * k)
+            shifts, big = _syms("m", n_chunks), sp.Symbol("M", real=True)
+            for name, e in (("exp", sp.exp), ("exp2", exp2)):
+                for what, w in (("denominator", [sp.Integer(1)] * len(v)), ("output", v)):
+                    combined = sp.Add(*((e(shifts[c] - big) if rescale else 1)
+                                        * sp.Add(*(e(x[i] - shifts[c]) * w[i] for i in tile))
+                                        for c, tile in enumerate(_tiles(n_chunks * k, k))))
+                    direct = sp.Add(*(e(x[i] - big) * w[i] for i in range(n_chunks * k)))
+                    assert_equal(combined, direct, f"{name}, {n_chunks} chunks of {k}, {what}")
+        if not rescale:
+            return ["unreachable: the unrescaled sum was accepted"]
+        gb = GraphBuilder("gqa")
+        q = gb.input("Q", h=2, t=3, d=5)
+        k_, vv = gb.input("K", h=2, s=8, d=5), gb.input("V", h=2, s=8, d=5)
+        gb.output("O", gb.matmul(gb.softmax(gb.matmul(q, k_, contract="d"), axis="s"), vv, contract="s"))
+        attention = gb.build()
+        shifted = next(g2 for g2, _ in iter_rewrites(attention, RULES["softmax_max_shift"]))
+        gb = GraphBuilder("norm_matmul")
+        xx, ww = gb.input("X", m=3, d=8), gb.input("W", d=8, n=4)
+        gb.output("Y", gb.matmul(gb.rmsnorm(xx, axis="d"), ww, contract="d"))
+        normed = gb.build()
+        gb = GraphBuilder("split_k")
+        gb.output("C", gb.matmul(gb.input("A", m=3, k=8), gb.input("B", k=8, n=2), contract="k"))
+        cases = [(attention, "s"), (shifted, "s"), (normed, "d"), (gb.build(), "k")]
+        for g, axis in cases:
+            for chunks in (2, 4):
+                gs, s = split(g, axis, chunks)
+                x = random_inputs(g, 11)
+                xs = {}
+                for t in g.inputs():
+                    arr = x[t.name]
+                    if axis in t.axes:
+                        i = t.axes.index(axis)
+                        arr = arr.reshape(arr.shape[:i] + s.sizes + arr.shape[i + 1:])
+                    xs[t.name] = arr
+                ref, got = evaluate(g, x), evaluate(gs, xs)
+                err = max(float(np.max(np.abs(ref[n] - got[n]))) for n in ref)
+                if err > 1e-12:
+                    raise _Refuted(f"{g.name} split {s.describe()} into {chunks} differs by {err:.3g}")
+        return ["sympy: 2 and 3 chunks of 2 keys, arbitrary chunk shifts and common shift, exp and exp2: the "
+                "rescaled chunk sums (denominator and output) equal the direct sums",
+                "numpy: attention (as written and max-shifted), an RMS-normalised product and a split-K product, "
+                "split into 2 and 4 chunks, equal the source graph"]
+    return body
+
+
 RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "softmax_max_shift": _scoped("softmax_max_shift", _check_softmax_max_shift),
     "softmax_scaled_max_shift": _scoped("softmax_scaled_max_shift", _check_softmax_scaled_max_shift),
@@ -721,6 +787,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "elementwise_mul_assoc": _scoped("elementwise_mul_assoc", _check_elementwise_mul_assoc),
     "masked_tile_skip": _scoped("masked_tile_skip", _masked_tile_skip(slack=0)),
     "merge_axes": _scoped("merge_axes", _merge_axes(transposed=False)),
+    "split_reduction": _scoped("split_reduction", _split_reduction(rescale=True)),
 }
 
 WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
@@ -735,6 +802,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "masked_tile_skip_bound_too_tight": lambda: _run(_masked_tile_skip(slack=1)),
     "variance_mean_not_squared": lambda: _run(_variance_identity(False)),
     "merge_axes_inner_major": lambda: _run(_merge_axes(transposed=True)),
+    "split_reduction_no_rescale": lambda: _run(_split_reduction(rescale=False)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"

@@ -15,7 +15,6 @@ import math
 import numpy as np
 
 from pyrunner.errors import PlanError
-from pyrunner.ir.merge_axes import expand_axes
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import align
 from pyrunner.plan import masks
@@ -38,7 +37,7 @@ from pyrunner.plan.schema import (
     Store,
     axis_sizes,
 )
-from pyrunner.plan.views import merges_of, to_plan_layout, to_source_layout
+from pyrunner.plan.views import to_plan_layout, to_source_layout, view_of
 from pyrunner.target.rounding import round_to  # noqa: F401 - re-exported: callers import it from here
 
 
@@ -225,7 +224,7 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
     nothing.
     """
     sizes = axis_sizes(plan)
-    merges = merges_of(plan)
+    view = view_of(plan)
     tensors: dict[str, np.ndarray] = {}
     dtypes = {t.name: t.dtype for t in plan.tensors}
     taxes = {t.name: list(t.axes) for t in plan.tensors}
@@ -234,8 +233,8 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
             if t.name not in inputs:
                 raise PlanError(f"missing input tensor {t.name!r}")
             x = np.asarray(inputs[t.name], dtype=np.float32)
-            if merges and x.ndim != len(t.axes):  # given in the source graph's layout
-                x = to_plan_layout(x, expand_axes(t.axes, merges), t.axes, merges)
+            if view.reshapes(t.axes) and list(x.shape) != list(t.shape):  # given in the source graph's layout
+                x = to_plan_layout(x, view.source_axes(t.axes), t.axes, view)
             if list(x.shape) != list(t.shape):
                 raise PlanError(f"input {t.name!r} has shape {list(x.shape)}, plan expects {t.shape}")
             tensors[t.name] = x if exact else round_to(x, t.dtype)
@@ -244,7 +243,7 @@ def execute(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
     values = resolve_config(plan, config, in_space=False)
     for k in plan.kernels:
         run_kernel(k, values[k.name], sizes, tensors, dtypes, taxes, exact, audit)
-    return {t.name: to_source_layout(tensors[t.name], t.axes, expand_axes(t.axes, merges), merges).astype(np.float64)
+    return {t.name: to_source_layout(tensors[t.name], t.axes, view.source_axes(t.axes), view).astype(np.float64)
             for t in plan.tensors if t.role == "output"}
 
 
@@ -311,7 +310,7 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     new_sizes: dict[str, int] = {}
     tiled = iter(TILED_SIZES)
     indexed = iter(INDEXED_SIZES)
-    parts = {p for m in plan.axis_merges for p in m.parts}
+    parts = {p for m in plan.axis_merges for p in m.parts} | {s.axis for s in plan.axis_splits}
     for a in sorted(set(sizes) - parts):
         try:
             new_sizes[a] = next(indexed) if roles[a] == {"indexed"} else next(tiled)
@@ -348,10 +347,14 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         outer = min((d for d in range(2, n + 1) if n % d == 0), default=1)
         new_sizes.update({m.parts[0]: outer, m.parts[1]: n // outer})
         merges.insert(0, m.model_copy(update={"sizes": [outer, n // outer]}))
+    splits = []
+    for sp in plan.axis_splits:  # the chunk and in-chunk axes got sizes of their own; the split axis is both
+        new_sizes[sp.axis] = new_sizes[sp.parts[0]] * new_sizes[sp.parts[1]]
+        splits.append(sp.model_copy(update={"sizes": [new_sizes[sp.parts[0]], new_sizes[sp.parts[1]]]}))
     tensors = [t.model_copy(update={"shape": [new_sizes[a] for a in t.axes]}) for t in plan.tensors]
     graph = dict(plan.graph)
     if "axes" in graph:
         graph["axes"] = {a: new_sizes[a] for a in graph["axes"]}
     prov = plan.provenance.model_copy(update={"plan_hash": ""})
     return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph, "provenance": prov,
-                                   "axis_merges": merges})
+                                   "axis_merges": merges, "axis_splits": splits})

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pyrunner.ir.graph import Graph, result_axes
-from pyrunner.ir.merge_axes import expand_axes
 from pyrunner.ir.reference import computed_operands, evaluate, random_inputs
-from pyrunner.plan.views import merges_of, to_plan_layout, to_source_layout
+from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -189,7 +188,7 @@ def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bo
             continue
         o = outputs[name]
         if axes and name in axes and name in want:
-            o = to_source_layout(np.asarray(o), axes[name], want[name], ())
+            o = to_source_layout(np.asarray(o), axes[name], want[name], View())
         errs[name] = max_error(o, r)
     return judge(errs, bound, seed, what)
 
@@ -235,7 +234,7 @@ class GpuVerifier:
             del moved
         self.bound = conditioned_bound(self.a_priori, self.operand_error)
         self._axes = output_axes(graph)
-        self.merges = merges_of(plan)
+        self.view = view_of(plan)
 
     def _reference(self, graph: Graph, rounded: dict, reference: str, operand_dtype: str | None) -> dict:
         """The float64 outputs (``operand_dtype``: with computed GEMM operands rounded to it)."""
@@ -258,7 +257,7 @@ class GpuVerifier:
         graph_in = {t.name: t.axes for t in self.graph.inputs()}
         for gt in self.plan.tensors:
             if gt.role == "input":
-                x = to_plan_layout(self.inputs[gt.name], graph_in[gt.name], gt.axes, self.merges)
+                x = to_plan_layout(self.inputs[gt.name], graph_in[gt.name], gt.axes, self.view)
                 out[gt.name] = x.to(_tdtype(gt.dtype)).contiguous()
             else:
                 out[gt.name] = torch.full(gt.shape, float("nan"), dtype=_tdtype(gt.dtype), device=self.device)
@@ -277,7 +276,7 @@ class GpuVerifier:
             if name not in t:
                 errs[name] = float("inf")
                 continue
-            o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.merges)
+            o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.view)
             errs[name] = _max_error_torch(o, ref)
         res = judge(errs, self.bound, self.seed, what)
         res.message += _raised(self.a_priori, self.bound, self.operand_error, self.storage_dtype)
@@ -315,8 +314,8 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
         moved = evaluate(graph, rounded, operand_rounding(dtype))
         operand_error = max(max_error(moved[n], r) for n, r in ref.items())
         bound = conditioned_bound(a_priori, operand_error)
-    merges = merges_of(plan)  # execute() hands outputs back with merged axes expanded
-    axes = {gt.name: list(expand_axes(gt.axes, merges)) for gt in plan.tensors if gt.role == "output"}
+    view = view_of(plan)  # execute() hands outputs back in source axis names, in the plan's order
+    axes = {gt.name: list(view.source_axes(gt.axes)) for gt in plan.tensors if gt.role == "output"}
     try:
         outs = execute(plan, rounded)
     except Exception as e:  # noqa: BLE001 - any executor failure is a failed plan

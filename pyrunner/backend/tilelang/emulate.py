@@ -37,10 +37,9 @@ import numpy as np
 
 from pyrunner.backend.tilelang.render import render
 from pyrunner.errors import PlanError
-from pyrunner.ir.merge_axes import expand_axes
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan
-from pyrunner.plan.views import merges_of, to_source_layout
+from pyrunner.plan.views import to_source_layout, view_of
 from pyrunner.target.rounding import round_to
 
 
@@ -535,9 +534,9 @@ def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
         if trace.waits and trace.early:  # launched dependently: it may run beside the kernels ahead
             raise EmulationError(f"kernel {k_name!r}: {trace.early}")
         written |= {a for a in args if tensors[a].written}
-    merges = merges_of(plan)  # outputs in the source graph's layout, as executor.execute gives them
-    return Emulation({t.name: to_source_layout(tensors[t.name].data, t.axes, expand_axes(t.axes, merges),
-                                               merges).astype(np.float64)
+    view = view_of(plan)  # outputs in source axis names, as executor.execute gives them
+    return Emulation({t.name: to_source_layout(tensors[t.name].data, t.axes, view.source_axes(t.axes),
+                                               view).astype(np.float64)
                       for t in plan.tensors if t.role == "output"}, traces)
 
 
