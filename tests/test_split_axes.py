@@ -26,7 +26,7 @@ from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.ir.split_axes import AxisSplit, _Splitter, split, split_problem
 from pyrunner.plan.schema import Plan, plan_document, with_hash
 from pyrunner.plan.validate import validate_plan
-from pyrunner.plan.views import View, kernel_graph, to_plan_layout, to_source_layout, view_of
+from pyrunner.plan.views import View, kernel_graph, to_plan_layout, to_source_layout
 from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.planner.search import derive, search, split_candidates
 from pyrunner.run.executor import cpu_check_plan, execute
