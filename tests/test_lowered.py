@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread_reads
+from pyrunner.backend.tilelang.lowered import (
+    MAX_LOCAL_WORDS,
+    local_words,
+    oversized_fragments,
+    tma_races,
+    warp_specialised_thread_reads,
+)
 
 RACY = """\
   if (tl::tl_shuffle_elect<256>()) {
@@ -46,6 +52,28 @@ def test_finds_thread_reads_of_a_warp_specialised_stage() -> None:
     assert warp_specialised_thread_reads(WS_READ.replace("warpgroup_reg_alloc", "x")) == []
 
 
+REPLICATED = """extern "C" __global__ void __launch_bounds__(256, 1) k2_t4_kernel(float* t4) {
+  float max_t_kv_in[8];
+  bfloat16_t p_bf16[32];
+  float t_5[2048];
+  float t4_tile[2048];
+  #pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    float local_sum[4];
+  }
+}"""
+
+
+def test_finds_per_thread_arrays_no_register_file_holds() -> None:
+    """Sweep 29: a [16, 4, 256] tile reduced over its middle axis lowered to 2048 floats per thread in
+    two arrays; nvcc took ten minutes on it. Halves count half; arrays in inner blocks count too."""
+    assert local_words(REPLICATED) == (8 + 16 + 2048 + 2048 + 4, "t_5")
+    why = oversized_fragments(REPLICATED)
+    assert why is not None and "4124" in why and "'t_5'" in why
+    fits = REPLICATED.replace("[2048]", "[128]")
+    assert local_words(fits)[0] <= MAX_LOCAL_WORDS and oversized_fragments(fits) is None
+
+
 @pytest.mark.parametrize("graph", ["attention_qk_norm", "norm_rmsnorm_weight_matmul", "mlp_relu_squared"])
 def test_rendered_kernels_have_no_tma_hazards(graph: str) -> None:
     """A prologue tile that thread code reads (Q's RMS statistics) is loaded without the racing TMA path,
@@ -64,3 +92,17 @@ def test_rendered_kernels_have_no_tma_hazards(graph: str) -> None:
     for name, src in lower_to_cuda(plan).items():
         assert tma_races(src) == [], name
         assert warp_specialised_thread_reads(src) == [], name
+        assert oversized_fragments(src) is None, name
+
+
+def test_superopt_skips_a_plan_whose_kernel_keeps_oversized_arrays(monkeypatch) -> None:
+    pytest.importorskip("tilelang")
+    from pyrunner.backend.tilelang import compile as tl_compile
+    from pyrunner.backend.tilelang.buildable import lowering_problem
+    from pyrunner.ir import catalog
+    from pyrunner.planner import search
+
+    (plan,) = search(catalog.get("Matmul"), "bf16", tuning=False)
+    monkeypatch.setattr(tl_compile, "lower_to_cuda", lambda p: {"k2_t4": REPLICATED})
+    why = lowering_problem(plan)
+    assert why is not None and why.startswith("kernel 'k2_t4': its per-thread arrays take 4124")

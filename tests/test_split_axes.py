@@ -250,3 +250,29 @@ def test_dependent_merges_only_in_the_dependent_pass_and_only_where_a_third_kern
     chain = [_g(0, set(), {"a"}), _g(1, {"a"}, {"b"}), _g(2, {"a", "b"}, {"c"})]
     merge_siblings(chain, lambda p, q: tried.append((p.members, q.members)), dependent=True)
     assert ((0,), (1,)) in tried and ((0,), (2,)) not in tried  # a path through b: never a with c
+
+
+def test_no_kernel_of_a_split_plan_reduces_a_chunk_and_combines_chunks() -> None:
+    """Such a kernel would hold every chunk of its rows (no parallelism from the split), and the chunk
+    axis held in a tile beside the streamed in-chunk axis lowered to 2048 floats per thread (sweep 29)."""
+    from pyrunner.planner.search import Planner
+
+    merged, merges = merge_all(load_graph_file(GQA_DECODE))
+    sp = split_candidates(merged)[0]
+    planner = Planner(merged, "bf16", merges=tuple(merges), split=sp)
+    assert planner.candidates()
+    assert any("reduce both 't_kv_in' and the chunks 't_kv_chunk'" in why for why in planner.rejections)
+    for plan in search(load_graph_file(GQA_DECODE), "bf16", top=4, tuning=False):
+        for k in plan.kernels:
+            ops = k.prologue + k.body + k.epilogue
+            reduced = {op.axis for op in ops if op.op == "reduce"} | {op.contract for op in ops if op.op == "gemm"}
+            reduced |= {k.loop.axis} if k.loop else set()
+            assert not {"t_kv_chunk", "t_kv_in"} <= reduced, (plan.provenance.plan_hash, k.name)
+
+
+def test_chunks_are_whole_tiles() -> None:
+    from pyrunner.ir.split_axes import chunk_counts
+
+    assert chunk_counts(4096, 8, 132) == [16, 32]
+    assert chunk_counts(2000, 8, 132) == []  # 250 or 125 keys a chunk: no whole 64-element tiles
+    assert chunk_counts(4096, 40, 132) == [2, 4]

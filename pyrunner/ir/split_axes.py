@@ -277,8 +277,15 @@ def source_axes(axes: Sequence[str], splits: Sequence[AxisSplit]) -> tuple[str, 
     return tuple(out)
 
 
+CHUNK_ALIGN = 64
+"""A chunk is whole 64-element tiles: a chunk of 250 keys gave a shared-memory row stride no swizzled
+layout takes (TileLang asks for a multiple of 8) and a partial tile in every chunk."""
+
+
 def chunk_counts(extent: int, parallel: int, sms: int, min_chunk: int = 128) -> list[int]:
     """Chunk counts worth trying for an axis of ``extent`` when the outputs give ``parallel`` tiles: the
-    smallest power of two that fills the ``sms`` and half of it, each leaving chunks of ``min_chunk`` or more."""
+    smallest power of two that fills the ``sms`` and half of it, each leaving chunks of ``min_chunk`` or
+    more elements, a multiple of ``CHUNK_ALIGN``."""
     want = 2 ** max(1, math.ceil(math.log2(max(2.0, sms / max(parallel, 1)))))
-    return [c for c in (want // 2, want) if c >= 2 and extent % c == 0 and extent // c >= min_chunk]
+    return [c for c in (want // 2, want) if c >= 2 and extent % c == 0 and extent // c >= min_chunk
+            and (extent // c) % CHUNK_ALIGN == 0]

@@ -314,6 +314,11 @@ class Planner:
             for why in self._why.get(key, ()):
                 self._reject(why)
             return self._cache[key], leaves
+        mixed = self._mixes_split_stages(terms, roots, boundary)
+        if mixed:
+            self._cache[key], self._why[key] = None, [mixed]
+            self._reject(mixed)
+            return None, leaves
         dtypes = {boundary[t]: tensors[boundary[t]].dtype for t in leaves}
         nbytes = {n: DTYPE_BYTES[tensors[n].dtype] * _prod(tensors[n].shape) for n in [*dtypes, *outs]}
         best: KernelChoice | None = None
@@ -339,6 +344,18 @@ class Planner:
             for why in whys:
                 self._reject(why)
         return best, leaves
+
+    def _mixes_split_stages(self, terms: list[Term], roots: tuple[Term, ...], boundary: dict[Term, str]) -> str:
+        """Why a kernel of a split graph would reduce a chunk and combine chunks at once ('' when not):
+        such a kernel holds every chunk of its rows, so the split buys no parallelism, and the chunk
+        axis held in a tile beside a streamed one lowered to replicated fragments (sweep 29)."""
+        if self.split is None:
+            return ""
+        reduced = {t.axis for t in terms if t.op in ("reduce", "matmul")
+                   and (t in roots or t not in boundary)}
+        if set(self.split.parts) <= reduced:
+            return f"a kernel would reduce both {self.split.parts[1]!r} and the chunks {self.split.parts[0]!r}"
+        return ""
 
     def partition(self, v: Variant, cut: tuple[Term, ...] | frozenset[Term]) -> Candidate | None:
         """The partition of ``v`` materialising ``cut``, one kernel per materialised term (None if

@@ -22,7 +22,12 @@ def lowering_problem(plan: Plan) -> str | None:
         return None
     from pyrunner.backend.tilelang.compile import lower_to_cuda
     from pyrunner.backend.tilelang.diagnose import one_line
-    from pyrunner.backend.tilelang.lowered import releases_in_flight, tma_races, warp_specialised_thread_reads
+    from pyrunner.backend.tilelang.lowered import (
+        oversized_fragments,
+        releases_in_flight,
+        tma_races,
+        warp_specialised_thread_reads,
+    )
 
     try:
         sources = lower_to_cuda(plan)
@@ -38,6 +43,9 @@ def lowering_problem(plan: Plan) -> str | None:
         early = releases_in_flight(src)
         if early:
             return f"kernel {name!r}: a ring slot is released while a wgmma may still read it ({early[0]})"
+        big = oversized_fragments(src)
+        if big:
+            return f"kernel {name!r}: {big}"
     return None
 
 

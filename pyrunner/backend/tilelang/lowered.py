@@ -116,3 +116,27 @@ def releases_in_flight(cuda_source: str) -> list[str]:
             if m and m.group(1).endswith("_empty") and in_flight:
                 found.append(f"line {n}: {m.group(1)}")
     return found
+
+
+_LOCAL_ARRAY = re.compile(r"^\s+(float|half_t|bfloat16_t|int|uint|signed char|bool)\s+(\w+)\[(\d+)\];", re.M)
+_WORDS = {"float": 1.0, "int": 1.0, "uint": 1.0, "half_t": 0.5, "bfloat16_t": 0.5, "signed char": 0.25, "bool": 0.25}
+MAX_LOCAL_WORDS = 1024
+"""Most 4-byte words of per-thread arrays a kernel may declare: four times the 255 registers a thread
+has, a margin for the arrays the compiler keeps apart; beyond it a fragment layout replicated every
+element to every thread (a [16, 4, 256] tile reduced over its middle axis lowered to 2048 floats per
+thread, and nvcc took ten minutes on that one kernel)."""
+
+
+def local_words(cuda_source: str) -> tuple[float, str]:
+    """4-byte words of the per-thread arrays the kernel declares, and the largest array's name."""
+    arrays = [(_WORDS[m.group(1)] * int(m.group(3)), m.group(2)) for m in _LOCAL_ARRAY.finditer(cuda_source)]
+    return sum(w for w, _ in arrays), max(arrays, default=(0.0, ""))[1]
+
+
+def oversized_fragments(cuda_source: str) -> str | None:
+    """Why the kernel's per-thread arrays cannot live in registers, or None."""
+    words, largest = local_words(cuda_source)
+    if words <= MAX_LOCAL_WORDS:
+        return None
+    return (f"its per-thread arrays take {words:.0f} 4-byte words (largest {largest!r}); a thread has 255 "
+            f"registers and more than {MAX_LOCAL_WORDS} words is a fragment layout gone wrong")
