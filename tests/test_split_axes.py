@@ -276,3 +276,17 @@ def test_chunks_are_whole_tiles() -> None:
     assert chunk_counts(4096, 8, 132) == [16, 32]
     assert chunk_counts(2000, 8, 132) == []  # 250 or 125 keys a chunk: no whole 64-element tiles
     assert chunk_counts(4096, 40, 132) == [2, 4]
+
+
+def test_single_token_decode_plans_with_its_query_rows_as_the_tile_rows() -> None:
+    """t_q = 1 with 4 query heads per KV head: the 8 KV heads are a batch axis of both GEMMs and must
+    not be taken for the tile rows (it was: "no feasible plan"); merged rows, split keys, verified."""
+    graph = load_graph_file(Path(__file__).resolve().parents[1] / "benchmarks" / "graphs" / "gqa_decode_long.json")
+    graph = graph.with_sizes({"t_kv": 8192})
+    (plan,) = search(graph, "bf16", tuning=False)
+    assert [m.axis for m in plan.axis_merges] == ["group_t_q"]
+    assert [(s.axis, s.sizes[0]) for s in plan.axis_splits] in ([("t_kv", 32)], [("t_kv", 64)])
+    assert {g.axis: g.block for g in plan.kernels[0].grid}["kv_h"] == 1
+    small = cpu_check_plan(plan)
+    res = verify_executor(small, graph_of(small), execute)
+    assert res.ok, res.message

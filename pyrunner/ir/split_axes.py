@@ -284,8 +284,14 @@ layout takes (TileLang asks for a multiple of 8) and a partial tile in every chu
 
 def chunk_counts(extent: int, parallel: int, sms: int, min_chunk: int = 128) -> list[int]:
     """Chunk counts worth trying for an axis of ``extent`` when the outputs give ``parallel`` tiles: the
-    smallest power of two that fills the ``sms`` and half of it, each leaving chunks of ``min_chunk`` or
-    more elements, a multiple of ``CHUNK_ALIGN``."""
+    two largest powers of two up to the smallest that fills the ``sms`` whose chunks keep ``min_chunk``
+    or more elements, a multiple of ``CHUNK_ALIGN`` (a single decode row against 8192 keys: 64 and
+    32 chunks, not the 256 that would fill the machine with 32-key chunks)."""
     want = 2 ** max(1, math.ceil(math.log2(max(2.0, sms / max(parallel, 1)))))
-    return [c for c in (want // 2, want) if c >= 2 and extent % c == 0 and extent // c >= min_chunk
-            and (extent // c) % CHUNK_ALIGN == 0]
+    out: list[int] = []
+    c = want
+    while c >= 2 and len(out) < 2:
+        if extent % c == 0 and extent // c >= min_chunk and (extent // c) % CHUNK_ALIGN == 0:
+            out.append(c)
+        c //= 2
+    return sorted(out)

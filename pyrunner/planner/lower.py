@@ -372,8 +372,10 @@ def _choose_tiled(root: Roots, computed: list[Term], s: str | None,
     tiled: set[str] = {s} if s is not None else set()
     matmuls = [t for t in computed if t.op == "matmul"]
     for t in matmuls:
-        for op in t.args:
-            cands = [a for a in axes_of(op) if a != t.axis]
+        for op, other in ((t.args[0], t.args[1]), (t.args[1], t.args[0])):
+            # a batch axis (both operands carry it) is indexed, never a tile axis: a decode step's
+            # 4 query rows must be the rows, not its 8 KV heads
+            cands = [a for a in axes_of(op) if a != t.axis and a not in axes_of(other)]
             if cands and not any(a in tiled or a in full for a in cands):
                 tiled.add(max(cands, key=lambda a: (sizes[a], cands.index(a))))
     if not matmuls:
