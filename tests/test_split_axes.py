@@ -275,7 +275,9 @@ def test_chunks_are_whole_tiles() -> None:
 
     assert chunk_counts(4096, 8, 132) == [16, 32]
     assert chunk_counts(2000, 8, 132) == []  # 250 or 125 keys a chunk: no whole 64-element tiles
-    assert chunk_counts(4096, 40, 132) == [2, 4]
+    assert chunk_counts(4096, 40, 132) == []  # 4 chunks would do: fewer than 16 are never made
+    assert chunk_counts(1 << 20, 40, 132) == []
+    assert chunk_counts(8192, 1, 132) == [32, 64]
 
 
 def test_single_token_decode_plans_with_its_query_rows_as_the_tile_rows() -> None:

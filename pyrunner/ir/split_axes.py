@@ -277,6 +277,9 @@ def source_axes(axes: Sequence[str], splits: Sequence[AxisSplit]) -> tuple[str, 
     return tuple(out)
 
 
+MIN_CHUNKS = 16
+"""Fewest chunks a split makes: the chunk axis is then a whole 16-wide tile wherever a kernel tiles it
+(8 chunks under a 16-wide tile left a partial tile in the middle of a 3-D load)."""
 CHUNK_ALIGN = 64
 """A chunk is whole 64-element tiles: a chunk of 250 keys gave a shared-memory row stride no swizzled
 layout takes (TileLang asks for a multiple of 8) and a partial tile in every chunk."""
@@ -290,7 +293,7 @@ def chunk_counts(extent: int, parallel: int, sms: int, min_chunk: int = 128) -> 
     want = 2 ** max(1, math.ceil(math.log2(max(2.0, sms / max(parallel, 1)))))
     out: list[int] = []
     c = want
-    while c >= 2 and len(out) < 2:
+    while c >= MIN_CHUNKS and len(out) < 2:
         if extent % c == 0 and extent // c >= min_chunk and (extent // c) % CHUNK_ALIGN == 0:
             out.append(c)
         c //= 2

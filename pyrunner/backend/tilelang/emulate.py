@@ -200,6 +200,11 @@ class FakeT:
         """``T.Pipelined(n)`` or ``T.Pipelined(lo, hi)`` (a loop whose masked tiles are skipped)."""
         return range(*(int(b) for b in bounds))
 
+    @staticmethod
+    def ceildiv(a, b) -> int:
+        """Blocks of ``b`` that cover ``a`` (a grid extent of a partial last tile)."""
+        return -(-int(a) // int(b))
+
     def serial(self, lo, hi=None):
         return range(int(lo)) if hi is None else range(int(lo), int(hi))
 
