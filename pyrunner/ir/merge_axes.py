@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph import Graph, Term, check, result_axes, subterms
-from pyrunner.ir.names import MAX_GRAPH_NAME, is_name
+from pyrunner.ir.names import fresh_name, is_name
 
 
 @dataclass(frozen=True)
@@ -98,14 +98,7 @@ def shares_operand(g: Graph, outer: str, inner: str) -> bool:
 
 
 def _fresh_name(g: Graph, outer: str, inner: str) -> str:
-    base = f"{outer}_{inner}"
-    if not is_name(base) or len(base) > MAX_GRAPH_NAME - 4:
-        base = "merged"
-    name, i = base, 1
-    while name in g.sizes:
-        i += 1
-        name = f"{base}_{i}"
-    return name
+    return fresh_name(f"{outer}_{inner}", g.sizes, "merged")
 
 
 def _rewrite_inputs(g: Graph, axes_of_input: dict[str, tuple[str, ...]], sizes: dict[str, int],

@@ -23,6 +23,7 @@ from __future__ import annotations
 import keyword
 import re
 import unicodedata
+from collections.abc import Container
 
 from pyrunner.errors import UserError
 
@@ -64,6 +65,18 @@ def check_name(name: object, what: str, limit: int = MAX_GRAPH_NAME, error: type
 
 def is_name(name: object, limit: int = MAX_GRAPH_NAME) -> bool:
     return name_problem(name, limit) is None
+
+
+def fresh_name(base: str, taken: Container[str], fallback: str) -> str:
+    """``base`` (``fallback`` where it is not a name or leaves no room for a suffix), suffixed ``_2``,
+    ``_3``, ... until it is not in ``taken``: the name of an axis a graph rewrite adds."""
+    if not is_name(base) or len(base) > MAX_GRAPH_NAME - 4:
+        base = fallback
+    name, i = base, 1
+    while name in taken:
+        i += 1
+        name = f"{base}_{i}"
+    return name
 
 
 def hash_problem(h: object) -> str | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph import Graph, Term, axis_size, binary, check, reduce, result_axes, subterms, unary
-from pyrunner.ir.names import MAX_GRAPH_NAME, is_name
+from pyrunner.ir.names import fresh_name, is_name
 
 EXPONENTIALS = ("exp", "exp2")
 SPLIT_REDUCTIONS = ("sum", "max", "mean")
@@ -67,21 +67,10 @@ def split_problem(g: Graph, axis: str, chunks: int) -> str | None:
     return None if reduced else f"nothing reduces or contracts axis {axis!r}"
 
 
-def _fresh(g: Graph, base: str, taken: set[str]) -> str:
-    if not is_name(base) or len(base) > MAX_GRAPH_NAME - 4:
-        base = "chunk"
-    name, i = base, 1
-    while name in g.sizes or name in taken:
-        i += 1
-        name = f"{base}_{i}"
-    taken.add(name)
-    return name
-
-
 def split_names(g: Graph, axis: str) -> tuple[str, str]:
     """Fresh names for the chunk and in-chunk axes of ``axis``."""
-    taken: set[str] = set()
-    return _fresh(g, f"{axis}_chunk", taken), _fresh(g, f"{axis}_in", taken)
+    chunk = fresh_name(f"{axis}_chunk", g.sizes, "chunk")
+    return chunk, fresh_name(f"{axis}_in", {*g.sizes, chunk}, "chunk")
 
 
 class _Splitter:

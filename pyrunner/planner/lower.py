@@ -177,7 +177,8 @@ def cone(root: Roots, boundary: dict[Term, str]) -> list[Term]:
     return out
 
 
-def _computed(root: Roots, terms: list[Term], boundary: dict[Term, str]) -> list[Term]:
+def kernel_computes(root: Roots, terms: list[Term], boundary: dict[Term, str]) -> list[Term]:
+    """The terms of a kernel's cone it computes (not the tensors and constants it reads)."""
     return [t for t in terms if not _is_leaf(t, root, boundary)]
 
 
@@ -185,7 +186,7 @@ def stream_candidates(root: Roots, terms: list[Term], boundary: dict[Term, str] 
     """Axes reduced inside the kernel (not by a tensor it reads) and absent from its
     outputs, plus no loop."""
     root_axes = {a for r in as_roots(root) for a in axes_of(r)}
-    computed = terms if boundary is None else _computed(root, terms, boundary)
+    computed = terms if boundary is None else kernel_computes(root, terms, boundary)
     axes: list[str] = []
     for t in computed:
         if t.op in ("reduce", "matmul") and t.axis not in root_axes and t.axis not in axes:
@@ -761,7 +762,7 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     if len(outs) != len(roots) or len(set(outs)) != len(outs):
         raise ValueError(f"lower: {len(roots)} root(s) need as many distinct output tensors, got {outs}")
     terms = cone(root, boundary)
-    computed = _computed(root, terms, boundary)
+    computed = kernel_computes(root, terms, boundary)
     leaves = [t for t in terms if _is_leaf(t, root, boundary) and t in boundary]
     phase = _phases(computed, s)
     sources = _online_sources(computed, phase)

@@ -35,7 +35,7 @@ from pyrunner import __version__
 from pyrunner.errors import GraphError
 from pyrunner.ir.axes import axes_of
 from pyrunner.ir.brief import brief
-from pyrunner.ir.graph import Graph, Term
+from pyrunner.ir.graph import Graph, Term, result_axes
 from pyrunner.ir.merge_axes import AxisMerge, merge_all
 from pyrunner.ir.split_axes import AxisSplit, apply_split, chunk_counts, split_names, split_problem
 from pyrunner.plan.schema import (
@@ -53,7 +53,16 @@ from pyrunner.plan.schema import (
 from pyrunner.planner.aliases import distinct_outputs, graph_hash, with_aliases
 from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
-from pyrunner.planner.lower import Infeasible, Lowered, Roots, as_roots, cone, lower, stream_candidates
+from pyrunner.planner.lower import (
+    Infeasible,
+    Lowered,
+    Roots,
+    as_roots,
+    cone,
+    kernel_computes,
+    lower,
+    stream_candidates,
+)
 from pyrunner.planner.memo import TileMemo, kernel_of
 from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.target.fit import FitModel
@@ -314,7 +323,7 @@ class Planner:
             for why in self._why.get(key, ()):
                 self._reject(why)
             return self._cache[key], leaves
-        mixed = self._mixes_split_stages(terms, roots, boundary)
+        mixed = self._mixes_split_stages(kernel_computes(root, terms, boundary))
         if mixed:
             self._cache[key], self._why[key] = None, [mixed]
             self._reject(mixed)
@@ -345,14 +354,13 @@ class Planner:
                 self._reject(why)
         return best, leaves
 
-    def _mixes_split_stages(self, terms: list[Term], roots: tuple[Term, ...], boundary: dict[Term, str]) -> str:
+    def _mixes_split_stages(self, computed: list[Term]) -> str:
         """Why a kernel of a split graph would reduce a chunk and combine chunks at once ('' when not):
         such a kernel holds every chunk of its rows, so the split buys no parallelism, and the chunk
         axis held in a tile beside a streamed one lowered to replicated fragments (sweep 29)."""
         if self.split is None:
             return ""
-        reduced = {t.axis for t in terms if t.op in ("reduce", "matmul")
-                   and (t in roots or t not in boundary)}
+        reduced = {t.axis for t in computed if t.op in ("reduce", "matmul")}
         if set(self.split.parts) <= reduced:
             return f"a kernel would reduce both {self.split.parts[1]!r} and the chunks {self.split.parts[0]!r}"
         return ""
@@ -739,8 +747,6 @@ counted as 128-wide tiles per axis, so a one-row product's thin tiles count too)
 def split_candidates(g: Graph, machine: Machine = H200) -> list[AxisSplit]:
     """Splits worth a search: a long reduced axis of a graph whose outputs give fewer blocks than a
     quarter of the SMs, in the chunk counts that fill the machine (``split_axes.chunk_counts``)."""
-    from pyrunner.ir.graph import result_axes
-
     sms = machine.device.sms
     parallel = max(max(-(-_prod([g.sizes[a] for a in result_axes(t)]) // SPLIT_TILE_ELEMENTS),
                        _prod([-(-g.sizes[a] // SPLIT_TILE) for a in result_axes(t)])) for _, t in g.outputs)

@@ -722,6 +722,7 @@ def _split_reduction(rescale: bool) -> Callable[[], list[str]]:
         from pyrunner.ir.graph import GraphBuilder
         from pyrunner.ir.reference import evaluate, random_inputs
         from pyrunner.ir.split_axes import split
+        from pyrunner.plan.views import View, to_plan_layout
         from pyrunner.rules.registry import RULES, iter_rewrites
 
         for n_chunks, k in ((2, 2), (3, 2)):
@@ -753,13 +754,9 @@ def _split_reduction(rescale: bool) -> Callable[[], list[str]]:
             for chunks in (2, 4):
                 gs, s = split(g, axis, chunks)
                 x = random_inputs(g, 11)
-                xs = {}
-                for t in g.inputs():
-                    arr = x[t.name]
-                    if axis in t.axes:
-                        i = t.axes.index(axis)
-                        arr = arr.reshape(arr.shape[:i] + s.sizes + arr.shape[i + 1:])
-                    xs[t.name] = arr
+                written = {t.name: t.axes for t in g.inputs()}  # the caller's tensors, viewed as chunks
+                xs = {t.name: to_plan_layout(x[t.name], written[t.name], t.axes, View(splits=(s,)))
+                      for t in gs.inputs()}
                 ref, got = evaluate(g, x), evaluate(gs, xs)
                 err = max(float(np.max(np.abs(ref[n] - got[n]))) for n in ref)
                 if err > 1e-12:
