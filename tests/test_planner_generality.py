@@ -5,12 +5,14 @@ graph without one is told which device resource its smallest tile exceeds."""
 from __future__ import annotations
 
 import json
+import shutil
 import time
 
 import pytest
 from test_planner import check_plan
 
 from pyrunner import cli
+from pyrunner.backend.tilelang.compile import compile_cubin, lower_to_cuda
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir.graph import Graph, GraphBuilder, binary, inp, matmul, reduce, unary
 from pyrunner.plan.schema import Gemm, Plan, Reduce
@@ -243,3 +245,54 @@ def test_outputs_that_are_one_value_are_each_stored() -> None:
         ref = evaluate(g, x)
         assert all(max_error(em.outputs[n], ref[n]) < 1e-2 for n in ref)
         assert structure_problems(plan, em) == []
+
+
+# --- contractions a tensor core cannot take as they are -----------------------------------
+
+def _clamped_odd_gemm() -> Graph:
+    """X[33, 65] @ W[65, 7], clamped: the contraction is small enough to hold whole, but 65
+    elements are no whole number of 16-deep MMA steps (TileLang found no shared layout for it)."""
+    g = GraphBuilder("ClampOdd")
+    x, w = g.input("X", m=33, d=65), g.input("W", d=65, n=7)
+    h = g.matmul(x, w, contract="d")
+    g.output("Y", g.binary("min", g.binary("max", h, g.const(-1.0)), g.const(1.0)))
+    return g.build()
+
+
+def _rank8_update() -> Graph:
+    """(X @ A) @ B with rank 8: bf16 tensor cores have no 8-deep MMA (nvcc rejected m16n8k8)."""
+    g = GraphBuilder("Rank8")
+    x, a, b = g.input("X", m=256, d=512), g.input("A", d=512, r=8), g.input("B", r=8, n=256)
+    g.output("Y", g.matmul(g.matmul(x, a, contract="d"), b, contract="r"))
+    return g.build()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [_clamped_odd_gemm, _rank8_update], ids=["k65", "rank8"])
+def test_contractions_are_whole_mma_steps(build, tmp_path) -> None:
+    plan = search(build(), "bf16")[0]
+    for k in plan.kernels:
+        whole = {g.axis: g.block for g in k.grid if isinstance(g.block, int)}
+        for op in [*k.prologue, *k.body]:
+            if isinstance(op, Gemm) and op.contract in whole:
+                assert whole[op.contract] % 16 == 0, (k.name, op.contract, whole[op.contract])
+    check_plan(plan)
+    sources = lower_to_cuda(plan)
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: CUDA source checked, cubin not built")
+    assert len(list(compile_cubin(sources, tmp_path))) == len(plan.kernels)
+
+
+def test_vector_operand_contractions_plan_as_sums() -> None:
+    """A matrix-vector, a vector-matrix and a row-wise dot product have no tensor-core tile: each
+    plans through matmul_as_sum (before it: no plan) and passes the CPU executor."""
+    g = GraphBuilder("VectorContractions")
+    w, v = g.input("W", m=512, d=1024), g.input("v", d=1024)
+    u, y = g.input("U", d=1024, n=384), g.input("Y", m=512, d=1024)
+    g.output("Wv", g.matmul(w, v, contract="d"))
+    g.output("vU", g.matmul(v, u, contract="d"))
+    g.output("WY", g.matmul(w, y, contract="d"))
+    plan = search(g.build(), "bf16")[0]
+    assert [st.rule for st in plan.derivation].count("matmul_as_sum") == 3
+    assert not any(isinstance(op, Gemm) for k in plan.kernels for op in [*k.prologue, *k.body])
+    check_plan(plan)

@@ -61,6 +61,10 @@ SHORT_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 MAX_FULL_EXTENT = 256
 """Largest axis a kernel may hold whole in one tile (an in-tile contraction)."""
 
+MMA_K_ALIGN = 16
+"""A GEMM's contracted tile must be whole tensor-core K steps (16 for 16-bit inputs): TileLang has
+no m16n8k8 bf16 MMA and no shared layout for an odd row (d = 65)."""
+
 MAX_INLINE_DEPTH = 8
 """Deepest elementwise expression kept inline in one map; deeper chains go through a
 fragment, so plans of long chains stay shallow (serialisation and renderers recurse)."""
@@ -362,8 +366,24 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int]) -> d
             if t.op == "reduce" and n > 16 and n & (n - 1):  # TileLang finds no fragment layout (d = 96)
                 raise Infeasible(f"a reduction over axis {t.axis} held whole needs a power-of-two extent, "
                                  f"not {n}: it is streamed instead")
+            if t.op == "matmul" and n % MMA_K_ALIGN:  # a tensor-core K step is 16 elements
+                n = _padded_contraction(computed, t.axis, n)
             full[t.axis] = n
     return full
+
+
+def _padded_contraction(computed: list[Term], a: str, n: int) -> int:
+    """The tile of a held-whole contraction over `a` rounded up to whole MMA steps (a LoRA rank 8
+    becomes 16). Sound only where every use of `a` in the kernel is such a contraction of two tiles
+    loaded from memory: loads fill the positions past the extent with zeros, which add nothing to
+    the products, while a value computed in the kernel would hold f(0) there."""
+    own = set(computed)
+    for u in computed:
+        if a in axes_of(u) or (u.op in ("reduce", "matmul") and u.axis == a):
+            if u.op != "matmul" or u.axis != a or any(x in own for x in u.args):
+                raise Infeasible(f"a contraction over axis {a} held whole needs a multiple of {MMA_K_ALIGN} "
+                                 f"elements, not {n}, unless both operands are loaded tiles: it is streamed instead")
+    return -(-n // MMA_K_ALIGN) * MMA_K_ALIGN
 
 
 def _choose_tiled(root: Roots, computed: list[Term], s: str | None,
@@ -419,7 +439,7 @@ def _grid(all_axes: list[str], root: Roots, s: str | None, tiled: set[str], full
             g = GridAxis(axis=a, block=block_param(a))
         else:
             g = GridAxis(axis=a, block=1)
-        if a not in root_axes and g.block != sizes[a]:
+        if a not in root_axes and a not in full and g.block != sizes[a]:  # held whole: one block, padded or not
             raise Infeasible(f"axis {a} is split across blocks but not in every output")
         grid.append(g)
     return grid
@@ -462,7 +482,7 @@ class _Builder:
         self.guard_max = False  # the cone has an infinite constant (a mask): guard running maxima
         self.tail = False  # the streamed axis ends in a partial tile
         self.loaded: set[str] = set()
-        self.tail_masked: set[tuple[str, float]] = set()
+        self.tail_masked: dict[tuple[str, float], str] = {}
 
     def is_root(self, t: Term) -> bool:
         """t is stored by the kernel: it needs a buffer of its own, never an inline expression."""
@@ -564,17 +584,23 @@ class _Builder:
             self.count(m, 0.0, 1.0)
         return self.scale_bufs[key]
 
-    def tail_mask(self, buf: str, identity: float) -> None:
-        """On a partial last tile, mask a value entering a loop accumulator with its identity
-        (zeros loaded from memory already are one)."""
-        if not self.tail or (buf, identity) in self.tail_masked or (buf in self.loaded and identity == 0.0):
-            return
-        if buf in self.loaded:
-            raise Infeasible("a max over a tile loaded from memory with a partial last tile")
-        assert self.s is not None
-        pred = Call(fn="lt", args=[Index(axis=self.s), AxisSize(axis=self.s)])
-        self.ops["body"].append(Map(dst=buf, expr=Call(fn="where", args=[pred, Ref(buf=buf), const_expr(identity)])))
-        self.tail_masked.add((buf, identity))
+    def tail_mask(self, buf: str, identity: float) -> str:
+        """On a partial last tile, mask a value entering a loop accumulator with its identity, and
+        return the buffer to accumulate from. Zeros loaded from memory already are a sum's identity;
+        a tile loaded from memory is masked into a fragment of its own (its shared copy may feed a
+        GEMM too), any other value in place."""
+        if not self.tail or (buf in self.loaded and identity == 0.0):
+            return buf
+        key = (buf, identity)
+        if key not in self.tail_masked:
+            assert self.s is not None
+            pred = Call(fn="lt", args=[Index(axis=self.s), AxisSize(axis=self.s)])
+            dst = (self.add_buffer(f"{buf}_masked", list(self.buffers[buf].axes), "fragment", "float32")
+                   if buf in self.loaded else buf)
+            masked = Call(fn="where", args=[pred, Ref(buf=buf), const_expr(identity)])
+            self.ops["body"].append(Map(dst=dst, expr=masked))
+            self.tail_masked[key] = dst
+        return self.tail_masked[key]
 
     # --- one method per op kind ------------------------------------------------
     def emit_elementwise(self, t: Term) -> None:
@@ -648,9 +674,8 @@ class _Builder:
     def emit_accumulated_reduce(self, t: Term) -> None:
         """A reduction over the streamed axis: a state buffer updated once per tile."""
         self.count(t.args[0])
-        src = self.materialize(t.args[0], "body")
         kind = REDUCTIONS[t.fn].tile
-        self.tail_mask(src, -math.inf if kind == "max" else 0.0)
+        src = self.tail_mask(self.materialize(t.args[0], "body"), -math.inf if kind == "max" else 0.0)
         name = self.fragment_for(t, f"{t.fn}_{t.axis}", state=True)
         self.ops["prologue"].append(Fill(dst=name, value="-inf" if kind == "max" else 0.0))
         self.buf_of[t] = name

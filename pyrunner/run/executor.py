@@ -255,6 +255,9 @@ def _divisor_at_most(n: int, cap: int) -> int:
 
 TILED_SIZES = (32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
 """Sizes scale_down gives tiled axes: distinct multiples of 16 (any two share a tile of 16)."""
+PADDED_SIZES = (24, 40, 56, 72)
+"""Sizes for an axis held whole in a tile padded to whole 16-deep MMA steps: none a multiple of 16, so
+the padding stays exercised, and none equal to a tiled or indexed size."""
 INDEXED_SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 """Sizes scale_down gives axes that are only ever indexed (batch-like): small and distinct."""
 CPU_BUDGET_ELEMENTS = 1 << 20
@@ -304,16 +307,19 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     roles: dict[str, set[str]] = {a: set() for a in sizes}
     for k in plan.kernels:
         for g in k.grid:
-            roles[g.axis].add("indexed" if g.block == 1 else ("param" if isinstance(g.block, str) else "full"))
+            roles[g.axis].add("indexed" if g.block == 1 else "param" if isinstance(g.block, str)
+                              else "padded" if g.block > sizes[g.axis] else "full")
         if k.loop is not None:
             roles[k.loop.axis].add("param" if isinstance(k.loop.block, str) else "full")
     new_sizes: dict[str, int] = {}
     tiled = iter(TILED_SIZES)
     indexed = iter(INDEXED_SIZES)
+    padded = iter(PADDED_SIZES)
     parts = {p for m in plan.axis_merges for p in m.parts} | {s.axis for s in plan.axis_splits}
     for a in sorted(set(sizes) - parts):
         try:
-            new_sizes[a] = next(indexed) if roles[a] == {"indexed"} else next(tiled)
+            new_sizes[a] = (next(indexed) if roles[a] == {"indexed"} else next(padded) if "padded" in roles[a]
+                            else next(tiled))
         except StopIteration:
             raise PlanError(f"plan has more than {len(TILED_SIZES)} axes; the CPU check cannot give each "
                             f"a distinct small size") from None
@@ -323,8 +329,9 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         defaults = dict(k.defaults)
         grid = []
         for g in k.grid:
-            if isinstance(g.block, int) and g.block != 1:
-                g = g.model_copy(update={"block": new_sizes[g.axis]})
+            if isinstance(g.block, int) and g.block != 1:  # held whole; a padded contraction stays padded
+                n = new_sizes[g.axis]
+                g = g.model_copy(update={"block": -(-n // 16) * 16 if g.block > sizes[g.axis] else n})
             grid.append(g)
         users: dict[str, list[str]] = {}  # parameter -> axes whose block it is
         for g in k.grid:
