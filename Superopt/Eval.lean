@@ -321,6 +321,11 @@ theorem term_elementwise_mul_assoc (ctx : Ctx α) (p q r : Term) (i : Index) :
   simp only [Term.eval, BinaryOp.eval]
   exact elementwise_mul_assoc _ _ _
 
+/-- `matmul_as_sum` on terms: `x @_a w = sum_a (x * w)`, operands aligned by axis name. -/
+theorem term_matmul_as_sum (ctx : Ctx α) (x w : Term) (a : Axis) (i : Index) :
+    Term.eval ctx (.matmul x w a) i = Term.eval ctx (.reduce .sum (.binary .mul x w) a) i := by
+  simp only [Term.eval, BinaryOp.eval, ReduceOp.eval_sum]
+
 end Eval
 
 end Superopt

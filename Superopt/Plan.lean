@@ -64,7 +64,8 @@ def ruleCatalog : List RuleInfo := [
     "a streamed loop may leave out the tiles whose contribution to every accumulator is its identity"⟩,
   ⟨``merge_axes, "adjacent axes carried together read as one: (j, l) at j * nb + l splits back to (j, l)"⟩,
   ⟨``split_reduction,
-    "chunks reduced under their own shifts, rescaled to a common shift and summed, equal the unsplit sums"⟩]
+    "chunks reduced under their own shifts, rescaled to a common shift and summed, equal the unsplit sums"⟩,
+  ⟨``matmul_as_sum, "x @_a w = sum_a(x * w): a contraction is the sum of the elementwise product"⟩]
 
 /-- The rule names, in catalog order. -/
 def ruleNames : List String := ruleCatalog.map (·.name)

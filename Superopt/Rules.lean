@@ -577,4 +577,14 @@ theorem split_reduction (s v : ι → α) (M : α) (chunks : List (α × List ι
     · simp only [chunkSum, allKeys, sumExp_append, sumExp_rescale, ih.1]
     · simp only [chunkSumV, allKeys, sumExpV_append, sumExpV_rescale, ih.2]
 
+/--
+A contraction as a reduction: the contraction of `x` and `w` over the indices `ks` is the sum over
+`ks` of any `p` that is their pointwise product. The planner uses it for a product with no tile
+row or column (a matrix-vector product), which then streams as a sum; `term_matmul_as_sum` states
+it on graph terms.
+-/
+theorem matmul_as_sum (ks : List ι) (x w p : ι → α) (hp : ∀ k, p k = x k * w k) :
+    listSum (ks.map fun k => x k * w k) = listSum (ks.map p) :=
+  (listSum_map_ext ks p (fun k => x k * w k) hp).symm
+
 end Superopt

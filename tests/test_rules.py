@@ -70,7 +70,7 @@ def test_registry_names_and_kinds() -> None:
         "variance_sum_of_squares", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
         "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
-        "masked_tile_skip", "merge_axes", "split_reduction",
+        "masked_tile_skip", "merge_axes", "split_reduction", "matmul_as_sum",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement
@@ -352,6 +352,13 @@ def pattern_mul_assoc(gen: Gen) -> tuple[Term, bool]:
     return binary("mul", binary("mul", x, gen.term(1, avoid=within)), gen.term(1, avoid=within)), True
 
 
+def pattern_matmul_as_sum(gen: Gen) -> tuple[Term, bool]:
+    a = gen.draw(st.sampled_from(AXES))
+    x = gen.term(2, (a,))
+    vec = gen.term(1, (a,), avoid=tuple(b for b in AXES if b != a))  # only the contracted axis
+    return (matmul(x, vec, a) if gen.draw(st.booleans()) else matmul(vec, x, a)), True
+
+
 PATTERNS = {
     "softmax_max_shift": pattern_softmax,
     "softmax_scaled_max_shift": pattern_scaled_softmax,
@@ -362,6 +369,7 @@ PATTERNS = {
     "variance_sum_of_squares": pattern_variance,
     "elementwise_mul_comm": pattern_mul_comm,
     "elementwise_mul_assoc": pattern_mul_assoc,
+    "matmul_as_sum": pattern_matmul_as_sum,
 }
 
 

@@ -245,6 +245,24 @@ def elementwise_mul_assoc(t: Term) -> Term | None:
     return _keeps_axes(t, binary("mul", a, binary("mul", b, c)))
 
 
+def matmul_as_sum(t: Term) -> Term | None:
+    """x @_a w -> sum_a(x * w) when an operand has no axis of its own besides a.
+
+    Such a product has no tile row or no tile column (a matrix-vector product, a row-wise dot
+    product): the tensor cores cannot take it, and as a reduction of an elementwise product it
+    streams like any other sum. Declined elsewhere, where the GEMM is the better form.
+    """
+    if t.op != "matmul":
+        return None
+    x, w = t.args
+    own_x = set(axes_of(x)) - {t.axis} - set(axes_of(w))
+    own_w = set(axes_of(w)) - {t.axis} - set(axes_of(x))
+    if own_x and own_w:
+        return None
+    return (_keeps_axes(t, reduce("sum", binary("mul", x, w), t.axis))
+            or _keeps_axes(t, reduce("sum", binary("mul", w, x), t.axis)))
+
+
 # --- the registry ------------------------------------------------------------------
 
 _RULE_LIST = (
@@ -361,6 +379,13 @@ _RULE_LIST = (
         "each chunk keeps its own max-shifted sums, and the factor E(s * (m_c - M)), free of j, is taken out "
         "of them and rescales each chunk's partial result where the chunks are summed.",
         None,
+    ),
+    Rule(
+        "matmul_as_sum", "algebraic",
+        "x @_a w = sum_a(x * w), the contraction as the sum of the elementwise product (operands "
+        "broadcast by axis name); applied where an operand has no axis but a and the other's (a "
+        "matrix-vector or row-wise dot product, which has no tensor-core tile).",
+        matmul_as_sum,
     ),
 )
 

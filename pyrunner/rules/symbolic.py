@@ -382,6 +382,28 @@ def _check_variance_sum_of_squares() -> list[str]:
     return shown + ["rule.apply on mean_a(square(x - mean_a(x))) equals it for |a| = 2, 3, 5"]
 
 
+def _matmul_as_sum(product_of_sums: bool) -> Callable[[], list[str]]:
+    """x @_a w == sum_a(x * w) for a matrix-vector, a vector-matrix and a row-wise dot product.
+    Wrong variant: the product of the two sums, sum_a(x) * sum_a(w)."""
+    def body() -> list[str]:
+        shapes = ((("r", "a"), ("a",)), (("a",), ("a", "n")), (("r", "a"), ("r", "a")))
+        for xa, wa in shapes:
+            for size in (1, 2, 3, 4):
+                x, w = inp("x", xa), inp("w", wa)
+                lhs, sizes = matmul(x, w, "a"), {"r": 2, "n": 3, "a": size}
+                if product_of_sums:
+                    rhs = binary("mul", reduce("sum", x, "a"), reduce("sum", w, "a"))
+                    assert_terms_equal(lhs, rhs, sizes, f"product of sums, {xa} @ {wa}, |a|={size}")
+                else:
+                    assert_rule_instance("matmul_as_sum", lhs, sizes, f"rule instance, {xa} @ {wa}, |a|={size}")
+        gemm = matmul(inp("x", ("r", "a")), inp("w", ("a", "n")), "a")
+        if not product_of_sums and RULES["matmul_as_sum"].apply(gemm):
+            raise _Refuted("the rule rewrote a matrix product that has a tile row and a tile column")
+        return ["rule.apply equals the contraction for x[r, a] @ w[a], x[a] @ w[a, n] and x[r, a] @ w[r, a] "
+                "at |a| = 1..4", "it declines x[r, a] @ w[a, n]"]
+    return body
+
+
 # --- schedule rules -----------------------------------------------------------------------
 
 _TILINGS = ((4, 2), (6, 2), (6, 3), (4, 4), (8, 2))
@@ -785,6 +807,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "masked_tile_skip": _scoped("masked_tile_skip", _masked_tile_skip(slack=0)),
     "merge_axes": _scoped("merge_axes", _merge_axes(transposed=False)),
     "split_reduction": _scoped("split_reduction", _split_reduction(rescale=True)),
+    "matmul_as_sum": _scoped("matmul_as_sum", _matmul_as_sum(product_of_sums=False)),
 }
 
 WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
@@ -800,6 +823,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "variance_mean_not_squared": lambda: _run(_variance_identity(False)),
     "merge_axes_inner_major": lambda: _run(_merge_axes(transposed=True)),
     "split_reduction_no_rescale": lambda: _run(_split_reduction(rescale=False)),
+    "matmul_as_product_of_sums": lambda: _run(_matmul_as_sum(product_of_sums=True)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"
