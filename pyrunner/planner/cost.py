@@ -82,7 +82,9 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
         space[block_param(low.stream)] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 256)
-        space[STAGES_PARAM] = [1, 2, 3]
+        # a masked loop (run-time length) that threads read tiles of renders as a one-stage cp.async
+        # pipeline (see backend.tilelang.render): deeper configs would only repeat it
+        space[STAGES_PARAM] = [1] if low.visible is not None and thread_reads_staged(low.body) else [1, 2, 3]
     space[THREADS_PARAM] = [128, 256]
     return space
 

@@ -488,15 +488,19 @@ def loop_invariant_bridges(kernel: Kernel, bridges: dict[tuple[str, int], list[s
     return [b.name for b in kernel.buffers if b.name in used and b.name not in written]
 
 
-def _merge_legal(cols: str, b_dtype: str) -> str:
+def _merge_legal(cols: str, b_dtype: str, inner: str | None = None) -> str:
     """Python condition, on the tile parameters, under which a merged pair can lower.
 
     The wide B tile is filled by two copies, one into each half. TileLang lays a shared tile out in
     128-byte swizzle atoms; a half narrower than (or not a multiple of) one atom is a gapped box in
     that layout, which TileLang rejects ("plain SMEM layout is not a bijection"). And the merged
-    wgmma needs N = 2 * cols <= 256.
+    wgmma needs N = 2 * cols <= 256. A B stored output-axis-major (an nn.Linear weight, [n, d])
+    is merged by rows instead; each half is then whole only while a row, the ``inner`` contracted
+    extent, fits in one atom (block_d = 128 in bf16 spans two and was rejected the same way).
     """
     atom = MERGE_ATOM_BYTES // H200.dtype_bytes[b_dtype]
+    if inner is not None:
+        return f"2 * {_paren(cols)} <= 256 and {_paren(inner)} <= {atom}"
     return f"2 * {_paren(cols)} <= 256 and {_paren(cols)} % {atom} == 0"
 
 

@@ -136,8 +136,9 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
             ctx.policy_vars[m.first.c + " wide"] = local.fresh(f"policy_{m.first.c}_{m.second.c}")
             helpers.add("mma_policy")
             w.line(f"{ctx.policy_vars[m.first.c + ' wide']} = mma_policy({rows}, 2 * {_paren(cols)}, {threads})")
-        wide = " and ".join(_merge_legal(block_expr[buffers[m.first.c].axes[1]], buffers[m.first.b].dtype)
-                            for m in merges)
+        wide = " and ".join(_merge_legal(block_expr[buffers[m.first.c].axes[1]], buffers[m.first.b].dtype,
+                                         _row_merged_inner(buffers[m.first.b].axes, buffers[m.first.c].axes,
+                                                           block_expr)) for m in merges)
         variants = [merges, []]
     ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
     sched = render_ws.async_schedule(ctx)
@@ -170,6 +171,11 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         if len(variants) > 1 and v == 0:
             w.dedent()
     w.dedent()
+
+
+def _row_merged_inner(b_axes: list[str], c_axes: list[str], block_expr: dict[str, str]) -> str | None:
+    """The contracted tile extent of a B tile stored output-axis-major (merged by rows), else None."""
+    return block_expr[b_axes[1]] if b_axes[1] != c_axes[1] else None
 
 
 def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizzle: str | None) -> None:
@@ -206,7 +212,12 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
         else:
             lo_name, hi_name = ctx.local.fresh(f"{lp.axis}_lo"), ctx.local.fresh(f"{lp.axis}_hi")
             _bind_loop_bounds(w, ctx, lo_name, hi_name)
-            w.line(f"for {loop_var} in T.Pipelined({lo_name}, {hi_name}, num_stages={stages}):")
+            note = ""
+            if kernel_pass_configs(kernel, ctx.tensors):
+                # without warp specialisation TileLang pipelines with cp.async, and its drain of a loop
+                # of run-time length waits on a group count that is not a constant (no CUDA for it)
+                stages, note = "1", "  # one stage: a cp.async pipeline cannot drain a loop of run-time length"
+            w.line(f"for {loop_var} in T.Pipelined({lo_name}, {hi_name}, num_stages={stages}):{note}")
         w.indent()
         for i, op in enumerate(kernel.body):
             _render_op(w, ctx, op, "body", i)
