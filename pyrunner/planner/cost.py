@@ -13,10 +13,9 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 
-from pyrunner.ir.axes import axes_of
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
-from pyrunner.planner.lower import MAX_STREAM_STEP, Lowered
+from pyrunner.planner.lower import Lowered
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
 from pyrunner.target.fit import FitModel
@@ -33,9 +32,6 @@ class Machine:
     loop_reduce_s: float = 0.12e-6    # one cross-thread tile reduction left inside a tensor-core loop
                                       # (shuffles + a barrier; linear sums are deferred to the epilogue)
     loop_map_s: float = 0.0           # elementwise passes are counted as CUDA-core work (no double count)
-    stream_step_s: float = 0.15e-6    # one step of a streamed loop without tensor cores (tile wait, barrier)
-    stream_reduce_s: float = 0.15e-6  # each cross-thread reduction in such a step (run 34: logsumexp's two
-                                      # reductions over 125 steps took 0.45 us a step)
     compute_efficiency: float = 0.80  # generated-code efficiency on tensor cores (calibrated)
     memory_efficiency: float = 0.85   # achieved fraction of copy bandwidth (calibrated)
     structure_scale: tuple[tuple[str, float], ...] = ()  # structure class -> measured/predicted (calibration)
@@ -68,17 +64,13 @@ class Estimate:
     config: dict[str, int]
 
 
-def block_candidates(size: int, lo: int = 16, hi: int = 256, tails: bool = False) -> list[int]:
-    """Tile extents for an axis: the powers of two from ``lo`` that divide it, and with ``tails``
-    (a loop that masks its partial last tile) the larger ones whose last tile wastes at most a
-    sixteenth (a 32000-long row in 1024-wide steps: 32 steps, not 125 of 256); where none divides,
-    every power of two up to the first that covers the axis (the last tile is partial: a tail)."""
-    pows = [b for b in (8, 16, 32, 64, 128, 256, 512, 1024) if lo <= b <= hi]
+def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
+    """Tile extents for an axis: the powers of two from 16 that divide it; where none does, every
+    power of two up to the first that covers the axis (the last tile is partial: a tail)."""
+    pows = [b for b in (16, 32, 64, 128, 256) if lo <= b <= hi]
     cands = [b for b in pows if b <= size and size % b == 0]
     if not cands:
         cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]
-    elif tails:
-        cands += [b for b in pows if max(cands) < b <= size and (-(-size // b) * b - size) * 16 <= size]
     return sorted(cands) or [min(max(lo, 16), hi)]
 
 
@@ -86,13 +78,10 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
     space: dict[str, list[int]] = {}
     m_axes = {g.m_axis for g in low.gemms}
     for a in low.tiled:
-        # one WGMMA needs 64 rows: a shorter axis gets one padded tile; a kernel without GEMMs may
-        # take 8 rows a block, so a few hundred rows still fill the machine
-        lo = 64 if a in m_axes else 16 if low.gemms else 8
+        lo = 64 if a in m_axes else 16  # one WGMMA needs 64 rows: a shorter axis gets one padded tile
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
-        space[block_param(low.stream)] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else
-                                                          MAX_STREAM_STEP, tails=low.tail)
+        space[block_param(low.stream)] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 256)
         # a masked loop (run-time length) that threads read tiles of renders as a one-stage cp.async
         # pipeline (see backend.tilelang.render): deeper configs would only repeat it
         space[STAGES_PARAM] = [1] if low.visible is not None and thread_reads_staged(low.body) else [1, 2, 3]
@@ -106,20 +95,6 @@ def _blocks(low: Lowered, cfg: dict[str, int], sizes: dict[str, int]) -> dict[st
     if low.stream is not None:
         out[low.stream] = cfg[block_param(low.stream)]
     return out
-
-
-def _row_efficiency(axes: tuple[str, ...] | list[str], blocks: dict[str, int], sizes: dict[str, int],
-                    nbytes: int) -> float:
-    """Fraction of DRAM bandwidth a tile of a tensor with these axes gets: its contiguous run (the
-    tile's extent along the last axis, times the next axis's where the last is whole) against a
-    128-byte line."""
-    if not axes:
-        return 1.0
-    elem = nbytes / max(1, math.prod(sizes[a] for a in axes))
-    run = blocks.get(axes[-1], sizes[axes[-1]])
-    if run >= sizes[axes[-1]] and len(axes) > 1:
-        run = sizes[axes[-1]] * blocks.get(axes[-2], sizes[axes[-2]])
-    return min(1.0, max(run * elem, 1.0) / 128.0)
 
 
 def _buf_elems(axes: list[str], blocks: dict[str, int]) -> int:
@@ -214,12 +189,8 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         total = tile * n_blocks * (n_iter * run if ld.in_loop else 1)
         unique += whole
         reread += max(0.0, total - whole)
-    dram = unique + sum(tensor_bytes[w] for w in low.writes)
-    # a tile whose rows are narrower than a 128-byte line wastes DRAM bursts (a column sum read 16
-    # columns, 32 bytes, a row and ran at 0.33 TB/s: run 34)
-    for axes, tensor in [(ld.axes, ld.tensor) for ld in low.loads] + list(zip(
-            [axes_of(r) for r in low.roots], low.writes, strict=False)):
-        dram += tensor_bytes[tensor] * (1.0 / _row_efficiency(axes, blocks, sizes, tensor_bytes[tensor]) - 1.0)
+    written = sum(tensor_bytes[w] for w in low.writes)
+    dram = unique + written
 
     threads = cfg[THREADS_PARAM]
     per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
@@ -262,11 +233,6 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce") if low.gemms else 0
     linear = sum(1 for op in low.body if getattr(op, "op", "") == "reduce" and op.fn == "sum" and op.accumulate)
     per_step = max(0, loop_red - linear) * m.loop_reduce_s
-    if low.stream is not None and not low.gemms:
-        # a loop without tensor cores waits on its tile, reduces it across threads, and only then
-        # takes the next: a latency per step (logsumexp over 125 steps: 0.45 us each, run 34)
-        reduces = sum(1 for op in low.body if getattr(op, "op", "") == "reduce")
-        per_step = m.stream_step_s + reduces * m.stream_reduce_s
     t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
     t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
     body = max(t_compute, t_mem) * m.scale_for(structure_class(low))

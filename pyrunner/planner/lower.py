@@ -61,9 +61,6 @@ SHORT_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 MAX_FULL_EXTENT = 256
 """Largest axis a kernel may hold whole in one tile (an in-tile contraction)."""
 
-MAX_STREAM_STEP = 1024
-"""Widest step of a streamed loop without tensor cores (a row of 1024 elements a step)."""
-
 MMA_K_ALIGN = 16
 """A GEMM's contracted tile must be whole tensor-core K steps (16 for 16-bit inputs): TileLang has
 no m16n8k8 bf16 MMA and no shared layout for an odd row (d = 65)."""
@@ -145,7 +142,6 @@ class Lowered:
     terms: frozenset[Term] = frozenset()
     visible: Expr | None = None  # loop steps whose tile has this all false are skipped (masked_tile_skip)
     roots: tuple[Term, ...] = ()  # every term the kernel stores, in ``writes`` order
-    tail: bool = False  # the loop masks a partial last tile, so a step need not divide the streamed axis
 
 
 Roots = Term | tuple[Term, ...]
@@ -809,11 +805,8 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     b.guard_max = any(t.op == "const" and math.isinf(t.value) for t in terms)
     visible = _visible(b, computed, phase, sources, s)
     # a streamed axis that no power-of-two block divides ends in a partial tile: loads read zeros past
-    # the end, and every value entering a loop accumulator is masked there with the accumulator's
-    # identity. A loop without GEMMs is masked wherever its widest step does not divide the axis,
-    # so the tile search may take wide steps with a partial last one (32000 in 32 steps of 1024)
-    b.tail = s is not None and (sizes[s] % 16 != 0 or (not any(t.op == "matmul" for t in computed)
-                                                        and sizes[s] % MAX_STREAM_STEP != 0))
+    # the end, and every value entering a loop accumulator is masked there with the accumulator's identity
+    b.tail = s is not None and sizes[s] % 16 != 0
     b.loaded = {b.buf_of[leaf] for leaf in leaves}
     for t in computed:
         emit = _EMIT.get(t.op)
@@ -836,7 +829,7 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
         epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=outs,
         gemms=b.gemms, loads=b.loads, rules=_unique(b.rules),
         ew_by_axes=tuple((ax, v[0], v[1]) for ax, v in sorted(b.ew_by_axes.items())),
-        terms=frozenset(computed), visible=visible, roots=roots, tail=b.tail,
+        terms=frozenset(computed), visible=visible, roots=roots,
     )
 
 
