@@ -4,14 +4,14 @@ They keep the plan's meaning (each is an exact algebraic identity over the reals
 only where work happens, so the CPU executor's check of the plan still speaks for the kernel:
 
 - ``defer_linear_reductions``: a row sum accumulated inside the streamed loop (RMSNorm's
-  sum of squares) becomes an elementwise per-thread partial in the loop, reduced across
-  threads once in the epilogue: no shuffle or barrier per loop step.
+  sum of squares, a column sum of a loaded tile) becomes an elementwise per-thread partial in
+  the loop, reduced across threads once in the epilogue: no shuffle or barrier per loop step.
 """
 
 from __future__ import annotations
 
 from pyrunner.plan.analysis import expr_refs, op_reads_writes
-from pyrunner.plan.schema import Call, Fill, Kernel, Map, Plan, Reduce, Ref
+from pyrunner.plan.schema import Buffer, Call, Fill, Kernel, Load, Map, Plan, Reduce, Ref
 
 
 def _mentions(op, name: str) -> bool:
@@ -26,15 +26,28 @@ def defer_linear_reductions(kernel: Kernel) -> Kernel:
     float32 fragment used nowhere else and ``r`` is not read or written elsewhere in the loop.
     Rewritten: prologue ``t = 0``; body ``t = t + f(...)``; epilogue first ``reduce_sum(t -> r,
     accumulate)``. Sum over steps of the row sums = row sum of the elementwise sum over steps.
+    A sum straight over a tile the loop loads, ``reduce_sum(x_s -> r, accumulate)``, gets a partial
+    of its own: body ``p = p + x_s``, the same epilogue reduction of ``p``.
     """
     if kernel.loop is None:
         return kernel
     bufs = {b.name: b for b in kernel.buffers}
     body = list(kernel.body)
+    loaded = {op.dst for op in body if isinstance(op, Load)}
     moved: list[Reduce] = []
     state: set[str] = set()
+    extra: list[Buffer] = []
     for red in [op for op in kernel.body if isinstance(op, Reduce)]:
         t, r = red.src, red.dst
+        if red.fn == "sum" and red.accumulate and t in loaded and not any(_mentions(op, r) for op in body
+                                                                           if op is not red):
+            part = _fresh(f"{t}_partial", {*bufs, *(b.name for b in extra)})
+            extra.append(Buffer(name=part, axes=list(bufs[t].axes), scope="fragment", dtype="float32", state=True))
+            at = body.index(red)
+            body[at] = Map(dst=part, expr=Call(fn="add", args=[Ref(buf=part), Ref(buf=t)]))
+            moved.append(red.model_copy(update={"src": part}))
+            state.add(part)
+            continue
         if red.fn != "sum" or not red.accumulate or t not in bufs or bufs[t].scope != "fragment" \
                 or bufs[t].dtype != "float32" or bufs[t].state:
             continue
@@ -53,10 +66,17 @@ def defer_linear_reductions(kernel: Kernel) -> Kernel:
         state.add(t)
     if not moved:
         return kernel
-    buffers = [b.model_copy(update={"state": True}) if b.name in state else b for b in kernel.buffers]
+    buffers = [b.model_copy(update={"state": True}) if b.name in state else b for b in kernel.buffers] + extra
     prologue = list(kernel.prologue) + [Fill(dst=t, value=0.0) for t in sorted(state)]
     return kernel.model_copy(update={"buffers": buffers, "prologue": prologue, "body": body,
                                      "epilogue": moved + list(kernel.epilogue)})
+
+
+def _fresh(name: str, taken: set[str]) -> str:
+    out, i = name, 1
+    while out in taken:
+        out, i = f"{name}{i}", i + 1
+    return out
 
 
 def optimize(plan: Plan) -> Plan:
