@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from pyrunner.ir import graph as G
 from pyrunner.ir.graph import Graph, GraphBuilder
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.run.baselines import attention_matches, torch_fn, torch_source, vendor_fn
+
+DATA = Path(__file__).resolve().parent / "data"
 
 # small, distinct sizes per axis so a transposed axis cannot pass by accident
 SMALL = [8, 12, 16, 20, 24, 6]
@@ -120,6 +123,19 @@ def test_matmul_stays_in_the_input_dtype() -> None:
     g = workloads.get("SwiGLU", {"m": 4, "n": 6, "d": 8})
     x = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in random_inputs(g, 0).items()}
     assert torch_fn(g)(**x)["Y"].dtype == torch.bfloat16
+
+
+def test_index_built_bias_feeds_a_half_precision_matmul() -> None:
+    """ALiBi: (iota_k - iota_q) * slope is float32, so the scores are; the eager baseline failed with
+    'expected m1 and m2 to have the same dtype' (run 34). The GEMM now takes them in the inputs' dtype."""
+    from pyrunner.ir.graph_json import graph_from_json, read_json_file
+
+    doc = read_json_file(DATA / "attention_alibi.json", "graph file", ValueError)
+    g = graph_from_json({**doc, "axes": {"h": 2, "t_q": 64, "t_kv": 64, "d": 32}})
+    x = {k: torch.from_numpy(v).to(torch.bfloat16) for k, v in random_inputs(g, 0).items()}
+    out = torch_fn(g)(**x)["O"].double().numpy()
+    ref = evaluate(g, random_inputs(g, 0))["O"]
+    assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 2e-2  # bf16 inputs and operands
 
 
 def test_constant_subgraphs_fold() -> None:
