@@ -44,6 +44,10 @@ from pyrunner.plan.schema import (
 SECTIONS = ("prologue", "body", "epilogue")
 STAGES_PARAM = "stages"
 THREADS_PARAM = "threads"
+MMA_K_ALIGN = 16
+"""A GEMM's contracted tile is whole tensor-core K steps (16 for 16-bit inputs): TileLang has no
+m16n8k8 bf16 MMA and no shared layout for an odd row (d = 65). A contraction held whole at another
+extent is padded to a multiple of this (a held-whole grid block larger than its axis)."""
 
 
 # --- names ------------------------------------------------------------------------

@@ -10,6 +10,7 @@ only where work happens, so the CPU executor's check of the plan still speaks fo
 
 from __future__ import annotations
 
+from pyrunner.ir.names import fresh_name
 from pyrunner.plan.analysis import expr_refs, op_reads_writes
 from pyrunner.plan.schema import Buffer, Call, Fill, Kernel, Load, Map, Plan, Reduce, Ref
 
@@ -41,7 +42,7 @@ def defer_linear_reductions(kernel: Kernel) -> Kernel:
         t, r = red.src, red.dst
         if red.fn == "sum" and red.accumulate and t in loaded and not any(_mentions(op, r) for op in body
                                                                            if op is not red):
-            part = _fresh(f"{t}_partial", {*bufs, *(b.name for b in extra)})
+            part = fresh_name(f"{t}_partial", {*bufs, *(b.name for b in extra)}, "partial")
             extra.append(Buffer(name=part, axes=list(bufs[t].axes), scope="fragment", dtype="float32", state=True))
             at = body.index(red)
             body[at] = Map(dst=part, expr=Call(fn="add", args=[Ref(buf=part), Ref(buf=t)]))
@@ -70,13 +71,6 @@ def defer_linear_reductions(kernel: Kernel) -> Kernel:
     prologue = list(kernel.prologue) + [Fill(dst=t, value=0.0) for t in sorted(state)]
     return kernel.model_copy(update={"buffers": buffers, "prologue": prologue, "body": body,
                                      "epilogue": moved + list(kernel.epilogue)})
-
-
-def _fresh(name: str, taken: set[str]) -> str:
-    out, i = name, 1
-    while out in taken:
-        out, i = f"{name}{i}", i + 1
-    return out
 
 
 def optimize(plan: Plan) -> Plan:

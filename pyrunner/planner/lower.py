@@ -34,7 +34,7 @@ from pyrunner.ir.axes import axes_of
 from pyrunner.ir.graph import Term, subterms
 from pyrunner.ir.ops import REDUCTIONS, UNARY
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import block_param, constant_value, expr_refs, op_buffers
+from pyrunner.plan.analysis import MMA_K_ALIGN, block_param, constant_value, expr_refs, op_buffers
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -60,10 +60,6 @@ SHORT_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 
 MAX_FULL_EXTENT = 256
 """Largest axis a kernel may hold whole in one tile (an in-tile contraction)."""
-
-MMA_K_ALIGN = 16
-"""A GEMM's contracted tile must be whole tensor-core K steps (16 for 16-bit inputs): TileLang has
-no m16n8k8 bf16 MMA and no shared layout for an odd row (d = 65)."""
 
 MAX_INLINE_DEPTH = 8
 """Deepest elementwise expression kept inline in one map; deeper chains go through a

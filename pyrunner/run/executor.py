@@ -18,7 +18,7 @@ from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import align
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import kernel_geometry, resolve_config
+from pyrunner.plan.analysis import MMA_K_ALIGN, kernel_geometry, resolve_config
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -256,7 +256,7 @@ def _divisor_at_most(n: int, cap: int) -> int:
 TILED_SIZES = (32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240, 256)
 """Sizes scale_down gives tiled axes: distinct multiples of 16 (any two share a tile of 16)."""
 PADDED_SIZES = (24, 40, 56, 72)
-"""Sizes for an axis held whole in a tile padded to whole 16-deep MMA steps: none a multiple of 16, so
+"""Sizes for an axis held whole in a tile padded to whole MMA steps (``MMA_K_ALIGN``): none a multiple of 16, so
 the padding stays exercised, and none equal to a tiled or indexed size."""
 INDEXED_SIZES = (2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 """Sizes scale_down gives axes that are only ever indexed (batch-like): small and distinct."""
@@ -331,7 +331,7 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         for g in k.grid:
             if isinstance(g.block, int) and g.block != 1:  # held whole; a padded contraction stays padded
                 n = new_sizes[g.axis]
-                g = g.model_copy(update={"block": -(-n // 16) * 16 if g.block > sizes[g.axis] else n})
+                g = g.model_copy(update={"block": -(-n // MMA_K_ALIGN) * MMA_K_ALIGN if g.block > sizes[g.axis] else n})
             grid.append(g)
         users: dict[str, list[str]] = {}  # parameter -> axes whose block it is
         for g in k.grid:
