@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pyrunner.plan.analysis import KernelGeometry, kernel_geometry, kernel_ops, op_reads_writes
 from pyrunner.plan.passes import defer_linear_reductions
 from pyrunner.plan.schedule import ChainSchedule, async_schedule
-from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Store
+from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce, Store
 from pyrunner.target.device import H200, Device
 from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
 from pyrunner.target.wgmma import tile_problem as wgmma_tile_problem
@@ -99,6 +99,10 @@ class FitModel:
         # (accumulator, its axes, A operand, whether A is laid out like an accumulator, whether A is in registers)
         self.gemms = [(op.c, tuple(bufs[op.c].axes), op.a, op.a in group and group[op.a] in acc_groups,
                        bufs[op.a].scope == "fragment") for op in gemms]
+        acc_rows = {group[op.c]: bufs[op.c].axes[0] for op in gemms if op.c in group}
+        self.acc_row_reductions = [(op.src, op.axis) for op in kernel_ops(kernel)
+                                   if isinstance(op, Reduce) and acc_rows.get(group.get(op.src, "")) == op.axis]
+        """(fragment, row axis) of reductions of accumulator-laid-out tiles over their rows."""
         sched = async_schedule(kernel)
         self.chain = isinstance(sched, ChainSchedule)
         """A flash-style two-GEMM chain: its asynchronous form is preferred where a config fits it."""
@@ -152,6 +156,11 @@ class FitModel:
         dev = self.device
         geo = self.geometry(values)
         fp = self._footprint(geo)
+        for src, axis in self.acc_row_reductions:
+            if geo.blocks[axis] > 64 or fp.threads > 128:
+                return (f"it reduces {src!r}, laid out like a GEMM accumulator, over its {geo.blocks[axis]} rows "
+                        f"with {fp.threads} threads: TileLang 0.1.15 lowers that reduction only within one "
+                        f"64-row wgmma slab of one warpgroup (ReduceOp: thread-owned reduce segment)")
         if fp.threads > dev.max_threads or fp.threads % dev.warp:
             return f"{fp.threads} threads per block; {dev.name} needs a multiple of {dev.warp} up to {dev.max_threads}"
         if fp.smem_bytes > dev.smem_per_block:
