@@ -200,7 +200,25 @@ def worker(args) -> int:
     rec = run_plan(plan, opts, console)
     if args.worker == "run":
         print_record(rec, Console(width=120))
-    return 0 if rec.status in ("ok", "skipped") else 1
+    return _leave(0 if rec.status in ("ok", "skipped") else 1)
+
+
+def _leave(code: int) -> int:
+    """Exit the worker now, once the device has drained: interpreter teardown (torch.compile's worker
+    pools, the profiler) hung past the hard limit after the record was written, so runs that had
+    verified and timed were killed and logged as failed-launch (run 38: 17 of 19). An error the
+    device raises late still shows: the synchronize fails and the exit code says so."""
+    import torch
+
+    try:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - any late device error makes the run a failure
+        print(f"error: the device failed after the run: {e}", file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # --- the supervisor ----------------------------------------------------------------

@@ -238,3 +238,22 @@ def test_gpu_run_alternatives_plan_the_next_distinct_plans(tmp_path):
     hashes = {json.loads(p.read_text())["provenance"]["plan_hash"] for _, _, p in jobs}
     assert len(hashes) == 3  # three distinct plans, each with its own ranked configs
     assert all(p.with_suffix(".configs.json").exists() for _, _, p in jobs)
+
+
+def test_gpu_run_worker_exits_past_a_teardown_that_would_hang():
+    """A worker leaves once its record is out, not after interpreter teardown: a thread that outlives
+    the run (as torch.compile's pools did) must not keep it past gpu_run's hard limit."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import importlib.util, threading, time\n"
+            "spec = importlib.util.spec_from_file_location('gpu_run', 'benchmarks/gpu_run.py')\n"
+            "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+            "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+            "print('record written', end='')\n"
+            "mod._leave(3)\n")
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
+    assert time.monotonic() - t0 < 40
+    assert done.returncode == 3 and done.stdout == "record written", done.stderr
