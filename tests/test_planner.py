@@ -284,20 +284,3 @@ def test_plans_do_not_depend_on_the_hash_seed() -> None:
                              capture_output=True, text=True, env=env, check=True)
         outs.add(run.stdout)
     assert len(outs) == 1
-
-
-def test_streamed_reductions_without_tensor_cores_take_wide_steps() -> None:
-    """Each step of a loop without tensor cores costs a fixed latency (H200 run 40), so a row variance
-    over 1000 (no power of two from 16 divides it, every step width has a tail) streams wide steps
-    rather than 63 steps of 16."""
-    variance = graph_from_json({
-        "name": "VarianceRows", "axes": {"m": 4096, "d": 1000}, "inputs": {"X": ["m", "d"]},
-        "nodes": [{"name": "mu", "op": "mean", "args": ["X"], "axis": "d"},
-                  {"name": "c", "op": "sub", "args": ["X", "mu"]},
-                  {"name": "c2", "op": "square", "args": ["c"]},
-                  {"name": "v", "op": "mean", "args": ["c2"], "axis": "d"}],
-        "outputs": ["v"]})
-    (plan,) = search(variance, "bf16", tuning=False)
-    (k,) = plan.kernels
-    assert k.loop is not None and k.loop.axis == "d"
-    assert k.defaults[k.loop.block] >= 128, k.defaults

@@ -138,15 +138,6 @@ def mma_widths(low: Lowered, blocks: dict[str, int], threads: int) -> list[int]:
     return out
 
 
-CUDA_CORE_STEP_S = 0.05e-6
-"""Latency of one step of a streamed loop without tensor cores, per block, beside its cross-thread
-reductions (``Machine.loop_reduce_s``). H200 run 40 autotuned such loops over their step width: a
-column sum over 8192 rows took 0.03-0.065 us more per extra step with linear sums only; logsumexp
-over 32000 (a running max per step) 0.16-0.21 us, 57 -> 79 -> 119 -> 224 us at steps of 256, 128,
-64, 32. Without this term the model priced steps at nothing and chose 16-wide steps for an axis of
-1000 (63 steps where 8 would do)."""
-
-
 def warp_specialized(low: Lowered) -> bool:
     """TileLang 0.1.15 splits a pipelined loop into a TMA producer + consumers: 384-thread launch bounds,
     one CTA per SM; not where the loop reads its loaded tiles with thread code (rendered without)."""
@@ -239,13 +230,9 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     # Every wgmma is waited on at once (warpgroup_wait<0>), so CUDA-core work in a GEMM kernel runs
     # after the MMAs, not beside them: add it. A cross-thread reduction still inside the loop (a
     # max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
-    # A loop without tensor cores pays the same per step and block, plus the step itself (its
-    # cp.async wait and barrier): nothing overlaps them, so narrow steps lose to wide ones.
-    loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce")
+    loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce") if low.gemms else 0
     linear = sum(1 for op in low.body if getattr(op, "op", "") == "reduce" and op.fn == "sum" and op.accumulate)
     per_step = max(0, loop_red - linear) * m.loop_reduce_s
-    if low.stream is not None and not low.gemms:
-        per_step += CUDA_CORE_STEP_S
     t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
     t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
     body = max(t_compute, t_mem) * m.scale_for(structure_class(low))
