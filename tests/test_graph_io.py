@@ -220,3 +220,27 @@ def test_an_output_that_repeats_a_value_keeps_its_name_from_other_nodes() -> Non
     g = graph_from_json(doc)
     again = graph_from_json(graph_to_json(g))
     assert again.outputs == g.outputs
+
+
+def test_a_scalar_output_is_stored_over_a_unit_axis() -> None:
+    """A loss (a mean over every axis) is one element over a new axis of extent 1, of exactly the
+    scalar's value; the name is fresh where the author's axes hold 'unit' already, and survives a
+    round trip; a scalar that reads no input is still refused."""
+    doc = {"name": "MSE", "axes": {"m": 6, "unit": 5},
+           "inputs": {"X": ["m", "unit"], "T": ["m", "unit"]},
+           "nodes": [{"name": "d", "op": "sub", "args": ["X", "T"]},
+                     {"name": "d2", "op": "square", "args": ["d"]},
+                     {"name": "r", "op": "mean", "args": ["d2"], "axis": "unit"},
+                     {"name": "L", "op": "mean", "args": ["r"], "axis": "m"}],
+           "outputs": ["L", "r"]}
+    g = graph_from_json(doc)
+    assert g.sizes == {"m": 6, "unit": 5, "unit_2": 1}
+    assert [(n, result_axes(t)) for n, t in g.outputs] == [("L", ("unit_2",)), ("r", ("m",))]
+    x = random_inputs(g, seed=5)
+    got = evaluate(g, x)
+    np.testing.assert_allclose(got["L"], [((x["X"] - x["T"]) ** 2).mean()], rtol=1e-12)
+    assert graph_from_json(json.loads(json.dumps(graph_to_json(g)))) == g
+    doc["nodes"].append({"name": "k", "op": "size", "axis": "m"})
+    doc["outputs"].append("k")
+    with pytest.raises(GraphError, match="output 'k' is a scalar that reads no input"):
+        graph_from_json(doc)

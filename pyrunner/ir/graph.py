@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from pyrunner.errors import GraphError
+from pyrunner.ir.names import fresh_name
 from pyrunner.ir.ops import ALL_OPS, BINARY_OPS, REDUCE_OPS, TERM_KINDS, TERNARY_OPS, UNARY_OPS
 
 LOG2E = 1.4426950408889634
@@ -325,6 +326,28 @@ def check(g: Graph) -> None:
             raise GraphError(f"output {n!r} is a scalar; outputs must have at least one axis")
 
 
+def with_unit_axis(g: Graph) -> Graph:
+    """``g`` with each scalar output (a loss, a total) given an axis of extent 1, named ``unit``
+    (``unit_2``, ... where taken): kernels store tiles of their outputs' axes, so a scalar is stored
+    as one element. The output becomes ``x + iota(unit)``, which is ``x + 0``, exactly ``x``.
+    A scalar output that reads no input is refused: it is a constant, nothing to compute."""
+    memo: dict[Term, tuple[str, ...]] = {}
+    scalars = [t for _, t in g.outputs if not result_axes(t, memo)]
+    if not scalars:
+        return g
+    for n, t in g.outputs:
+        if t in scalars and not any(u.op == "input" for u in subterms([t])):
+            raise GraphError(f"output {n!r} is a scalar that reads no input; an output must be computed "
+                             f"from the inputs")
+    unit = fresh_name("unit", g.sizes, "unit")
+    widened = {t: binary("add", t, iota(unit)) for t in scalars}
+    outputs = tuple((n, widened.get(t, t)) for n, t in g.outputs)
+    out_names = {n for n, _ in g.outputs}
+    labels = {t: lab for t, lab in g.labels.items() if not (t in widened and lab in out_names)}
+    labels.update({widened[t]: n for n, t in g.outputs if t in widened})
+    return Graph(g.name, {**g.sizes, unit: 1}, outputs, labels)
+
+
 # --- builder DSL ---------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -444,7 +467,7 @@ class GraphBuilder:
         self._outputs.append((name, x.term))
 
     def build(self) -> Graph:
-        g = Graph(self.name, dict(self.sizes), tuple(self._outputs), dict(self.labels))
+        g = with_unit_axis(Graph(self.name, dict(self.sizes), tuple(self._outputs), dict(self.labels)))
         check(g)
         return g
 

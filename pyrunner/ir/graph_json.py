@@ -74,6 +74,8 @@ from pyrunner.ir.graph import (
     Term,
     check,
     result_axes,
+    subterms,
+    with_unit_axis,
 )
 from pyrunner.ir.names import MAX_GRAPH_NAME, check_name
 
@@ -331,8 +333,9 @@ class _Reader:
             if out_name in self.env and self.env[out_name].term is not t.term:
                 kind = "an input" if out_name in self.input_names else "another node"
                 raise GraphError(f"{where}: output name {out_name!r} is already the name of {kind}")
-            if not self.axes_of(t):
-                raise GraphError(f"{where}: output {out_name!r} is a scalar; outputs must have at least one axis")
+            if not self.axes_of(t) and not any(u.op == "input" for u in subterms([t.term])):
+                raise GraphError(f"{where}: output {out_name!r} is a scalar that reads no input; an output "
+                                 f"must be computed from the inputs")
             outs.append((out_name, t.term))
         return tuple(outs)
 
@@ -366,7 +369,7 @@ def graph_from_json(data: object) -> Graph:
     labels = {t: n for t, n in r.b.labels.items() if t in live and not _GENERATED.fullmatch(n)}
     for n, t in outputs:  # the output name wins, as in GraphBuilder.output
         labels[t] = n
-    g = Graph(name, dict(r.sizes), outputs, labels)
+    g = with_unit_axis(Graph(name, dict(r.sizes), outputs, labels))
     check(g)
     return g
 
