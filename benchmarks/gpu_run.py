@@ -34,6 +34,7 @@ import tarfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -203,7 +204,7 @@ def worker(args) -> int:
     return _leave(0 if rec.status in ("ok", "skipped") else 1)
 
 
-def _leave(code: int) -> int:
+def _leave(code: int) -> NoReturn:
     """Exit the worker now, once the device has drained: interpreter teardown (torch.compile's worker
     pools, the profiler) hung past the hard limit after the record was written, so runs that had
     verified and timed were killed and logged as failed-launch (run 38: 17 of 19). An error the

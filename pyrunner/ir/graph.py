@@ -326,6 +326,11 @@ def check(g: Graph) -> None:
             raise GraphError(f"output {n!r} is a scalar; outputs must have at least one axis")
 
 
+def reads_input(t: Term) -> bool:
+    """Whether ``t`` depends on a graph input (a constant, an axis size or an index does not)."""
+    return any(u.op == "input" for u in subterms([t]))
+
+
 def with_unit_axis(g: Graph) -> Graph:
     """``g`` with each scalar output (a loss, a total) given an axis of extent 1, named ``unit``
     (``unit_2``, ... where taken): kernels store tiles of their outputs' axes, so a scalar is stored
@@ -336,7 +341,7 @@ def with_unit_axis(g: Graph) -> Graph:
     if not scalars:
         return g
     for n, t in g.outputs:
-        if t in scalars and not any(u.op == "input" for u in subterms([t])):
+        if t in scalars and not reads_input(t):
             raise GraphError(f"output {n!r} is a scalar that reads no input; an output must be computed "
                              f"from the inputs")
     unit = fresh_name("unit", g.sizes, "unit")

@@ -73,8 +73,8 @@ from pyrunner.ir.graph import (
     Tensor,
     Term,
     check,
+    reads_input,
     result_axes,
-    subterms,
     with_unit_axis,
 )
 from pyrunner.ir.names import MAX_GRAPH_NAME, check_name
@@ -333,7 +333,7 @@ class _Reader:
             if out_name in self.env and self.env[out_name].term is not t.term:
                 kind = "an input" if out_name in self.input_names else "another node"
                 raise GraphError(f"{where}: output name {out_name!r} is already the name of {kind}")
-            if not self.axes_of(t) and not any(u.op == "input" for u in subterms([t.term])):
+            if not self.axes_of(t) and not reads_input(t.term):
                 raise GraphError(f"{where}: output {out_name!r} is a scalar that reads no input; an output "
                                  f"must be computed from the inputs")
             outs.append((out_name, t.term))
