@@ -111,6 +111,13 @@ def collect(args) -> list[Case]:
             sizes = {"small": small_sizes, "odd": odd_sizes}.get(shape, lambda s: s)(real)
             for dtype in args.dtypes.split(","):
                 cases.append(Case(f"{name}@{shape}/{dtype}", source, _resized(doc, sizes), shape, dtype))
+    if getattr(args, "cases", None):
+        text = args.cases
+        ids = Path(text[1:]).read_text().split() if text.startswith("@") else text.split(",")
+        unknown = set(ids) - {c.id for c in cases}
+        if unknown:
+            raise SystemExit(f"gpu_sweep: error: no such case(s) among those collected: {', '.join(sorted(unknown))}")
+        cases = [c for c in cases if c.id in set(ids)]
     return cases
 
 
@@ -310,7 +317,8 @@ def table(s: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The sweep's options (``benchmarks/changed_cases.py`` collects the same cases with them)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu_sweep")))
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget for everything")
@@ -322,12 +330,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default="bf16")
     ap.add_argument("--only", help="comma-separated graph names (catalog names, tests/data stems, RandomN)")
     ap.add_argument("--graph", action="append", help="another graph JSON file to sweep (repeatable)")
+    ap.add_argument("--cases", help="only these case ids (NAME@SHAPE/DTYPE), comma-separated, or @FILE with "
+                    "one per line (benchmarks/changed_cases.py writes it)")
     ap.add_argument("--dry", action="store_true", help="no GPU: plan, render, lower to CUDA only")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
     ap.add_argument("--results", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.worker:
         return worker(args)
 

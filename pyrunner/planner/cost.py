@@ -65,9 +65,9 @@ class Estimate:
 
 
 def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
-    """Tile extents for an axis: the powers of two from 16 that divide it; where none does, every
+    """Tile extents for an axis: the powers of two from ``lo`` that divide it; where none does, every
     power of two up to the first that covers the axis (the last tile is partial: a tail)."""
-    pows = [b for b in (16, 32, 64, 128, 256) if lo <= b <= hi]
+    pows = [b for b in (8, 16, 32, 64, 128, 256) if lo <= b <= hi]
     cands = [b for b in pows if b <= size and size % b == 0]
     if not cands:
         cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]
@@ -78,7 +78,9 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
     space: dict[str, list[int]] = {}
     m_axes = {g.m_axis for g in low.gemms}
     for a in low.tiled:
-        lo = 64 if a in m_axes else 16  # one WGMMA needs 64 rows: a shorter axis gets one padded tile
+        # one WGMMA needs 64 rows (a shorter axis gets one padded tile); without GEMMs a row tile of 8
+        # doubles the blocks of a short reduction grid (1024 rows: 128 blocks, not 64 on 132 SMs)
+        lo = 64 if a in m_axes else 16 if low.gemms else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
         space[block_param(low.stream)] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 256)

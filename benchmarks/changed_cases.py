@@ -1,0 +1,103 @@
+"""Which GPU sweep cases a change re-renders: the cases to sweep again after a full sweep.
+
+A full sweep costs most of a GPU session, so a change after one is swept on the cases whose
+rendered TileLang it changes, and every other case is shown byte-identical. This script plans the
+best plan of every case ``gpu_sweep.py`` would collect (same options), renders it with its default
+config and hashes the source (plan hash and the config-space listing masked: neither reaches the
+compiled kernel), once in a checkout of ``--base`` and once in this tree, and writes the ids that
+differ, one per line, for ``gpu_sweep.py --cases @FILE``. Runs on the CPU:
+
+    python benchmarks/changed_cases.py --base ff9bea0 --out /tmp/changed.txt -- --shapes small,real,odd --random 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def case_hashes(root: Path, sweep_args: argparse.Namespace) -> dict[str, str]:
+    """Case id -> hash of its rendered source, planned with the code under ``root``."""
+    for p in (root, root / "benchmarks", root / "tests"):
+        sys.path.insert(0, str(p))
+    import gpu_sweep
+
+    from pyrunner.backend.tilelang.render import render
+    from pyrunner.ir.graph_json import graph_from_json
+    from pyrunner.planner import search
+
+    out: dict[str, str] = {}
+    for case in gpu_sweep.collect(sweep_args):
+        try:
+            plan = search(graph_from_json(case.graph), case.dtype, top=1)[0]
+            src = render(plan).replace(plan.provenance.plan_hash, "PLAN")
+            src = re.sub(r"CONFIG_SPACE = \{.*?\n\}", "", src, flags=re.S)
+            out[case.id] = hashlib.sha256(src.encode()).hexdigest()[:16]
+        except Exception as e:  # noqa: BLE001 - a case that no longer plans counts as changed
+            out[case.id] = f"error: {e}"
+    return out
+
+
+def _hashes_in(roots: list[Path], sweep_args: dict, work: Path) -> list[dict[str, str]]:
+    """``case_hashes`` of each tree, side by side in fresh interpreters, so each imports its own
+    pyrunner (the sweep options travel parsed, as JSON: an older tree's gpu_sweep.py need only
+    have ``collect``)."""
+    options = work / "sweep_args.json"
+    options.write_text(json.dumps(sweep_args, default=str))
+    dests = [work / f"hashes_{i}.json" for i in range(len(roots))]
+    procs = [subprocess.Popen([sys.executable, __file__, "--hash-tree", str(root), str(options), str(dest)],
+                              cwd=root) for root, dest in zip(roots, dests, strict=True)]
+    if any(p.wait() for p in procs):
+        raise SystemExit("changed_cases: error: hashing a tree failed (its output is above)")
+    return [json.loads(d.read_text()) for d in dests]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sweep_argv = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[:argv.index("--")] if "--" in argv else argv
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base", help="git revision the last full sweep ran on")
+    ap.add_argument("--out", type=Path, help="file for the changed case ids (default: stdout)")
+    ap.add_argument("--hash-tree", nargs=3, metavar=("ROOT", "OPTIONS", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.hash_tree:
+        root, options, dest = (Path(x) for x in args.hash_tree)
+        sweep_args = argparse.Namespace(**json.loads(options.read_text()))
+        dest.write_text(json.dumps(case_hashes(root, sweep_args), indent=1))
+        return 0
+    if not args.base:
+        ap.error("--base REV is required")
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_sweep
+
+    sweep = vars(gpu_sweep.parser().parse_args(sweep_argv))
+    with tempfile.TemporaryDirectory(prefix="changed_cases_") as tmp:
+        work = Path(tmp)
+        base_tree = work / "base"
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base_tree), args.base],
+                       check=True)
+        try:
+            before, after = _hashes_in([base_tree, ROOT], sweep, work)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base_tree)], check=False)
+    changed = [c for c in after if before.get(c) != after[c]]
+    text = "".join(f"{c}\n" for c in changed)
+    if args.out:
+        args.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    print(f"{len(changed)} of {len(after)} case(s) render differently from {args.base}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
