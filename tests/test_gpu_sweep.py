@@ -44,6 +44,18 @@ def test_cases_cover_catalog_corpus_random_at_two_shapes() -> None:
     assert all(n % 64 == 0 or n <= 16 for c in cases for n in c.graph["axes"].values())
 
 
+def test_cases_option_keeps_exactly_the_listed_ids(tmp_path: Path) -> None:
+    """``--cases @FILE`` (what benchmarks/changed_cases.py writes) sweeps those ids and no others;
+    an id the sweep would not collect is an error, not a silently smaller sweep."""
+    listed = tmp_path / "changed.txt"
+    listed.write_text("Matmul@real/bf16\nsoftmax_rows@small/bf16\n")
+    args = gpu_sweep.parser().parse_args(["--random", "0", "--cases", f"@{listed}"])
+    assert sorted(c.id for c in gpu_sweep.collect(args)) == ["Matmul@real/bf16", "softmax_rows@small/bf16"]
+    args = gpu_sweep.parser().parse_args(["--random", "0", "--cases", "Matmul@odd/bf16"])
+    with pytest.raises(SystemExit, match="Matmul@odd/bf16"):
+        gpu_sweep.collect(args)
+
+
 def test_summary_counts_and_failure_lines() -> None:
     def rec(i, status, stage, msg=""):
         return {"id": f"g{i}@small/bf16", "source": "corpus", "status": status, "stage": stage, "message": msg}
