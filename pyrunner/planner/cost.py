@@ -67,7 +67,7 @@ class Estimate:
 def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
     """Tile extents for an axis: the powers of two from ``lo`` that divide it; where none does, every
     power of two up to the first that covers the axis (the last tile is partial: a tail)."""
-    pows = [b for b in (8, 16, 32, 64, 128, 256) if lo <= b <= hi]
+    pows = [b for b in (8, 16, 32, 64, 128, 256, 512, 1024) if lo <= b <= hi]
     cands = [b for b in pows if b <= size and size % b == 0]
     if not cands:
         cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]
@@ -83,7 +83,13 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         lo = 64 if a in m_axes else 16 if low.gemms else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
-        space[block_param(low.stream)] = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 256)
+        steps = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 1024)
+        if not low.gemms:
+            # without tensor cores a step is one tile in flight per stage: wide steps keep a short
+            # grid streaming (``estimate``'s latency term), with a partial last step where no wide
+            # power of two divides the axis (32000 = 125 x 256: 32 steps of 1024, the last masked)
+            steps += [b for b in (512, 1024) if max(steps) < b <= sizes[low.stream] // 2]
+        space[block_param(low.stream)] = steps
         # a masked loop (run-time length) that threads read tiles of renders as a one-stage cp.async
         # pipeline (see backend.tilelang.render): deeper configs would only repeat it
         space[STAGES_PARAM] = [1] if low.visible is not None and thread_reads_staged(low.body) else [1, 2, 3]
@@ -237,6 +243,14 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     per_step = max(0, loop_red - linear) * m.loop_reduce_s
     t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
     t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
+    # A loop without tensor cores has ``stages`` tiles in flight per block, so each block streams
+    # one tile per latency / stages at best (Little's law): a short grid of narrow steps is bound
+    # by load latency, not bandwidth (run 45: logsumexp's 125 steps of 256 took 28 us for 65 MB).
+    t_lat = 0.0
+    if low.stream is not None and not low.gemms and any(ld.in_loop for ld in low.loads):
+        latency = dev.l2_latency_s if dram <= dev.l2_bytes else dev.hbm_latency_s
+        t_lat = waves * n_iter * run * latency / max(1, cfg.get(STAGES_PARAM, 1))
+    t_mem = max(t_mem, t_lat)
     body = max(t_compute, t_mem) * m.scale_for(structure_class(low))
     time_us = body * 1e6 + dev.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
@@ -256,17 +270,21 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
         if fit.why_not(cfg) is not None:
             continue
         est = estimate(low, cfg, sizes, tensor_bytes, fit.footprint(cfg).smem_bytes, m)
-        key = _rank_key(fit, cfg, est.time_us)
+        key = _rank_key(fit, cfg, est.time_us, low.stream)
         if best is None or key < best[0]:
             best = key, est
     return None if best is None else best[1]
 
 
-def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float) -> tuple:
+def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None) -> tuple:
     """How configs rank: a flash-style chain's configs that render asynchronously first (measured:
     attention 241 us under T.Pipelined, 208-219 asynchronously, a gap this model does not price),
-    then predicted time, then larger tiles."""
-    return (fit.chain and not fit.renders_async(cfg), round(time_us, 3), -sum(cfg.values()))
+    then predicted time, then larger tiles, a step counted up to 256 (wider steps hold more
+    registers per thread, which the model does not price: run 35 measured row softmax 27 -> 40 us
+    at 1024), then narrower steps."""
+    step = cfg.get(block_param(stream), 0) if stream else 0
+    size = sum(cfg.values()) - step + min(step, 256)
+    return (fit.chain and not fit.renders_async(cfg), round(time_us, 3), -size, step)
 
 
 def fitting_space(space: Mapping[str, list[int]], keep: Mapping[str, int],
@@ -304,6 +322,6 @@ def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str
         cfg = dict(zip(names, values, strict=True))
         if fit.why_not(cfg) is None:
             est = estimate(low, cfg, sizes, tensor_bytes, fit.footprint(cfg).smem_bytes, m)
-            scored.append((_rank_key(fit, cfg, est.time_us), cfg))
+            scored.append((_rank_key(fit, cfg, est.time_us, low.stream), cfg))
     scored.sort(key=lambda x: x[0])
     return [cfg for _, cfg in scored[:n]]

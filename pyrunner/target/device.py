@@ -47,6 +47,11 @@ class Device:
     """Bytes/s for re-reads that hit L2."""
     launch_us: float
     """Per-kernel launch and tail latency."""
+    hbm_latency_s: float
+    """Load latency from HBM under load: a loop without tensor cores waits it out once per
+    ``stages`` steps (Little's law: a block has ``stages`` tiles in flight)."""
+    l2_latency_s: float
+    """The same where the kernel's data fits in L2 (``l2_bytes``) and stays there between calls."""
     dtype_bytes: dict[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
 
 
@@ -73,6 +78,10 @@ H200 = Device(
     hbm_bw=4.27e12,    # measured copy bandwidth (DESIGN section 5)
     l2_bw=12e12,
     launch_us=4.0,
+    # fitted on H200 runs 40 and 45 (streamed reductions, 3 stages): logsumexp over 32000
+    # (65 MB, beyond L2) 0.23 us per step and block, variance over 1000 (8 MB) 0.09
+    hbm_latency_s=0.7e-6,
+    l2_latency_s=0.3e-6,
 )
 
 DEVICES: dict[str, Device] = {H200.name: H200}
