@@ -1,0 +1,74 @@
+"""The cost model's load-latency bound for streamed loops without tensor cores.
+
+A block of such a loop has ``stages`` tiles in flight, so it streams at most one tile per load
+latency / stages (Little's law). H200 run 45 measured logsumexp over 32000 at 125 steps of 256 in
+28 us for 65 MB (2.3 TB/s, not the 4.3 of a copy) and a variance over 1000 at 63 steps of 16 in
+5.9 us for 8 MB. These tests plan with the model alone (no tuning database), so they check the
+model's choices, not measured ones.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pyrunner.ir import catalog
+from pyrunner.ir.graph_json import load_graph_file
+from pyrunner.plan.analysis import block_param, resolve_config
+from pyrunner.planner.cost import H200, estimate
+from pyrunner.planner.search import Planner, search
+from pyrunner.target.device import DTYPE_BYTES
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _streamed(plan):
+    """(kernel, its config) of every kernel with a streamed loop and no GEMM."""
+    cfg = resolve_config(plan)
+    return [(k, cfg[k.name]) for k in plan.kernels if k.loop is not None
+            and not any(getattr(op, "op", "") == "gemm" for op in k.body)]
+
+
+def test_a_short_grid_steps_wide_with_a_masked_last_step() -> None:
+    """1024 rows give 128 blocks of 8 rows: at 256 wide each waits out 125 latencies, so the
+    planner steps 512 or 1024 wide over 32000 (no such power of two divides it: the last step is
+    partial and masked)."""
+    plan = search(load_graph_file(ROOT / "tests" / "data" / "reduce_logsumexp.json"), "bf16", tuning=False)[0]
+    loops = _streamed(plan)
+    assert loops
+    for k, cfg in loops:
+        assert cfg[k.loop.block] >= 512, (k.name, cfg)
+        assert 32000 % cfg[k.loop.block]
+
+
+def test_latency_bound_grows_with_steps_and_shrinks_with_stages() -> None:
+    """The same kernel at narrower steps or fewer stages is predicted slower once latency binds,
+    and no faster than the bandwidth bound at wide ones."""
+    graph = load_graph_file(ROOT / "tests" / "data" / "reduce_logsumexp.json")
+    planner = Planner(graph, "bf16", H200)
+    cand = next(c for c in planner.candidates() if len(c.kernels) == 1)
+    (kc,) = cand.kernels
+    tb = {t.name: math.prod(t.shape) * DTYPE_BYTES[t.dtype] for t in cand.tensors}
+    stream = block_param(kc.low.stream)
+    (row,) = [block_param(g.axis) for g in kc.low.grid]
+
+    def time(step: int, stages: int) -> float:
+        cfg = {row: 8, stream: step, "stages": stages, "threads": 256}
+        return estimate(kc.low, cfg, planner.sizes, tb, kc.fit.footprint(cfg).smem_bytes).time_us
+
+    assert time(64, 3) > time(128, 3) > time(256, 3) > time(1024, 3)
+    assert time(256, 1) > time(256, 2) > time(256, 3)
+    bandwidth_us = 2 * 1024 * 32000 / (H200.device.hbm_bw * H200.memory_efficiency) * 1e6
+    assert time(1024, 3) >= bandwidth_us
+
+
+def test_bandwidth_bound_loops_keep_steps_of_at_most_256() -> None:
+    """Row softmax over 4096 x 4096 runs 128 blocks that draw full bandwidth at 256-wide steps;
+    wider steps only add registers per thread (run 35: 27 -> 40 us at 1024), so ties keep 256."""
+    plan = search(load_graph_file(ROOT / "tests" / "data" / "softmax_rows.json"), "bf16", tuning=False)[0]
+    for k, cfg in _streamed(plan):
+        assert cfg[k.loop.block] <= 256, (k.name, cfg)
+    plan = search(catalog.get("RMSNorm"), "bf16", tuning=False)[0]
+    for k, cfg in _streamed(plan):
+        assert cfg[k.loop.block] <= 256, (k.name, cfg)
+
