@@ -72,3 +72,29 @@ def test_bandwidth_bound_loops_keep_steps_of_at_most_256() -> None:
     for k, cfg in _streamed(plan):
         assert cfg[k.loop.block] <= 256, (k.name, cfg)
 
+
+
+def test_a_wide_partial_step_is_masked_and_exact_on_the_executor() -> None:
+    """A step the tuning space offers that does not divide the axis (1024 over 4000) is one the
+    kernel masks: the plan validates (a partial tile feeding an unmasked accumulator is refused)
+    and matches float64 on the CPU executor (bf16 bound 2e-2)."""
+    from pyrunner.ir.graph_json import graph_from_json
+    from pyrunner.plan.validate import validate_plan
+    from pyrunner.run.executor import execute
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.verify import verify_executor
+
+    doc = {"name": "LSE", "axes": {"m": 64, "v": 4000}, "inputs": {"X": ["m", "v"]}, "nodes": [
+        {"name": "M", "op": "max", "args": ["X"], "axis": "v"},
+        {"name": "D", "op": "sub", "args": ["X", "M"]},
+        {"name": "E", "op": "exp", "args": ["D"]},
+        {"name": "S", "op": "sum", "args": ["E"], "axis": "v"},
+        {"name": "L", "op": "log", "args": ["S"]},
+        {"name": "Y", "op": "add", "args": ["L", "M"]}], "outputs": ["Y"]}
+    plan = search(graph_from_json(doc), "bf16", tuning=False)[0]
+    steps = [cfg[k.loop.block] for k, cfg in _streamed(plan)]
+    assert steps and all(s >= 512 and 4000 % s for s in steps), steps
+    validate_plan(plan)
+    for seed in (1, 2):
+        res = verify_executor(plan, graph_of(plan), execute, seed=seed)
+        assert res.ok, res.message

@@ -19,7 +19,7 @@ from pyrunner.backend.tilelang.render import render
 from pyrunner.ir import catalog
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.validate import validate_plan
-from pyrunner.planner.cost import block_candidates
+from pyrunner.planner.tiles import block_candidates
 from pyrunner.planner.search import search
 from pyrunner.run.executor import execute
 

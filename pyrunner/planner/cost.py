@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
 from pyrunner.planner.lower import Lowered
+from pyrunner.planner.tiles import block_candidates, stream_steps
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
 from pyrunner.target.fit import FitModel
@@ -64,16 +65,6 @@ class Estimate:
     config: dict[str, int]
 
 
-def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
-    """Tile extents for an axis: the powers of two from ``lo`` that divide it; where none does, every
-    power of two up to the first that covers the axis (the last tile is partial: a tail)."""
-    pows = [b for b in (8, 16, 32, 64, 128, 256, 512, 1024) if lo <= b <= hi]
-    cands = [b for b in pows if b <= size and size % b == 0]
-    if not cands:
-        cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]
-    return sorted(cands) or [min(max(lo, 16), hi)]
-
-
 def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
     space: dict[str, list[int]] = {}
     m_axes = {g.m_axis for g in low.gemms}
@@ -83,13 +74,7 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         lo = 64 if a in m_axes else 16 if low.gemms else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
-        steps = block_candidates(sizes[low.stream], lo=16, hi=128 if low.gemms else 1024)
-        if not low.gemms:
-            # without tensor cores a step is one tile in flight per stage: wide steps keep a short
-            # grid streaming (``estimate``'s latency term), with a partial last step where no wide
-            # power of two divides the axis (32000 = 125 x 256: 32 steps of 1024, the last masked)
-            steps += [b for b in (512, 1024) if max(steps) < b <= sizes[low.stream] // 2]
-        space[block_param(low.stream)] = steps
+        space[block_param(low.stream)] = stream_steps(sizes[low.stream], tensor_cores=bool(low.gemms))
         # a masked loop (run-time length) that threads read tiles of renders as a one-stage cp.async
         # pipeline (see backend.tilelang.render): deeper configs would only repeat it
         space[STAGES_PARAM] = [1] if low.visible is not None and thread_reads_staged(low.body) else [1, 2, 3]

@@ -52,6 +52,7 @@ from pyrunner.plan.schema import (
     Store,
 )
 from pyrunner.planner.masking import skippable_predicates
+from pyrunner.planner.tiles import stream_has_tail
 from pyrunner.target.layout import fragment_groups
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
@@ -800,9 +801,9 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     b.emit_loads(leaves)
     b.guard_max = any(t.op == "const" and math.isinf(t.value) for t in terms)
     visible = _visible(b, computed, phase, sources, s)
-    # a streamed axis that no power-of-two block divides ends in a partial tile: loads read zeros past
-    # the end, and every value entering a loop accumulator is masked there with the accumulator's identity
-    b.tail = s is not None and sizes[s] % 16 != 0
+    # a streamed axis that some allowed step does not divide ends in a partial tile: loads read zeros
+    # past the end, and every value entering a loop accumulator is masked there with its identity
+    b.tail = s is not None and stream_has_tail(sizes[s], tensor_cores=any(t.op == "matmul" for t in computed))
     b.loaded = {b.buf_of[leaf] for leaf in leaves}
     for t in computed:
         emit = _EMIT.get(t.op)
