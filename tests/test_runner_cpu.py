@@ -195,6 +195,28 @@ def test_autotune_keeps_the_fastest_verified_config(tmp_path, monkeypatch, fake_
     assert "failed-verification" in next(t["status"] for t in tried if t["config"] == wrong)
 
 
+@pytest.mark.parametrize(("baselines", "tried"), [(("eager", "torch_compile"), 4),
+                                                  (("eager", "torch_compile", "max_autotune"), 1)])
+def test_autotune_keeps_time_for_the_baselines_it_will_time(tmp_path, monkeypatch, fake_gpu, matmul_plan,
+                                                           baselines, tried) -> None:
+    """With 20 s left, autotuning goes on when only eager and torch.compile follow (they take about
+    10 s, warm) and stops after the first config when max-autotune follows too (its compile may
+    miss the cache); the run still ends ok with its baselines' turn reached."""
+    import time
+
+    monkeypatch.setattr(runner, "_prepare_baselines", lambda run, verifier: {})
+    monkeypatch.setattr(runner, "median_us", lambda fn, *a, **k: (fn(), 1.0)[1])
+    monkeypatch.setattr(runner, "side_by_side_us", lambda fns, *a, **k: (
+        {n: 1.0 for n in fns}, {n: "fake" for n in fns}, {n: [1.0] for n in fns}))
+    plan = matmul_plan(256, 256, 256)
+    opts = _opts(tmp_path, device="cpu", autotune=4, baselines=baselines)
+    opts.deadline = time.monotonic() + 20.0
+    rec = run_plan(plan, opts)
+    assert rec.status == "ok", rec.message
+    assert len(rec.extra["autotune"]) == tried
+    assert ("autotune stopped after 1 config(s): time budget" in rec.message) == (tried == 1)
+
+
 def test_a_killed_run_is_logged_from_its_checkpoint(tmp_path, fake_gpu, matmul_plan) -> None:
     ck = tmp_path / "ck.json"
     plan = matmul_plan(128, 128, 128)

@@ -19,8 +19,8 @@ from pyrunner.backend.tilelang.render import render
 from pyrunner.ir import catalog
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.validate import validate_plan
-from pyrunner.planner.tiles import block_candidates
 from pyrunner.planner.search import search
+from pyrunner.planner.tiles import block_candidates
 from pyrunner.run.executor import execute
 
 EXACT_TOL = 1e-5
