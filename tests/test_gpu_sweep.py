@@ -68,3 +68,19 @@ def test_summary_counts_and_failure_lines() -> None:
     text = gpu_sweep.table(s)
     assert "planned 4 / compiled 2 / GPU-verified 1 / failed 4" in text
     assert "Layout infer conflict between S and P" in text and "error 4.3e-01" in text
+
+
+def test_changed_cases_finds_nothing_against_the_tree_itself(tmp_path: Path) -> None:
+    """benchmarks/changed_cases.py against HEAD, on a clean tree's own code: every case renders the
+    same, so no id is listed (a listed id would send an unchanged case back to the GPU)."""
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "pyrunner"],
+                            capture_output=True, text=True, cwd=ROOT)
+    if status.returncode != 0 or status.stdout.strip():
+        pytest.skip("needs a git checkout whose pyrunner/ has no uncommitted changes")
+    out = tmp_path / "changed.txt"
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "changed_cases.py"), "--base", "HEAD",
+                           "--out", str(out), "--", "--only", "Matmul,softmax_rows", "--shapes", "small,odd",
+                           "--random", "0"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert out.read_text() == ""
+    assert "0 of 4 case(s) render differently from HEAD" in proc.stderr
