@@ -49,3 +49,28 @@ def test_planner_and_fit_check_share_one_device() -> None:
     assert MACHINE.device is H200
     assert H200.smem_per_block == 227 * 1024 and H200.regs_per_thread == 255
     assert MACHINE.as_dict()["tc_flops"] == H200.tc_flops
+
+
+def test_a_reduction_over_a_tile_that_is_not_a_power_of_two_is_refused() -> None:
+    """TileLang 0.1.15 reduces across threads with an XOR butterfly over a power-of-two lane count:
+    a max over a whole axis of 5 failed to lower at every block and thread count, and `superopt`
+    had no buildable plan at all for tests/data/gated_mixture.json (n = 5). The fit check refuses
+    such a tile; the planner then picks a plan whose reductions lower, and TileLang builds it."""
+    from pathlib import Path
+
+    from pyrunner.backend.tilelang.compile import lower_to_cuda
+    from pyrunner.ir.graph_json import graph_from_json, load_graph_file
+    from pyrunner.plan.analysis import resolve_config
+    from pyrunner.plan.schema import Reduce
+
+    doc = {"name": "R", "axes": {"m": 256, "n": 5}, "inputs": {"X": ["m", "n"]},
+           "nodes": [{"name": "Y", "op": "max", "args": ["X"], "axis": "n"}], "outputs": ["Y"]}
+    plan = search(graph_from_json(doc), "bf16")[0]
+    (k,) = plan.kernels
+    cfg = resolve_config(plan)[k.name]
+    geo = FitModel(k, axis_sizes(plan)).geometry(cfg)
+    extents = [geo.blocks[op.axis] for op in [*k.prologue, *k.body, *k.epilogue] if isinstance(op, Reduce)]
+    assert extents and all(e & (e - 1) == 0 for e in extents), extents  # n streamed in tiles of 16
+    assert set(lower_to_cuda(plan)) == {k.name}
+    plan = search(load_graph_file(Path(__file__).parent / "data" / "gated_mixture.json"), "bf16")[0]
+    assert set(lower_to_cuda(plan)) == {k.name for k in plan.kernels}

@@ -103,6 +103,7 @@ class FitModel:
         self.acc_row_reductions = [(op.src, op.axis) for op in kernel_ops(kernel)
                                    if isinstance(op, Reduce) and acc_rows.get(group.get(op.src, "")) == op.axis]
         """(fragment, row axis) of reductions of accumulator-laid-out tiles over their rows."""
+        self.reductions = [(op.src, op.axis) for op in kernel_ops(kernel) if isinstance(op, Reduce)]
         sched = async_schedule(kernel)
         self.chain = isinstance(sched, ChainSchedule)
         """A flash-style two-GEMM chain: its asynchronous form is preferred where a config fits it."""
@@ -156,6 +157,11 @@ class FitModel:
         dev = self.device
         geo = self.geometry(values)
         fp = self._footprint(geo)
+        for src, axis in self.reductions:
+            extent = geo.blocks.get(axis, 1)
+            if extent & (extent - 1):
+                return (f"it reduces {src!r} over a tile of {extent} along {axis!r}: TileLang 0.1.15 reduces "
+                        f"across threads with an XOR butterfly, which needs a power-of-two extent")
         for src, axis in self.acc_row_reductions:
             if geo.blocks[axis] > 64 or fp.threads > 128:
                 return (f"it reduces {src!r}, laid out like a GEMM accumulator, over its {geo.blocks[axis]} rows "
