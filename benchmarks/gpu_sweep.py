@@ -113,11 +113,11 @@ def collect(args) -> list[Case]:
                 cases.append(Case(f"{name}@{shape}/{dtype}", source, _resized(doc, sizes), shape, dtype))
     if getattr(args, "cases", None):
         text = args.cases
-        ids = Path(text[1:]).read_text().split() if text.startswith("@") else text.split(",")
-        unknown = set(ids) - {c.id for c in cases}
+        ids = set(Path(text[1:]).read_text().split() if text.startswith("@") else text.split(","))
+        unknown = ids - {c.id for c in cases}
         if unknown:
             raise SystemExit(f"gpu_sweep: error: no such case(s) among those collected: {', '.join(sorted(unknown))}")
-        cases = [c for c in cases if c.id in set(ids)]
+        cases = [c for c in cases if c.id in ids]
     return cases
 
 

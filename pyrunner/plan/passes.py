@@ -3,10 +3,10 @@
 They keep the plan's meaning (each is an exact algebraic identity over the reals) and change
 only where work happens, so the CPU executor's check of the plan still speaks for the kernel:
 
-- ``defer_loop_reductions``: a row sum accumulated inside the streamed loop (RMSNorm's
-  sum of squares, a column sum of a loaded tile, a variance's masked sum of squares) becomes an
-  elementwise per-thread partial in the loop, reduced across threads once in the epilogue: no
-  shuffle or barrier per loop step.
+- ``defer_loop_reductions``: a row sum or running max accumulated inside the streamed loop
+  (RMSNorm's sum of squares, a column sum of a loaded tile, a variance's masked sum of squares,
+  an absmax) becomes an elementwise per-thread partial in the loop, reduced across threads once
+  in the epilogue: no shuffle or barrier per loop step.
 """
 
 from __future__ import annotations

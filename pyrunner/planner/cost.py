@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
 from pyrunner.planner.lower import Lowered
-from pyrunner.planner.tiles import block_candidates, stream_steps
+from pyrunner.planner.tiles import block_candidates
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
 from pyrunner.target.fit import FitModel
@@ -74,7 +74,7 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         lo = 64 if a in m_axes else 16 if low.gemms else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
-        space[block_param(low.stream)] = stream_steps(sizes[low.stream], tensor_cores=bool(low.gemms))
+        space[block_param(low.stream)] = list(low.steps)  # the steps the lowering masked for
         # a masked loop (run-time length) that threads read tiles of renders as a one-stage cp.async
         # pipeline (see backend.tilelang.render): deeper configs would only repeat it
         space[STAGES_PARAM] = [1] if low.visible is not None and thread_reads_staged(low.body) else [1, 2, 3]

@@ -52,7 +52,7 @@ from pyrunner.plan.schema import (
     Store,
 )
 from pyrunner.planner.masking import skippable_predicates
-from pyrunner.planner.tiles import stream_has_tail
+from pyrunner.planner.tiles import stream_steps
 from pyrunner.target.layout import fragment_groups
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
@@ -139,6 +139,9 @@ class Lowered:
     terms: frozenset[Term] = frozenset()
     visible: Expr | None = None  # loop steps whose tile has this all false are skipped (masked_tile_skip)
     roots: tuple[Term, ...] = ()  # every term the kernel stores, in ``writes`` order
+    steps: list[int] = field(default_factory=list)
+    """Blocks the streamed loop may step by (``planner.tiles.stream_steps``): the tuning space offers
+    exactly these, and the body masks its accumulators where one of them leaves a partial tile."""
 
 
 Roots = Term | tuple[Term, ...]
@@ -803,7 +806,8 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     visible = _visible(b, computed, phase, sources, s)
     # a streamed axis that some allowed step does not divide ends in a partial tile: loads read zeros
     # past the end, and every value entering a loop accumulator is masked there with its identity
-    b.tail = s is not None and stream_has_tail(sizes[s], tensor_cores=any(t.op == "matmul" for t in computed))
+    steps = stream_steps(sizes[s], tensor_cores=any(t.op == "matmul" for t in computed)) if s is not None else []
+    b.tail = any(sizes[s] % step for step in steps)
     b.loaded = {b.buf_of[leaf] for leaf in leaves}
     for t in computed:
         emit = _EMIT.get(t.op)
@@ -826,7 +830,7 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
         epilogue=b.ops["epilogue"], reads=_unique([boundary[leaf] for leaf in leaves]), writes=outs,
         gemms=b.gemms, loads=b.loads, rules=_unique(b.rules),
         ew_by_axes=tuple((ax, v[0], v[1]) for ax, v in sorted(b.ew_by_axes.items())),
-        terms=frozenset(computed), visible=visible, roots=roots,
+        terms=frozenset(computed), visible=visible, roots=roots, steps=steps,
     )
 
 

@@ -1,8 +1,8 @@
 """Tile extents the planner may give an axis: one rule for the lowering and the tuning space.
 
-The lowering must know whether some allowed step leaves a partial last tile (then it masks what
-enters the loop's accumulators), and the cost model's tuning space lists those steps; both ask
-here, so a step the space offers is never one the kernel cannot take.
+The lowering picks a streamed loop's steps here once (``Lowered.steps``): it masks what enters the
+loop's accumulators where one of them leaves a partial last tile, and the cost model's tuning
+space offers exactly those steps, so a step the space offers is never one the kernel cannot take.
 """
 
 from __future__ import annotations
@@ -31,7 +31,3 @@ def stream_steps(size: int, tensor_cores: bool) -> list[int]:
         steps += [b for b in (512, 1024) if max(steps) < b <= size // 2]
     return steps
 
-
-def stream_has_tail(size: int, tensor_cores: bool) -> bool:
-    """Whether some allowed step leaves a partial last tile (the loop must mask it)."""
-    return any(size % b for b in stream_steps(size, tensor_cores))
