@@ -95,3 +95,26 @@ def test_fully_masked_row_is_nan_as_torch_softmax() -> None:
     want = torch.softmax(_t(x["S"]).masked_fill(~keep, -math.inf), -1).numpy()
     assert np.isnan(out[0]).all() and np.isnan(want[0]).all()
     np.testing.assert_allclose(out[1:], want[1:], rtol=1e-12)
+
+
+@pytest.mark.parametrize("stable", [False, True])
+def test_softmax_of_large_scores_is_finite(stable: bool) -> None:
+    """Scores past exp's float64 range (divided by a small temperature, say) still have a finite
+    softmax: the reference evaluates ``exp(y) / sum(exp(y))`` shifted by its maximum, like
+    ``torch.softmax``, whether the graph was written with the helper or with the shift itself."""
+    from pyrunner.ir.graph import GraphBuilder
+
+    b = GraphBuilder("HotSoftmax")
+    s = b.input("S", r=4, t=6)
+    tau = b.input("tau", r=4)
+    y = b.div(s, tau)
+    if stable:
+        y = b.sub(y, b.reduce("max", y, "t"))
+    e = b.unary("exp", y)
+    b.output("P", b.div(e, b.reduce("sum", e, "t")))
+    g = b.build()
+    x = {"S": np.random.default_rng(1).standard_normal((4, 6)), "tau": np.array([1e-3, -2e-3, 0.5, 1e-4])}
+    (out,) = reference.evaluate(g, x).values()
+    want = torch.softmax(_t(x["S"]) / _t(x["tau"])[:, None], -1).numpy()
+    assert np.isfinite(out).all()
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-300)

@@ -220,3 +220,12 @@ def test_the_gpu_check_raises_its_bound_the_same_way() -> None:
     plan, graph = _sigmoid_attention_plan()
     v = GpuVerifier(plan, graph, seed=0, device="cpu")
     assert v.bound == conditioned_bound(v.a_priori, v.operand_error) > v.a_priori
+
+
+def test_a_reference_that_is_not_finite_is_reported_as_such() -> None:
+    """A graph that overflows float64 itself (exp(2000 x)) has no finite reference: the check says
+    so, naming the output, instead of reporting the kernel's error as NaN against an infinite bound."""
+    ref = np.array([[1.0, np.inf], [2.0, 0.5]])
+    assert np.isnan(max_error(ref, ref))
+    r = judge({"A": 1e-4, "Y": max_error(ref, ref)}, 1e-2, seed=3)
+    assert not r.ok and "'Y'" in r.message and "not finite" in r.message and "seed 3" in r.message

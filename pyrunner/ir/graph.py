@@ -186,6 +186,28 @@ def subterms(roots: Iterable[Term], deps: Callable[[Term], Iterable[Term]] | Non
     return order
 
 
+def softmax_source(t: Term) -> tuple[Term, str] | None:
+    """(x, a) when t is ``exp(y) / sum_a(exp(y))`` with softmax_a(x) == t, else None.
+
+    ``y = x - max_a(x)`` (the stable form) is recognised as softmax of x too. Both references
+    evaluate such a term as a softmax, shifted by its maximum, because ``exp(y)`` alone overflows
+    float64 once y passes 709 (scores divided by a small temperature) while the softmax is finite.
+    """
+    if t.op != "binary" or t.fn != "div":
+        return None
+    num, den = t.args
+    if num.op != "unary" or num.fn != "exp":
+        return None
+    if den.op != "reduce" or den.fn != "sum" or den.args[0] != num:
+        return None
+    y, axis = num.args[0], den.axis
+    if y.op == "binary" and y.fn == "sub":
+        x, m = y.args
+        if m.op == "reduce" and m.fn == "max" and m.axis == axis and m.args[0] == x:
+            return x, axis
+    return y, axis
+
+
 def result_axes(t: Term, memo: dict[Term, tuple[str, ...]] | None = None) -> tuple[str, ...]:
     """Named axes of a term's value (order is the canonical memory order); iterative, memoised."""
     if memo is None:

@@ -6,7 +6,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from pyrunner.ir.graph import Graph, Term, result_axes, subterms
+from pyrunner.ir.graph import Graph, Term, result_axes, softmax_source, subterms
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 
 OperandRounding = Callable[[np.ndarray], np.ndarray]
@@ -23,6 +23,13 @@ def align(x: np.ndarray, have: tuple[str, ...], want: tuple[str, ...]) -> np.nda
     for i in perm:
         shape[want.index(have[i])] = x.shape[i]
     return y.reshape(shape)
+
+
+def _softmax(x: np.ndarray, have: tuple[str, ...], axis: str, want: tuple[str, ...]) -> np.ndarray:
+    """softmax over ``axis`` of x (axes ``have``), shifted by its maximum, with the axes ``want``."""
+    i = have.index(axis)
+    e = np.exp(x - np.max(x, axis=i, keepdims=True))
+    return align(e / np.sum(e, axis=i, keepdims=True), have, want)
 
 
 def evaluate_terms(roots: list[Term], sizes: Mapping[str, int], inputs: Mapping[str, np.ndarray],
@@ -50,6 +57,8 @@ def evaluate_terms(roots: list[Term], sizes: Mapping[str, int], inputs: Mapping[
                 v = np.broadcast_to(v, tuple(sizes[x] for x in ax)).copy()
             elif t.op == "unary":
                 v = ELEMENTWISE[t.fn].numpy(memo[t.args[0]]).astype(dtype)
+            elif (sm := softmax_source(t)) is not None:
+                v = _softmax(memo[sm[0]], axes[sm[0]], sm[1], ax).astype(dtype)
             elif t.op == "binary":
                 a, b = t.args
                 v = ELEMENTWISE[t.fn].numpy(align(memo[a], axes[a], ax), align(memo[b], axes[b], ax)).astype(dtype)

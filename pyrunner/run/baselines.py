@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pyrunner.ir.graph import Graph, Term, result_axes, subterms
+from pyrunner.ir.graph import Graph, Term, result_axes, softmax_source, subterms
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import evaluate_terms
 
@@ -87,26 +87,6 @@ def _matmul_code(a: str, a_axes: tuple[str, ...], b: str, b_axes: tuple[str, ...
     return _permute(c, have, out_axes)
 
 
-def _softmax_source(t: Term) -> tuple[Term, str] | None:
-    """If t is ``exp(y) / sum_a(exp(y))`` return (x, a) with softmax_a(x) == t.
-
-    ``y = x - max_a(x)`` (the stable form) is recognised as softmax of x too.
-    """
-    if t.op != "binary" or t.fn != "div":
-        return None
-    num, den = t.args
-    if num.op != "unary" or num.fn != "exp":
-        return None
-    if den.op != "reduce" or den.fn != "sum" or den.args[0] != num:
-        return None
-    y, axis = num.args[0], den.axis
-    if y.op == "binary" and y.fn == "sub":
-        x, m = y.args
-        if m.op == "reduce" and m.fn == "max" and m.axis == axis and m.args[0] == x:
-            return x, axis
-    return y, axis
-
-
 @dataclass(frozen=True)
 class AttentionMatch:
     """``softmax_kv(mask(scale * (q @_d k))) @_kv v`` found inside a graph (the mask optional)."""
@@ -144,7 +124,7 @@ def match_attention(t: Term, sizes: Mapping[str, int]) -> AttentionMatch | None:
     if t.op != "matmul":
         return None
     p, v = t.args
-    sm = _softmax_source(p)
+    sm = softmax_source(p)
     if sm is None:
         return None
     s, kv = sm
@@ -249,7 +229,7 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None) -> t
             m = match_attention(t, sizes)
             if m is not None:
                 attn[t] = m
-    softmax = {t: sm for t in subterms(roots) if (sm := _softmax_source(t)) is not None}
+    softmax = {t: sm for t in subterms(roots) if (sm := softmax_source(t)) is not None}
     consts: dict[Term, float] = {}
 
     def deps(t: Term) -> tuple[Term, ...]:

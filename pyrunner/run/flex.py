@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyrunner.ir.graph import Graph, Term, result_axes, subterms
+from pyrunner.ir.graph import Graph, Term, result_axes, softmax_source, subterms
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.run.baselines import (
     TorchFn,
@@ -24,7 +24,6 @@ from pyrunner.run.baselines import (
     _load,
     _permute,
     _reshape,
-    _softmax_source,
     match_attention,
 )
 
@@ -51,7 +50,7 @@ def match_flex(t: Term, sizes: Mapping[str, int]) -> FlexMatch | None:
     if plain is not None and plain.mask is None:
         return None
     p, v = t.args
-    sm = _softmax_source(p)
+    sm = softmax_source(p)
     if sm is None or sm[1] != t.axis:
         return None
     x, kv = sm

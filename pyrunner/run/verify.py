@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -130,9 +130,12 @@ class VerifyResult:
 
 
 def max_error(out: np.ndarray, ref: np.ndarray) -> float:
-    """Normalised max error; inf when out has a NaN/inf (e.g. an unwritten, poisoned element)."""
+    """Normalised max error; inf when out has a NaN/inf (e.g. an unwritten, poisoned element);
+    NaN when the reference itself is not finite (nothing can be checked against it)."""
     out = np.asarray(out, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
+    if not np.all(np.isfinite(ref)):
+        return float("nan")
     if out.shape != ref.shape:
         return float("inf")
     if not np.all(np.isfinite(out)):
@@ -142,11 +145,18 @@ def max_error(out: np.ndarray, ref: np.ndarray) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def finite_max(errors: Iterable[float]) -> float:
+    """Largest of the errors that are numbers (a non-finite reference is judged on its own)."""
+    return max((e for e in errors if not math.isnan(e)), default=0.0)
+
+
 def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
     import torch
 
     if tuple(out.shape) != tuple(ref.shape):
         return float("inf")
+    if not bool(torch.isfinite(ref).all()):
+        return float("nan")
     o = out.to(torch.float64)
     if not bool(torch.isfinite(o).all()):
         return float("inf")
@@ -157,6 +167,12 @@ def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "") -> VerifyResult:
     """Turn per-output errors into a verdict with a message naming the worst output."""
+    unfinite = sorted(k for k, e in errors.items() if math.isnan(e))
+    if unfinite:
+        return VerifyResult(False, float("nan"), bound, seed, dict(errors), (
+            f"{what}the float64 reference of output {unfinite[0]!r} is not finite on these random inputs "
+            f"(normal, std 0.5, seed {seed}): the graph overflows or divides by zero in float64 itself, "
+            "so no kernel can be checked against it"))
     worst = max(errors, key=lambda k: errors[k]) if errors else ""
     err = errors[worst] if errors else float("inf")
     ok = bool(errors) and err <= bound
@@ -230,7 +246,7 @@ class GpuVerifier:
         self.operand_error, self.storage_dtype = 0.0, storage_dtype(plan)
         if computed_operands(graph):
             moved = self._reference(graph, rounded, reference, self.storage_dtype)
-            self.operand_error = max(_max_error_torch(moved[n], r) for n, r in self.ref.items())
+            self.operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in self.ref.items())
             del moved
         self.bound = conditioned_bound(self.a_priori, self.operand_error)
         self._axes = output_axes(graph)
@@ -312,7 +328,7 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     a_priori, operand_error, dtype = bound, 0.0, storage_dtype(plan)
     if given is None and computed_operands(graph):
         moved = evaluate(graph, rounded, operand_rounding(dtype))
-        operand_error = max(max_error(moved[n], r) for n, r in ref.items())
+        operand_error = finite_max(max_error(moved[n], r) for n, r in ref.items())
         bound = conditioned_bound(a_priori, operand_error)
     view = view_of(plan)  # execute() hands outputs back in source axis names, in the plan's order
     axes = {gt.name: list(view.source_axes(gt.axes)) for gt in plan.tensors if gt.role == "output"}
