@@ -10,13 +10,21 @@ from __future__ import annotations
 POWERS = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
+TAIL_WORTHWHILE = 64
+"""Where the widest dividing power of two is narrower than this (and than the axis), tiles that
+leave a partial last tile are offered beside it: 1000 = 8 x 125 and 3000 = 8 x 375 got 8-wide
+tiles only, and a 1000 x 3000 elementwise kernel on 8 x 8 tiles (64 elements for 256 threads,
+46875 blocks) measured 32.7 us against torch.compile's 5.4 (run 50)."""
+
+
 def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
-    """Tile extents for an axis: the powers of two from ``lo`` that divide it; where none does,
-    every power of two up to the first that covers the axis (the last tile is partial: a tail)."""
+    """Tile extents for an axis: the powers of two from ``lo`` that divide it; where none does, or
+    only narrow ones do (``TAIL_WORTHWHILE``), also every power of two up to the first that covers
+    the axis (the last tile is partial: a tail)."""
     pows = [b for b in POWERS if lo <= b <= hi]
     cands = [b for b in pows if b <= size and size % b == 0]
-    if not cands:
-        cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]
+    if not cands or (max(cands) < TAIL_WORTHWHILE and max(cands) < size):
+        cands = sorted(set(cands) | {b for b in pows if b < size} | set([b for b in pows if b >= size][:1]))
     return sorted(cands) or [min(max(lo, 16), hi)]
 
 
