@@ -36,12 +36,18 @@ SMALL_ODD = [
 ]
 
 
-def test_block_candidates_offer_tails_only_where_no_power_of_two_divides() -> None:
+def test_block_candidates_offer_tails_where_no_wide_power_of_two_divides() -> None:
     assert block_candidates(4096) == [16, 32, 64, 128, 256]
-    assert block_candidates(96) == [16, 32]
+    assert block_candidates(192) == [16, 32, 64]  # 64 divides: no tails
     assert block_candidates(50257) == [16, 32, 64, 128, 256]
     assert block_candidates(1) == [16]
     assert block_candidates(300, hi=128) == [16, 32, 64, 128]
+    # only narrow tiles divide: wider ones with a partial last tile are offered beside them
+    assert block_candidates(96) == [16, 32, 64, 128]
+    assert block_candidates(1000, lo=8) == [8, 16, 32, 64, 128, 256]
+    assert block_candidates(3000, lo=8) == [8, 16, 32, 64, 128, 256]
+    assert block_candidates(40, lo=8) == [8, 16, 32, 64]
+    assert block_candidates(8, lo=8) == [8]
 
 
 @pytest.mark.parametrize("name, sizes", SMALL_ODD, ids=[n for n, _ in SMALL_ODD])

@@ -55,7 +55,8 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
     statistic reduced from a freely laid out tile, scaling a GEMM accumulator, say -- cannot be laid
     out, so the renderer copies that fragment to a shared buffer and the Map reads the copy.
     A Map whose destination has no layout yet takes it from the fragments it reads: broadcasting
-    a laid-out lower-rank one (a group statistic reduced from a shared tile, over a 3-D tile)
+    a lower-rank one reduced straight from memory (a group statistic reduced from a shared tile,
+    over a 3-D tile), whose layout TileLang chose for the reduction alone,
     makes every thread that holds one statistic compute every element it scales, replicated
     (1024 registers a thread, 690 us for a 33 MB group norm, run 50), so that fragment is
     bridged too and the destination gets a layout of its own.
@@ -100,7 +101,8 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
             if r not in frag or r in need or find(r) == find(op.dst):
                 continue
             ro = origin.get(find(r))
-            if (od and ro not in (None, od)) or (od is None and ro and len(bufs[r].axes) < len(bufs[op.dst].axes)):
+            from_memory = bool(ro) and ro.startswith("free:") and ro[len("free:"):] not in frag
+            if (od and ro not in (None, od)) or (od is None and from_memory and len(bufs[r].axes) < len(bufs[op.dst].axes)):
                 need.append(r)
         if need:
             out[(section, i)] = need
