@@ -102,7 +102,8 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
                 continue
             ro = origin.get(find(r))
             from_memory = bool(ro) and ro.startswith("free:") and ro[len("free:"):] not in frag
-            if (od and ro not in (None, od)) or (od is None and from_memory and len(bufs[r].axes) < len(bufs[op.dst].axes)):
+            broadcast = len(bufs[r].axes) < len(bufs[op.dst].axes)
+            if (od and ro not in (None, od)) or (od is None and from_memory and broadcast):
                 need.append(r)
         if need:
             out[(section, i)] = need
