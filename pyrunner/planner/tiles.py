@@ -24,8 +24,8 @@ def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
     pows = [b for b in POWERS if lo <= b <= hi]
     cands = [b for b in pows if b <= size and size % b == 0]
     if not cands or (max(cands) < TAIL_WORTHWHILE and max(cands) < size):
-        cands = sorted(set(cands) | {b for b in pows if b < size} | set([b for b in pows if b >= size][:1]))
-    return sorted(cands) or [min(max(lo, 16), hi)]
+        cands = [b for b in pows if b < size] + [b for b in pows if b >= size][:1]  # every divisor is below size
+    return cands or [min(max(lo, 16), hi)]
 
 
 def stream_steps(size: int, tensor_cores: bool) -> list[int]:

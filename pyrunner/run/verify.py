@@ -153,10 +153,10 @@ def finite_max(errors: Iterable[float]) -> float:
 def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
     import torch
 
-    if tuple(out.shape) != tuple(ref.shape):
-        return float("inf")
     if not bool(torch.isfinite(ref).all()):
         return float("nan")
+    if tuple(out.shape) != tuple(ref.shape):
+        return float("inf")
     o = out.to(torch.float64)
     if not bool(torch.isfinite(o).all()):
         return float("inf")

@@ -100,10 +100,11 @@ class FitModel:
         self.gemms = [(op.c, tuple(bufs[op.c].axes), op.a, op.a in group and group[op.a] in acc_groups,
                        bufs[op.a].scope == "fragment") for op in gemms]
         acc_rows = {group[op.c]: bufs[op.c].axes[0] for op in gemms if op.c in group}
-        self.acc_row_reductions = [(op.src, op.axis) for op in kernel_ops(kernel)
-                                   if isinstance(op, Reduce) and acc_rows.get(group.get(op.src, "")) == op.axis]
-        """(fragment, row axis) of reductions of accumulator-laid-out tiles over their rows."""
         self.reductions = [(op.src, op.axis) for op in kernel_ops(kernel) if isinstance(op, Reduce)]
+        """(source, axis) of every reduction."""
+        self.acc_row_reductions = [(src, axis) for src, axis in self.reductions
+                                   if acc_rows.get(group.get(src, "")) == axis]
+        """(fragment, row axis) of reductions of accumulator-laid-out tiles over their rows."""
         sched = async_schedule(kernel)
         self.chain = isinstance(sched, ChainSchedule)
         """A flash-style two-GEMM chain: its asynchronous form is preferred where a config fits it."""
