@@ -70,16 +70,40 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
     m_axes = {g.m_axis for g in low.gemms}
     for a in low.tiled:
         # one WGMMA needs 64 rows (a shorter axis gets one padded tile); without GEMMs a row tile of 8
-        # doubles the blocks of a short reduction grid (1024 rows: 128 blocks, not 64 on 132 SMs)
-        lo = 64 if a in m_axes else 16 if low.gemms else 8
+        # doubles the blocks of a short reduction grid (1024 rows: 128 blocks, not 64 on 132 SMs);
+        # a loop of synchronous loads, or one whose 8-row tiles leave SMs idle, may go down to two
+        # rows (its wide steps then fit in registers; 256 rows: 128 blocks, not 32); a block of 1
+        # would make the axis an indexed one, which no buffer may keep (plan.validate)
+        narrow = synchronous_loop(low) or short_reduction_grid(low, sizes)
+        lo = 64 if a in m_axes else 16 if low.gemms else 2 if narrow else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
         space[block_param(low.stream)] = list(low.steps)  # the steps the lowering masked for
         # a masked loop (run-time length) that threads read tiles of renders as a one-stage cp.async
         # pipeline (see backend.tilelang.render): deeper configs would only repeat it
-        space[STAGES_PARAM] = [1] if low.visible is not None and thread_reads_staged(low.body) else [1, 2, 3]
+        # and a loop of synchronous loads waits for each step's loads whatever its stages
+        one_stage = synchronous_loop(low) or (low.visible is not None and thread_reads_staged(low.body))
+        space[STAGES_PARAM] = [1] if one_stage else [1, 2, 3]
     space[THREADS_PARAM] = [128, 256]
     return space
+
+
+def synchronous_loop(low: Lowered) -> bool:
+    """A streamed loop that loads a tensor whose rows are not 16-byte aligned: no cp.async, so each
+    step waits for its own loads and pipeline stages hide nothing (``target.device.rows_async``)."""
+    return low.stream is not None and any(ld.in_loop and not ld.asynchronous for ld in low.loads)
+
+
+def short_reduction_grid(low: Lowered, sizes: dict[str, int], m: Machine | None = None) -> bool:
+    """A streamed loop without GEMMs whose grid at 8-row tiles has fewer blocks than the device has
+    SMs (run 52: a 256 x 32000 softmax's statistics on 32 blocks, 36 us for 16 MB)."""
+    if low.stream is None or low.gemms:
+        return False
+    blocks = 1
+    for g in low.grid:
+        block = 8 if g.axis in low.tiled else g.block if isinstance(g.block, int) else 1
+        blocks *= -(-sizes[g.axis] // block)
+    return blocks < (m or H200).device.sms
 
 
 def _blocks(low: Lowered, cfg: dict[str, int], sizes: dict[str, int]) -> dict[str, int]:
@@ -233,8 +257,12 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     # by load latency, not bandwidth (run 45: logsumexp's 125 steps of 256 took 28 us for 65 MB).
     t_lat = 0.0
     if low.stream is not None and not low.gemms and any(ld.in_loop for ld in low.loads):
-        latency = dev.l2_latency_s if dram <= dev.l2_bytes else dev.hbm_latency_s
-        t_lat = waves * n_iter * run * latency / max(1, cfg.get(STAGES_PARAM, 1))
+        # synchronous loads wait out a full latency each step: run 50 measured 0.9 us per step of
+        # 8 x 512 (vocabulary 50257, 51 MB: within L2's reach, yet slower than its latency)
+        sync = synchronous_loop(low)
+        latency = dev.l2_latency_s if dram <= dev.l2_bytes and not sync else dev.hbm_latency_s
+        in_flight = 1 if sync else max(1, cfg.get(STAGES_PARAM, 1))
+        t_lat = waves * n_iter * run * latency / in_flight
     t_mem = max(t_mem, t_lat)
     body = max(t_compute, t_mem) * m.scale_for(structure_class(low))
     time_us = body * 1e6 + dev.launch_us

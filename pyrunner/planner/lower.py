@@ -53,6 +53,7 @@ from pyrunner.plan.schema import (
 )
 from pyrunner.planner.masking import skippable_predicates
 from pyrunner.planner.tiles import stream_steps
+from pyrunner.target.device import rows_async
 from pyrunner.target.layout import fragment_groups
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
@@ -111,6 +112,8 @@ class LoadInfo:
     tensor: str
     axes: tuple[str, ...]
     in_loop: bool
+    asynchronous: bool = True
+    """Its rows are 16-byte aligned, so cp.async or TMA can fetch it (``target.device.rows_async``)."""
 
 
 @dataclass
@@ -737,7 +740,8 @@ class _Builder:
             buf = self.add_buffer(f"{tensor}_s", self.tile_axes(axes), "shared", self.tensor_dtype[tensor])
             self.buf_of[leaf] = buf
             self.ops["body" if in_loop else "prologue"].append(Load(src=tensor, dst=buf))
-            self.loads.append(LoadInfo(tensor, axes, in_loop))
+            inner = self.sizes[axes[-1]] if axes else 1
+            self.loads.append(LoadInfo(tensor, axes, in_loop, rows_async(inner, self.tensor_dtype[tensor])))
 
     def fused_loop_rules(self) -> None:
         """Cite the schedule rules that the loop structure relies on."""
@@ -806,7 +810,9 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     visible = _visible(b, computed, phase, sources, s)
     # a streamed axis that some allowed step does not divide ends in a partial tile: loads read zeros
     # past the end, and every value entering a loop accumulator is masked there with its identity
-    steps = stream_steps(sizes[s], tensor_cores=any(t.op == "matmul" for t in computed)) if s is not None else []
+    synchronous = any(ld.in_loop and not ld.asynchronous for ld in b.loads)
+    steps = stream_steps(sizes[s], tensor_cores=any(t.op == "matmul" for t in computed),
+                         synchronous=synchronous) if s is not None else []
     b.tail = any(sizes[s] % step for step in steps)
     b.loaded = {b.buf_of[leaf] for leaf in leaves}
     for t in computed:

@@ -7,7 +7,7 @@ space offers exactly those steps, so a step the space offers is never one the ke
 
 from __future__ import annotations
 
-POWERS = (8, 16, 32, 64, 128, 256, 512, 1024)
+POWERS = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 TAIL_WORTHWHILE = 64
@@ -15,6 +15,10 @@ TAIL_WORTHWHILE = 64
 leave a partial last tile are offered beside it: 1000 = 8 x 125 and 3000 = 8 x 375 got 8-wide
 tiles only, and a 1000 x 3000 elementwise kernel on 8 x 8 tiles (64 elements for 256 threads,
 46875 blocks) measured 32.7 us against torch.compile's 5.4 (run 50)."""
+
+
+SYNC_STEP_MAX = 8192
+"""Widest step of a loop without tensor cores whose loads are synchronous (see ``stream_steps``)."""
 
 
 def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
@@ -28,14 +32,17 @@ def block_candidates(size: int, lo: int = 16, hi: int = 256) -> list[int]:
     return cands or [min(max(lo, 16), hi)]
 
 
-def stream_steps(size: int, tensor_cores: bool) -> list[int]:
+def stream_steps(size: int, tensor_cores: bool, synchronous: bool = False) -> list[int]:
     """Steps of a streamed loop over an axis of ``size``. A loop with tensor cores steps at most
     128 (a K step its shared stages hold); one without may step up to 1024: it has one tile in flight
     per stage, and wide steps keep a short grid streaming (``planner.cost.estimate``'s latency
     bound), with a partial last step where no wide power of two divides (32000 = 125 x 256: 32
-    steps of 1024, the last masked)."""
+    steps of 1024, the last masked). A loop whose loads are ``synchronous`` (rows not 16-byte
+    aligned: no cp.async) waits out one load latency per step whatever its stages, so it may step
+    up to ``SYNC_STEP_MAX``: fewer, wider steps are its only way to keep bytes in flight."""
     steps = block_candidates(size, lo=16, hi=128 if tensor_cores else 1024)
     if not tensor_cores:
-        steps += [b for b in (512, 1024) if max(steps) < b <= size // 2]
+        wide = (512, 1024, *((2048, 4096, SYNC_STEP_MAX) if synchronous else ()))
+        steps += [b for b in wide if max(steps) < b <= size // 2]
     return steps
 

@@ -11,6 +11,15 @@ from dataclasses import dataclass, field
 DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 """Bytes per element of every dtype a plan may name."""
 
+ASYNC_COPY_BYTES = 16
+"""cp.async and TMA move 16-byte aligned chunks: a tensor whose rows are not a multiple of 16 bytes
+(n = 50257 in bf16) is read with synchronous per-element loads instead."""
+
+
+def rows_async(inner: int, dtype: str) -> bool:
+    """Whether rows of ``inner`` elements of ``dtype`` can be copied asynchronously (cp.async, TMA)."""
+    return inner * DTYPE_BYTES[dtype] % ASYNC_COPY_BYTES == 0
+
 
 @dataclass(frozen=True)
 class Device:

@@ -49,7 +49,7 @@ from pyrunner.plan.schema import (
     Ref,
     Store,
 )
-from pyrunner.target.device import H200
+from pyrunner.target.device import H200, rows_async
 from pyrunner.target.layout import launch_axes, layout_groups
 
 NO_WARP_SPECIALISATION = {"tl.disable_warp_specialized": True}
@@ -446,19 +446,35 @@ class GemmMerge:
     second: Gemm
 
 
+def synchronous_loop_loads(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> bool:
+    """Whether the kernel's loop loads a tensor whose rows are not 16-byte aligned (no TMA, no
+    cp.async): the renderer steps such a loop with ``T.serial`` (``planner.cost.synchronous_loop``
+    prices it so)."""
+    return kernel.loop is not None and any(
+        tensors[op.src].shape and not rows_async(tensors[op.src].shape[-1], tensors[op.src].dtype)
+        for op in kernel.body if isinstance(op, Load))
+
+
+NO_ASYNC_COPY = {"tl.enable_async_copy": False}
+"""Pass config of a loop that loads rows which are not 16-byte aligned: TileLang 0.1.15 may still
+lower such a copy to cp.async and then fails on a 2-byte transfer (a 512 x 50257 bf16 tile of 4 x 2048;
+8 x 512 happened to fall back to plain loads). The loads are synchronous either way; this makes them so
+for every tile shape."""
+
+
 def kernel_pass_configs(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> dict[str, bool]:
     """TileLang pass configs this kernel needs beside ``PASS_CONFIGS`` (see ``NO_WARP_SPECIALISATION``).
 
     Also off for a loop that loads a tensor whose rows are not 16-byte aligned (n = 50257 in bf16):
     TMA cannot load it, and TileLang's warp specialisation then doubles the threads with a copying
-    producer group, halving the registers per thread below what the kernel's wgmma needs.
+    producer group, halving the registers per thread below what the kernel's wgmma needs; nor can
+    cp.async (``NO_ASYNC_COPY``).
     """
     if kernel.loop is None:
         return {}
-    loads = [op for op in kernel.body if isinstance(op, Load)]
-    unaligned = any(tensors[op.src].shape and tensors[op.src].shape[-1] * H200.dtype_bytes[tensors[op.src].dtype] % 16
-                    for op in loads)
-    return dict(NO_WARP_SPECIALISATION) if unaligned or thread_reads_staged(kernel.body) else {}
+    if synchronous_loop_loads(kernel, tensors):
+        return {**NO_WARP_SPECIALISATION, **NO_ASYNC_COPY}
+    return dict(NO_WARP_SPECIALISATION) if thread_reads_staged(kernel.body) else {}
 
 
 def _read_by_threads(kernel: Kernel, name: str) -> bool:
@@ -581,7 +597,7 @@ def _render_op(w: _Writer, ctx: _Ctx, op, section: str, i: int) -> None:
             return
         source = _half(ctx, src.name) if ctx.halves and src.name in ctx.halves else n[src.name]
         stage = (ctx.staging or {}).get((src.name, dst.name)) if section == "epilogue" else None
-        if stage is not None:  # registers -> shared (stmatrix) -> global (TMA store)
+        if stage is not None:  # registers -> shared -> global (a TMA store, or coalesced unaligned rows)
             w.line(f"T.copy({source}, {stage})")
             source = stage
         w.line(f"T.copy({source}, {_region(ctx, dst)})")
@@ -754,6 +770,9 @@ def _declare_buffers(w: _Writer, ctx: _Ctx, rings: frozenset[str] = frozenset())
         w.line(f'{bridge} = T.alloc_shared({_tuple(_extent(ctx, buf))}, "{buf.dtype}")'
                f"  # shared copy of {b!r} for maps that need another fragment layout")
     dtypes = {t.name: t.dtype for t in ctx.plan.tensors}
+    held = {ctx.names[b.name] for b in ctx.kernel.buffers}
     for (src, dst), stage in ctx.staging.items():
+        if stage in held:  # a dead shared tile of the kernel's own (render.unaligned_store_staging)
+            continue
         w.line(f'{stage} = T.alloc_shared({_tuple(_extent(ctx, ctx.buffers[src]))}, "{dtypes[dst]}")'
                f"  # epilogue tile of {dst!r} for one TMA store")

@@ -51,10 +51,11 @@ from pyrunner.backend.tilelang.emit import (
     gemm_policy_names,
     kernel_pass_configs,
     loop_invariant_bridges,
+    synchronous_loop_loads,
 )
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
-from pyrunner.plan.analysis import kernel_args, kernel_axes
+from pyrunner.plan.analysis import kernel_args, kernel_axes, op_reads_writes
 from pyrunner.plan.dependent_launch import dependent_launches
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schedule import ChainSchedule
@@ -67,7 +68,7 @@ from pyrunner.plan.schema import (
     plan_hash,
 )
 from pyrunner.plan.validate import check_plan_names, checked_hash
-from pyrunner.target.device import H200
+from pyrunner.target.device import H200, rows_async
 from pyrunner.target.layout import launch_axes, layout_bridges
 
 TARGET = {"kind": "cuda", "arch": H200.arch}
@@ -141,6 +142,7 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
                                                            block_expr)) for m in merges)
         variants = [merges, []]
     ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
+    ctx.staging.update({pair: names[shared] for pair, shared in unaligned_store_staging(plan, kernel).items()})
     sched = render_ws.async_schedule(ctx)
     if sched is not None:
         ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
@@ -206,18 +208,24 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             w.line(f"T.copy({names[r]}, {ctx.bridge_names[r]})  # layout bridge of loop-invariant {r!r}, "
                    "issued before the loop")
         w.line(f"# streamed loop over {lp.axis!r}, {block_expr[lp.axis]} at a time")
-        if lp.visible is None:
-            w.line(f"for {loop_var} in T.Pipelined({_tiles(ctx, lp.axis)}, "
-                   f"num_stages={stages}):")
-        else:
+        bounds = _tiles(ctx, lp.axis)
+        if lp.visible is not None:
             lo_name, hi_name = ctx.local.fresh(f"{lp.axis}_lo"), ctx.local.fresh(f"{lp.axis}_hi")
             _bind_loop_bounds(w, ctx, lo_name, hi_name)
+            bounds = f"{lo_name}, {hi_name}"
+        if synchronous_loop_loads(kernel, ctx.tensors):
+            # rows TMA and cp.async cannot fetch: every step waits for its own loads, so a pipeline
+            # only adds stages of shared memory (and TileLang 0.1.15 may still emit a 2-byte cp.async)
+            w.line(f"for {loop_var} in T.serial({bounds}):  # synchronous loads: rows not 16-byte aligned")
+        elif lp.visible is None:
+            w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):")
+        else:
             note = ""
             if kernel_pass_configs(kernel, ctx.tensors):
                 # without warp specialisation TileLang pipelines with cp.async, and its drain of a loop
                 # of run-time length waits on a group count that is not a constant (no CUDA for it)
                 stages, note = "1", "  # one stage: a cp.async pipeline cannot drain a loop of run-time length"
-            w.line(f"for {loop_var} in T.Pipelined({lo_name}, {hi_name}, num_stages={stages}):{note}")
+            w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):{note}")
         w.indent()
         for i, op in enumerate(kernel.body):
             _render_op(w, ctx, op, "body", i)
@@ -255,6 +263,37 @@ def store_staging(plan: Plan, kernel: Kernel) -> list[tuple[str, str]]:
                 and len(bufs[op.src].axes) == 2 and dtypes.get(op.dst) in ("float16", "bfloat16") \
                 and (op.src, op.dst) not in out:
             out.append((op.src, op.dst))
+    return out
+
+
+def unaligned_store_staging(plan: Plan, kernel: Kernel) -> dict[tuple[str, str], str]:
+    """(fragment, global tensor) -> dead shared tile, for the stores of a kernel without a loop to a
+    tensor whose rows are not 16-byte aligned.
+
+    Such a store cannot be vectorised, and a fragment laid out for 16-byte shared reads gives each
+    thread 8 adjacent elements: its 2-byte stores stride 16 bytes apart across the warp (run 50:
+    a 512 x 50257 softmax's normalise kernel, 103 MB, 121 us). Copied into shared memory first,
+    the tile leaves it row by row with consecutive threads on consecutive elements. The shared
+    tile is one the kernel already holds, with the same axes and dtype, that nothing reads from the
+    store on (the loaded input the result was computed from), so no shared memory is added.
+    """
+    if kernel.loop is not None:
+        return {}
+    bufs = {b.name: b for b in kernel.buffers}
+    tensors = {t.name: t for t in plan.tensors}
+    out: dict[tuple[str, str], str] = {}
+    for i, op in enumerate(kernel.epilogue):
+        if not isinstance(op, Store) or op.src not in bufs or bufs[op.src].scope != "fragment":
+            continue
+        dst = tensors[op.dst]
+        if not dst.shape or rows_async(dst.shape[-1], dst.dtype):
+            continue
+        later = kernel.epilogue[i:]
+        for b in kernel.buffers:
+            if b.scope == "shared" and b.axes == bufs[op.src].axes and b.dtype == dst.dtype \
+                    and b.name not in out.values() and not any(b.name in op_reads_writes(x)[0] for x in later):
+                out[(op.src, op.dst)] = b.name
+                break
     return out
 
 
