@@ -7,6 +7,12 @@ only where work happens, so the CPU executor's check of the plan still speaks fo
   (RMSNorm's sum of squares, a column sum of a loaded tile, a variance's masked sum of squares,
   an absmax) becomes an elementwise per-thread partial in the loop, reduced across threads once
   in the epilogue: no shuffle or barrier per loop step.
+- ``defer_online_sums``: a running max with sums rescaled to it every step (a softmax's statistics
+  streamed over its row) becomes an elementwise running max and rescaled sum per tile position,
+  combined across threads once in the epilogue.
+
+``rendered_kernel`` applies both, in that order: the kernel as the renderer emits it and as the
+fit check budgets it.
 """
 
 from __future__ import annotations
@@ -16,7 +22,20 @@ import math
 from pyrunner.ir.names import fresh_name
 from pyrunner.ir.ops import REDUCTIONS
 from pyrunner.plan.analysis import expr_refs, op_reads_writes
-from pyrunner.plan.schema import Buffer, Call, Fill, Kernel, Load, Map, Plan, Reduce, Ref
+from pyrunner.plan.schema import (
+    Buffer,
+    Call,
+    Const,
+    Expr,
+    Fill,
+    Gemm,
+    Kernel,
+    Load,
+    Map,
+    Plan,
+    Reduce,
+    Ref,
+)
 
 
 def _mentions(op, name: str) -> bool:
@@ -102,9 +121,175 @@ def _accumulate_in_place(kernel: Kernel, body: list, red: Reduce) -> bool:
     return not any(_mentions(op, t) for op in kernel.prologue + kernel.epilogue)
 
 
+def _substitute(e: Expr, to: dict[str, Expr]) -> Expr:
+    """``e`` with every reference to a buffer of ``to`` replaced by its expression."""
+    if isinstance(e, Ref):
+        return to.get(e.buf, e)
+    if isinstance(e, Call):
+        return e.model_copy(update={"args": [_substitute(a, to) for a in e.args]})
+    return e
+
+
+def _finite_or_zero(name: str) -> Expr:
+    """``name`` where it is finite, else 0: a running max that is still -inf (every value so far
+    masked) is subtracted as 0, so exp(-inf - m) is 0 rather than exp(-inf + inf) = NaN."""
+    return Call(fn="where", args=[Call(fn="lt", args=[Const(value="-inf"), Ref(buf=name)]),
+                                  Ref(buf=name), Const(value=0.0)])
+
+
+def _online_sums(kernel: Kernel) -> tuple | None:
+    """The online-softmax pattern of a loop body, or None.
+
+    ``prev = m``; ``reduce_max(a -> m, accumulate)``; optionally ``safe = where(-inf < m, m, 0)``;
+    scale maps ``sc = f(prev, m)``; tile maps reading ``m`` (or ``safe``); and per sum
+    ``reduce_sum(t -> st)`` with ``s = s * sc + st``. Returns (max reduce, prev, safe, scale maps,
+    [(sum reduce, update map)]) when ``m``, ``prev``, ``safe``, the scales and the partial sums are
+    mentioned nowhere else in the loop and every tile involved has the max's source's axes.
+    """
+    body = kernel.body
+    if kernel.loop is None or any(isinstance(op, Gemm) for op in body):
+        return None
+    bufs = {b.name: b for b in kernel.buffers}
+    maxes = [op for op in body if isinstance(op, Reduce) and op.fn == "max" and op.accumulate]
+    if len(maxes) != 1:
+        return None
+    red = maxes[0]
+    m, tile_axes = red.dst, bufs[red.src].axes
+    if not bufs[m].state or red.axis != kernel.loop.axis:
+        return None
+    copies = [op for op in body if isinstance(op, Map) and op.expr == Ref(buf=m)]
+    if len(copies) != 1 or body.index(copies[0]) > body.index(red):
+        return None
+    prev = copies[0].dst
+    safe = next((op for op in body if isinstance(op, Map) and op.expr == _finite_or_zero(m)), None)
+    scales = [op for op in body if isinstance(op, Map) and op is not copies[0] and prev in expr_refs(op.expr)
+              and not bufs[op.dst].state]
+    if not scales or any(set(expr_refs(op.expr)) - {prev, m} - {safe.dst if safe else m}
+                         - {b for b in bufs if bufs[b].axes != tile_axes and not bufs[b].state} for op in scales):
+        return None
+    scale_names = {op.dst for op in scales}
+    sums = []
+    for up in body:
+        if isinstance(up, Map) and up.dst != prev and up.dst in bufs and bufs[up.dst].state and up.dst != m:
+            e = up.expr
+            ok = (isinstance(e, Call) and e.fn == "add" and len(e.args) == 2 and isinstance(e.args[1], Ref)
+                  and isinstance(e.args[0], Call) and e.args[0].fn == "mul"
+                  and e.args[0].args[0] == Ref(buf=up.dst) and isinstance(e.args[0].args[1], Ref)
+                  and e.args[0].args[1].buf in scale_names)
+            if not ok:
+                continue
+            part = e.args[1].buf
+            tiles = [op for op in body if isinstance(op, Reduce) and op.dst == part]
+            if len(tiles) != 1 or tiles[0].fn != "sum" or tiles[0].accumulate or tiles[0].axis != red.axis \
+                    or bufs[tiles[0].src].axes != tile_axes or bufs[up.dst].axes != bufs[m].axes:
+                return None
+            sums.append((tiles[0], up))
+    if not sums:
+        return None
+    owned = {id(op) for op in (red, copies[0], *scales, *(x for pair in sums for x in pair))}
+    if safe is not None:
+        owned.add(id(safe))
+    private = {prev, *scale_names, *(r.dst for r, _ in sums), *(u.dst for _, u in sums)}
+    temporaries = {prev, *scale_names, *(r.dst for r, _ in sums)}
+    if any(temporaries & {*op_reads_writes(op)[0], *op_reads_writes(op)[1]} for op in kernel.epilogue):
+        return None
+    for op in body:
+        if id(op) in owned:
+            continue
+        r, w = op_reads_writes(op)
+        if private & {*r, *w} or m in w or (safe is not None and safe.dst in w):
+            return None
+        if (m in r or (safe is not None and safe.dst in r)) and not (
+                isinstance(op, Map) and bufs[op.dst].axes == tile_axes and body.index(op) > body.index(red)):
+            return None
+    return red, prev, safe, scales, sums
+
+
+def defer_online_sums(kernel: Kernel) -> Kernel:
+    """Keep a streamed softmax's running max and rescaled sums per tile position, not per row.
+
+    The lowering's online softmax (``online_softmax_rescale``) reduces each step's tile to a row
+    max across threads, rescales the row sums to it and reduces each step's exponentials across
+    threads again: two cross-thread reductions per row and step (run 52: a 512 x 50257 softmax's
+    statistics kernel took 88 us for 51 MB, 3.5 us per step). Instead every tile position keeps
+    its own running max ``mp`` and sum ``sp`` (``mn = max(mp, a)``; ``sp = sp * f(mp, mn) + t``
+    with ``t`` read against ``mn``), and the epilogue combines them once: ``m = max_v mp``,
+    ``s = sum_v sp * f(mp, m)``. The same identity as the per-row form (sums rescaled to a common
+    max add up), per position; a max still -inf is subtracted as 0, so masked positions add 0.
+    """
+    found = _online_sums(kernel)
+    if found is None:
+        return kernel
+    red, prev, safe, scales, sums = found
+    bufs = {b.name: b for b in kernel.buffers}
+    axes = list(bufs[red.src].axes)
+    taken = {b.name for b in kernel.buffers}
+
+    def new(base: str, state: bool) -> str:
+        name = fresh_name(base, taken, "t")
+        taken.add(name)
+        extra.append(Buffer(name=name, axes=axes, scope="fragment", dtype="float32", state=state))
+        return name
+
+    extra: list[Buffer] = []
+    m = red.dst
+    mp, mn = new(f"{m}_pos", True), new(f"{m}_pos_new", False)
+    sp = {up.dst: new(f"{up.dst}_pos", True) for _, up in sums}
+    scale_of = {op.dst: new(f"{op.dst}_pos", False) for op in scales}
+    read_max = {m: _finite_or_zero(mn)}
+    if safe is not None:
+        read_max[safe.dst] = _finite_or_zero(mn)
+    owned = {id(op) for op in (red, *scales, *(x for pair in sums for x in pair))}
+    body: list = []
+    for op in kernel.body:
+        if op.__class__ is Map and op.dst == prev and op.expr == Ref(buf=m):
+            continue
+        if safe is not None and op is safe:
+            continue
+        if op is red:
+            body.append(Map(dst=mn, expr=Call(fn="max", args=[Ref(buf=mp), Ref(buf=red.src)])))
+        elif id(op) in owned and isinstance(op, Map) and op.dst in scale_of:
+            body.append(Map(dst=scale_of[op.dst], expr=_substitute(op.expr, {prev: Ref(buf=mp), **read_max})))
+        elif id(op) in owned and isinstance(op, Reduce):
+            continue
+        elif id(op) in owned:  # a sum's update: s = s * sc + st  ->  sp = sp * sc_pos + t
+            (t,) = [r.src for r, up in sums if up is op]
+            sc = op.expr.args[0].args[1].buf
+            body.append(Map(dst=sp[op.dst], expr=Call(fn="add", args=[
+                Call(fn="mul", args=[Ref(buf=sp[op.dst]), Ref(buf=scale_of[sc])]), Ref(buf=t)])))
+        elif isinstance(op, Map):
+            body.append(op.model_copy(update={"expr": _substitute(op.expr, read_max)}))
+        else:
+            body.append(op)
+    body.append(Map(dst=mp, expr=Ref(buf=mn)))
+    # epilogue: the row max over positions, each position's sums rescaled to it, summed over positions
+    epi: list = [Reduce(fn="max", src=mp, dst=m, axis=red.axis, accumulate=False)]
+    final_max = {prev: Ref(buf=mp), m: _finite_or_zero(m), **({safe.dst: _finite_or_zero(m)} if safe else {})}
+    for op in scales:
+        epi.append(Map(dst=scale_of[op.dst], expr=_substitute(op.expr, final_max)))
+    for r, up in sums:
+        sc = up.expr.args[0].args[1].buf
+        epi.append(Map(dst=sp[up.dst], expr=Call(fn="mul", args=[Ref(buf=sp[up.dst]), Ref(buf=scale_of[sc])])))
+        epi.append(Reduce(fn="sum", src=sp[up.dst], dst=up.dst, axis=red.axis, accumulate=False))
+    if safe is not None and any(safe.dst in op_reads_writes(op)[0] for op in kernel.epilogue):
+        epi.append(safe)
+    dead = {prev, *(op.dst for op in scales), *(r.dst for r, _ in sums)} - {mp, mn}
+    if safe is not None and safe not in epi:
+        dead.add(safe.dst)
+    buffers = [b for b in kernel.buffers if b.name not in dead] + extra
+    prologue = list(kernel.prologue) + [Fill(dst=mp, value="-inf")] + [Fill(dst=x, value=0.0) for x in sp.values()]
+    return kernel.model_copy(update={"buffers": buffers, "prologue": prologue, "body": body,
+                                     "epilogue": epi + list(kernel.epilogue)})
+
+
+def rendered_kernel(kernel: Kernel) -> Kernel:
+    """The kernel as the renderer emits it: both passes above."""
+    return defer_loop_reductions(defer_online_sums(kernel))
+
+
 def optimize(plan: Plan) -> Plan:
     """The plan with every kernel rewritten by the passes above (a new object; the input is unchanged)."""
-    kernels = [defer_loop_reductions(k) for k in plan.kernels]
+    kernels = [rendered_kernel(k) for k in plan.kernels]
     if all(a is b for a, b in zip(kernels, plan.kernels, strict=True)):
         return plan
     return plan.model_copy(update={"kernels": kernels})

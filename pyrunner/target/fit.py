@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from pyrunner.plan.analysis import KernelGeometry, kernel_geometry, kernel_ops, op_reads_writes
-from pyrunner.plan.passes import defer_loop_reductions
+from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import ChainSchedule, async_schedule
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce, Store
 from pyrunner.target.device import H200, Device
@@ -81,7 +81,7 @@ class FitModel:
     """The config-independent part of the fit check for one kernel over fixed axis extents."""
 
     def __init__(self, kernel: Kernel, sizes: Mapping[str, int], device: Device = H200) -> None:
-        kernel = defer_loop_reductions(kernel)  # the kernel as rendered: loop reductions kept as per-thread partials
+        kernel = rendered_kernel(kernel)  # as rendered: loop reductions kept as per-thread partials
         self.kernel, self.sizes, self.device = kernel, dict(sizes), device
         staged = {op.dst for op in kernel.body if isinstance(op, Load)} if kernel.loop else set()
         bridged = {b for bs in layout_bridges(kernel).values() for b in bs}

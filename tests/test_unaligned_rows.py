@@ -1,0 +1,122 @@
+"""Rows that are not 16-byte aligned (a 50257-long vocabulary in bf16) and streamed softmax statistics.
+
+Unaligned rows cannot be fetched with cp.async or TMA, so a loop over them waits for its own loads
+every step: the cost model prices it with one tile in flight and offers wide steps and one-row tiles,
+the renderer steps it with ``T.serial``, and a loop-free kernel stores such rows through a dead
+shared tile so consecutive threads write consecutive elements. The online-softmax statistics are
+kept per tile position (``plan.passes.defer_online_sums``). Each test plans a graph as a user would;
+the rewritten kernels are run on the CPU as rendered TileLang and compared with float64.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pyrunner.backend.tilelang.emulate import execute_rendered
+from pyrunner.backend.tilelang.render import render, unaligned_store_staging
+from pyrunner.ir import catalog
+from pyrunner.ir.graph_json import load_graph_file
+from pyrunner.plan.passes import defer_online_sums, rendered_kernel
+from pyrunner.plan.schema import Reduce
+from pyrunner.planner import search
+from pyrunner.planner.cost import param_space, synchronous_loop
+from pyrunner.planner.tiles import SYNC_STEP_MAX, stream_steps
+from pyrunner.run.executor import scale_down
+from pyrunner.run.runner import graph_of
+from pyrunner.run.verify import verify_executor
+from pyrunner.target.device import rows_async
+
+ROOT = Path(__file__).resolve().parent.parent
+VOCAB = ROOT / "benchmarks" / "graphs" / "softmax_vocab_50257.json"
+DATA = ROOT / "tests" / "data"
+
+
+def _plan(path: Path):
+    return search(load_graph_file(path), "bf16", top=1)[0]
+
+
+def test_rows_async_needs_16_byte_rows() -> None:
+    assert rows_async(4096, "bfloat16") and rows_async(1000, "bfloat16") and rows_async(4, "float32")
+    assert not rows_async(50257, "bfloat16") and not rows_async(65, "float16") and not rows_async(6, "float32")
+
+
+def test_synchronous_loops_may_step_wider() -> None:
+    assert max(stream_steps(50257, tensor_cores=False)) == 1024
+    wide = stream_steps(50257, tensor_cores=False, synchronous=True)
+    assert SYNC_STEP_MAX in wide and max(wide) == SYNC_STEP_MAX
+    assert max(stream_steps(4096, tensor_cores=False, synchronous=True)) == 2048  # at least two steps
+
+
+def test_vocabulary_softmax_plans_a_synchronous_loop_with_wide_steps_and_one_stage() -> None:
+    plan = _plan(VOCAB)
+    loops = [k for k in plan.kernels if k.loop is not None]
+    assert loops
+    for stats in loops:
+        assert stats.params["stages"] == [1]
+        assert min(stats.params["block_m"]) == 2 and max(stats.params["block_v"]) > 1024
+    src = render(plan)
+    assert "T.serial(" in src and "T.Pipelined(" not in src
+    assert "'tl.enable_async_copy': False" in src
+
+
+def test_aligned_softmax_keeps_its_pipeline() -> None:
+    plan = _plan(DATA / "softmax_rows.json")
+    (stats,) = [k for k in plan.kernels if k.loop is not None]
+    assert stats.params["stages"] == [1, 2, 3] and min(stats.params["block_m"]) >= 8
+    assert "T.Pipelined(" in render(plan) and "T.serial(" not in render(plan)
+
+
+def test_synchronous_loop_is_recognised_from_the_lowering() -> None:
+    from pyrunner.plan.schema import GridAxis
+    from pyrunner.planner.lower import LoadInfo, Lowered
+
+    def low(asynchronous: bool) -> Lowered:
+        return Lowered(root=None, stream="v", grid=[GridAxis(axis="m", block="block_m")], tiled=["m"], full={},
+                       buffers=[], prologue=[], body=[], epilogue=[], reads=["X"], writes=["Y"],
+                       loads=[LoadInfo("X", ("m", "v"), True, asynchronous)], steps=[256, 512])
+    assert synchronous_loop(low(False)) and not synchronous_loop(low(True))
+    assert param_space(low(False), {"m": 512, "v": 50257})["stages"] == [1]
+    assert min(param_space(low(False), {"m": 512, "v": 50257})["block_m"]) == 2
+    assert min(param_space(low(True), {"m": 4096, "v": 4096})["block_m"]) == 8
+    assert min(param_space(low(True), {"m": 256, "v": 4096})["block_m"]) == 2  # 32 blocks at 8 rows
+
+
+def test_unaligned_store_goes_through_the_dead_input_tile() -> None:
+    plan = _plan(VOCAB)
+    (norm,) = [k for k in plan.kernels if k.loop is None]  # the normalisation
+    staging = unaligned_store_staging(plan, norm)
+    assert list(staging) == [(norm.epilogue[-1].src, "P")]
+    (shared,) = staging.values()
+    assert shared in {b.name for b in norm.buffers if b.scope == "shared"}
+    src = render(plan)
+    assert f"T.copy({norm.epilogue[-1].src}, {shared})" in src and f"T.copy({shared}, P[" in src
+    aligned = _plan(DATA / "softmax_rows.json")
+    assert all(not unaligned_store_staging(aligned, k) for k in aligned.kernels)
+
+
+@pytest.mark.parametrize("path", [VOCAB, DATA / "softmax_causal_rows.json", DATA / "reduce_soft_target_xent.json",
+                                  DATA / "reduce_logsumexp.json", DATA / "softmax_twice.json"], ids=lambda p: p.stem)
+def test_online_softmax_statistics_are_kept_per_position(path: Path) -> None:
+    """The streamed max and its rescaled sums leave the loop body (no cross-thread reduction per
+    step) and are combined once in the epilogue; the rendered source still computes the graph,
+    including rows that are all -inf so far (the causal mask)."""
+    # the best plan with a streamed online softmax (the vocabulary's may also split max and sum)
+    plan = next(p for p in search(load_graph_file(path), "bf16", top=3)
+                if any(defer_online_sums(k) is not k for k in p.kernels))
+    for k in [k for k in plan.kernels if defer_online_sums(k) is not k]:
+        after = rendered_kernel(k)
+        assert not any(isinstance(op, Reduce) for op in after.body)
+        fns = [op.fn for op in after.epilogue if isinstance(op, Reduce)]
+        assert "max" in fns and "sum" in fns
+    small = scale_down(plan)
+    for seed in (1, 2):
+        res = verify_executor(small, graph_of(small), execute_rendered, seed=seed)
+        assert res.ok, res.message
+
+
+def test_attention_statistics_stay_per_row() -> None:
+    """Attention's running max also rescales the P @ V accumulator, so it must stay one per row."""
+    (k,) = search(catalog.get("Attention"), "bf16", top=1)[0].kernels
+    assert defer_online_sums(k) is k
