@@ -249,9 +249,11 @@ class KernelGeometry:
         return self.tiles[loop[0]] if loop else 0
 
 
-def kernel_geometry(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[str, int]) -> KernelGeometry:
-    """Geometry of ``kernel`` under parameter ``values`` over axis extents ``sizes``."""
-    roles = kernel_axes(kernel, sizes)
+def kernel_geometry(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[str, int],
+                    roles: dict[str, AxisRole] | None = None) -> KernelGeometry:
+    """Geometry of ``kernel`` under parameter ``values`` over axis extents ``sizes`` (``roles``:
+    ``kernel_axes`` computed once by a caller that checks many configs; never mutated)."""
+    roles = kernel_axes(kernel, sizes) if roles is None else roles
     blocks = {a: resolve(r.block, values) for a, r in roles.items()}
     tiles = {a: -(-sizes[a] // b) for a, b in blocks.items()}  # a last, partial tile where b does not divide
     stages = resolve(kernel.loop.stages, values) if kernel.loop is not None else 1

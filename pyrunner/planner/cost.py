@@ -130,21 +130,24 @@ def mma_width_efficiency(n: int) -> float:
     return MMA_WIDTH_EFFICIENCY[-1][1]
 
 
-def mma_widths(low: Lowered, blocks: dict[str, int], threads: int) -> list[int]:
+def merged_gemms(low: Lowered) -> bool:
+    """Whether two loop GEMMs share their A operand and contracted axis (issued as one, twice as wide)."""
+    gemm_ops = [op for op in low.body if getattr(op, "op", "") == "gemm"]
+    return any((a.a, a.contract) == (b.a, b.contract)
+               for i, a in enumerate(gemm_ops) for b in gemm_ops[i + 1:])
+
+
+def mma_widths(low: Lowered, blocks: dict[str, int], threads: int, merged: bool | None = None) -> list[int]:
     """Instruction width N of each GEMM as the renderer emits it.
 
     FullRow (each warpgroup 64 rows x the whole tile) where the rows split among the warps, else
     TileLang's Square split halves N per extra warpgroup column; two loop GEMMs with the same A
-    operand and contracted axis issue as one GEMM twice as wide (up to 256).
+    operand and contracted axis issue as one GEMM twice as wide (up to 256). ``merged``:
+    ``merged_gemms(low)`` where the caller has it.
     """
     warps = max(1, threads // 32)
-    gemm_ops = [op for op in low.body if getattr(op, "op", "") == "gemm"]
-    merged: set[int] = set()
-    for i, a in enumerate(gemm_ops):
-        for j in range(i + 1, len(gemm_ops)):
-            b = gemm_ops[j]
-            if i not in merged and j not in merged and (a.a, a.contract) == (b.a, b.contract):
-                merged |= {i, j}
+    if merged is None:
+        merged = merged_gemms(low)
     out = []
     for g in low.gemms:
         bm, bn = blocks[g.m_axis], blocks[g.n_axis]
@@ -184,10 +187,38 @@ def visible_fraction(low: Lowered, blocks: dict[str, int], sizes: dict[str, int]
                                   sizes[low.stream], grid)
 
 
+@dataclass(frozen=True)
+class LoweringFacts:
+    """What ``estimate`` reads of a lowering that no config changes: computed once per config search."""
+
+    warp_specialized: bool
+    structure_scale: float
+    synchronous: bool
+    loop_loads: bool
+    merged_gemms: bool
+    loop_reductions: int
+    linear_sums: int
+    unique_bytes: float
+    written_bytes: float
+
+    @staticmethod
+    def of(low: Lowered, tensor_bytes: dict[str, int], m: Machine) -> LoweringFacts:
+        reduces = [op for op in low.body if getattr(op, "op", "") == "reduce"]
+        return LoweringFacts(
+            warp_specialized=warp_specialized(low), structure_scale=m.scale_for(structure_class(low)),
+            synchronous=synchronous_loop(low), loop_loads=any(ld.in_loop for ld in low.loads),
+            merged_gemms=merged_gemms(low), loop_reductions=len(reduces) if low.gemms else 0,
+            linear_sums=sum(1 for op in reduces if op.fn == "sum" and op.accumulate),
+            unique_bytes=float(sum(tensor_bytes[ld.tensor] for ld in low.loads)),
+            written_bytes=float(sum(tensor_bytes[w] for w in low.writes)))
+
+
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
-             smem: int, m: Machine = H200) -> Estimate:
-    """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block (occupancy)."""
+             smem: int, m: Machine = H200, facts: LoweringFacts | None = None) -> Estimate:
+    """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block (occupancy);
+    ``facts``: ``LoweringFacts.of(low, tensor_bytes, m)`` where the caller prices many configs."""
     dev = m.device
+    facts = facts or LoweringFacts.of(low, tensor_bytes, m)
     blocks = _blocks(low, cfg, sizes)
     n_blocks = 1
     for g in low.grid:
@@ -196,7 +227,6 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     run = visible_fraction(low, blocks, sizes)  # loop steps left after masked tiles are skipped
 
     # bytes: each tensor once from HBM, re-reads of tiles from L2
-    unique = 0.0
     reread = 0.0
     for ld in low.loads:
         whole = tensor_bytes[ld.tensor]
@@ -204,14 +234,12 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         for a in ld.axes:
             tile = tile / sizes[a] * blocks.get(a, 1)
         total = tile * n_blocks * (n_iter * run if ld.in_loop else 1)
-        unique += whole
         reread += max(0.0, total - whole)
-    written = sum(tensor_bytes[w] for w in low.writes)
-    dram = unique + written
+    dram = facts.unique_bytes + facts.written_bytes
 
     threads = cfg[THREADS_PARAM]
     per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
-    if warp_specialized(low):
+    if facts.warp_specialized:
         per_sm = 1
     slots = dev.sms * per_sm
     waves = math.ceil(n_blocks / slots)
@@ -225,7 +253,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     flops = sum(g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis) * padded(g.k_axis)
                 for g in low.gemms)
     t_tc = 0.0
-    for g, n_inst in zip(low.gemms, mma_widths(low, blocks, threads), strict=True):
+    for g, n_inst in zip(low.gemms, mma_widths(low, blocks, threads, facts.merged_gemms), strict=True):
         bm = blocks[g.m_axis]
         k_eff = min(1.0, 0.55 + blocks[g.k_axis] / 128) if g.k_axis in blocks else 1.0
         m_eff = min(1.0, bm / 128) ** 0.5  # a 64-row tile keeps one warpgroup busy, not two
@@ -247,24 +275,22 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     # Every wgmma is waited on at once (warpgroup_wait<0>), so CUDA-core work in a GEMM kernel runs
     # after the MMAs, not beside them: add it. A cross-thread reduction still inside the loop (a
     # max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
-    loop_red = sum(1 for op in low.body if getattr(op, "op", "") == "reduce") if low.gemms else 0
-    linear = sum(1 for op in low.body if getattr(op, "op", "") == "reduce" and op.fn == "sum" and op.accumulate)
-    per_step = max(0, loop_red - linear) * m.loop_reduce_s
+    per_step = max(0, facts.loop_reductions - facts.linear_sums) * m.loop_reduce_s
     t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
     t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
     # A loop without tensor cores has ``stages`` tiles in flight per block, so each block streams
     # one tile per latency / stages at best (Little's law): a short grid of narrow steps is bound
     # by load latency, not bandwidth (run 45: logsumexp's 125 steps of 256 took 28 us for 65 MB).
     t_lat = 0.0
-    if low.stream is not None and not low.gemms and any(ld.in_loop for ld in low.loads):
+    if low.stream is not None and not low.gemms and facts.loop_loads:
         # synchronous loads wait out a full latency each step: run 50 measured 0.9 us per step of
         # 8 x 512 (vocabulary 50257, 51 MB: within L2's reach, yet slower than its latency)
-        sync = synchronous_loop(low)
+        sync = facts.synchronous
         latency = dev.l2_latency_s if dram <= dev.l2_bytes and not sync else dev.hbm_latency_s
         in_flight = 1 if sync else max(1, cfg.get(STAGES_PARAM, 1))
         t_lat = waves * n_iter * run * latency / in_flight
     t_mem = max(t_mem, t_lat)
-    body = max(t_compute, t_mem) * m.scale_for(structure_class(low))
+    body = max(t_compute, t_mem) * facts.structure_scale
     time_us = body * 1e6 + dev.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
     if dev.launch_us > body * 1e6:
@@ -277,12 +303,14 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
                 tensor_bytes: dict[str, int], fit: FitModel, m: Machine = H200) -> Estimate | None:
     """The cheapest config of ``space`` that fits the device (``fit``), or None."""
     names = sorted(space)
+    facts = LoweringFacts.of(low, tensor_bytes, m)
     best: tuple[tuple, Estimate] | None = None
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values))
-        if fit.why_not(cfg) is not None:
+        why, fp = fit.check(cfg)
+        if why is not None:
             continue
-        est = estimate(low, cfg, sizes, tensor_bytes, fit.footprint(cfg).smem_bytes, m)
+        est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts)
         key = _rank_key(fit, cfg, est.time_us, low.stream)
         if best is None or key < best[0]:
             best = key, est
@@ -330,11 +358,13 @@ def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str
                    tensor_bytes: dict[str, int], fit: FitModel, n: int, m: Machine = H200) -> list[dict[str, int]]:
     """The ``n`` cheapest configs of ``space`` that fit the device, best first (autotuning's list)."""
     names = sorted(space)
+    facts = LoweringFacts.of(low, tensor_bytes, m)
     scored = []
     for values in itertools.product(*(space[k] for k in names)):
         cfg = dict(zip(names, values, strict=True))
-        if fit.why_not(cfg) is None:
-            est = estimate(low, cfg, sizes, tensor_bytes, fit.footprint(cfg).smem_bytes, m)
+        why, fp = fit.check(cfg)
+        if why is None:
+            est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts)
             scored.append((_rank_key(fit, cfg, est.time_us, low.stream), cfg))
     scored.sort(key=lambda x: x[0])
     return [cfg for _, cfg in scored[:n]]

@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyrunner.plan.analysis import KernelGeometry, kernel_geometry, kernel_ops, op_reads_writes
+from pyrunner.plan.analysis import KernelGeometry, kernel_axes, kernel_geometry, kernel_ops, op_reads_writes
 from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import ChainSchedule, async_schedule
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce, Store
@@ -83,6 +83,7 @@ class FitModel:
     def __init__(self, kernel: Kernel, sizes: Mapping[str, int], device: Device = H200) -> None:
         kernel = rendered_kernel(kernel)  # as rendered: loop reductions kept as per-thread partials
         self.kernel, self.sizes, self.device = kernel, dict(sizes), device
+        self.roles = kernel_axes(kernel, self.sizes)
         staged = {op.dst for op in kernel.body if isinstance(op, Load)} if kernel.loop else set()
         bridged = {b for bs in layout_bridges(kernel).values() for b in bs}
         nbytes = device.dtype_bytes
@@ -92,6 +93,11 @@ class FitModel:
         self.shared += [(tuple(b.axes), nbytes[b.dtype], False) for b in kernel.buffers if b.name in bridged]
         self.frags = {b.name: (tuple(b.axes), nbytes[b.dtype]) for b in kernel.buffers if b.scope == "fragment"}
         self.live = _live_sets(kernel, set(self.frags))
+        # the same as index tuples, without sets contained in another (never the peak): per-config arithmetic
+        order = {name: i for i, name in enumerate(self.frags)}
+        self._frag_specs = list(self.frags.values())
+        self._peak_sets = [tuple(order[b] for b in live) for live in self.live
+                           if not any(live < other for other in self.live)]
         bufs = {b.name: b for b in kernel.buffers}
         group = layout_groups(kernel)
         gemms = [op for op in kernel_ops(kernel) if isinstance(op, Gemm)]
@@ -117,7 +123,7 @@ class FitModel:
                                 and bufs[op.src].scope == "fragment" and len(bufs[op.src].axes) == 2]
 
     def geometry(self, values: Mapping[str, int]) -> KernelGeometry:
-        return kernel_geometry(self.kernel, values, self.sizes)
+        return kernel_geometry(self.kernel, values, self.sizes, self.roles)
 
     def footprint(self, values: Mapping[str, int]) -> Footprint:
         """Shared bytes per block and registers per thread under parameter ``values``."""
@@ -129,9 +135,14 @@ class FitModel:
         smem = sum(math.prod(blocks[a] for a in axes) * size * (max(1, geo.stages) if staged else 1)
                    for axes, size, staged in self.shared)
         # spread over the block's threads; small (replicated) fragments still take a register each
-        per_thread = {name: max(4, -(-math.prod(blocks[a] for a in axes) * size // geo.threads))
-                      for name, (axes, size) in self.frags.items()}
-        peak = max((sum(per_thread[b] for b in live) for live in self.live), default=0)
+        elems: dict[tuple[str, ...], int] = {}
+        per_thread = []
+        for axes, size in self._frag_specs:
+            n = elems.get(axes)
+            if n is None:
+                n = elems[axes] = math.prod(blocks[a] for a in axes)
+            per_thread.append(max(4, -(-n * size // geo.threads)))
+        peak = max((sum(per_thread[i] for i in live) for live in self._peak_sets), default=0)
         return Footprint(self.kernel.name, smem, REG_OVERHEAD + -(-peak // 4), geo.threads)
 
     def renders_async(self, values: Mapping[str, int]) -> bool:
@@ -155,9 +166,16 @@ class FitModel:
 
     def why_not(self, values: Mapping[str, int]) -> str | None:
         """None when the kernel fits the device under ``values``, else the first reason it does not."""
-        dev = self.device
+        return self.check(values)[0]
+
+    def check(self, values: Mapping[str, int]) -> tuple[str | None, Footprint]:
+        """``why_not`` and ``footprint`` of one config from one geometry (the config search's inner loop)."""
         geo = self.geometry(values)
         fp = self._footprint(geo)
+        return self._why_not(geo, fp), fp
+
+    def _why_not(self, geo: KernelGeometry, fp: Footprint) -> str | None:
+        dev = self.device
         for src, axis in self.reductions:
             extent = geo.blocks.get(axis, 1)
             if extent & (extent - 1):
