@@ -257,3 +257,46 @@ def test_gpu_run_worker_exits_past_a_teardown_that_would_hang():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=50)
     assert time.monotonic() - t0 < 40
     assert done.returncode == 3 and done.stdout == "record written", done.stderr
+
+
+def _narrowed(plan, param, value):
+    """The plan as if the planner's space had dropped ``value`` of ``param`` (its fit pruning does)."""
+    (k,) = plan.kernels
+    params = {**k.params, param: [v for v in k.params[param] if v != value]}
+    return plan.model_copy(update={"kernels": [k.model_copy(update={"params": params})]})
+
+
+def test_a_tuned_value_outside_the_planned_space_is_still_reached(tmp_path):
+    import itertools
+
+    from pyrunner.plan.schema import axis_sizes
+    from pyrunner.target.fit import FitModel
+
+    plan = _plan()
+    (k,) = plan.kernels
+    tuned = _other_config(plan)
+    value = tuned[k.name]["stages"]
+    db = TuningDB(tmp_path / "x.json")
+    db.record(plan, tuned, 40.0, "h200")
+    narrow = _narrowed(plan, "stages", value)
+    entry = db.lookup(narrow, "h200")
+    assert entry is not None and entry.config == tuned
+    chosen = prefer_measured(narrow, db)
+    (ck,) = chosen.kernels
+    assert ck.defaults == tuned[k.name] and value in ck.params["stages"]
+    assert chosen.cost.total_us == 40.0 and chosen.cost.model["measured"] == 1.0
+    model = FitModel(ck, axis_sizes(chosen))
+    names = sorted(ck.params)
+    for values in itertools.product(*(ck.params[n] for n in names)):  # the re-pruned space still all fits
+        assert model.why_not(dict(zip(names, values, strict=True))) is None
+
+
+@pytest.mark.parametrize("bad", [{"block_d": 4096}, {"stages": "3"}, {"stages": True}, {"nonsense": 2}])
+def test_a_tuned_config_that_does_not_fit_or_is_malformed_is_ignored(tmp_path, bad):
+    plan = _plan()
+    (k,) = plan.kernels
+    db = TuningDB(tmp_path / "x.json")
+    db.record(plan, default_config(plan), 40.0, "h200")
+    db.lookup(plan, "h200").config[k.name].update(bad)  # as a hand-edited or foreign file could say
+    assert db.lookup(plan, "h200") is None
+    assert prefer_measured(plan, db).cost.model.get("measured") is None

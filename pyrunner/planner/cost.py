@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 from pyrunner.plan import masks
@@ -19,7 +19,7 @@ from pyrunner.planner.lower import Lowered
 from pyrunner.planner.tiles import block_candidates
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
-from pyrunner.target.fit import FitModel
+from pyrunner.target.fit import FitModel, fitting_space
 
 __all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "estimate", "fitting_space", "param_space",
            "ranked_configs", "structure_class"]
@@ -326,32 +326,6 @@ def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | 
     step = cfg.get(block_param(stream), 0) if stream else 0
     size = sum(cfg.values()) - step + min(step, 256)
     return (fit.chain and not fit.renders_async(cfg), round(time_us, 3), -size, step)
-
-
-def fitting_space(space: Mapping[str, list[int]], keep: Mapping[str, int],
-                  ok: Callable[[dict[str, int]], bool]) -> dict[str, list[int]]:
-    """A large sub-space (one value list per parameter) in which every config is ``ok``.
-
-    A tuning space is a product of value lists, so a config that does not fit can only be left out
-    by dropping one of its values. Greedily drop the value (never one of ``keep``, which must be
-    ``ok``) with the most failing configs per passing config it takes along, until none fail. On
-    the catalog this keeps exactly as many configs as an exhaustive search over sub-products.
-    """
-    names = sorted(space)
-    verdict = {vals: ok(dict(zip(names, vals))) for vals in itertools.product(*(space[n] for n in names))}
-    lists = {n: list(space[n]) for n in names}
-    while True:
-        failing: dict[tuple[str, int], int] = {}
-        passing: dict[tuple[str, int], int] = {}
-        for vals in itertools.product(*(lists[n] for n in names)):
-            counts = passing if verdict[vals] else failing
-            for n, x in zip(names, vals):
-                counts[(n, x)] = counts.get((n, x), 0) + 1
-        if not failing:
-            return {n: lists[n] for n in space}
-        droppable = [k for k in failing if k[1] != keep[k[0]]]
-        n, x = max(droppable, key=lambda k: (failing[k] / (passing.get(k, 0) + 1), failing[k], k))
-        lists[n].remove(x)
 
 
 def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],

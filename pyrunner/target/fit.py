@@ -13,8 +13,9 @@ pipeline stage) plus the layout-bridge copies the renderer adds; registers per t
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from pyrunner.plan.analysis import KernelGeometry, kernel_axes, kernel_geometry, kernel_ops, op_reads_writes
@@ -239,3 +240,29 @@ class FitModel:
 def fits(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[str, int], device: Device = H200) -> str | None:
     """None when ``kernel`` fits ``device`` under parameter ``values``, else why not (one line)."""
     return FitModel(kernel, sizes, device).why_not(values)
+
+
+def fitting_space(space: Mapping[str, list[int]], keep: Mapping[str, int],
+                  ok: Callable[[dict[str, int]], bool]) -> dict[str, list[int]]:
+    """A large sub-space (one value list per parameter) in which every config is ``ok``.
+
+    A tuning space is a product of value lists, so a config that does not fit can only be left out
+    by dropping one of its values. Greedily drop the value (never one of ``keep``, which must be
+    ``ok``) with the most failing configs per passing config it takes along, until none fail. On
+    the catalog this keeps exactly as many configs as an exhaustive search over sub-products.
+    """
+    names = sorted(space)
+    verdict = {vals: ok(dict(zip(names, vals))) for vals in itertools.product(*(space[n] for n in names))}
+    lists = {n: list(space[n]) for n in names}
+    while True:
+        failing: dict[tuple[str, int], int] = {}
+        passing: dict[tuple[str, int], int] = {}
+        for vals in itertools.product(*(lists[n] for n in names)):
+            counts = passing if verdict[vals] else failing
+            for n, x in zip(names, vals):
+                counts[(n, x)] = counts.get((n, x), 0) + 1
+        if not failing:
+            return {n: lists[n] for n in space}
+        droppable = [k for k in failing if k[1] != keep[k[0]]]
+        n, x = max(droppable, key=lambda k: (failing[k] / (passing.get(k, 0) + 1), failing[k], k))
+        lists[n].remove(x)

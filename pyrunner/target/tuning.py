@@ -92,6 +92,40 @@ class Entry:
     extra: dict = field(default_factory=dict)
 
 
+def _widened(plan: Plan, config: Config) -> Plan:
+    """The plan with each kernel's parameter lists holding ``config``'s integer values too.
+
+    A config tuned outside the space the planner emits (``benchmarks/probes/config_probe.py``
+    widens a plan to time it; the planner's space drops values whose combinations do not all fit)
+    stays reachable this way; values of unknown parameters or of the wrong type are left for
+    ``_valid`` to refuse."""
+    kernels = []
+    for k in plan.kernels:
+        tuned = config.get(k.name) if isinstance(config.get(k.name), dict) else {}
+        params = {p: sorted({*vals, tuned[p]}) if type(tuned.get(p)) is int else list(vals)
+                  for p, vals in k.params.items()}
+        kernels.append(k.model_copy(update={"params": params}))
+    return plan.model_copy(update={"kernels": kernels})
+
+
+def _fits_device(plan: Plan, config: Config) -> bool:
+    from pyrunner.plan.analysis import resolve_config
+    from pyrunner.target.fit import fits
+
+    values = resolve_config(plan, config)
+    sizes = axis_sizes(plan)
+    return all(fits(k, values[k.name], sizes) is None for k in plan.kernels)
+
+
+def _reachable(plan: Plan, config: Config) -> Plan | None:
+    """The plan whose space holds ``config`` (the plan itself, or it widened by the config where
+    the config passes the value rules and fits the device), or None."""
+    if _valid(plan, config):
+        return plan
+    wide = _widened(plan, config)
+    return wide if _valid(wide, config) and _fits_device(wide, config) else None
+
+
 def _valid(plan: Plan, config: Config) -> bool:
     from pyrunner.plan.analysis import resolve_config
     from pyrunner.plan.validate import check_values
@@ -131,7 +165,7 @@ class TuningDB:
     def lookup(self, plan: Plan, device: str = DEFAULT_DEVICE, tl_version: str | None = None) -> Entry | None:
         """The tuned entry for this plan's structure and shapes on ``device``, if any and still valid."""
         e = self.entries.get(tuning_key(plan, device, tl_version))
-        if e is None or not _valid(plan, e.config):
+        if e is None or _reachable(plan, e.config) is None:
             return None
         if "forms" in e.extra and e.extra["forms"] != plan_forms(plan.kernels):
             return None  # measured under other code: stale
@@ -170,6 +204,22 @@ class TuningDB:
 
 
 def apply_tuned(plan: Plan, entry: Entry) -> Plan:
-    """The plan with its kernels' defaults set to the tuned config (the runner's default)."""
-    kernels = [k.model_copy(update={"defaults": {**k.defaults, **entry.config[k.name]}}) for k in plan.kernels]
+    """The plan with its kernels' defaults set to the tuned config (the runner's default).
+
+    A kernel whose space lacked a tuned value gets it added, and its space is pruned again
+    around the tuned config so that every config it offers still fits the device."""
+    from pyrunner.target.fit import FitModel, fitting_space
+
+    wide = _reachable(plan, entry.config)
+    if wide is None:
+        raise UserError(f"tuned config {entry.config} is not reachable from plan {plan.workload!r}")
+    sizes = axis_sizes(plan)
+    kernels = []
+    for old, k in zip(plan.kernels, wide.kernels, strict=True):
+        tuned = {**k.defaults, **entry.config[k.name]}
+        params = k.params
+        if params != old.params:
+            model = FitModel(k, sizes)
+            params = fitting_space(params, tuned, lambda cfg, model=model: model.why_not(cfg) is None)
+        kernels.append(k.model_copy(update={"defaults": tuned, "params": params}))
     return plan.model_copy(update={"kernels": kernels})
