@@ -99,6 +99,8 @@ class FitModel:
         self._frag_specs = list(self.frags.values())
         self._peak_sets = [tuple(order[b] for b in live) for live in self.live
                            if not any(live < other for other in self.live)]
+        self._smem_seen: dict[tuple, int] = {}
+        self._regs_seen: dict[tuple, int] = {}
         bufs = {b.name: b for b in kernel.buffers}
         group = layout_groups(kernel)
         gemms = [op for op in kernel_ops(kernel) if isinstance(op, Gemm)]
@@ -133,18 +135,25 @@ class FitModel:
 
     def _footprint(self, geo: KernelGeometry) -> Footprint:
         blocks = geo.blocks
-        smem = sum(math.prod(blocks[a] for a in axes) * size * (max(1, geo.stages) if staged else 1)
-                   for axes, size, staged in self.shared)
-        # spread over the block's threads; small (replicated) fragments still take a register each
-        elems: dict[tuple[str, ...], int] = {}
-        per_thread = []
-        for axes, size in self._frag_specs:
-            n = elems.get(axes)
-            if n is None:
-                n = elems[axes] = math.prod(blocks[a] for a in axes)
-            per_thread.append(max(4, -(-n * size // geo.threads)))
-        peak = max((sum(per_thread[i] for i in live) for live in self._peak_sets), default=0)
-        return Footprint(self.kernel.name, smem, REG_OVERHEAD + -(-peak // 4), geo.threads)
+        tiles = tuple(blocks.values())  # shared bytes hang on tiles and stages, registers on tiles and threads
+        smem = self._smem_seen.get((tiles, geo.stages))
+        if smem is None:
+            smem = self._smem_seen[(tiles, geo.stages)] = sum(
+                math.prod(blocks[a] for a in axes) * size * (max(1, geo.stages) if staged else 1)
+                for axes, size, staged in self.shared)
+        regs = self._regs_seen.get((tiles, geo.threads))
+        if regs is None:
+            # spread over the block's threads; small (replicated) fragments still take a register each
+            elems: dict[tuple[str, ...], int] = {}
+            per_thread = []
+            for axes, size in self._frag_specs:
+                n = elems.get(axes)
+                if n is None:
+                    n = elems[axes] = math.prod(blocks[a] for a in axes)
+                per_thread.append(max(4, -(-n * size // geo.threads)))
+            peak = max((sum(per_thread[i] for i in live) for live in self._peak_sets), default=0)
+            regs = self._regs_seen[(tiles, geo.threads)] = REG_OVERHEAD + -(-peak // 4)
+        return Footprint(self.kernel.name, smem, regs, geo.threads)
 
     def renders_async(self, values: Mapping[str, int]) -> bool:
         """Whether a chain kernel renders in its asynchronous form under ``values``: the tile guard of
