@@ -97,7 +97,9 @@ def test_unaligned_store_goes_through_the_dead_input_tile() -> None:
 
 
 @pytest.mark.parametrize("path", [VOCAB, DATA / "softmax_causal_rows.json", DATA / "reduce_soft_target_xent.json",
-                                  DATA / "reduce_logsumexp.json", DATA / "softmax_twice.json"], ids=lambda p: p.stem)
+                                  DATA / "reduce_logsumexp.json", DATA / "softmax_twice.json",
+                                  ROOT / "benchmarks" / "graphs" / "outer_softmax_weighted_sum.json"],
+                         ids=lambda p: p.stem)
 def test_online_softmax_statistics_are_kept_per_position(path: Path) -> None:
     """The streamed max and its rescaled sums leave the loop body (no cross-thread reduction per
     step) and are combined once in the epilogue; the rendered source still computes the graph,

@@ -144,7 +144,9 @@ def _online_sums(kernel: Kernel) -> tuple | None:
     scale maps ``sc = f(prev, m)``; tile maps reading ``m`` (or ``safe``); and per sum
     ``reduce_sum(t -> st)`` with ``s = s * sc + st``. Returns (max reduce, prev, safe, scale maps,
     [(sum reduce, update map)]) when ``m``, ``prev``, ``safe``, the scales and the partial sums are
-    mentioned nowhere else in the loop and every tile involved has the max's source's axes.
+    mentioned nowhere else in the loop, every tile involved holds the max's source's axes, and
+    each sum keeps its tile's axes but the loop's (a softmax-weighted sum over the loop axis, such
+    as attention pooling's ``sum_t x[b, t, c] * softmax_t(s[b, t])``, keeps ``c``).
     """
     body = kernel.body
     if kernel.loop is None or any(isinstance(op, Gemm) for op in body):
@@ -180,8 +182,10 @@ def _online_sums(kernel: Kernel) -> tuple | None:
                 continue
             part = e.args[1].buf
             tiles = [op for op in body if isinstance(op, Reduce) and op.dst == part]
-            if len(tiles) != 1 or tiles[0].fn != "sum" or tiles[0].accumulate or tiles[0].axis != red.axis \
-                    or bufs[tiles[0].src].axes != tile_axes or bufs[up.dst].axes != bufs[m].axes:
+            if len(tiles) != 1 or tiles[0].fn != "sum" or tiles[0].accumulate or tiles[0].axis != red.axis:
+                return None
+            src_axes = bufs[tiles[0].src].axes
+            if not set(tile_axes) <= set(src_axes) or bufs[up.dst].axes != [a for a in src_axes if a != red.axis]:
                 return None
             sums.append((tiles[0], up))
     if not sums:
@@ -200,7 +204,7 @@ def _online_sums(kernel: Kernel) -> tuple | None:
         if private & {*r, *w} or m in w or (safe is not None and safe.dst in w):
             return None
         if (m in r or (safe is not None and safe.dst in r)) and not (
-                isinstance(op, Map) and bufs[op.dst].axes == tile_axes and body.index(op) > body.index(red)):
+                isinstance(op, Map) and set(tile_axes) <= set(bufs[op.dst].axes) and body.index(op) > body.index(red)):
             return None
     return red, prev, safe, scales, sums
 
@@ -225,16 +229,16 @@ def defer_online_sums(kernel: Kernel) -> Kernel:
     axes = list(bufs[red.src].axes)
     taken = {b.name for b in kernel.buffers}
 
-    def new(base: str, state: bool) -> str:
+    def new(base: str, state: bool, axes: list[str] = axes) -> str:
         name = fresh_name(base, taken, "t")
         taken.add(name)
-        extra.append(Buffer(name=name, axes=axes, scope="fragment", dtype="float32", state=state))
+        extra.append(Buffer(name=name, axes=list(axes), scope="fragment", dtype="float32", state=state))
         return name
 
     extra: list[Buffer] = []
     m = red.dst
     mp, mn = new(f"{m}_pos", True), new(f"{m}_pos_new", False)
-    sp = {up.dst: new(f"{up.dst}_pos", True) for _, up in sums}
+    sp = {up.dst: new(f"{up.dst}_pos", True, bufs[r.src].axes) for r, up in sums}  # a sum keeps its tile's axes
     scale_of = {op.dst: new(f"{op.dst}_pos", False) for op in scales}
     read_max = {m: _finite_or_zero(mn)}
     if safe is not None:
