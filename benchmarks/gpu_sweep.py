@@ -1,5 +1,6 @@
-"""GPU correctness sweep: every catalog workload, every tests/data graph and a batch of random graphs,
-each at a small shape and at a real one, planned, rendered, compiled and verified against float64.
+"""GPU correctness sweep: every catalog workload, every graph of tests/data and benchmarks/graphs and a
+batch of random graphs, each at a small shape and at a real one, planned, rendered, compiled and
+verified against float64.
 
 Run on the GPU machine through ``benchmarks/gpu_sweep.sh`` (it unpacks TileLang and the carried
 wheels first); ``--dry`` runs anywhere: it plans, renders and lowers to CUDA and skips the GPU.
@@ -36,6 +37,8 @@ for p in (ROOT, ROOT / "tests"):
 
 DEFAULT_BUDGET_S = 420.0
 CORPUS = ROOT / "tests" / "data"
+BENCH_GRAPHS = ROOT / "benchmarks" / "graphs"
+"""Operators written as a new user would, at real sizes: swept with the corpus (source ``bench``)."""
 FORMAT_EXAMPLES = {"gated_mixture"}
 """tests/data files that document the graph format with odd sizes, not operators to sweep."""
 SMALL_CAP, SMALL_HEADS = 128, 2
@@ -96,10 +99,15 @@ def collect(args) -> list[Case]:
         if path.stem not in FORMAT_EXAMPLES:
             doc = read_json_file(path, "graph file", GraphError)
             graphs.append((path.stem, "corpus", doc, doc["axes"]))
+    for path in sorted(BENCH_GRAPHS.glob("*.json")):
+        doc = read_json_file(path, "graph file", GraphError)
+        graphs.append((path.stem, "bench", doc, doc["axes"]))
     for seed in range(args.random_seed0, args.random_seed0 + args.random):
         doc = seeded_graph_doc(seed)
         graphs.append((doc["name"], "random", doc, real_sizes_random(doc["axes"])))
     for f in args.graph or []:
+        if Path(f).resolve().parent == BENCH_GRAPHS.resolve():
+            continue  # collected above
         doc = read_json_file(f, "graph file", GraphError)
         graphs.append((Path(f).stem, "file", doc, doc["axes"]))
     if args.only:
