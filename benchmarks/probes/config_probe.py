@@ -30,18 +30,16 @@ def main(argv: list[str] | None = None) -> int:
     from pyrunner.plan.schema import with_hash
     from pyrunner.planner import search
     from pyrunner.run.runner import RunOptions, default_config, run_plan
+    from pyrunner.target.tuning import widened
 
     args.out.mkdir(parents=True, exist_ok=True)
     plan = search(load_graph_file(args.graph), args.dtype, top=1)[0]
     partials = json.loads(args.configs)
     # the planner's space leaves out values its fit check prunes with other parameters: widen it
     # by the values asked for (the runner's fit check still refuses a config that does not fit)
-    kernels = []
-    for k in plan.kernels:
-        params = {p: sorted({*vals, *(c[k.name][p] for c in partials if p in c.get(k.name, {}))})
-                  for p, vals in k.params.items()}
-        kernels.append(k.model_copy(update={"params": params}))
-    plan = with_hash(plan.model_copy(update={"kernels": kernels}))
+    for partial in partials:
+        plan = widened(plan, partial)
+    plan = with_hash(plan)
     base = default_config(plan)
     wanted = []
     for partial in partials:

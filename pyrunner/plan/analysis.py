@@ -28,6 +28,7 @@ from pyrunner.plan.schema import (
     Block,
     Call,
     Const,
+    Expr,
     Fill,
     Gemm,
     Kernel,
@@ -90,6 +91,17 @@ def constant_value(e: object, sizes: Mapping[str, int]) -> float | None:
 def expr_refs(expr: object) -> list[str]:
     """Buffers an expression reads, in order of appearance (with repeats)."""
     return [e.buf for e in walk(expr) if isinstance(e, Ref)]
+
+
+def substitute_refs(expr: Expr, to: Mapping[str, Expr]) -> Expr:
+    """``expr`` with every reference to a buffer of ``to`` replaced by its expression (a rename
+    where that is a ``Ref``). Recursive: the planner nests expressions at most
+    ``planner.lower.MAX_INLINE_DEPTH`` deep, and a plan file at most ``MAX_JSON_DEPTH``."""
+    if isinstance(expr, Ref):
+        return to.get(expr.buf, expr)
+    if isinstance(expr, Call):
+        return Call(fn=expr.fn, args=[substitute_refs(a, to) for a in expr.args])
+    return expr
 
 
 def op_reads_writes(op: Op) -> tuple[list[str], list[str]]:

@@ -21,7 +21,7 @@ import math
 
 from pyrunner.ir.names import fresh_name
 from pyrunner.ir.ops import REDUCTIONS
-from pyrunner.plan.analysis import expr_refs, op_reads_writes
+from pyrunner.plan.analysis import expr_refs, op_reads_writes, substitute_refs
 from pyrunner.plan.schema import (
     Buffer,
     Call,
@@ -121,15 +121,6 @@ def _accumulate_in_place(kernel: Kernel, body: list, red: Reduce) -> bool:
     return not any(_mentions(op, t) for op in kernel.prologue + kernel.epilogue)
 
 
-def _substitute(e: Expr, to: dict[str, Expr]) -> Expr:
-    """``e`` with every reference to a buffer of ``to`` replaced by its expression."""
-    if isinstance(e, Ref):
-        return to.get(e.buf, e)
-    if isinstance(e, Call):
-        return e.model_copy(update={"args": [_substitute(a, to) for a in e.args]})
-    return e
-
-
 def _finite_or_zero(name: str) -> Expr:
     """``name`` where it is finite, else 0: a running max that is still -inf (every value so far
     masked) is subtracted as 0, so exp(-inf - m) is 0 rather than exp(-inf + inf) = NaN."""
@@ -142,7 +133,7 @@ def _online_sums(kernel: Kernel) -> tuple | None:
 
     ``prev = m``; ``reduce_max(a -> m, accumulate)``; optionally ``safe = where(-inf < m, m, 0)``;
     scale maps ``sc = f(prev, m)``; tile maps reading ``m`` (or ``safe``); and per sum
-    ``reduce_sum(t -> st)`` with ``s = s * sc + st``. Returns (max reduce, prev, safe, scale maps,
+    ``reduce_sum(t -> st)`` with ``s = s * sc + st``. Returns (max reduce, the ``prev = m`` map, safe, scale maps,
     [(sum reduce, update map)]) when ``m``, ``prev``, ``safe``, the scales and the partial sums are
     mentioned nowhere else in the loop, every tile involved holds the max's source's axes, and
     each sum keeps its tile's axes but the loop's (a softmax-weighted sum over the loop axis, such
@@ -206,7 +197,7 @@ def _online_sums(kernel: Kernel) -> tuple | None:
         if (m in r or (safe is not None and safe.dst in r)) and not (
                 isinstance(op, Map) and set(tile_axes) <= set(bufs[op.dst].axes) and body.index(op) > body.index(red)):
             return None
-    return red, prev, safe, scales, sums
+    return red, copies[0], safe, scales, sums
 
 
 def defer_online_sums(kernel: Kernel) -> Kernel:
@@ -224,7 +215,8 @@ def defer_online_sums(kernel: Kernel) -> Kernel:
     found = _online_sums(kernel)
     if found is None:
         return kernel
-    red, prev, safe, scales, sums = found
+    red, copy, safe, scales, sums = found
+    prev = copy.dst
     bufs = {b.name: b for b in kernel.buffers}
     axes = list(bufs[red.src].axes)
     taken = {b.name for b in kernel.buffers}
@@ -246,14 +238,12 @@ def defer_online_sums(kernel: Kernel) -> Kernel:
     owned = {id(op) for op in (red, *scales, *(x for pair in sums for x in pair))}
     body: list = []
     for op in kernel.body:
-        if op.__class__ is Map and op.dst == prev and op.expr == Ref(buf=m):
-            continue
-        if safe is not None and op is safe:
+        if op is copy or (safe is not None and op is safe):
             continue
         if op is red:
             body.append(Map(dst=mn, expr=Call(fn="max", args=[Ref(buf=mp), Ref(buf=red.src)])))
         elif id(op) in owned and isinstance(op, Map) and op.dst in scale_of:
-            body.append(Map(dst=scale_of[op.dst], expr=_substitute(op.expr, {prev: Ref(buf=mp), **read_max})))
+            body.append(Map(dst=scale_of[op.dst], expr=substitute_refs(op.expr, {prev: Ref(buf=mp), **read_max})))
         elif id(op) in owned and isinstance(op, Reduce):
             continue
         elif id(op) in owned:  # a sum's update: s = s * sc + st  ->  sp = sp * sc_pos + t
@@ -262,7 +252,7 @@ def defer_online_sums(kernel: Kernel) -> Kernel:
             body.append(Map(dst=sp[op.dst], expr=Call(fn="add", args=[
                 Call(fn="mul", args=[Ref(buf=sp[op.dst]), Ref(buf=scale_of[sc])]), Ref(buf=t)])))
         elif isinstance(op, Map):
-            body.append(op.model_copy(update={"expr": _substitute(op.expr, read_max)}))
+            body.append(op.model_copy(update={"expr": substitute_refs(op.expr, read_max)}))
         else:
             body.append(op)
     body.append(Map(dst=mp, expr=Ref(buf=mn)))
@@ -270,7 +260,7 @@ def defer_online_sums(kernel: Kernel) -> Kernel:
     epi: list = [Reduce(fn="max", src=mp, dst=m, axis=red.axis, accumulate=False)]
     final_max = {prev: Ref(buf=mp), m: _finite_or_zero(m), **({safe.dst: _finite_or_zero(m)} if safe else {})}
     for op in scales:
-        epi.append(Map(dst=scale_of[op.dst], expr=_substitute(op.expr, final_max)))
+        epi.append(Map(dst=scale_of[op.dst], expr=substitute_refs(op.expr, final_max)))
     for r, up in sums:
         sc = up.expr.args[0].args[1].buf
         epi.append(Map(dst=sp[up.dst], expr=Call(fn="mul", args=[Ref(buf=sp[up.dst]), Ref(buf=scale_of[sc])])))

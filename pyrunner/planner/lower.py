@@ -34,7 +34,7 @@ from pyrunner.ir.axes import axes_of
 from pyrunner.ir.graph import Term, subterms
 from pyrunner.ir.ops import REDUCTIONS, UNARY
 from pyrunner.plan import masks
-from pyrunner.plan.analysis import MMA_K_ALIGN, block_param, constant_value, expr_refs, op_buffers
+from pyrunner.plan.analysis import MMA_K_ALIGN, block_param, constant_value, expr_refs, op_buffers, substitute_refs
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -859,17 +859,9 @@ def _visible(b: _Builder, computed: list[Term], phase: dict[Term, str], sources:
 
 # --- in-place reuse of dead fragments ------------------------------------------------------
 
-def _ren_expr(e: Expr, old: str, new: str) -> Expr:
-    if isinstance(e, Ref):
-        return Ref(buf=new) if e.buf == old else e
-    if isinstance(e, Call):
-        return Call(fn=e.fn, args=[_ren_expr(a, old, new) for a in e.args])  # depth <= MAX_INLINE_DEPTH
-    return e
-
-
 def _rename(op, old: str, new: str):
     if isinstance(op, Map):
-        return Map(dst=new if op.dst == old else op.dst, expr=_ren_expr(op.expr, old, new))
+        return Map(dst=new if op.dst == old else op.dst, expr=substitute_refs(op.expr, {old: Ref(buf=new)}))
     fields = {Gemm: ("a", "b", "c"), Reduce: ("src", "dst"), Load: ("dst",), Store: ("src",), Fill: ("dst",)}
     data = op.model_dump()
     for k in fields[type(op)]:
@@ -882,14 +874,6 @@ def _reusable(cand: Buffer, d: Buffer, sec: str) -> bool:
     # loop state is only needed across iterations: after the loop it is an ordinary value
     return not (cand.state and sec != "epilogue") and cand.scope == "fragment" and cand.dtype == d.dtype \
         and cand.axes == d.axes
-
-
-def _rename_ref(e: Expr, old: str, new: str) -> Expr:
-    if isinstance(e, Ref):
-        return Ref(buf=new) if e.buf == old else e
-    if isinstance(e, Call):
-        return Call(fn=e.fn, args=[_rename_ref(a, old, new) for a in e.args])
-    return e
 
 
 def _gemm_a_groups(buffers: dict[str, Buffer], body: list) -> set[str]:
@@ -933,7 +917,7 @@ def route_reduced_tile(buffers: dict[str, Buffer], body: list, loaded: set[str])
             if i <= first and isinstance(op, Reduce) and op.src == x:
                 op = Reduce(fn=op.fn, src=f, dst=op.dst, axis=op.axis, accumulate=op.accumulate)
             elif i <= first and isinstance(op, Map) and x in expr_refs(op.expr):
-                op = Map(dst=op.dst, expr=_rename_ref(op.expr, x, f))
+                op = Map(dst=op.dst, expr=substitute_refs(op.expr, {x: Ref(buf=f)}))
             out.append(op)
         body = out
     return body

@@ -92,13 +92,13 @@ class FitModel:
         self.shared = [(tuple(b.axes), nbytes[b.dtype], b.name in staged)
                        for b in kernel.buffers if b.scope == "shared"]
         self.shared += [(tuple(b.axes), nbytes[b.dtype], False) for b in kernel.buffers if b.name in bridged]
-        self.frags = {b.name: (tuple(b.axes), nbytes[b.dtype]) for b in kernel.buffers if b.scope == "fragment"}
-        self.live = _live_sets(kernel, set(self.frags))
-        # the same as index tuples, without sets contained in another (never the peak): per-config arithmetic
-        order = {name: i for i, name in enumerate(self.frags)}
-        self._frag_specs = list(self.frags.values())
-        self._peak_sets = [tuple(order[b] for b in live) for live in self.live
-                           if not any(live < other for other in self.live)]
+        frags = {b.name: (tuple(b.axes), nbytes[b.dtype]) for b in kernel.buffers if b.scope == "fragment"}
+        live = _live_sets(kernel, set(frags))
+        # (axes, bytes per element) of every fragment, and the fragments live together as indices into
+        # that list, without sets contained in another (never the peak): per-config arithmetic
+        order = {name: i for i, name in enumerate(frags)}
+        self._frag_specs = list(frags.values())
+        self._peak_sets = [tuple(order[b] for b in s) for s in live if not any(s < other for other in live)]
         self._smem_seen: dict[tuple, int] = {}
         self._regs_seen: dict[tuple, int] = {}
         bufs = {b.name: b for b in kernel.buffers}

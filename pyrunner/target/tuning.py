@@ -92,12 +92,12 @@ class Entry:
     extra: dict = field(default_factory=dict)
 
 
-def _widened(plan: Plan, config: Config) -> Plan:
+def widened(plan: Plan, config: Config) -> Plan:
     """The plan with each kernel's parameter lists holding ``config``'s integer values too.
 
-    A config tuned outside the space the planner emits (``benchmarks/probes/config_probe.py``
-    widens a plan to time it; the planner's space drops values whose combinations do not all fit)
-    stays reachable this way; values of unknown parameters or of the wrong type are left for
+    A config tuned outside the space the planner emits (the planner's space drops values whose
+    combinations do not all fit; ``benchmarks/probes/config_probe.py`` widens a plan this way to
+    time such configs) stays reachable; values of unknown parameters or of the wrong type are left for
     ``_valid`` to refuse."""
     kernels = []
     for k in plan.kernels:
@@ -122,7 +122,7 @@ def _reachable(plan: Plan, config: Config) -> Plan | None:
     the config passes the value rules and fits the device), or None."""
     if _valid(plan, config):
         return plan
-    wide = _widened(plan, config)
+    wide = widened(plan, config)
     return wide if _valid(wide, config) and _fits_device(wide, config) else None
 
 
@@ -210,16 +210,18 @@ def apply_tuned(plan: Plan, entry: Entry) -> Plan:
     around the tuned config so that every config it offers still fits the device."""
     from pyrunner.target.fit import FitModel, fitting_space
 
-    wide = _reachable(plan, entry.config)
-    if wide is None:
+    wide = plan if _valid(plan, entry.config) else widened(plan, entry.config)
+    if wide is not plan and not _valid(wide, entry.config):
         raise UserError(f"tuned config {entry.config} is not reachable from plan {plan.workload!r}")
     sizes = axis_sizes(plan)
     kernels = []
     for old, k in zip(plan.kernels, wide.kernels, strict=True):
         tuned = {**k.defaults, **entry.config[k.name]}
         params = k.params
-        if params != old.params:
+        if params != old.params:  # widened: this kernel's fit check, once, also prunes its space
             model = FitModel(k, sizes)
+            if model.why_not(tuned) is not None:
+                raise UserError(f"tuned config {entry.config[k.name]} of kernel {k.name!r} does not fit the device")
             params = fitting_space(params, tuned, lambda cfg, model=model: model.why_not(cfg) is None)
         kernels.append(k.model_copy(update={"defaults": tuned, "params": params}))
     return plan.model_copy(update={"kernels": kernels})
