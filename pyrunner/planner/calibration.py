@@ -98,7 +98,8 @@ def samples(logs, planner_factory, m: Machine = H200, current_only: bool = False
             tb = _tensor_bytes(planner, c)
             try:
                 full = {**kc.est.config, **cfg[name]}
-                est = estimate(kc.low, full, planner.sizes, tb, kc.fit.footprint(full).smem_bytes, m)
+                fp = kc.fit.footprint(full)
+                est = estimate(kc.low, full, planner.sizes, tb, fp.smem_bytes, m, regs=fp.regs_per_thread)
             except (KeyError, ZeroDivisionError):
                 continue
             out.append(Sample(source, rec["workload"], rec["dtype"], name, structure_class(kc.low), est.time_us,

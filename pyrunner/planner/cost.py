@@ -74,7 +74,7 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         # a loop of synchronous loads, or one whose 8-row tiles leave SMs idle, may go down to two
         # rows (its wide steps then fit in registers; 256 rows: 128 blocks, not 32); a block of 1
         # would make the axis an indexed one, which no buffer may keep (plan.validate)
-        narrow = synchronous_loop(low) or short_reduction_grid(low, sizes)
+        narrow = synchronous_loop(low) or short_reduction_grid(low, sizes) or long_rows_whole(low)
         lo = 64 if a in m_axes else 16 if low.gemms else 2 if narrow else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
@@ -84,8 +84,20 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         # and a loop of synchronous loads waits for each step's loads whatever its stages
         one_stage = synchronous_loop(low) or (low.visible is not None and thread_reads_staged(low.body))
         space[STAGES_PARAM] = [1] if one_stage else [1, 2, 3]
-    space[THREADS_PARAM] = [128, 256]
+    space[THREADS_PARAM] = [128, 256, 512] if long_rows_whole(low) else [128, 256]
     return space
+
+
+def long_rows_whole(low: Lowered) -> bool:
+    """A kernel that holds a long reduced row whole (no loop: read once, reduced, then used): its
+    fragments hold ``rows x length / threads`` values each, so it needs short row tiles and may
+    spread a row over more threads (a 4096-wide row at 8 rows and 256 threads is 128 registers a
+    fragment)."""
+    return any(n > WIDE_ROW for n in low.full.values()) and not low.gemms
+
+
+WIDE_ROW = 256
+"""Row length above which a held-whole reduction counts as long (``long_rows_whole``)."""
 
 
 def synchronous_loop(low: Lowered) -> bool:
@@ -214,9 +226,11 @@ class LoweringFacts:
 
 
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
-             smem: int, m: Machine = H200, facts: LoweringFacts | None = None) -> Estimate:
-    """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block (occupancy);
-    ``facts``: ``LoweringFacts.of(low, tensor_bytes, m)`` where the caller prices many configs."""
+             smem: int, m: Machine = H200, facts: LoweringFacts | None = None, regs: int = 0) -> Estimate:
+    """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block and ``regs``
+    its registers per thread (occupancy; registers are counted only for a kernel holding long rows
+    whole, whose blocks each load, reduce and store once, with a register-heavy tile: run 64); ``facts``:
+    ``LoweringFacts.of(low, tensor_bytes, m)`` where the caller prices many configs."""
     dev = m.device
     facts = facts or LoweringFacts.of(low, tensor_bytes, m)
     blocks = _blocks(low, cfg, sizes)
@@ -239,6 +253,8 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
 
     threads = cfg[THREADS_PARAM]
     per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
+    if regs and long_rows_whole(low):
+        per_sm = max(1, min(per_sm, dev.regs_per_sm // (regs * threads)))
     if facts.warp_specialized:
         per_sm = 1
     slots = dev.sms * per_sm
@@ -310,21 +326,28 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
         why, fp = fit.check(cfg)
         if why is not None:
             continue
-        est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts)
-        key = _rank_key(fit, cfg, est.time_us, low.stream)
+        est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts, fp.regs_per_thread)
+        key = _rank_key(fit, cfg, est.time_us, low.stream, long_rows_whole(low))
         if best is None or key < best[0]:
             best = key, est
     return None if best is None else best[1]
 
 
-def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None) -> tuple:
+def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None,
+              small_first: bool = False) -> tuple:
     """How configs rank: a flash-style chain's configs that render asynchronously first (measured:
     attention 241 us under T.Pipelined, 208-219 asynchronously, a gap this model does not price),
     then predicted time, then larger tiles, a step counted up to 256 (wider steps hold more
     registers per thread, which the model does not price: run 35 measured row softmax 27 -> 40 us
-    at 1024), then narrower steps."""
+    at 1024), then narrower steps. With ``small_first`` (``long_rows_whole``) smaller tiles and
+    fewer threads rank first, before predicted time: such a block loads, reduces across its threads and stores in turn,
+    so several small blocks per SM overlap those phases where one large block cannot (run 64:
+    add + RMSNorm over 4096 at 2 rows x 128 threads 34.2 us, at 4 x 512 42.3; L1 rows 17.3
+    against 20.2), which the bandwidth model does not see."""
     step = cfg.get(block_param(stream), 0) if stream else 0
     size = sum(cfg.values()) - step + min(step, 256)
+    if small_first:  # the bandwidth model gives these configs near-equal times: the measured order decides
+        return (False, size, round(time_us, 3), step)
     return (fit.chain and not fit.renders_async(cfg), round(time_us, 3), -size, step)
 
 
@@ -338,7 +361,7 @@ def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str
         cfg = dict(zip(names, values, strict=True))
         why, fp = fit.check(cfg)
         if why is None:
-            est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts)
-            scored.append((_rank_key(fit, cfg, est.time_us, low.stream), cfg))
+            est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts, fp.regs_per_thread)
+            scored.append((_rank_key(fit, cfg, est.time_us, low.stream, long_rows_whole(low)), cfg))
     scored.sort(key=lambda x: x[0])
     return [cfg for _, cfg in scored[:n]]

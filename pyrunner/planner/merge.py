@@ -83,12 +83,13 @@ def topological(groups: list[Group]) -> list[Group]:
 
 def merge_siblings(groups: list[Group[C]],
                    try_merge: Callable[[Group[C], Group[C]], Group[C] | None],
-                   dependent: bool = False) -> list[Group[C]]:
+                   dependent: bool = False, outputs: frozenset[str] = frozenset()) -> list[Group[C]]:
     """Greedily merge compatible pairs while the merged kernel is predicted faster.
 
     ``try_merge(a, b)`` lowers the union (None when it is infeasible or does not fit). With
-    ``dependent``, a kernel may also merge with one it reads directly (``_mergeable``). Returns the
-    groups in a valid execution order; the input when nothing merged.
+    ``dependent``, a kernel may also merge with one it reads directly (``_mergeable``; ``outputs``:
+    the graph's output tensors, whose cuts no partition can leave out). Returns the groups in a valid
+    execution order; the input when nothing merged.
     """
     if len(groups) < 2 or len(groups) > MAX_MERGE_KERNELS:
         return groups
@@ -100,12 +101,13 @@ def merge_siblings(groups: list[Group[C]],
         merged = False
         reach = _reach(groups)
         for i, j in _pairs(groups):
-            if not _mergeable(i, j, groups, reach, dependent) or (groups[i].members, groups[j].members) in tried:
+            pair = (groups[i].members, groups[j].members)
+            if pair in tried or not _mergeable(i, j, groups, reach, dependent, outputs):
                 continue
             if tries <= 0:
                 return topological(groups)
             tries -= 1
-            tried.add((groups[i].members, groups[j].members))
+            tried.add(pair)
             g = try_merge(groups[i], groups[j])
             if g is None or g.time_us >= groups[i].time_us + groups[j].time_us:
                 continue
@@ -115,17 +117,20 @@ def merge_siblings(groups: list[Group[C]],
     return topological(groups)
 
 
-def _mergeable(i: int, j: int, groups: list[Group], reach: list[set[int]], dependent: bool) -> bool:
+def _mergeable(i: int, j: int, groups: list[Group], reach: list[set[int]], dependent: bool,
+               outputs: frozenset[str] = frozenset()) -> bool:
     """Whether groups i and j can be one kernel: no path between them runs through a third group (it
     would close a cycle). A direct dependency is fine: the merged kernel computes the value it would have
     read (a root of the same kernel) and still stores it, which pays only where a third kernel reads it
-    too (a split reduction's chunk maxima, say; else the partition without that cut is the fused kernel)."""
+    too (a split reduction's chunk maxima, say) or where it is a graph output (a residual sum returned
+    beside its norm): else the partition without that cut is the fused kernel."""
     for a, b in ((i, j), (j, i)):
         if a not in reach[b]:
             continue
         if not dependent or any(a in reach[k] for k in reach[b] if k != a):
             return False
-        if not any(groups[a].writes & groups[k].reads for k in range(len(groups)) if k not in (a, b)):
+        if not (groups[a].writes & outputs
+                or any(groups[a].writes & groups[k].reads for k in range(len(groups)) if k not in (a, b))):
             return False
     return True
 

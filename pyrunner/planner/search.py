@@ -409,12 +409,13 @@ class Planner:
             return []
         total = sum(k.est.time_us for k in kernels)
         cand = Candidate(v, kernels, list(tensors.values()), total, lay.unguarded, lay.scaled_operands, tuple(cut))
-        merged = self._merged(cand, boundary, tensors, labels, reserved, budget, dependent) if merge else None
+        merged = (self._merged(cand, boundary, tensors, labels, reserved, budget, dependent,
+                               frozenset(lay.outputs.values())) if merge else None)
         return [cand] if merged is None else [cand, merged]
 
     def _merged(self, cand: Candidate, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
                 labels: dict[Term, str], reserved: frozenset[str], budget: Budget | None,
-                dependent: bool = False) -> Candidate | None:
+                dependent: bool = False, outputs: frozenset[str] = frozenset()) -> Candidate | None:
         """``cand`` with sibling kernels merged (``merge.merge_siblings``); None if none merge."""
         def group(members: tuple[int, ...], kc: KernelChoice) -> Group[KernelChoice]:
             return Group(members, frozenset(kc.low.reads), frozenset(kc.low.writes), merge_key(kc.low), kc,
@@ -431,7 +432,7 @@ class Planner:
             return None if kc is None else group(a.members + b.members, kc)
 
         groups = [group((i,), kc) for i, kc in enumerate(cand.kernels)]
-        out = merge_siblings(groups, try_merge, dependent)
+        out = merge_siblings(groups, try_merge, dependent, outputs)
         if len(out) == len(groups):
             return None
         kernels = [g.choice for g in out]
@@ -731,7 +732,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     return [p for _, _, p in ranked[:top]]
 
 
-TUNED_LOOKAHEAD = 6
+TUNED_LOOKAHEAD = 12
 """Distinct plans looked up in the tuning database before the top ones are taken."""
 
 SPLIT_WORK = MAX_WORK // 4
