@@ -268,3 +268,23 @@ REFERENCES = {
     "two_kernel": lambda t: {"S": _rms_scale(t["X"]), "Y": (t["X"] @ t["W"]) * _rms_scale(t["X"])[:, None]},
     "elementwise4d": lambda t: {"Y": _all_functions_np(t["X"])},
 }
+
+
+def assert_scaled_plan_matches_float64(plan: Plan, label: str) -> None:
+    """A searched plan, scaled down, through the CPU executor and its emulated TileLang against the
+    float64 reference, at the per-dtype bound of ``run.verify.error_bound`` (a one-kernel plan:
+    float16 about 1.1e-3, bfloat16 about 8e-3; each stored intermediate adds a rounding)."""
+    from pyrunner.backend.tilelang.emulate import execute_rendered
+    from pyrunner.run.executor import execute, scale_down
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.verify import error_bound, reduction_length, verify_executor
+
+    small = scale_down(plan)
+    graph = graph_of(small)
+    bound = error_bound(small.dtype, reduction_length(graph), stores=len(small.kernels))
+    if len(small.kernels) == 1:
+        assert bound < {"float16": 1.1e-3, "bfloat16": 8e-3}[small.dtype]
+    for run in (execute, execute_rendered):
+        res = verify_executor(small, graph, run, bound=bound)
+        assert res.ok, f"{label} ({run.__name__}): {res.message} (seed {res.seed})"
+        assert set(res.per_output) == {t.name for t in small.tensors if t.role == "output"}

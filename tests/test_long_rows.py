@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 
 import pytest
+from plan_fixtures import assert_scaled_plan_matches_float64
 
-from pyrunner.backend.tilelang.emulate import execute_rendered
 from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Load, Store
@@ -18,9 +18,6 @@ from pyrunner.plan.validate import check_plan
 from pyrunner.planner import cost, search
 from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.planner.search import Planner
-from pyrunner.run.executor import execute, scale_down
-from pyrunner.run.runner import graph_of
-from pyrunner.run.verify import error_bound, reduction_length, verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"
 
@@ -77,13 +74,7 @@ def test_whole_row_plans_match_float64(name: str, dtype: str) -> None:
     """The plan's tiled algorithm and its rendered TileLang (emulated) against the float64 reference,
     bounded per dtype by ``error_bound`` (bfloat16 about 8e-3, float16 about 1.1e-3)."""
     (plan,) = search(load_graph_file(DATA / f"{name}.json"), dtype, tuning=False)
-    small = scale_down(plan)
-    graph = graph_of(small)
-    bound = error_bound(small.dtype, reduction_length(graph), stores=len(small.kernels))
-    assert bound < {"float16": 1.1e-3, "bfloat16": 8e-3}[small.dtype]
-    for run in (execute, execute_rendered):
-        res = verify_executor(small, graph, run, bound=bound)
-        assert res.ok, f"{name} {dtype} ({run.__name__}): {res.message} (seed {res.seed})"
+    assert_scaled_plan_matches_float64(plan, f"{name} {dtype}")
 
 
 def test_long_row_configs_rank_small_tiles_and_few_threads_first() -> None:
