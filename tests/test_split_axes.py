@@ -163,10 +163,11 @@ def test_short_query_attention_splits_its_keys_into_chunks(decode_plan: Plan, mo
     assert combine.writes == ["O"] and combine.loop is None
     k = next(t for t in plan.tensors if t.name == "K")
     assert k.axes == ["kv_h", "t_kv_chunk", "t_kv_in", "d"] and plan.graph["inputs"]["K"] == ["kv_h", "t_kv", "d"]
-    # predicted faster than the best unsplit plan (16 blocks stream 4096 keys each)
+    # predicted faster than the best unsplit plan: the flash kernel's 16 blocks stream 4096 keys each,
+    # and the best unsplit plan now materialises the scores and holds their 4096-key rows whole
     monkeypatch.setattr(sys.modules["pyrunner.planner.search"], "split_candidates", lambda g, m=None: [])
     (unsplit,) = search(load_graph_file(GQA_DECODE), "bf16", tuning=False)
-    assert not unsplit.axis_splits and plan.cost.total_us < unsplit.cost.total_us / 2
+    assert not unsplit.axis_splits and plan.cost.total_us < unsplit.cost.total_us
 
 
 def test_the_split_plan_computes_the_graph_on_the_cpu_and_in_the_rendered_source(decode_plan: Plan) -> None:

@@ -17,6 +17,7 @@ import pytest
 from pyrunner.backend.tilelang.emulate import execute_rendered
 from pyrunner.backend.tilelang.render import render, unaligned_store_staging
 from pyrunner.ir import catalog
+from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.passes import defer_online_sums, rendered_kernel
 from pyrunner.plan.schema import Reduce
@@ -62,7 +63,11 @@ def test_vocabulary_softmax_plans_a_synchronous_loop_with_wide_steps_and_one_sta
 
 
 def test_aligned_softmax_keeps_its_pipeline() -> None:
-    plan = _plan(DATA / "softmax_rows.json")
+    """Rows of 16384 (16-byte aligned, too long to hold whole: ``planner.lower.MAX_FULL_REDUCE``) stream
+    their statistics through a cp.async pipeline of up to three stages."""
+    g = GraphBuilder("LongRowSoftmax")
+    g.output("P", g.softmax(g.input("X", m=4096, n=16384), "n"))
+    (plan,) = search(g.build(), "bf16", tuning=False)
     (stats,) = [k for k in plan.kernels if k.loop is not None]
     assert stats.params["stages"] == [1, 2, 3] and min(stats.params["block_m"]) >= 8
     assert "T.Pipelined(" in render(plan) and "T.serial(" not in render(plan)
