@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
-from pyrunner.planner.lower import Lowered
+from pyrunner.planner.lower import MAX_FULL_EXTENT, Lowered
 from pyrunner.planner.tiles import block_candidates
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
@@ -70,13 +70,14 @@ class Estimate:
 def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
     space: dict[str, list[int]] = {}
     m_axes = {g.m_axis for g in low.gemms}
+    long_rows = long_rows_whole(low)
     for a in low.tiled:
         # one WGMMA needs 64 rows (a shorter axis gets one padded tile); without GEMMs a row tile of 8
         # doubles the blocks of a short reduction grid (1024 rows: 128 blocks, not 64 on 132 SMs);
         # a loop of synchronous loads, or one whose 8-row tiles leave SMs idle, may go down to two
         # rows (its wide steps then fit in registers; 256 rows: 128 blocks, not 32); a block of 1
         # would make the axis an indexed one, which no buffer may keep (plan.validate)
-        narrow = synchronous_loop(low) or short_reduction_grid(low, sizes) or long_rows_whole(low)
+        narrow = synchronous_loop(low) or short_reduction_grid(low, sizes) or long_rows
         lo = 64 if a in m_axes else 16 if low.gemms else 2 if narrow else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
     if low.stream is not None:
@@ -86,7 +87,7 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         # and a loop of synchronous loads waits for each step's loads whatever its stages
         one_stage = synchronous_loop(low) or (low.visible is not None and thread_reads_staged(low.body))
         space[STAGES_PARAM] = [1] if one_stage else [1, 2, 3]
-    space[THREADS_PARAM] = [128, 256, 512] if long_rows_whole(low) else [128, 256]
+    space[THREADS_PARAM] = [128, 256, 512] if long_rows else [128, 256]
     return space
 
 
@@ -95,11 +96,7 @@ def long_rows_whole(low: Lowered) -> bool:
     fragments hold ``rows x length / threads`` values each, so it needs short row tiles and may
     spread a row over more threads (a 4096-wide row at 8 rows and 256 threads is 128 registers a
     fragment)."""
-    return any(n > WIDE_ROW for n in low.full.values()) and not low.gemms
-
-
-WIDE_ROW = 256
-"""Row length above which a held-whole reduction counts as long (``long_rows_whole``)."""
+    return any(n > MAX_FULL_EXTENT for n in low.full.values()) and not low.gemms
 
 
 def synchronous_loop(low: Lowered) -> bool:
@@ -221,6 +218,7 @@ class LoweringFacts:
     linear_sums: int
     unique_bytes: float
     written_bytes: float
+    long_rows: bool
 
     @staticmethod
     def of(low: Lowered, tensor_bytes: dict[str, int], m: Machine) -> LoweringFacts:
@@ -231,7 +229,7 @@ class LoweringFacts:
             merged_gemms=merged_gemms(low), loop_reductions=len(reduces) if low.gemms else 0,
             linear_sums=sum(1 for op in reduces if op.fn == "sum" and op.accumulate),
             unique_bytes=float(sum(tensor_bytes[ld.tensor] for ld in low.loads)),
-            written_bytes=float(sum(tensor_bytes[w] for w in low.writes)))
+            written_bytes=float(sum(tensor_bytes[w] for w in low.writes)), long_rows=long_rows_whole(low))
 
 
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
@@ -262,7 +260,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
 
     threads = cfg[THREADS_PARAM]
     per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
-    if regs and long_rows_whole(low):
+    if regs and facts.long_rows:
         per_sm = max(1, min(per_sm, dev.regs_per_sm // (regs * threads)))
     if facts.warp_specialized:
         per_sm = 1
@@ -336,7 +334,7 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
         if why is not None:
             continue
         est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts, fp.regs_per_thread)
-        key = _rank_key(fit, cfg, est.time_us, low.stream, long_rows_whole(low))
+        key = _rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows)
         if best is None or key < best[0]:
             best = key, est
     return None if best is None else best[1]
@@ -371,6 +369,6 @@ def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str
         why, fp = fit.check(cfg)
         if why is None:
             est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts, fp.regs_per_thread)
-            scored.append((_rank_key(fit, cfg, est.time_us, low.stream, long_rows_whole(low)), cfg))
+            scored.append((_rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows), cfg))
     scored.sort(key=lambda x: x[0])
     return [cfg for _, cfg in scored[:n]]
