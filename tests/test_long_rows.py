@@ -1,7 +1,9 @@
 """Long rows held whole: a kernel that normalises a row it reduces (softmax, RMSNorm, L1 over 4096)
 reads the row once and keeps it on chip (``planner.lower._held_whole``), a graph output that such a
 kernel also computes merges into it (``planner.merge._mergeable``), and its configs rank small tiles
-and few threads first (``planner.cost._rank_key``), with registers in its occupancy."""
+and few threads first (``planner.cost._rank_key``), with registers in its occupancy. Rows of a length
+that is not a power of two (5120, 3072) are held whole where every thread can share every row
+(``target.layout.reduced_tile_problem``)."""
 
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Load, Store
 from pyrunner.plan.validate import check_plan
-from pyrunner.planner import cost, search
+from pyrunner.planner import cost, lower, search
 from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.planner.search import Planner
+from pyrunner.target.fit import FitModel
+from pyrunner.target.layout import reduced_tile_problem
 
 DATA = Path(__file__).resolve().parent / "data"
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "graphs"
 
 
 def _ops(kernel, kind):
@@ -127,3 +132,67 @@ def test_a_graph_output_read_by_its_norm_merges_with_it() -> None:
     assert merge_siblings([a, b], union, dependent=True) == [a, b]
     (merged,) = merge_siblings([a, b], union, dependent=True, outputs=frozenset({"R", "Y"}))
     assert merged.writes == {"R", "Y"}
+
+
+def test_a_row_held_whole_may_have_any_length_that_threads_times_vectors_divide() -> None:
+    """TileLang's cross-thread butterfly needs a power-of-two group of threads per output. A row of
+    5120 held whole at 128 threads is 5 rounds of 128 x 8 elements, each within one row, so all 128
+    threads share every row; at 256 threads a round would straddle two rows."""
+    assert reduced_tile_problem(4096, True, 512) is None
+    assert reduced_tile_problem(64, False, 256) is None
+    assert reduced_tile_problem(5120, True, 128) is None
+    assert reduced_tile_problem(3072, True, 128) is None
+    assert "256 threads" in reduced_tile_problem(5120, True, 256)
+    assert "power-of-two" in reduced_tile_problem(5120, False, 128)
+    assert reduced_tile_problem(96, True, 128) is not None  # 96 is no multiple of 1024: streamed
+
+
+def test_a_statistic_returned_beside_the_rows_it_scales_is_one_kernel_over_5120() -> None:
+    """Absmax scaling returns the row maximum s and X / s. Streamed, s is a kernel of its own (grid
+    over rows, loop over d) and X is read twice; the dependent merge lowers the union afresh, which
+    holds the 5120-wide rows whole at the one thread count that shares them (128)."""
+    (plan,) = search(load_graph_file(DATA / "multi_absmax_row_scale.json"), "bf16", tuning=False)
+    check_plan(plan)
+    (k,) = plan.kernels
+    assert sorted(k.writes) == ["Y", "s"] and _whole(k, "d")
+    assert [op.src for op in _ops(k, Load)] == ["X"]
+    assert k.params["threads"] == [128] and k.defaults["threads"] == 128
+    why = FitModel(k, {"m": 4096, "d": 5120}).why_not({**k.defaults, "threads": 256})
+    assert why is not None and "butterfly" in why
+
+
+def test_statistic_kernels_of_different_grids_merge_only_through_a_graph_output() -> None:
+    """Kernel 0 (one grid) writes the statistic s, kernel 1 (another grid) reads it: the dependent
+    pass pairs them only when s is a graph output (else the partition without that cut is the
+    fused kernel), and never in the sibling pass."""
+    def union(a, b):
+        return Group(a.members + b.members, a.reads | b.reads, a.writes | b.writes, ("m",), "ab", 12.0)
+
+    a = Group((0,), frozenset({"X"}), frozenset({"s"}), ("m", "d-loop"), "a", 10.0)
+    b = Group((1,), frozenset({"X", "s"}), frozenset({"Y"}), ("m", "d"), "b", 10.0)
+    assert merge_siblings([a, b], union, dependent=True, outputs=frozenset({"Y"})) == [a, b]
+    assert merge_siblings([a, b], union, dependent=False, outputs=frozenset({"s", "Y"})) == [a, b]
+    (merged,) = merge_siblings([a, b], union, dependent=True, outputs=frozenset({"s", "Y"}))
+    assert merged.writes == {"s", "Y"}
+
+
+def test_a_row_only_two_warps_share_is_held_whole_at_64_threads() -> None:
+    """3584 = 7 x 64 x 8: no block of 128 threads shares every row, so 64 threads are offered, and the
+    fit check leaves only them."""
+    assert lower.long_row_threads({"d": 4096}) == [128, 256, 512]
+    assert lower.long_row_threads({"d": 3584}) == [64, 128, 256, 512]
+    (plan,) = search(load_graph_file(BENCH / "rmsnorm_rows_3584.json"), "bf16", tuning=False)
+    (k,) = plan.kernels
+    assert _whole(k, "d") and k.params["threads"] == [64]
+
+
+@pytest.mark.parametrize("path,dtype", [(DATA / "multi_absmax_row_scale.json", "bf16"),
+                                        (BENCH / "layernorm_rows_5120.json", "fp16"),
+                                        (BENCH / "residual_rmsnorm_3072.json", "bf16"),
+                                        (BENCH / "rmsnorm_rows_3584.json", "bf16")])
+def test_rows_of_any_length_held_whole_match_float64(path: Path, dtype: str) -> None:
+    """Rows of 5120 and 3072 held whole, against the float64 reference (the plan's tiled algorithm
+    and its emulated TileLang, ``error_bound`` per dtype)."""
+    (plan,) = search(load_graph_file(path), dtype, tuning=False)
+    assert len(plan.kernels) == 1 and plan.kernels[0].loop is None
+    assert_scaled_plan_matches_float64(plan, f"{path.stem} {dtype}")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
-from pyrunner.planner.lower import MAX_FULL_EXTENT, Lowered
+from pyrunner.planner.lower import MAX_FULL_EXTENT, Lowered, long_row_threads
 from pyrunner.planner.tiles import block_candidates
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
@@ -87,7 +87,7 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         # and a loop of synchronous loads waits for each step's loads whatever its stages
         one_stage = synchronous_loop(low) or (low.visible is not None and thread_reads_staged(low.body))
         space[STAGES_PARAM] = [1] if one_stage else [1, 2, 3]
-    space[THREADS_PARAM] = [128, 256, 512] if long_rows else [128, 256]
+    space[THREADS_PARAM] = long_row_threads(low.full) if long_rows else [128, 256]
     return space
 
 

@@ -54,7 +54,7 @@ from pyrunner.plan.schema import (
 from pyrunner.planner.masking import skippable_predicates
 from pyrunner.planner.tiles import stream_steps
 from pyrunner.target.device import rows_async
-from pyrunner.target.layout import fragment_groups
+from pyrunner.target.layout import MAX_VECTOR, fragment_groups, whole_row_divisible
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
 
@@ -66,6 +66,22 @@ MAX_FULL_EXTENT = 256
 MAX_FULL_REDUCE = 8192
 """Largest axis a kernel may reduce whole in one tile when it also stores along that axis (a row
 held on chip, read once, normalised in place)."""
+
+LONG_ROW_THREADS = (128, 256, 512)
+"""Block sizes a kernel holding long rows whole may take (its rows spread over more threads than a
+tile of short ones: a 4096-wide row at 8 rows and 256 threads is 128 registers a fragment)."""
+
+NARROW_ROW_THREADS = 64
+"""The block size added for a row held whole whose length only 64 threads x 8 elements divide (1536,
+2560, 3584: ``target.layout.reduced_tile_problem``); run 67 measured layernorm over 1024 at 2 rows x
+64 threads 8.7 us against 9.4 at 128, so two warps keep such a row streaming."""
+
+
+def long_row_threads(full: dict[str, int]) -> list[int]:
+    """Thread counts for a kernel holding the rows ``full`` (axis -> extent) whole: ``LONG_ROW_THREADS``,
+    and ``NARROW_ROW_THREADS`` where a row's length needs it."""
+    narrow = any(not whole_row_divisible(n, LONG_ROW_THREADS) for n in full.values() if n > MAX_FULL_EXTENT)
+    return [NARROW_ROW_THREADS, *LONG_ROW_THREADS] if narrow else list(LONG_ROW_THREADS)
 
 MAX_INLINE_DEPTH = 8
 """Deepest elementwise expression kept inline in one map; deeper chains go through a
@@ -378,9 +394,11 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int],
             if sizes[t.axis] > limit:
                 raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) too large to hold whole in a tile")
             n = sizes[t.axis]
-            if t.op == "reduce" and n > 16 and n & (n - 1):  # TileLang finds no fragment layout (d = 96)
-                raise Infeasible(f"a reduction over axis {t.axis} held whole needs a power-of-two extent, "
-                                 f"not {n}: it is streamed instead")
+            if t.op == "reduce" and n > 16 and not whole_row_divisible(n, (NARROW_ROW_THREADS, *LONG_ROW_THREADS)):
+                # TileLang finds no fragment layout (d = 96), or no butterfly over the row's threads
+                raise Infeasible(f"a reduction over axis {t.axis} held whole needs a power-of-two extent or a "
+                                 f"multiple of {NARROW_ROW_THREADS} threads x {MAX_VECTOR}, not {n}: "
+                                 f"it is streamed instead")
             if t.op == "matmul" and n % MMA_K_ALIGN:  # a tensor-core K step is 16 elements
                 n = _padded_contraction(computed, t.axis, n)
             full[t.axis] = n

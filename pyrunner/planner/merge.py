@@ -100,7 +100,7 @@ def merge_siblings(groups: list[Group[C]],
     while merged:
         merged = False
         reach = _reach(groups)
-        for i, j in _pairs(groups):
+        for i, j in _pairs(groups, dependent, outputs):
             pair = (groups[i].members, groups[j].members)
             if pair in tried or not _mergeable(i, j, groups, reach, dependent, outputs):
                 continue
@@ -123,19 +123,32 @@ def _mergeable(i: int, j: int, groups: list[Group], reach: list[set[int]], depen
     would close a cycle). A direct dependency is fine: the merged kernel computes the value it would have
     read (a root of the same kernel) and still stores it, which pays only where a third kernel reads it
     too (a split reduction's chunk maxima, say) or where it is a graph output (a residual sum returned
-    beside its norm): else the partition without that cut is the fused kernel."""
+    beside its norm): else the partition without that cut is the fused kernel. Every tensor the
+    producer writes must be so, or the merged kernel would store one that nothing reads."""
     for a, b in ((i, j), (j, i)):
         if a not in reach[b]:
             continue
         if not dependent or any(a in reach[k] for k in reach[b] if k != a):
             return False
-        if not (groups[a].writes & outputs
-                or any(groups[a].writes & groups[k].reads for k in range(len(groups)) if k not in (a, b))):
+        # every tensor the producer writes must still be needed once the pair is one kernel: a graph
+        # output or read by a third kernel (else the merged kernel would store a value nobody reads)
+        if not all(w in outputs or any(w in groups[k].reads for k in range(len(groups)) if k not in (a, b))
+                   for w in groups[a].writes):
             return False
     return True
 
 
-def _pairs(groups: list[Group]) -> list[tuple[int, int]]:
-    """Index pairs of groups with the same grid axes and loop axis, earliest kernels first."""
+def _pairs(groups: list[Group], dependent: bool = False,
+           outputs: frozenset[str] = frozenset()) -> list[tuple[int, int]]:
+    """Index pairs of groups with the same grid axes and loop axis, earliest kernels first. With
+    ``dependent``, also a kernel and one that reads a graph output it writes, whatever their grids: a
+    row statistic returned beside the rows it scales (absmax scaling) is streamed on its own, but
+    merged, the statistic's row is held whole and read once, a form no partition reaches (the
+    output's cut is fixed), so the union is lowered afresh (``merged_key``)."""
     order = sorted(range(len(groups)), key=lambda gi: min(groups[gi].members))
-    return [(i, j) for a, i in enumerate(order) for j in order[a + 1:] if groups[i].key == groups[j].key]
+
+    def feeds(a: int, b: int) -> bool:
+        return bool(groups[a].writes & outputs & groups[b].reads)
+
+    return [(i, j) for a, i in enumerate(order) for j in order[a + 1:]
+            if groups[i].key == groups[j].key or (dependent and (feeds(i, j) or feeds(j, i)))]

@@ -426,8 +426,12 @@ class Planner:
             if budget is not None and not budget.spend(MERGE_WORK * (len(la.terms) + len(lb.terms))):
                 return None
             roots, writes = la.roots + lb.roots, (*la.writes, *lb.writes)
-            kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved, streams=(la.stream,))
-            if kc is None and la.stream is None:  # held whole, the union's tiles may not fit: stream one of its axes
+            # kernels of different grids (a statistic returned beside what it scales, merge._pairs):
+            # the union picks its own loop axis, or none
+            streams = (la.stream,) if a.key == b.key else None
+            kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved, streams=streams)
+            if kc is None and streams is not None and la.stream is None:
+                # held whole, the union's tiles may not fit: stream one of its axes
                 kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved)
             return None if kc is None else group(a.members + b.members, kc)
 

@@ -23,7 +23,7 @@ from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import ChainSchedule, async_schedule
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce, Store
 from pyrunner.target.device import H200, Device
-from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups
+from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups, reduced_tile_problem
 from pyrunner.target.wgmma import tile_problem as wgmma_tile_problem
 
 REG_OVERHEAD = 32
@@ -188,9 +188,9 @@ class FitModel:
         dev = self.device
         for src, axis in self.reductions:
             extent = geo.blocks.get(axis, 1)
-            if extent & (extent - 1):
-                return (f"it reduces {src!r} over a tile of {extent} along {axis!r}: TileLang 0.1.15 reduces "
-                        f"across threads with an XOR butterfly, which needs a power-of-two extent")
+            problem = reduced_tile_problem(extent, extent == self.sizes.get(axis), fp.threads)
+            if problem:
+                return f"it reduces {src!r} along {axis!r}: {problem}"
         for src, axis in self.acc_row_reductions:
             if geo.blocks[axis] > 64 or fp.threads > 128:
                 return (f"it reduces {src!r}, laid out like a GEMM accumulator, over its {geo.blocks[axis]} rows "

@@ -122,3 +122,34 @@ def launch_axes(kernel: Kernel, roles: dict[str, AxisRole]) -> list[list[str]]:
     if len(dims) > 3:
         dims = dims[:2] + [live[: len(live) - 2]]
     return dims
+
+
+MAX_VECTOR = 8
+"""Most elements one thread takes per step of a partitioned ``T.Parallel`` loop (16 bytes of a 16-bit
+type); TileLang picks the widest that divides the loop."""
+
+
+def reduced_tile_problem(extent: int, whole: bool, threads: int) -> str | None:
+    """Why TileLang 0.1.15 cannot reduce a tile of ``extent`` along its reduced axis across ``threads``
+    threads (None when it can). Its cross-thread reduction is an XOR butterfly over the threads that
+    share one output, so those must be a power of two. A power-of-two extent always gives that. A
+    row held whole (``whole``: the tile is the axis) whose length is a multiple of ``threads`` x
+    ``MAX_VECTOR`` does too, whatever its factors: each round of the partitioned loop then covers
+    ``threads x vector`` elements of one row, so every thread holds a share of every row and the
+    butterfly spans all of them (a 5120-wide row at 128 threads: 5 rounds of 1024 per row)."""
+    if extent & (extent - 1) == 0:
+        return None
+    if whole and extent % (threads * MAX_VECTOR) == 0:
+        return None
+    if whole:
+        return (f"a {extent}-wide row held whole is reduced across {threads} threads: TileLang 0.1.15's XOR "
+                f"butterfly needs a power-of-two extent, or one that {threads} threads x {MAX_VECTOR} "
+                f"elements divide (every thread then shares every row)")
+    return (f"a tile of {extent} is reduced across threads: TileLang 0.1.15's XOR butterfly needs a "
+            f"power-of-two extent")
+
+
+def whole_row_divisible(extent: int, thread_counts: Iterable[int]) -> bool:
+    """Whether some block size of ``thread_counts`` lets a row of ``extent`` held whole be reduced
+    (``reduced_tile_problem``); the lowering asks before any config exists."""
+    return any(reduced_tile_problem(extent, True, t) is None for t in thread_counts)
