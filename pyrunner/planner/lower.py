@@ -73,15 +73,18 @@ tile of short ones: a 4096-wide row at 8 rows and 256 threads is 128 registers a
 
 NARROW_ROW_THREADS = 64
 """The block size added for a row held whole whose length only 64 threads x 8 elements divide (1536,
-2560, 3584: ``target.layout.reduced_tile_problem``); run 67 measured layernorm over 1024 at 2 rows x
-64 threads 8.7 us against 9.4 at 128, so two warps keep such a row streaming."""
+2560, 3584: ``target.layout.reduced_tile_problem``); two warps a block are a measured size, not a
+guess (run 67: layernorm over 1024 at 2 rows x 64 threads 8.7 us, 9.4 at 128)."""
+
+WHOLE_ROW_THREADS = (NARROW_ROW_THREADS, *LONG_ROW_THREADS)
+"""Every block size a kernel holding a long row whole may take."""
 
 
 def long_row_threads(full: dict[str, int]) -> list[int]:
     """Thread counts for a kernel holding the rows ``full`` (axis -> extent) whole: ``LONG_ROW_THREADS``,
     and ``NARROW_ROW_THREADS`` where a row's length needs it."""
     narrow = any(not whole_row_divisible(n, LONG_ROW_THREADS) for n in full.values() if n > MAX_FULL_EXTENT)
-    return [NARROW_ROW_THREADS, *LONG_ROW_THREADS] if narrow else list(LONG_ROW_THREADS)
+    return list(WHOLE_ROW_THREADS if narrow else LONG_ROW_THREADS)
 
 MAX_INLINE_DEPTH = 8
 """Deepest elementwise expression kept inline in one map; deeper chains go through a
@@ -394,7 +397,7 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int],
             if sizes[t.axis] > limit:
                 raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) too large to hold whole in a tile")
             n = sizes[t.axis]
-            if t.op == "reduce" and n > 16 and not whole_row_divisible(n, (NARROW_ROW_THREADS, *LONG_ROW_THREADS)):
+            if t.op == "reduce" and n > 16 and not whole_row_divisible(n, WHOLE_ROW_THREADS):
                 # TileLang finds no fragment layout (d = 96), or no butterfly over the row's threads
                 raise Infeasible(f"a reduction over axis {t.axis} held whole needs a power-of-two extent or a "
                                  f"multiple of {NARROW_ROW_THREADS} threads x {MAX_VECTOR}, not {n}: "

@@ -144,7 +144,7 @@ def _pairs(groups: list[Group], dependent: bool = False,
     ``dependent``, also a kernel and one that reads a graph output it writes, whatever their grids: a
     row statistic returned beside the rows it scales (absmax scaling) is streamed on its own, but
     merged, the statistic's row is held whole and read once, a form no partition reaches (the
-    output's cut is fixed), so the union is lowered afresh (``merged_key``)."""
+    output's cut is fixed), so ``try_merge`` lowers the union afresh (``Planner._merged``)."""
     order = sorted(range(len(groups)), key=lambda gi: min(groups[gi].members))
 
     def feeds(a: int, b: int) -> bool:
