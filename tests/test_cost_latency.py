@@ -62,6 +62,28 @@ def test_latency_bound_grows_with_steps_and_shrinks_with_stages() -> None:
     assert time(1024, 3) >= bandwidth_us
 
 
+def test_a_short_grid_over_most_of_l2_steps_widest() -> None:
+    """The LM head's softmax statistics read its 33 MB of float32 logits on 128 blocks of 2 rows. The
+    logits fit in L2, but fill most of it, so they do not stay there between calls beside the GEMM's
+    65 MB of weights, and the steps wait out HBM's latency: run 70 measured
+    72.9 us at steps of 512, 72.0 at 1024 and 63.0 at 2048. The model charges 512 for its latency and
+    ties 1024 with 2048 at the bandwidth bound; a short grid's ties go to the widest step."""
+    graph = load_graph_file(ROOT / "tests" / "data" / "matmul_lm_head_softmax.json")
+    plan = search(graph, "bf16", tuning=False)[0]
+    ((k, cfg),) = _streamed(plan)
+    assert cfg[k.loop.block] == 2048 and 32000 % 2048
+    planner = Planner(graph, "bf16", H200)
+    cand = planner.candidates()[0]
+    kc = next(kc for kc in cand.kernels if kc.low.stream is not None and not kc.low.gemms)
+    tb = {t.name: math.prod(t.shape) * DTYPE_BYTES[t.dtype] for t in cand.tensors}
+
+    def time(step: int) -> float:
+        c = {**kc.est.config, block_param(kc.low.stream): step}
+        return estimate(kc.low, c, planner.sizes, tb, kc.fit.footprint(c).smem_bytes).time_us
+
+    assert time(512) > time(1024) == time(2048)
+
+
 def test_bandwidth_bound_loops_keep_steps_of_at_most_256() -> None:
     """Row softmax over 4096 x 4096 runs 128 blocks that draw full bandwidth at 256-wide steps;
     wider steps only add registers per thread (run 35: 27 -> 40 us at 1024), so ties keep 256."""

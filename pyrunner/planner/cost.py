@@ -309,7 +309,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         # synchronous loads wait out a full latency each step: run 50 measured 0.9 us per step of
         # 8 x 512 (vocabulary 50257, 51 MB: within L2's reach, yet slower than its latency)
         sync = facts.synchronous
-        latency = dev.l2_latency_s if dram <= dev.l2_bytes and not sync else dev.hbm_latency_s
+        latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
         in_flight = 1 if sync else max(1, cfg.get(STAGES_PARAM, 1))
         t_lat = waves * n_iter * run * latency / in_flight
     t_mem = max(t_mem, t_lat)
@@ -322,11 +322,20 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
                     config=cfg)
 
 
+def l2_resident(facts: LoweringFacts, m: Machine = H200) -> bool:
+    """Whether a kernel's loads come from L2 across calls: its data fits in half of L2, so it stays
+    there beside the plan's other kernels. Data that fills most of L2 does not (run 70: the LM head's
+    softmax statistics read 33 MB of float32 logits after a GEMM streamed 65 MB of weights; 72.9 us
+    at steps of 512, 63.0 at 2048, as HBM's latency predicts); nor do synchronous loads."""
+    return 2 * (facts.unique_bytes + facts.written_bytes) <= m.device.l2_bytes and not facts.synchronous
+
+
 def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
                 tensor_bytes: dict[str, int], fit: FitModel, m: Machine = H200) -> Estimate | None:
     """The cheapest config of ``space`` that fits the device (``fit``), or None."""
     names = sorted(space)
     facts = LoweringFacts.of(low, tensor_bytes, m)
+    wide = short_reduction_grid(low, sizes, m) and not l2_resident(facts, m)
     best: tuple[tuple, Estimate] | None = None
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values))
@@ -334,14 +343,14 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
         if why is not None:
             continue
         est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts, fp.regs_per_thread)
-        key = _rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows)
+        key = _rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows, wide)
         if best is None or key < best[0]:
             best = key, est
     return None if best is None else best[1]
 
 
 def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None,
-              small_first: bool = False) -> tuple:
+              small_first: bool = False, wide_steps: bool = False) -> tuple:
     """How configs rank: a flash-style chain's configs that render asynchronously first (measured:
     attention 241 us under T.Pipelined, 208-219 asynchronously, a gap this model does not price),
     then predicted time, then larger tiles, a step counted up to 256 (wider steps hold more
@@ -350,12 +359,16 @@ def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | 
     fewer threads rank first, before predicted time: such a block loads, reduces across its threads and stores in turn,
     so several small blocks per SM overlap those phases where one large block cannot (run 64:
     add + RMSNorm over 4096 at 2 rows x 128 threads 34.2 us, at 4 x 512 42.3; L1 rows 17.3
-    against 20.2), which the bandwidth model does not see."""
+    against 20.2), which the bandwidth model does not see. With ``wide_steps``
+    (``short_reduction_grid`` over data that streams from HBM, ``l2_resident``) ties go to the widest
+    step instead: each block then needs more bytes in flight than a long grid's (run 70: the LM
+    head's softmax statistics over 32000 on 128 blocks, 72.0 us at steps of 1024, 63.0 at 2048, both
+    modelled alike at the bandwidth bound)."""
     step = cfg.get(block_param(stream), 0) if stream else 0
     size = sum(cfg.values()) - step + min(step, 256)
     if small_first:  # the bandwidth model gives these configs near-equal times: the measured order decides
         return (False, size, round(time_us, 3), step)
-    return (fit.chain and not fit.renders_async(cfg), round(time_us, 3), -size, step)
+    return (fit.chain and not fit.renders_async(cfg), round(time_us, 3), -size, -step if wide_steps else step)
 
 
 def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
@@ -363,12 +376,13 @@ def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str
     """The ``n`` cheapest configs of ``space`` that fit the device, best first (autotuning's list)."""
     names = sorted(space)
     facts = LoweringFacts.of(low, tensor_bytes, m)
+    wide = short_reduction_grid(low, sizes, m) and not l2_resident(facts, m)
     scored = []
     for values in itertools.product(*(space[k] for k in names)):
         cfg = dict(zip(names, values, strict=True))
         why, fp = fit.check(cfg)
         if why is None:
             est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts, fp.regs_per_thread)
-            scored.append((_rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows), cfg))
+            scored.append((_rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows, wide), cfg))
     scored.sort(key=lambda x: x[0])
     return [cfg for _, cfg in scored[:n]]

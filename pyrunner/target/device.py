@@ -60,7 +60,8 @@ class Device:
     """Load latency from HBM under load: a loop without tensor cores waits it out once per
     ``stages`` steps (Little's law: a block has ``stages`` tiles in flight)."""
     l2_latency_s: float
-    """The same where the kernel's data fits in L2 (``l2_bytes``) and stays there between calls."""
+    """The same where the kernel's data stays in L2 between calls (it fits in half of ``l2_bytes``:
+    ``planner.cost.l2_resident``)."""
     dtype_bytes: dict[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
 
 
