@@ -1,0 +1,58 @@
+"""The cost model's price of narrow tile rows: global memory moves in sectors, and each contiguous run
+a thread-moved tile makes costs about 16 bytes more (H200 run 71 probe: ``where`` over two 3000 x 1000
+inputs, 10.6 us on 64 x 8 tiles, rows of 16 bytes, against 5.5 on 8 x 128). These tests plan with
+the model alone (no tuning database), so they check the model's choices, not measured ones.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from pyrunner.ir.graph_json import load_graph_file
+from pyrunner.plan.analysis import resolve_config
+from pyrunner.planner.cost import FULL_RUN_BYTES, SECTOR_BYTES, contiguous_bytes, estimate, run_cost
+from pyrunner.planner.search import Planner, search
+from pyrunner.target.device import DTYPE_BYTES
+
+ROOT = Path(__file__).resolve().parent.parent
+WHERE = ROOT / "benchmarks" / "graphs" / "where_threshold_3in.json"
+
+
+def test_a_run_extends_over_whole_inner_blocks_only() -> None:
+    sizes = {"m": 3000, "n": 1000, "d": 64}
+    assert contiguous_bytes(("m", "n"), sizes, {"m": 64, "n": 8}, 2) == 16
+    assert contiguous_bytes(("m", "n"), sizes, {"m": 8, "n": 1000}, 2) == 16000  # whole rows: one run
+    assert contiguous_bytes(("m", "d"), sizes, {"m": 4, "d": 64}, 4) == 1024
+    assert contiguous_bytes(("n",), sizes, {"n": 2048}, 2) == 2000  # a block past the axis: the axis
+
+
+@pytest.mark.parametrize(("run", "overhead", "cost"), [
+    (2, 16, SECTOR_BYTES), (16, 16, 32), (32, 16, 48), (64, 16, 80), (16, 0, SECTOR_BYTES), (64, 0, 64),
+    (FULL_RUN_BYTES, 16, FULL_RUN_BYTES), (2000, 16, 2016)])
+def test_run_cost_is_whole_sectors_and_an_overhead_below_full_runs(run: int, overhead: int, cost: int) -> None:
+    assert run_cost(run, overhead) == cost
+
+
+def test_narrow_rows_cost_more_and_the_planner_avoids_them() -> None:
+    """The elementwise kernel of ``where`` over 3000 x 1000 bf16: 8-wide column tiles (16-byte rows)
+    are priced near twice 128-wide ones at the bandwidth bound, as run 71 measured, and the
+    model-only plan takes rows of at least 256 bytes."""
+    graph = load_graph_file(WHERE)
+    planner = Planner(graph, "bf16")
+    cand = next(c for c in planner.candidates() if any(not kc.low.gemms and kc.low.stream is None for kc in c.kernels))
+    kc = next(kc for kc in cand.kernels if kc.low.stream is None)
+    tb = {t.name: math.prod(t.shape) * DTYPE_BYTES[t.dtype] for t in cand.tensors}
+    launch = planner.machine.device.launch_us
+
+    def body_us(block_m: int, block_n: int) -> float:
+        cfg = {**kc.est.config, "block_m": block_m, "block_n": block_n, "threads": 256}
+        return estimate(kc.low, cfg, planner.sizes, tb, kc.fit.footprint(cfg).smem_bytes).time_us - launch
+
+    assert 1.7 < body_us(64, 8) / body_us(8, 128) < 2.3
+    plan = search(graph, "bf16", tuning=False)[0]
+    cfg = resolve_config(plan)
+    flat = next(k for k in plan.kernels if k.loop is None)
+    assert cfg[flat.name]["block_n"] * 2 >= FULL_RUN_BYTES, cfg
