@@ -56,3 +56,16 @@ def test_narrow_rows_cost_more_and_the_planner_avoids_them() -> None:
     cfg = resolve_config(plan)
     flat = next(k for k in plan.kernels if k.loop is None)
     assert cfg[flat.name]["block_n"] * 2 >= FULL_RUN_BYTES, cfg
+
+
+def test_a_loop_free_kernel_keeps_a_block_per_sm() -> None:
+    """A 1000 x 3000 elementwise chain: 96 blocks of 128 x 256 took 5.4 us in run 73, 752 of 64 x 64
+    4.2 in run 51. A block without a loop loads, computes and stores in turn, so the model no
+    longer lets fewer blocks than SMs draw more than their share of the bandwidth: the model-only
+    plan fills every SM, on rows of at least 256 bytes."""
+    graph = load_graph_file(ROOT / "benchmarks" / "graphs" / "elementwise_poly_1000x3000.json")
+    plan = search(graph, "bf16", tuning=False)[0]
+    (k,) = plan.kernels
+    cfg = resolve_config(plan)[k.name]
+    blocks = math.ceil(1000 / cfg["block_m"]) * math.ceil(3000 / cfg["block_n"])
+    assert blocks >= 132 and cfg["block_n"] * 2 >= FULL_RUN_BYTES, cfg

@@ -294,9 +294,11 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
     t_cc = run * (ew / dev.cc_flops + trans / dev.sfu_ops) / max(util, 1e-3)
     # a block of a streamed loop overlaps its loads across stages, so fewer blocks than SMs still draw
-    # most of the bandwidth; a loop-free block loads, computes and stores in turn, one per SM here
+    # most of the bandwidth; a loop-free block without GEMMs loads, computes and stores in turn, one
+    # per SM here
     # (run 73: a 1000 x 3000 elementwise kernel on 96 blocks of 128 x 256, 5.4 us; 752 of 64 x 64, 4.2)
-    reach = FLAT_BLOCK_REACH if low.stream is None and n_blocks < dev.sms else STREAM_BLOCK_REACH
+    flat = low.stream is None and not low.gemms
+    reach = FLAT_BLOCK_REACH if flat and n_blocks < dev.sms else STREAM_BLOCK_REACH
     t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
@@ -331,7 +333,8 @@ STREAM_BLOCK_REACH = 1.5
 """Share of the bandwidth a grid of fewer blocks than SMs draws, per block, in SM shares: a streamed
 block keeps ``stages`` tiles in flight, so 88 blocks draw it all."""
 FLAT_BLOCK_REACH = 1.0
-"""The same for a kernel without a loop: its one tile is loaded, then computed, then stored."""
+"""The same for a kernel without a loop or GEMMs: its one tile is loaded, then computed, then stored
+(measured on such kernels only; loop-free GEMM kernels keep ``STREAM_BLOCK_REACH``)."""
 
 SECTOR_BYTES = 32
 """Global memory moves in 32-byte sectors: a tile row of fewer contiguous bytes pays for whole sectors."""
