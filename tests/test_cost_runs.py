@@ -13,8 +13,9 @@ import pytest
 
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.analysis import resolve_config
-from pyrunner.planner.cost import FULL_RUN_BYTES, SECTOR_BYTES, contiguous_bytes, estimate, run_cost
+from pyrunner.planner.cost import estimate
 from pyrunner.planner.search import Planner, search
+from pyrunner.planner.traffic import FULL_RUN_BYTES, SECTOR_BYTES, contiguous_bytes, run_cost
 from pyrunner.target.device import DTYPE_BYTES
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -24,6 +24,7 @@ from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.merge_axes import merge_all
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.ir.split_axes import AxisSplit, _Splitter, split, split_problem
+from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan, plan_document, with_hash
 from pyrunner.plan.validate import validate_plan
 from pyrunner.plan.views import View, kernel_graph, to_plan_layout, to_source_layout
@@ -160,7 +161,10 @@ def test_short_query_attention_splits_its_keys_into_chunks(decode_plan: Plan, mo
     chunk, combine = plan.kernels
     assert "t_kv_chunk" in {g.axis for g in chunk.grid} and chunk.loop.axis == "t_kv_in"
     assert len(chunk.writes) == 3  # each chunk's max, denominator and unnormalised output
-    assert combine.writes == ["O"] and combine.loop is None
+    # the combine reads all 16 chunks at once: no loop, or a loop of one step over them all (a
+    # loop-free block draws one SM share of bandwidth since run 73, a one-step loop 1.5, so either may win)
+    assert combine.writes == ["O"]
+    assert combine.loop is None or resolve_config(plan)[combine.name][combine.loop.block] >= 16, combine.loop
     k = next(t for t in plan.tensors if t.name == "K")
     assert k.axes == ["kv_h", "t_kv_chunk", "t_kv_in", "d"] and plan.graph["inputs"]["K"] == ["kv_h", "t_kv", "d"]
     # predicted faster than the best unsplit plan: the flash kernel's 16 blocks stream 4096 keys each,

@@ -13,11 +13,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from pyrunner.ir.axes import axes_of
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
 from pyrunner.planner.lower import MAX_FULL_EXTENT, Lowered, long_row_threads
 from pyrunner.planner.tiles import block_candidates
+from pyrunner.planner.traffic import sectored_bytes
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
 from pyrunner.target.fit import FitModel, fitting_space
@@ -293,12 +293,8 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
     trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
     t_cc = run * (ew / dev.cc_flops + trans / dev.sfu_ops) / max(util, 1e-3)
-    # a block of a streamed loop overlaps its loads across stages, so fewer blocks than SMs still draw
-    # most of the bandwidth; a loop-free block without GEMMs loads, computes and stores in turn, one
-    # per SM here
-    # (run 73: a 1000 x 3000 elementwise kernel on 96 blocks of 128 x 256, 5.4 us; 752 of 64 x 64, 4.2)
-    flat = low.stream is None and not low.gemms
-    reach = FLAT_BLOCK_REACH if flat and n_blocks < dev.sms else STREAM_BLOCK_REACH
+    # fewer blocks than SMs: each draws FLAT_BLOCK_REACH or STREAM_BLOCK_REACH SM shares of bandwidth
+    reach = FLAT_BLOCK_REACH if low.stream is None and not low.gemms and n_blocks < dev.sms else STREAM_BLOCK_REACH
     t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
@@ -334,58 +330,8 @@ STREAM_BLOCK_REACH = 1.5
 block keeps ``stages`` tiles in flight, so 88 blocks draw it all."""
 FLAT_BLOCK_REACH = 1.0
 """The same for a kernel without a loop or GEMMs: its one tile is loaded, then computed, then stored
-(measured on such kernels only; loop-free GEMM kernels keep ``STREAM_BLOCK_REACH``)."""
-
-SECTOR_BYTES = 32
-"""Global memory moves in 32-byte sectors: a tile row of fewer contiguous bytes pays for whole sectors."""
-
-RUN_OVERHEAD_BYTES = 16
-"""What each contiguous run of a tile costs beyond its bytes, in a kernel whose threads load and store
-(no tensor cores, no TMA): run 71's probe of ``where`` over two 3000 x 1000 inputs took, per tile row
-of 16 / 32 / 64 / 128 / 256 bytes, about 2 / 1.6 / 1.15 / 1.05 / 1 times the time of the widest, as
-``(run + 16) / run`` predicts (10.6 us at 16 bytes, 5.5 at 256, for 18 MB). Runs of ``FULL_RUN_BYTES``
-or more pay nothing extra: the probe has no wider reference, and wider steps of a bandwidth-bound
-loop measured no faster (run 35), so they must tie with it."""
-
-FULL_RUN_BYTES = 256
-
-
-def contiguous_bytes(axes: tuple[str, ...] | list[str], sizes: dict[str, int], blocks: dict[str, int],
-                     elem_bytes: float) -> float:
-    """Bytes one tile of a tensor laid out as ``axes`` (the last contiguous) holds in one run: its
-    innermost block, times the next while the blocks inside are whole axes."""
-    run = elem_bytes
-    for a in reversed(axes):
-        b = min(blocks.get(a, 1), sizes[a])
-        run *= b
-        if b < sizes[a]:
-            break
-    return run
-
-
-def run_cost(run: float, overhead: float) -> float:
-    """Bytes a contiguous run of ``run`` bytes costs: whole sectors, and at least ``run + overhead``
-    below ``FULL_RUN_BYTES``."""
-    if run >= FULL_RUN_BYTES:
-        return SECTOR_BYTES * math.ceil(run / SECTOR_BYTES)
-    return max(SECTOR_BYTES * math.ceil(run / SECTOR_BYTES), run + overhead)
-
-
-def sectored_bytes(low: Lowered, blocks: dict[str, int], sizes: dict[str, int],
-                   tensor_bytes: dict[str, int]) -> float:
-    """HBM bytes of a kernel's loads and stores, each tensor once, priced per contiguous run of its
-    tiles (``run_cost``): whole sectors everywhere, the per-run overhead where threads move the data
-    (a tensor-core kernel's operands go by TMA, whose boxes the measurement above does not cover)."""
-    overhead = 0.0 if low.gemms else RUN_OVERHEAD_BYTES
-    tensors = [(ld.tensor, ld.axes) for ld in low.loads]
-    tensors += [(name, axes_of(t)) for name, t in zip(low.writes, low.roots or (low.root,), strict=False)]
-    total = 0.0
-    for name, axes in tensors:
-        whole = tensor_bytes[name]
-        run = contiguous_bytes(axes, sizes, blocks, whole / max(1, math.prod(sizes[a] for a in axes)))
-        total += whole * run_cost(run, overhead) / run if run > 0 else whole
-    return total
-
+(run 73: a 1000 x 3000 elementwise kernel on 96 blocks of 128 x 256, 5.4 us; on 752 of 64 x 64, 4.2
+in run 51). Measured on such kernels only: loop-free GEMM kernels keep ``STREAM_BLOCK_REACH``."""
 
 def l2_resident(facts: LoweringFacts, m: Machine = H200) -> bool:
     """Whether a kernel's loads come from L2 across calls: its data fits in half of L2, so it stays
