@@ -17,7 +17,7 @@ from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
 from pyrunner.planner.lower import MAX_FULL_EXTENT, Lowered, long_row_threads
 from pyrunner.planner.tiles import block_candidates
-from pyrunner.planner.traffic import sectored_bytes
+from pyrunner.planner.traffic import FLAT_BLOCK_REACH, STREAM_BLOCK_REACH, sectored_bytes
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
 from pyrunner.target.fit import FitModel, fitting_space
@@ -325,14 +325,6 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
                     config=cfg)
 
 
-STREAM_BLOCK_REACH = 1.5
-"""Share of the bandwidth a grid of fewer blocks than SMs draws, per block, in SM shares: a streamed
-block keeps ``stages`` tiles in flight, so 88 blocks draw it all."""
-FLAT_BLOCK_REACH = 1.0
-"""The same for a kernel without a loop or GEMMs: its one tile is loaded, then computed, then stored
-(run 73: a 1000 x 3000 elementwise kernel on 96 blocks of 128 x 256, 5.4 us; on 752 of 64 x 64, 4.2
-in run 51). Measured on such kernels only: loop-free GEMM kernels keep ``STREAM_BLOCK_REACH``."""
-
 def l2_resident(facts: LoweringFacts, m: Machine = H200) -> bool:
     """Whether a kernel's loads come from L2 across calls: its data fits in half of L2, so it stays
     there beside the plan's other kernels. Data that fills most of L2 does not (run 70: the LM head's
@@ -341,12 +333,18 @@ def l2_resident(facts: LoweringFacts, m: Machine = H200) -> bool:
     return 2 * (facts.unique_bytes + facts.written_bytes) <= m.device.l2_bytes and not facts.synchronous
 
 
+def wide_steps(low: Lowered, sizes: dict[str, int], facts: LoweringFacts, m: Machine = H200) -> bool:
+    """Whether ties between a kernel's configs go to the widest step (``_rank_key``): a short
+    reduction grid over data that streams from HBM."""
+    return short_reduction_grid(low, sizes, m) and not l2_resident(facts, m)
+
+
 def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
                 tensor_bytes: dict[str, int], fit: FitModel, m: Machine = H200) -> Estimate | None:
     """The cheapest config of ``space`` that fits the device (``fit``), or None."""
     names = sorted(space)
     facts = LoweringFacts.of(low, tensor_bytes, m)
-    wide = short_reduction_grid(low, sizes, m) and not l2_resident(facts, m)
+    wide = wide_steps(low, sizes, facts, m)
     best: tuple[tuple, Estimate] | None = None
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values))
@@ -387,7 +385,7 @@ def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str
     """The ``n`` cheapest configs of ``space`` that fit the device, best first (autotuning's list)."""
     names = sorted(space)
     facts = LoweringFacts.of(low, tensor_bytes, m)
-    wide = short_reduction_grid(low, sizes, m) and not l2_resident(facts, m)
+    wide = wide_steps(low, sizes, facts, m)
     scored = []
     for values in itertools.product(*(space[k] for k in names)):
         cfg = dict(zip(names, values, strict=True))

@@ -1,8 +1,9 @@
-"""HBM bytes a kernel's tiles move: priced per contiguous run, not per byte.
+"""HBM traffic of a kernel's tiles: bytes priced per contiguous run, and the bandwidth a short grid draws.
 
 A tile whose rows are narrow moves its bytes in many short runs, each paying whole sectors and a
 fixed overhead; the cost model (``planner.cost.estimate``) takes its HBM bytes from here, so the
-tile search sees what narrow rows cost (H200 run 72's probe, below).
+tile search sees what narrow rows cost (H200 run 72's probe, below), and its bandwidth share per
+block of a grid smaller than the device.
 """
 
 from __future__ import annotations
@@ -11,6 +12,14 @@ import math
 
 from pyrunner.ir.axes import axes_of
 from pyrunner.planner.lower import Lowered
+
+STREAM_BLOCK_REACH = 1.5
+"""Share of the bandwidth a grid of fewer blocks than SMs draws, per block, in SM shares: a streamed
+block keeps ``stages`` tiles in flight, so 88 blocks draw it all."""
+FLAT_BLOCK_REACH = 1.0
+"""The same for a kernel without a loop or GEMMs: its one tile is loaded, then computed, then stored
+(run 73: a 1000 x 3000 elementwise kernel on 96 blocks of 128 x 256, 5.4 us; on 752 of 64 x 64, 4.2
+in run 51). Measured on such kernels only: loop-free GEMM kernels keep ``STREAM_BLOCK_REACH``."""
 
 SECTOR_BYTES = 32
 """Global memory moves in 32-byte sectors: a tile row of fewer contiguous bytes pays for whole sectors."""
@@ -42,9 +51,8 @@ def contiguous_bytes(axes: tuple[str, ...] | list[str], sizes: dict[str, int], b
 def run_cost(run: float, overhead: float) -> float:
     """Bytes a contiguous run of ``run`` bytes costs: whole sectors, and at least ``run + overhead``
     below ``FULL_RUN_BYTES``."""
-    if run >= FULL_RUN_BYTES:
-        return SECTOR_BYTES * math.ceil(run / SECTOR_BYTES)
-    return max(SECTOR_BYTES * math.ceil(run / SECTOR_BYTES), run + overhead)
+    sectors = SECTOR_BYTES * math.ceil(run / SECTOR_BYTES)
+    return sectors if run >= FULL_RUN_BYTES else max(sectors, run + overhead)
 
 
 def sectored_bytes(low: Lowered, blocks: dict[str, int], sizes: dict[str, int],
