@@ -3,7 +3,8 @@ reads the row once and keeps it on chip (``planner.lower._held_whole``), a graph
 kernel also computes merges into it (``planner.merge._mergeable``), and its configs rank small tiles
 and few threads first (``planner.cost._rank_key``), with registers in its occupancy. Rows of a length
 that is not a power of two (5120, 3072) are held whole where every thread can share every row
-(``target.layout.reduced_tile_problem``)."""
+(``target.layout.reduced_tile_problem``), and rows no block divides (333, 768) in a padded
+power-of-two tile, masked past their end."""
 
 from __future__ import annotations
 
@@ -15,13 +16,13 @@ from plan_fixtures import assert_scaled_plan_matches_float64
 
 from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
-from pyrunner.plan.schema import Load, Store
+from pyrunner.plan.schema import AxisSize, Index, Load, Map, Store
 from pyrunner.plan.validate import check_plan
 from pyrunner.planner import cost, lower, search
 from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.planner.search import Planner
 from pyrunner.target.fit import FitModel
-from pyrunner.target.layout import reduced_tile_problem
+from pyrunner.target.layout import padded_row, reduced_tile_problem
 
 DATA = Path(__file__).resolve().parent / "data"
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "graphs"
@@ -196,3 +197,37 @@ def test_rows_of_any_length_held_whole_match_float64(path: Path, dtype: str) -> 
     (plan,) = search(load_graph_file(path), dtype, tuning=False)
     assert len(plan.kernels) == 1 and plan.kernels[0].loop is None
     assert_scaled_plan_matches_float64(plan, f"{path.stem} {dtype}")
+
+
+def test_a_row_no_block_divides_is_held_whole_in_a_padded_power_of_two_tile() -> None:
+    """333 is neither a power of two nor a multiple of 64 threads x 8: the row is held whole in a
+    tile of 512 (``target.layout.padded_row``), so the RMSNorm and its scale are one kernel reading
+    X once, and the squares entering the sum are masked past 333 with the sum's identity."""
+    assert padded_row(333) == 512 and padded_row(768) == 1024 and padded_row(1024) == 1024
+    plans = search(load_graph_file(BENCH / "size_one_axis.json"), "bf16", top=2, tuning=False)
+    (k,) = plans[0].kernels
+    assert [(g.axis, g.block) for g in k.grid if isinstance(g.block, int) and g.block > 1] == [("n", 512)]
+    masks = [op for op in _ops(k, Map) if op.expr.kind == "call" and op.expr.fn == "where"]
+    assert len(masks) == 1 and masks[0].expr.args[0].args == [Index(axis="n"), AxisSize(axis="n")]
+    assert plans[0].cost.total_us < plans[1].cost.total_us and len(plans[1].kernels) == 2
+
+
+@pytest.mark.parametrize("path", [DATA / "softmax_rows_odd_1000.json", DATA / "norm_layernorm_768.json",
+                                  BENCH / "size_one_axis.json"])
+def test_rows_held_whole_in_padded_tiles_match_float64(path: Path) -> None:
+    """Padded rows against the float64 reference: a softmax of ``-4 - |x|`` (a pad left unmasked
+    would be the row maximum), a layernorm (unmasked pads would shift the variance), an RMSNorm."""
+    (plan,) = search(load_graph_file(path), "bf16", tuning=False)
+    assert len(plan.kernels) == 1 and plan.kernels[0].loop is None
+    assert_scaled_plan_matches_float64(plan, path.stem)
+
+
+def test_a_scalar_and_the_short_row_it_sums_are_one_kernel() -> None:
+    """softplus(x - y) over 7 elements and its sum, both returned: the 7 are held whole in a padded
+    tile of 8, and the scalar's unit axis (extent 1, one block) no longer keeps the merge out, so
+    one kernel stores both (it was two launches: 2.3 us against torch.compile's 2.1, run 74)."""
+    plans = search(load_graph_file(BENCH / "tiny_vec.json"), "bf16", top=2, tuning=False)
+    (k,) = plans[0].kernels
+    assert sorted(k.writes) == ["e", "s"] and k.loop is None
+    assert ("n", 8) in [(g.axis, g.block) for g in k.grid]
+    assert_scaled_plan_matches_float64(plans[0], "tiny_vec")

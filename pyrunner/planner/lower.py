@@ -54,7 +54,7 @@ from pyrunner.plan.schema import (
 from pyrunner.planner.masking import skippable_predicates
 from pyrunner.planner.tiles import stream_steps
 from pyrunner.target.device import rows_async
-from pyrunner.target.layout import MAX_VECTOR, fragment_groups, whole_row_divisible
+from pyrunner.target.layout import fragment_groups, padded_row, whole_row_divisible
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
 
@@ -397,14 +397,15 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int],
             if sizes[t.axis] > limit:
                 raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) too large to hold whole in a tile")
             n = sizes[t.axis]
-            if t.op == "reduce" and n > 16 and not whole_row_divisible(n, WHOLE_ROW_THREADS):
-                # TileLang finds no fragment layout (d = 96), or no butterfly over the row's threads
-                raise Infeasible(f"a reduction over axis {t.axis} held whole needs a power-of-two extent or a "
-                                 f"multiple of {NARROW_ROW_THREADS} threads x {MAX_VECTOR}, not {n}: "
-                                 f"it is streamed instead")
+            if t.op == "reduce" and not whole_row_divisible(n, WHOLE_ROW_THREADS):
+                # TileLang finds no fragment layout (d = 96), or no butterfly over the row's threads:
+                # the tile is padded to a power of two and every reduced value masked past the end
+                n = padded_row(n)
+                if n > limit:
+                    raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) padded to {n} is too large to hold whole")
             if t.op == "matmul" and n % MMA_K_ALIGN:  # a tensor-core K step is 16 elements
                 n = _padded_contraction(computed, t.axis, n)
-            full[t.axis] = n
+            full[t.axis] = max(n, full.get(t.axis, 0))
     return full
 
 
@@ -475,7 +476,8 @@ def _grid(all_axes: list[str], root: Roots, s: str | None, tiled: set[str], full
             g = GridAxis(axis=a, block=block_param(a))
         else:
             g = GridAxis(axis=a, block=1)
-        if a not in root_axes and a not in full and g.block != sizes[a]:  # held whole: one block, padded or not
+        # held whole (one block, padded or not) or of extent 1 (a scalar output's unit axis): one block
+        if a not in root_axes and a not in full and g.block != sizes[a] and sizes[a] > 1:
             raise Infeasible(f"axis {a} is split across blocks but not in every output")
         grid.append(g)
     return grid
@@ -517,6 +519,7 @@ class _Builder:
         self.at = "prologue"
         self.guard_max = False  # the cone has an infinite constant (a mask): guard running maxima
         self.tail = False  # the streamed axis ends in a partial tile
+        self.padded: dict[str, int] = {}  # axes held whole in a tile larger than the axis
         self.loaded: set[str] = set()
         self.tail_masked: dict[tuple[str, float], str] = {}
 
@@ -622,19 +625,26 @@ class _Builder:
 
     def tail_mask(self, buf: str, identity: float) -> str:
         """On a partial last tile, mask a value entering a loop accumulator with its identity, and
-        return the buffer to accumulate from. Zeros loaded from memory already are a sum's identity;
-        a tile loaded from memory is masked into a fragment of its own (its shared copy may feed a
-        GEMM too), any other value in place."""
-        if not self.tail or (buf in self.loaded and identity == 0.0):
+        return the buffer to accumulate from."""
+        if not self.tail:
+            return buf
+        assert self.s is not None
+        return self.pad_mask(buf, identity, self.s, "body")
+
+    def pad_mask(self, buf: str, identity: float, axis: str, at: str) -> str:
+        """Mask ``buf`` past the end of ``axis`` with a reduction's ``identity`` (a partial last
+        tile of the loop, or a row held whole in a padded tile). Zeros loaded from memory already
+        are a sum's identity; a tile loaded from memory is masked into a fragment of its own (its
+        shared copy may feed a GEMM too), any other value in place."""
+        if buf in self.loaded and identity == 0.0:
             return buf
         key = (buf, identity)
         if key not in self.tail_masked:
-            assert self.s is not None
-            pred = Call(fn="lt", args=[Index(axis=self.s), AxisSize(axis=self.s)])
+            pred = Call(fn="lt", args=[Index(axis=axis), AxisSize(axis=axis)])
             dst = (self.add_buffer(f"{buf}_masked", list(self.buffers[buf].axes), "fragment", "float32")
                    if buf in self.loaded else buf)
             masked = Call(fn="where", args=[pred, Ref(buf=buf), const_expr(identity)])
-            self.ops["body"].append(Map(dst=dst, expr=masked))
+            self.ops[at].append(Map(dst=dst, expr=masked))
             self.tail_masked[key] = dst
         return self.tail_masked[key]
 
@@ -701,6 +711,8 @@ class _Builder:
         at = self.where[t]
         self.count(t.args[0])
         src = self.materialize(t.args[0], at)
+        if self.padded.get(t.axis, self.sizes[t.axis]) != self.sizes[t.axis]:
+            src = self.pad_mask(src, REDUCTIONS[t.fn].identity, t.axis, at)
         name = self.fragment_for(t, f"{t.fn}_{t.axis}")
         self.ops[at].append(Reduce(fn=REDUCTIONS[t.fn].tile, src=src, dst=name, axis=t.axis, accumulate=False))
         if t.fn == "mean":
@@ -848,6 +860,7 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
                          synchronous=synchronous) if s is not None else []
     b.tail = any(sizes[s] % step for step in steps)
     b.loaded = {b.buf_of[leaf] for leaf in leaves}
+    b.padded = {a: n for a, n in full.items() if n != sizes[a]}
     for t in computed:
         emit = _EMIT.get(t.op)
         if emit is None:

@@ -38,6 +38,7 @@ from pyrunner.plan.schema import (
     axis_sizes,
 )
 from pyrunner.plan.views import to_plan_layout, to_source_layout, view_of
+from pyrunner.target.layout import padded_row
 from pyrunner.target.rounding import round_to  # noqa: F401 - re-exported: callers import it from here
 
 
@@ -329,9 +330,12 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         defaults = dict(k.defaults)
         grid = []
         for g in k.grid:
-            if isinstance(g.block, int) and g.block != 1:  # held whole; a padded contraction stays padded
+            if isinstance(g.block, int) and g.block != 1:  # held whole; a padded tile stays padded
                 n = new_sizes[g.axis]
-                g = g.model_copy(update={"block": -(-n // MMA_K_ALIGN) * MMA_K_ALIGN if g.block > sizes[g.axis] else n})
+                if g.block > sizes[g.axis]:  # a padded row stays a power of two, a contraction whole K steps
+                    n = max(padded_row(n), MMA_K_ALIGN) if g.block == padded_row(g.block) \
+                        else -(-n // MMA_K_ALIGN) * MMA_K_ALIGN
+                g = g.model_copy(update={"block": n})
             grid.append(g)
         users: dict[str, list[str]] = {}  # parameter -> axes whose block it is
         for g in k.grid:

@@ -153,3 +153,11 @@ def whole_row_divisible(extent: int, thread_counts: Iterable[int]) -> bool:
     """Whether some block size of ``thread_counts`` lets a row of ``extent`` held whole be reduced
     (``reduced_tile_problem``); the lowering asks before any config exists."""
     return any(reduced_tile_problem(extent, True, t) is None for t in thread_counts)
+
+
+def padded_row(n: int) -> int:
+    """The tile of a row held whole that no block size divides (333, 768, 1000): the next power of
+    two, whose positions past ``n`` are loaded as zeros and masked with each reduction's identity
+    (``planner.lower._Builder.pad_mask``). Holding the row whole reads it once, where streaming it
+    reads it once for the statistic and again to normalise it (a second kernel)."""
+    return 1 << (n - 1).bit_length()
