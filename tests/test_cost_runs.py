@@ -70,3 +70,22 @@ def test_a_loop_free_kernel_keeps_a_block_per_sm() -> None:
     cfg = resolve_config(plan)[k.name]
     blocks = math.ceil(1000 / cfg["block_m"]) * math.ceil(3000 / cfg["block_n"])
     assert blocks >= 132 and cfg["block_n"] * 2 >= FULL_RUN_BYTES, cfg
+
+
+def test_a_strided_stream_narrows_its_rows_so_the_contiguous_axis_runs_wide() -> None:
+    """Mean-pool over t of X[b, t, d]: the loop streams the strided axis t while the tiles span b and
+    d, d contiguous. Its rows (b) may go down to 2 (``planner.space.strided_rows``), so d takes
+    tiles of 256 and more (runs of 512 bytes: 11.2 us on the H200, run 78) at the block size the
+    old floor of 8 rows kept at 64 (runs of 128 bytes: 18.5 us)."""
+    from pyrunner.planner.space import strided_rows
+
+    plan = search(load_graph_file(ROOT / "tests" / "data" / "reduce_meanpool_projection.json"), "bf16",
+                  tuning=False)[0]
+    k = next(k for k in plan.kernels if k.loop is not None and k.loop.axis == "t")
+    assert min(k.params["block_b"]) == 2
+    assert k.defaults["block_d"] >= 256 and k.defaults["block_b"] * k.defaults["block_d"] <= 1024
+    # a column max over the rows of Z[m, n] streams m, but its one tiled axis is the contiguous n:
+    # no rows to narrow
+    planner = Planner(load_graph_file(WHERE), "bfloat16")
+    column = [kc.low for c in planner.candidates()[:3] for kc in c.kernels if kc.low.stream == "m"]
+    assert column and all(strided_rows(low) == set() for low in column)

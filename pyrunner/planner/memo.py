@@ -15,8 +15,9 @@ from dataclasses import replace
 
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param
 from pyrunner.plan.schema import Kernel, StreamLoop
-from pyrunner.planner.cost import Estimate, Machine, best_config, fitting_space, param_space
+from pyrunner.planner.cost import Estimate, Machine, best_config, fitting_space
 from pyrunner.planner.lower import Lowered
+from pyrunner.planner.space import param_space
 from pyrunner.target.fit import FitModel
 
 BLOCK_PREFIX = block_param("")
