@@ -248,3 +248,18 @@ def test_flex_attention_baseline_takes_the_mask_as_a_block_mask(name: str) -> No
         warnings.simplefilter("ignore")
         out = fn(**{k: torch.from_numpy(v).double() for k, v in inputs.items()})
     assert np.abs(out["O"].numpy() - ref["O"]).max() < 1e-9
+
+
+def test_autotuning_keeps_time_back_for_a_flex_compile_only_where_one_happens() -> None:
+    """``flex`` asked for beside graphs with no FlexAttention form reserved its compile time anyway,
+    which stopped every autotune of run 77 after its first config."""
+    from pyrunner.ir import catalog
+    from pyrunner.run.flex import flex_applies
+    from pyrunner.run.runner import AUTOTUNE_RESERVE_S, SLOW_BASELINES_S, RunOptions, autotune_reserve_s
+
+    assert flex_applies(_softcap_bias_graph()) and not flex_applies(catalog.get("SwiGLU"))
+    flex = RunOptions(baselines=("eager", "torch_compile", "flex"))
+    assert autotune_reserve_s(flex, catalog.get("SwiGLU")) == AUTOTUNE_RESERVE_S
+    assert autotune_reserve_s(flex, _softcap_bias_graph()) == AUTOTUNE_RESERVE_S + SLOW_BASELINES_S
+    slow = RunOptions(baselines=("max_autotune",))
+    assert autotune_reserve_s(slow, catalog.get("SwiGLU")) == AUTOTUNE_RESERVE_S + SLOW_BASELINES_S

@@ -168,6 +168,12 @@ def _flex_source(graph: Graph) -> str | None:
     return "\n".join(lines) + "\n"
 
 
+def flex_applies(graph: Graph) -> bool:
+    """Whether ``graph`` has a FlexAttention baseline (``flex_fn`` would give one), without compiling it:
+    the runner keeps time back for that compile only where it will happen."""
+    return _flex_source(graph) is not None
+
+
 def flex_fn(graph: Graph) -> TorchFn | None:
     """FlexAttention (torch.compile'd) for a graph that is one softmax attention with a score modification.
 
