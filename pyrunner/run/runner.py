@@ -565,13 +565,23 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
 
 def _record_tuning(run: _Run) -> None:
     """Write the config just timed into the tuning file (opts.tuning_out) when it beats the stored one."""
+    from pyrunner.plan.schedule import plan_forms
+    from pyrunner.target.tuning import tuning_key
+
     opts = run.opts
-    if opts.tuning_out is None or run.fields.get("plan_us") is None:
+    if run.fields.get("plan_us") is None:
+        return
+    tried = run.fields["extra"].get("autotune") or []
+    default = next((t.get("time_us") for t in tried if t.get("config") == default_config(run.plan)), None)
+    try:  # the record names its database key, so a results log alone can rebuild the entry
+        run.fields["extra"]["tuning"] = {"key": tuning_key(run.plan, run.fields["device"]),
+                                         "forms": plan_forms(run.plan.kernels), "default_us": default}
+    except Exception as e:  # noqa: BLE001 - tuning bookkeeping must not fail a run
+        run.notes.append(f"tuning key not recorded: {_err(e)}")
+    if opts.tuning_out is None:
         return
     try:
         db = _tuning_db(opts, run.fields["device"])
-        tried = run.fields["extra"].get("autotune") or []
-        default = next((t.get("time_us") for t in tried if t.get("config") == default_config(run.plan)), None)
         changed = db.record(run.plan, run.fields["config"], run.fields["plan_us"], run.fields["device"],
                             tried=max(1, len(tried)), default_us=default)
         db.save(opts.tuning_out)
