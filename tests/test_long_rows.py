@@ -212,7 +212,7 @@ def test_a_row_no_block_divides_is_held_whole_in_a_padded_power_of_two_tile() ->
     assert plans[0].cost.total_us < plans[1].cost.total_us and len(plans[1].kernels) == 2
 
 
-@pytest.mark.parametrize("path", [DATA / "softmax_rows_odd_1000.json", DATA / "norm_layernorm_768.json",
+@pytest.mark.parametrize("path", [BENCH / "softmax_rows_odd_1000.json", BENCH / "norm_layernorm_768.json",
                                   BENCH / "size_one_axis.json"])
 def test_rows_held_whole_in_padded_tiles_match_float64(path: Path) -> None:
     """Padded rows against the float64 reference: a softmax of ``-4 - |x|`` (a pad left unmasked
