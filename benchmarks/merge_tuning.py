@@ -32,15 +32,16 @@ ALT = "~alt"
 
 def merge_entries(db, other) -> list[str]:
     """Merge the entries of ``other`` (a TuningDB) into ``db``; one line per entry that changed."""
+    from pyrunner.target.tuning import stale, supersedes
+
     changes: list[str] = []
     for key, new in other.entries.items():
         old = db.entries.get(key)
         if old == new:
             continue
-        stale = old is not None and old.extra.get("forms") != new.extra.get("forms")
-        if old is None or stale or new.time_us < old.time_us or new.config == old.config:
-            why = "new" if old is None else "re-measured" if new.config == old.config else \
-                "other code" if stale else "faster"
+        if supersedes(new, old):
+            why = "new" if old is None else "other code" if stale(new, old) else \
+                "re-measured" if new.config == old.config else "faster"
             db.entries[key] = new
             changes.append(f"{new.workload}: {old.time_us if old else '-'} -> {new.time_us} us ({why})")
     return changes

@@ -521,7 +521,7 @@ class _Builder:
         self.tail = False  # the streamed axis ends in a partial tile
         self.padded: dict[str, int] = {}  # axes held whole in a tile larger than the axis
         self.loaded: set[str] = set()
-        self.tail_masked: dict[tuple[str, float], str] = {}
+        self.tail_masked: dict[tuple[str, float, str], str] = {}
 
     def is_root(self, t: Term) -> bool:
         """t is stored by the kernel: it needs a buffer of its own, never an inline expression."""
@@ -638,7 +638,7 @@ class _Builder:
         shared copy may feed a GEMM too), any other value in place."""
         if buf in self.loaded and identity == 0.0:
             return buf
-        key = (buf, identity)
+        key = (buf, identity, axis)  # a value reduced over two padded axes is masked along each
         if key not in self.tail_masked:
             pred = Call(fn="lt", args=[Index(axis=axis), AxisSize(axis=axis)])
             dst = (self.add_buffer(f"{buf}_masked", list(self.buffers[buf].axes), "fragment", "float32")
@@ -711,7 +711,7 @@ class _Builder:
         at = self.where[t]
         self.count(t.args[0])
         src = self.materialize(t.args[0], at)
-        if self.padded.get(t.axis, self.sizes[t.axis]) != self.sizes[t.axis]:
+        if t.axis in self.padded:
             src = self.pad_mask(src, REDUCTIONS[t.fn].identity, t.axis, at)
         name = self.fragment_for(t, f"{t.fn}_{t.axis}")
         self.ops[at].append(Reduce(fn=REDUCTIONS[t.fn].tile, src=src, dst=name, axis=t.axis, accumulate=False))

@@ -449,8 +449,9 @@ def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -
     tried: list[dict] = []
     best = (None, cfg, launch)
     cands = autotune_candidates(run.plan, cfg, run.opts)  # the compiled one first
+    reserve = autotune_reserve_s(run.opts, run.graph)
     for i, c in enumerate(cands):
-        if run.time_left() < autotune_reserve_s(run.opts, run.graph) and i > 0:
+        if run.time_left() < reserve and i > 0:
             run.notes.append(f"autotune stopped after {i} config(s): time budget")
             break
         entry: dict = {"config": c}

@@ -137,6 +137,19 @@ def _valid(plan: Plan, config: Config) -> bool:
     return set(config) == {k.name for k in plan.kernels}
 
 
+def stale(new: Entry, old: Entry) -> bool:
+    """Whether ``old`` was measured under other code than ``new`` (the kernels' loop forms differ; an
+    entry without them is taken as current)."""
+    forms = new.extra.get("forms")
+    return forms is not None and old.extra.get("forms", forms) != forms
+
+
+def supersedes(new: Entry, old: Entry | None) -> bool:
+    """Whether ``new`` replaces ``old`` under one key: nothing stored, stored under other code, slower,
+    or the same config measured again (the newer time stands)."""
+    return old is None or stale(new, old) or new.time_us < old.time_us or new.config == old.config
+
+
 class TuningDB:
     """One device's tuning file in memory: lookup, record (keep the faster), save (deterministic JSON)."""
 
@@ -178,16 +191,15 @@ class TuningDB:
             raise UserError(f"tuning record for {plan.workload}: config {config} is not in the plan's space")
         key = tuning_key(plan, device, tl_version)
         old = self.entries.get(key)
-        forms = plan_forms(plan.kernels)
-        if old is not None and old.extra.get("forms", forms) != forms:
-            old = None  # measured under other code: replaced whatever it measured
-        if old is not None and old.time_us <= time_us and old.config != config:
+        new = Entry(workload=plan.workload, config=config, time_us=round(float(time_us), 3), tried=tried,
+                    default_us=default_us, plan_hash=plan.provenance.plan_hash or "",
+                    extra={**(extra or {}), "forms": plan_forms(plan.kernels)})
+        if old is not None and not supersedes(new, old):
             old.tried += tried
             return False
-        self.entries[key] = Entry(workload=plan.workload, config=config, time_us=round(float(time_us), 3),
-                                  tried=tried + (old.tried if old else 0), default_us=default_us,
-                                  plan_hash=plan.provenance.plan_hash or "",
-                                  extra={**(extra or {}), "forms": forms})
+        if old is not None and not stale(new, old):  # what was tried under the same code adds up
+            new.tried += old.tried
+        self.entries[key] = new
         return True
 
     def to_json(self) -> str:
