@@ -296,3 +296,46 @@ def test_vector_operand_contractions_plan_as_sums() -> None:
     assert [st.rule for st in plan.derivation].count("matmul_as_sum") == 3
     assert not any(isinstance(op, Gemm) for k in plan.kernels for op in [*k.prologue, *k.body])
     check_plan(plan)
+
+
+def _attention_head_dim(e: int, s: int = 200, t: int = 328) -> Graph:
+    """softmax(Q K^T) V over a head dim no 16-deep MMA step divides (72): e is the contraction of the
+    first GEMM and a free (output) axis of the second."""
+    g = GraphBuilder(f"AttentionHeadDim{e}")
+    q, k, v = g.input("Q", h=2, s=s, e=e), g.input("K", h=2, t=t, e=e), g.input("V", h=2, t=t, e=e)
+    g.output("O", g.matmul(g.softmax(g.matmul(q, k, contract="e"), "t"), v, contract="t"))
+    return g.build()
+
+
+def test_a_head_dim_of_72_is_padded_to_whole_mma_steps_in_one_flash_kernel() -> None:
+    """Before: a contraction held whole was padded only where its axis had no other use, so head dim
+    72 (also V's and O's column axis) fell back to scores written to memory and read again (two or
+    three kernels). Now e is held in a tile of 80 everywhere: Q's and K's zero columns add nothing to
+    the scores, and O's columns past 72 are never stored. The plan is one kernel, and both the CPU
+    executor and the rendered source's CPU run agree with float64 at the plan's own shape."""
+    from pyrunner.backend.tilelang.emulate import execute_rendered
+    from pyrunner.run.executor import execute
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.verify import verify_executor
+
+    plan = search(_attention_head_dim(72), "bf16", tuning=False)[0]
+    assert len(plan.kernels) == 1
+    (k,) = plan.kernels
+    assert {g.axis: g.block for g in k.grid}["e"] == 80
+    for run in (execute, execute_rendered):
+        res = verify_executor(plan, graph_of(plan), run, seed=2)
+        assert res.ok, res.message
+    assert all("__global__" in src for src in lower_to_cuda(plan).values())
+
+
+def test_a_computed_operand_is_not_padded_along_its_contraction() -> None:
+    """The padding is sound only where both operands are loaded tiles (zeros past the end): a
+    computed operand holds f(0) there, which may be infinite (0 * inf is NaN), so such a contraction
+    is streamed instead. A use of the axis as a free axis (O's columns) is padded: never stored."""
+    from pyrunner.planner.lower import Infeasible, _padded_contraction
+
+    x, w, v = inp("X", ("m", "d")), inp("W", ("n", "d")), inp("V", ("n", "d"))
+    with pytest.raises(Infeasible):
+        _padded_contraction([unary("recip", x), matmul(unary("recip", x), w, "d")], "d", 72)
+    s = matmul(x, w, "d")
+    assert _padded_contraction([s, matmul(s, v, "n")], "d", 72) == 80

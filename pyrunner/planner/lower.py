@@ -416,8 +416,8 @@ def _padded_contraction(computed: list[Term], a: str, n: int) -> int:
     the products, while a value computed in the kernel would hold f(0) there."""
     own = set(computed)
     for u in computed:
-        if a in axes_of(u) or (u.op in ("reduce", "matmul") and u.axis == a):
-            if u.op != "matmul" or u.axis != a or any(x in own for x in u.args):
+        if u.op in ("reduce", "matmul") and u.axis == a:
+            if u.op != "matmul" or any(x in own for x in u.args):
                 raise Infeasible(f"a contraction over axis {a} held whole needs a multiple of {MMA_K_ALIGN} "
                                  f"elements, not {n}, unless both operands are loaded tiles: it is streamed instead")
     return -(-n // MMA_K_ALIGN) * MMA_K_ALIGN
