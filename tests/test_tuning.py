@@ -240,6 +240,28 @@ def test_gpu_run_alternatives_plan_the_next_distinct_plans(tmp_path):
     assert all(p.with_suffix(".configs.json").exists() for _, _, p in jobs)
 
 
+def test_gpu_run_times_the_listed_graphs_first_when_not_all_fit():
+    """With time for 3 of 6 runs (MIN_RUN_S / 2 each), the plans asked for run in their order and the
+    alternatives are skipped first; run 81 skipped its first four graphs and timed every later one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_run", "benchmarks/gpu_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    alt = mod.ALT
+    jobs = ["A", f"A{alt}2", "B", f"B{alt}2", "C", "D"]
+    step = mod.MIN_RUN_S / 2
+    left = 3 * step + 1
+    ran = []
+    for i, name in enumerate(jobs):
+        if mod.runs_now(jobs[i:], left):
+            ran.append(name)
+            left -= step
+    assert ran == ["A", "B", "C"]
+    assert all(mod.runs_now(jobs[i:], 100 * step) for i in range(len(jobs)))  # time for all: all run
+    assert not mod.runs_now(["A"], step / 2)
+
+
 def test_gpu_run_worker_exits_past_a_teardown_that_would_hang():
     """A worker leaves once its record is out, not after interpreter teardown: a thread that outlives
     the run (as torch.compile's pools did) must not keep it past gpu_run's hard limit."""
