@@ -249,12 +249,17 @@ def _shapes(plan: dict) -> dict[str, int]:
     return {a: n for t in plan["tensors"] for a, n in zip(t["axes"], t["shape"], strict=True)}
 
 
+def _runs_that_fit(left: float) -> int:
+    """How many runs ``left`` seconds hold, at ``MIN_RUN_S / 2`` each (the least a run is started with)."""
+    return int(left // (MIN_RUN_S / 2))
+
+
 def runs_now(remaining: list[str], left: float) -> bool:
     """Whether the first of the ``remaining`` job names is timed with ``left`` seconds to go. When not
     all of them fit (``MIN_RUN_S / 2`` each), the ones that do are the asked-for plans before the
     alternatives, each in the order given: the time goes to the graphs a user listed first, not to
     whichever come last (run 81 skipped its first four graphs, then timed every later one)."""
-    fit = int(left // (MIN_RUN_S / 2))
+    fit = _runs_that_fit(left)
     if fit >= len(remaining):
         return True
     ranked = sorted(range(len(remaining)), key=lambda j: (ALT in remaining[j], j))
@@ -269,7 +274,7 @@ def _timed(args, jobs, log_path: Path, work: Path, end: float, say: Tee) -> None
         alt = ALT in name  # an alternative plan: no baselines, its own log
         results = log_path.with_name("alternatives.jsonl") if alt else log_path
         left = end - time.monotonic()
-        share = left / max(1, min(len(jobs) - i, int(left // (MIN_RUN_S / 2))))  # over the jobs that fit
+        share = left / max(1, min(len(jobs) - i, _runs_that_fit(left)))  # over the jobs that fit
         plan = json.loads(plan_path.read_text())
         phash = plan["provenance"]["plan_hash"]
         if not runs_now([n for n, _, _ in jobs[i:]], left):

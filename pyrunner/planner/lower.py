@@ -411,9 +411,11 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int],
 
 def _padded_contraction(computed: list[Term], a: str, n: int) -> int:
     """The tile of a held-whole contraction over `a` rounded up to whole MMA steps (a LoRA rank 8
-    becomes 16). Sound only where every use of `a` in the kernel is such a contraction of two tiles
-    loaded from memory: loads fill the positions past the extent with zeros, which add nothing to
-    the products, while a value computed in the kernel would hold f(0) there."""
+    becomes 16, a head dim of 72 80). Sound only where every reduction over `a` in the kernel is such
+    a contraction of two tiles loaded from memory: loads fill the positions past the extent with
+    zeros, which add nothing to the products, while a value computed in the kernel would hold f(0)
+    there. Other uses of `a` are free axes (attention's V and O columns): their padded positions
+    are never reduced over and never stored (stores stop at the extent)."""
     own = set(computed)
     for u in computed:
         if u.op in ("reduce", "matmul") and u.axis == a:
