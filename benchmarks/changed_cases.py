@@ -3,9 +3,9 @@
 A full sweep costs most of a GPU session, so a change after one is swept on the cases whose
 rendered TileLang it changes, and every other case is shown byte-identical. This script plans the
 best plan of every case ``gpu_sweep.py`` would collect (same options), renders it with its default
-config and hashes the source (plan hash and the config-space listing masked: neither reaches the
-compiled kernel), once in a checkout of ``--base`` and once in this tree, and writes the ids that
-differ, one per line, for ``gpu_sweep.py --cases @FILE``. Runs on the CPU:
+config and hashes the source (plan hash, the config-space listing and the cost model's
+estimate masked: none reaches the compiled kernel), once in a checkout of ``--base`` and once in
+this tree, and writes the ids that differ, one per line, for ``gpu_sweep.py --cases @FILE``. Runs on the CPU:
 
     python benchmarks/changed_cases.py --base ff9bea0 --out /tmp/changed.txt -- --shapes small,real,odd --random 10
 """
@@ -40,6 +40,7 @@ def case_hashes(root: Path, sweep_args: argparse.Namespace) -> dict[str, str]:
             plan = search(graph_from_json(case.graph), case.dtype, top=1)[0]
             src = render(plan).replace(plan.provenance.plan_hash, "PLAN")
             src = re.sub(r"CONFIG_SPACE = \{.*?\n\}", "", src, flags=re.S)
+            src = re.sub(r"^Cost model estimate:.*?(?=^Provenance:)", "", src, flags=re.S | re.M)
             out[case.id] = hashlib.sha256(src.encode()).hexdigest()[:16]
         except Exception as e:  # noqa: BLE001 - a case that no longer plans counts as changed
             out[case.id] = f"error: {e}"

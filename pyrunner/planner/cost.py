@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
+from pyrunner.planner.banks import extra_wavefronts
 from pyrunner.planner.lower import Lowered
 from pyrunner.planner.space import long_rows_whole, param_space, short_reduction_grid, synchronous_loop
 from pyrunner.planner.traffic import FLAT_BLOCK_REACH, STREAM_BLOCK_REACH, sectored_bytes
@@ -42,7 +43,8 @@ class Machine:
         """Every constant the model used (device throughputs and calibrated factors), for the plan."""
         d = self.device
         out = {"tc_flops": d.tc_flops, "cc_flops": d.cc_flops, "sfu_ops": d.sfu_ops, "hbm_bw": d.hbm_bw,
-               "l2_bw": d.l2_bw, "launch_us": d.launch_us, "sms": d.sms, "smem_per_sm": d.smem_per_sm}
+               "l2_bw": d.l2_bw, "launch_us": d.launch_us,
+               "smem_wavefronts_per_s": d.smem_wavefronts_per_s, "sms": d.sms, "smem_per_sm": d.smem_per_sm}
         out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("device", "structure_scale")})
         out.update({f"scale[{c}]": v for c, v in self.structure_scale})
         return {k: float(v) for k, v in out.items()}
@@ -266,7 +268,12 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         in_flight = 1 if sync else max(1, cfg.get(STAGES_PARAM, 1))
         t_lat = waves * n_iter * run * latency / in_flight
     t_mem = max(t_mem, t_lat)
-    body = max(t_compute, t_mem) * facts.structure_scale
+    # maps that read a shared tile across its rows replay each warp read once per bank conflict
+    # (``planner.banks``); the replays stall the warps that issue the loads, so they add
+    step_passes, once_passes = extra_wavefronts(low, blocks)
+    t_bank = ((step_passes * n_iter * run + once_passes) * n_blocks
+              / (dev.sms * dev.smem_wavefronts_per_s * max(util, 1e-3)))
+    body = (max(t_compute, t_mem) + t_bank) * facts.structure_scale
     time_us = body * 1e6 + dev.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
     if dev.launch_us > body * 1e6:

@@ -62,6 +62,9 @@ class Device:
     l2_latency_s: float
     """The same where the kernel's data stays in L2 between calls (it fits in half of ``l2_bytes``:
     ``planner.cost.l2_resident``)."""
+    smem_wavefronts_per_s: float
+    """Shared-memory passes (wavefronts) one SM serves per second: one per clock. Fitted on run 82's
+    transposed add, whose time grew by one pass per warp read at 1.75 GHz (``planner.banks``)."""
     dtype_bytes: dict[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
 
 
@@ -92,6 +95,7 @@ H200 = Device(
     # (65 MB, beyond L2) 0.23 us per step and block, variance over 1000 (8 MB) 0.09
     hbm_latency_s=0.7e-6,
     l2_latency_s=0.3e-6,
+    smem_wavefronts_per_s=1.75e9,
 )
 
 DEVICES: dict[str, Device] = {H200.name: H200}
