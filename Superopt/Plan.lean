@@ -63,6 +63,7 @@ def ruleCatalog : List RuleInfo := [
   ⟨``masked_tile_skip,
     "a streamed loop may leave out the tiles whose contribution to every accumulator is its identity"⟩,
   ⟨``merge_axes, "adjacent axes carried together read as one: (j, l) at j * nb + l splits back to (j, l)"⟩,
+  ⟨``unit_axis, "an input read with an inserted axis of extent 1 keeps every offset: (j * 1 + 0) * nl + l = j * nl + l"⟩,
   ⟨``split_reduction,
     "chunks reduced under their own shifts, rescaled to a common shift and summed, equal the unsplit sums"⟩,
   ⟨``matmul_as_sum, "x @_a w = sum_a(x * w): a contraction is the sum of the elementwise product"⟩]

@@ -546,6 +546,18 @@ theorem merge_axes (nb j l : Nat) (hl : l < nb) :
   · rw [Nat.add_comm, Nat.add_mul_div_right l j hpos, Nat.div_eq_of_lt hl, Nat.zero_add]
   · rw [Nat.add_comm, Nat.add_mul_mod_self_right, Nat.mod_eq_of_lt hl]
 
+/-! ## An axis of extent one -/
+
+/--
+Inserting an axis of extent 1 between an outer index `j` and an inner index `l` (inner extent
+`nl`) moves no element: the only index `u` of the new axis is 0, so the row-major offset
+`(j * 1 + u) * nl + l` is the source's `j * nl + l`. So an input read with the axis, every value
+computed from it, and an output stored with it are the same bytes as without it;
+`pyrunner.ir.unit_axes` inserts it where it gives a contraction a row axis.
+-/
+theorem unit_axis (nl j u l : Nat) (hu : u < 1) : (j * 1 + u) * nl + l = j * nl + l := by
+  rw [Nat.eq_zero_of_le_zero (Nat.le_of_lt_succ hu), Nat.mul_one, Nat.add_zero]
+
 /-! ## Splitting a reduction into chunks -/
 
 /-- The chunks' denominators, each under its own shift `c.1`, rescaled to the shift `M` and summed. -/

@@ -70,7 +70,7 @@ def test_registry_names_and_kinds() -> None:
         "variance_sum_of_squares", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
         "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
-        "masked_tile_skip", "merge_axes", "split_reduction", "matmul_as_sum",
+        "masked_tile_skip", "merge_axes", "unit_axis", "split_reduction", "matmul_as_sum",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement

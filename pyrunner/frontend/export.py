@@ -83,7 +83,7 @@ def _wrapper(sig: Signature) -> list[str]:
         "    for name, x in args.items():",
         "        if x.device.type != 'cuda' or x.device != device:",
         '            raise ValueError(f"input {name!r} is on {x.device}; all inputs must be on one CUDA device")',
-        "    # merged axes (the plan's axis_merges) are a row-major reshape of adjacent axes",
+        "    # merged and unit axes (the plan's axis_merges, axis_units) are row-major reshapes: views",
         "    tensors = {name: _to(args[name], axes, plan_axes).reshape(TENSORS[name][0]).contiguous()",
         "               for name, (axes, _, _, plan_axes) in INPUTS.items()}",
         "    for name, (shape, dtype, role) in TENSORS.items():",

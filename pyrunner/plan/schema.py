@@ -276,9 +276,19 @@ class AxisSplitSpec(_Strict):
     sizes: list[Annotated[int, Field(gt=0)]] = Field(min_length=2, max_length=2)
 
 
+class AxisUnitSpec(_Strict):
+    """An axis of extent 1 that the plan's tensors and kernels carry and its graph does not
+    (``ir.unit_axes``): inserted into input ``inputs[i]`` before its axis ``positions[i]``; every value
+    computed from those inputs carries it, outputs too. A view: no byte of any tensor moves."""
+
+    axis: str
+    inputs: list[str] = Field(min_length=1)
+    positions: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+
+
 class Plan(_Strict):
-    """A plan. ``graph`` is the graph as its author wrote it; ``axis_merges`` (applied in order), then
-    ``axis_splits``, give the graph the tensors and kernels are written against
+    """A plan. ``graph`` is the graph as its author wrote it; ``axis_units``, ``axis_merges`` (applied
+    in order), then ``axis_splits``, give the graph the tensors and kernels are written against
     (``plan.views.kernel_graph``)."""
 
     schema_version: Literal[1] = SCHEMA_VERSION
@@ -293,13 +303,14 @@ class Plan(_Strict):
     provenance: Provenance
     axis_merges: list[AxisMergeSpec] = Field(default_factory=list)
     axis_splits: list[AxisSplitSpec] = Field(default_factory=list)
+    axis_units: list[AxisUnitSpec] = Field(default_factory=list)
 
 
 def plan_document(plan: Plan) -> dict:
-    """The plan's JSON document; ``axis_merges`` and ``axis_splits`` only where there are any (older plans
-    stay byte-identical)."""
+    """The plan's JSON document; ``axis_merges``, ``axis_splits`` and ``axis_units`` only where there are
+    any (older plans stay byte-identical)."""
     data = plan.model_dump(mode="json")
-    for key in ("axis_merges", "axis_splits"):
+    for key in ("axis_merges", "axis_splits", "axis_units"):
         if not data.get(key):
             data.pop(key, None)
     return data

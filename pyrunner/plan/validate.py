@@ -161,6 +161,10 @@ def plan_names(plan: Plan) -> Iterator[tuple[str, object, int]]:
         yield f"axis_splits[{i}].axis", sp.axis, g
         for j, a in enumerate(sp.parts):
             yield f"axis_splits[{i}].parts[{j}]", a, g
+    for i, u in enumerate(plan.axis_units):
+        yield f"axis_units[{i}].axis", u.axis, g
+        for j, a in enumerate(u.inputs):
+            yield f"axis_units[{i}].inputs[{j}]", a, g
     for i, t in enumerate(plan.tensors):
         yield f"tensors[{i}].name", t.name, p
         for j, a in enumerate(t.axes):

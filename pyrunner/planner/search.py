@@ -38,9 +38,11 @@ from pyrunner.ir.brief import brief
 from pyrunner.ir.graph import Graph, Term, result_axes
 from pyrunner.ir.merge_axes import AxisMerge, merge_all
 from pyrunner.ir.split_axes import AxisSplit, apply_split, chunk_counts, split_names, split_problem
+from pyrunner.ir.unit_axes import AxisUnit, add_unit, unit_candidate
 from pyrunner.plan.schema import (
     AxisMergeSpec,
     AxisSplitSpec,
+    AxisUnitSpec,
     CostEstimate,
     GlobalTensor,
     Kernel,
@@ -272,12 +274,13 @@ class Planner:
 
     def __init__(self, graph: Graph, dtype: str, machine: Machine = H200, *,
                  source: Graph | None = None, merges: tuple[AxisMerge, ...] = (),
-                 split: AxisSplit | None = None) -> None:
+                 split: AxisSplit | None = None, units: tuple[AxisUnit, ...] = ()) -> None:
         self.unsplit = graph  # derivations start here; with ``split``, each is then split
         self.split = split
         self.graph = graph if split is None else apply_split(graph, split)
-        self.source = source or graph  # as its author wrote it; ``graph`` is it with ``merges`` applied
+        self.source = source or graph  # as its author wrote it; ``graph`` is it with ``units``, then ``merges`` applied
         self.merges = merges
+        self.units = units
         self.dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(dtype, dtype)
         if self.dtype not in ("float16", "bfloat16"):
             raise GraphError(f"unsupported dtype {dtype!r}; use fp16 or bf16")
@@ -657,7 +660,8 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
         kernels.append(kc.kernel.model_copy(update={"name": name, "params": params, "defaults": defaults}))
         costs.append(KernelCost(kernel=name, flops=kc.est.flops, bytes=kc.est.bytes, time_us=round(kc.est.time_us, 3),
                                 bound=kc.est.bound))
-    steps = [Step(rule="merge_axes", at=m.describe()) for m in planner.merges] + list(c.variant.steps)
+    steps = ([Step(rule="unit_axis", at=u.describe()) for u in planner.units]
+             + [Step(rule="merge_axes", at=m.describe()) for m in planner.merges] + list(c.variant.steps))
     for k in kernels:
         for r in k.fused_rules:
             steps.append(Step(rule=r, at=k.name))
@@ -671,6 +675,8 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
         axis_merges=[AxisMergeSpec(axis=m.axis, parts=list(m.parts), sizes=list(m.sizes)) for m in planner.merges],
         axis_splits=[AxisSplitSpec(axis=s.axis, parts=list(s.parts), sizes=list(s.sizes))
                      for s in ([planner.split] if planner.split else [])],
+        axis_units=[AxisUnitSpec(axis=u.axis, inputs=[n for n, _ in u.inputs], positions=[p for _, p in u.inputs])
+                    for u in planner.units],
     )
     return with_hash(plan)
 
@@ -707,6 +713,11 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     for sp in [] if naive else split_candidates(merged, machine):  # a long reduction over few tiles
         pp = Planner(merged, dtype, machine, source=graph, merges=tuple(merges), split=sp)
         searched.append((pp, pp.candidates(budget=Budget(SPLIT_WORK) if budget is None else budget)))
+    unit = None if naive else unit_candidate(graph)
+    if unit is not None:  # a batched GEMV given a row axis of extent 1: a tensor-core tile (``ir.unit_axes``)
+        widened, wmerges = merge_all(add_unit(graph, unit))
+        up = Planner(widened, dtype, machine, source=graph, merges=tuple(wmerges), units=(unit,))
+        searched.append((up, up.candidates(budget=budget)))
     fallback = False
     if not any(cands for _, cands in searched) and not naive:
         planner.rejections.clear()
@@ -793,12 +804,13 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
     original = graph
     graph, aliases = distinct_outputs(graph)
     machine = calibrate(calibration, Planner)
-    if plan.axis_merges or plan.axis_splits:
-        from pyrunner.plan.views import merged_graph, merges_of, splits_of
+    if plan.axis_merges or plan.axis_splits or plan.axis_units:
+        from pyrunner.plan.views import merged_graph, merges_of, splits_of, units_of
 
         splits = splits_of(plan)
         planner = Planner(merged_graph(plan, graph), plan.dtype, machine, source=graph,
-                          merges=tuple(merges_of(plan)), split=splits[0] if splits else None)
+                          merges=tuple(merges_of(plan)), split=splits[0] if splits else None,
+                          units=tuple(units_of(plan)))
     else:
         planner = Planner(graph, plan.dtype, machine)
     want = structure_hash(plan)

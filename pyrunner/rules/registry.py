@@ -371,6 +371,15 @@ _RULE_LIST = (
         None,
     ),
     Rule(
+        "unit_axis", "schedule",
+        "An input x may be read with a new axis u of extent 1 inserted among its axes: every index of u "
+        "is 0, so element (j, u, l) sits at (j * 1 + u) * nl + l = j * nl + l, x's own offset, and every "
+        "value computed from x carries u with the same values; an output carrying u is the source's "
+        "output at u = 0, the same bytes. It gives a contraction whose operand has no axis of its own a "
+        "row axis (a batched matrix-vector product on a one-row tensor-core tile).",
+        None,
+    ),
+    Rule(
         "split_reduction", "schedule",
         "An axis a of extent C * J that no output carries and no term indexes may be read as chunks "
         "(c, j), element c * J + j: sum_a f = sum_c sum_j f, max and mean alike (equal chunks), a "

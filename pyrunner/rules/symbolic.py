@@ -727,6 +727,42 @@ def _merge_axes(transposed: bool) -> Callable[[], list[str]]:
     return body
 
 
+def _unit_axis(extent: int) -> Callable[[], list[str]]:
+    """An axis of extent 1 inserted into an input moves no element (every offset up to 6 x 6), and
+    batched decode attention evaluated with the axis on its query is the source graph's output with
+    the axis on it. Wrong variant: the inserted axis read at extent 2, which moves every row but the
+    first."""
+    def body() -> list[str]:
+        import numpy as np
+
+        from pyrunner.ir.graph import GraphBuilder
+        from pyrunner.ir.reference import evaluate, random_inputs
+        from pyrunner.ir.unit_axes import add_unit, unit_candidate
+
+        for nj, nl in itertools.product(range(1, 7), repeat=2):
+            for j, ll in itertools.product(range(nj), range(nl)):
+                if (j * extent + 0) * nl + ll != j * nl + ll:
+                    raise _Refuted(f"element {(j, 0, ll)} with a unit axis of extent {extent} sits at "
+                                   f"{(j * extent) * nl + ll}, not at its source offset {j * nl + ll}")
+        gb = GraphBuilder("decode")
+        q = gb.input("Q", b=2, h=3, d=5)
+        k_, v = gb.input("K", b=2, h=3, t=6, d=5), gb.input("V", b=2, h=3, t=6, d=5)
+        gb.output("O", gb.matmul(gb.softmax(gb.matmul(q, k_, contract="d"), axis="t"), v, contract="t"))
+        src = gb.build()
+        unit = unit_candidate(src)
+        if unit is None or [n for n, _ in unit.inputs] != ["Q"]:
+            raise _Unproved(f"expected the query to take a unit axis, got {unit}")
+        widened = add_unit(src, unit)
+        x = random_inputs(src, 7)
+        out = evaluate(widened, {**x, "Q": x["Q"].reshape(2, 3, 1, 5)})["O"]
+        err = float(np.max(np.abs(out.reshape(2, 3, 5) - evaluate(src, x)["O"])))
+        if err > 1e-12:
+            raise _Refuted(f"decode attention with a unit query axis differs by {err:.3g}")
+        return ["(j, 0, l) -> (j * 1 + 0) * nl + l is j * nl + l for every nj, nl <= 6",
+                "batched decode attention with a unit axis on Q equals the source graph, same bytes"]
+    return body
+
+
 def _split_reduction(rescale: bool) -> Callable[[], list[str]]:
     """Chunks reduced under their own shifts, rescaled to a common one and summed, equal the unsplit sums.
 
@@ -806,6 +842,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "elementwise_mul_assoc": _scoped("elementwise_mul_assoc", _check_elementwise_mul_assoc),
     "masked_tile_skip": _scoped("masked_tile_skip", _masked_tile_skip(slack=0)),
     "merge_axes": _scoped("merge_axes", _merge_axes(transposed=False)),
+    "unit_axis": _scoped("unit_axis", _unit_axis(extent=1)),
     "split_reduction": _scoped("split_reduction", _split_reduction(rescale=True)),
     "matmul_as_sum": _scoped("matmul_as_sum", _matmul_as_sum(product_of_sums=False)),
 }
@@ -822,6 +859,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "masked_tile_skip_bound_too_tight": lambda: _run(_masked_tile_skip(slack=1)),
     "variance_mean_not_squared": lambda: _run(_variance_identity(False)),
     "merge_axes_inner_major": lambda: _run(_merge_axes(transposed=True)),
+    "unit_axis_extent_two": lambda: _run(_unit_axis(extent=2)),
     "split_reduction_no_rescale": lambda: _run(_split_reduction(rescale=False)),
     "matmul_as_product_of_sums": lambda: _run(_matmul_as_sum(product_of_sums=True)),
 }

@@ -317,7 +317,9 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     indexed = iter(INDEXED_SIZES)
     padded = iter(PADDED_SIZES)
     parts = {p for m in plan.axis_merges for p in m.parts} | {s.axis for s in plan.axis_splits}
-    for a in sorted(set(sizes) - parts):
+    units = {u.axis for u in plan.axis_units}
+    new_sizes.update((a, 1) for a in units)  # not the source's: it stays a view
+    for a in sorted(set(sizes) - parts - set(new_sizes)):
         try:
             new_sizes[a] = (next(indexed) if roles[a] == {"indexed"} else next(padded) if "padded" in roles[a]
                             else next(tiled))
@@ -344,6 +346,10 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         if k.loop is not None and isinstance(k.loop.block, str):
             users.setdefault(k.loop.block, []).append(k.loop.axis)
         for p, axes in users.items():
+            if units & set(axes):  # a unit axis keeps a padded tile (block > 1): its tiles still carry it
+                defaults[p] = min(defaults[p], tile_cap)
+                params[p] = [defaults[p]]
+                continue
             common = math.gcd(*(new_sizes[a] for a in axes))
             v = _divisor_at_most(common, min(defaults[p], tile_cap))
             defaults[p] = v
