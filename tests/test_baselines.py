@@ -12,6 +12,7 @@ import torch
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir import graph as G
 from pyrunner.ir.graph import Graph, GraphBuilder
+from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.run.baselines import attention_matches, torch_fn, torch_source, vendor_fn
 
@@ -95,6 +96,15 @@ def test_attention_inside_a_larger_graph_uses_sdpa_and_stays_correct() -> None:
     assert name == "sdpa"
     out, ref = _run(fn, g)
     np.testing.assert_allclose(out["Y"], ref["Y"], rtol=1e-10, atol=1e-12)
+
+
+def test_a_query_without_rows_is_sdpa_with_one_row() -> None:
+    g = load_graph_file(DATA / "attention_mha_decode_batched.json").with_sizes({"b": 2, "h": 3, "t": 20, "d": 8})
+    name, fn = vendor_fn(g)
+    assert name == "sdpa"
+    out, ref = _run(fn, g)
+    assert out["O"].shape == ref["O"].shape == (2, 3, 8)
+    np.testing.assert_allclose(out["O"], ref["O"], rtol=1e-10, atol=1e-12)
 
 
 def test_permuted_operands_and_broadcast_binary() -> None:

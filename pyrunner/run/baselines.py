@@ -147,8 +147,8 @@ def match_attention(t: Term, sizes: Mapping[str, int]) -> AttentionMatch | None:
         return None
     v_free = [x for x in va if x not in batch and x != kv]
     q_free = [x for x in qa if x not in batch and x != d]
-    if not v_free or not q_free or any(x in q_free for x in v_free):
-        return None
+    if not v_free or any(x in q_free for x in v_free):
+        return None  # no query axis (a decode step per batch row) is SDPA with one query row
     causal = False
     if mask is not None:
         if not set(result_axes(mask)) <= set(q_free) | {kv} or len(q_free) != 1:
