@@ -53,6 +53,17 @@ def test_a_query_scaled_elementwise_still_reaches_its_input() -> None:
     assert unit_candidate(g.build()) == AxisUnit("unit", (("Q", 2),))
 
 
+def test_a_projected_query_takes_the_axis_on_its_weight_and_attention_reads_it_through() -> None:
+    graph = load_graph_file(ROOT / "benchmarks" / "graphs" / "projected_decode_batched.json")
+    assert unit_candidate(graph) == AxisUnit("unit", (("Wq", 2),))  # not K: P reads Wq already
+    plan = search(graph, "bf16", tuning=False)[0]
+    assert plan.derivation[0].rule == "unit_axis"
+    assert sum(op.op == "gemm" for k in plan.kernels for op in k.body) >= 2  # the flash chain's two
+    small = cpu_check_plan(plan)
+    res = verify_executor(small, graph_of(small), execute)
+    assert res.ok, res.message
+
+
 @pytest.mark.parametrize("path", ["benchmarks/graphs/gemv_softmax_decode.json", "tests/data/attention_gqa_decode.json"])
 def test_no_unit_axis_without_batch_axes_or_where_rows_exist(path: str) -> None:
     # the decode GEMV has no batch axis (its two-axis product streams at bandwidth); GQA has query rows

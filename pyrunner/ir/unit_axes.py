@@ -11,11 +11,10 @@ one 64-row tile, the way it runs a decode step whose graph has a query axis of l
 value computed from ``Q`` carries ``u`` up to the outputs, which store it (again a view of the
 caller's tensor).
 
-A unit axis goes on an input that is the only carrier of a contraction operand's axes (the operand
-is that input, or elementwise functions of it and of tensors with fewer axes): where the operand has
-no free axis and the contraction has batch axes. Without batch axes a GEMV's two-axis product reads
-its tile along the rows and streams at bandwidth on CUDA cores (run 84: the 32000 x 2048 decode
-GEMV, 40.0 us), so it is left alone.
+A unit axis goes on an input that the operand reads and the other operand does not (the one with
+the most axes): where the operand has no free axis and the contraction has batch axes. Without batch
+axes a GEMV's two-axis product reads its tile along the rows and streams at bandwidth on CUDA
+cores (run 84: the 32000 x 2048 decode GEMV, 40.0 us), so it is left alone.
 """
 
 from __future__ import annotations
@@ -26,8 +25,6 @@ from dataclasses import dataclass
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph import Graph, Term, check, result_axes, subterms
 from pyrunner.ir.names import fresh_name, is_name
-
-ELEMENTWISE = ("unary", "binary", "ternary")
 
 
 @dataclass(frozen=True)
@@ -49,17 +46,17 @@ def _one_sided(t: Term, memo: dict[Term, tuple[str, ...]]) -> list[Term]:
     return [x for x, mine, other in ((t.args[0], a, b), (t.args[1], b, a)) if not mine - other - {t.axis}]
 
 
-def _carrier(x: Term, memo: dict[Term, tuple[str, ...]]) -> Term | None:
-    """The input that alone carries every axis of ``x``, reached through elementwise ops only."""
-    want = set(result_axes(x, memo))
-    while x.op != "input":
-        if x.op not in ELEMENTWISE:
-            return None
-        full = [a for a in x.args if set(result_axes(a, memo)) == want]
-        if len(full) != 1:
-            return None
-        x = full[0]
-    return x
+def _leaves(x: Term) -> list[Term]:
+    return [u for u in subterms([x]) if u.op == "input"]
+
+
+def _carrier(x: Term, other: Term) -> Term | None:
+    """An input of ``x``'s cone that ``other`` does not read, with the most axes (the first of those):
+    the unit axis inserted there reaches ``x`` (no op drops an axis it does not reduce) and not
+    ``other``. A query read directly, through a norm or through a projection all find their input."""
+    theirs = {u.name for u in _leaves(other)}
+    mine = [u for u in _leaves(x) if u.name not in theirs]
+    return max(mine, key=lambda u: len(u.axes), default=None)
 
 
 def unit_candidate(g: Graph) -> AxisUnit | None:
@@ -70,8 +67,10 @@ def unit_candidate(g: Graph) -> AxisUnit | None:
         if t.op != "matmul":
             continue
         for x in _one_sided(t, memo):
-            src = _carrier(x, memo)
-            if src is None or any(n == src.name for n, _ in inputs):
+            if {u.name for u in _leaves(x)} & {n for n, _ in inputs}:
+                continue  # it reads an input that takes the axis already (P of attention reads Q)
+            src = _carrier(x, t.args[1] if x is t.args[0] else t.args[0])
+            if src is None:
                 continue
             # before the innermost axis, so the input's contiguous axis stays its last
             inputs.append((src.name, max(0, len(src.axes) - 1)))
