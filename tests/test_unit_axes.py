@@ -70,6 +70,13 @@ def test_no_unit_axis_without_batch_axes_or_where_rows_exist(path: str) -> None:
     assert unit_candidate(load_graph_file(ROOT / path)) is None
 
 
+def test_no_unit_axis_for_a_batched_dot_product() -> None:
+    # neither operand has a free axis: one unit axis would still leave the other side without one
+    g = GraphBuilder("BatchedDot")
+    g.output("O", g.matmul(g.input("P", b=4, h=2, t=64), g.input("V", b=4, h=2, t=64), contract="t"))
+    assert unit_candidate(g.build()) is None
+
+
 def test_the_unit_axis_changes_no_value() -> None:
     src = _decode(b=2, h=3, t=16, d=8)
     unit = unit_candidate(src)

@@ -39,11 +39,14 @@ class AxisUnit:
 
 
 def _one_sided(t: Term, memo: dict[Term, tuple[str, ...]]) -> list[Term]:
-    """The operands of contraction ``t`` with no free axis, where ``t`` has batch axes."""
+    """The operand of contraction ``t`` with no free axis, where ``t`` has batch axes and the other
+    operand a free axis (a batched dot product, free of both, would still have no tile)."""
     a, b = (set(result_axes(x, memo)) for x in t.args)
     if not (a & b) - {t.axis}:
         return []
-    return [x for x, mine, other in ((t.args[0], a, b), (t.args[1], b, a)) if not mine - other - {t.axis}]
+    free = [bool(a - b - {t.axis}), bool(b - a - {t.axis})]
+    return [x for x, mine, theirs in ((t.args[0], free[0], free[1]), (t.args[1], free[1], free[0]))
+            if not mine and theirs]
 
 
 def _leaves(x: Term) -> list[Term]:
