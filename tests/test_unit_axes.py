@@ -138,3 +138,34 @@ def test_a_plan_whose_unit_inputs_and_positions_disagree_is_refused() -> None:
     with pytest.raises(PlanError, match=r"axis_units\[0\]\.axis: name 'bad name!' is not an ASCII identifier"):
         validate_plan(json.loads(json.dumps(doc)))
     assert Plan.model_validate(plan_document(plan)).axis_units == plan.axis_units
+
+
+@pytest.mark.parametrize("edit", [
+    {"axis": "__import__('os').system('true')"},
+    {"axis": "../../x"},
+    {"inputs": ["Q\"); open('x', 'w'); (\""]},
+    {"inputs": []},
+    {"positions": [-1]},
+    {"positions": [99]},
+    {"positions": ["x"]},
+    {"axis": 7},
+])
+def test_hostile_unit_specs_end_in_one_error_line(edit: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from pyrunner import cli
+    from pyrunner.plan.schema import plan_hash
+
+    plan = search(_decode(b=2, h=2, t=128, d=64), "bf16", tuning=False)[0]
+    doc = plan_document(plan)
+    doc["axis_units"][0].update(edit)
+    doc["provenance"]["plan_hash"] = ""
+    try:
+        doc["provenance"]["plan_hash"] = plan_hash(Plan.model_validate(doc))
+    except Exception:  # noqa: BLE001 - a schema-invalid edit keeps an empty hash
+        pass
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    code = cli.main(["validate", str(tmp_path / "p.json")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and len([x for x in err.splitlines() if x.startswith("error:")]) == 1, err
+    assert "axis_units" in err or "tensors" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
