@@ -66,6 +66,7 @@ def ruleCatalog : List RuleInfo := [
   ⟨``unit_axis, "an input read with an inserted axis of extent 1 keeps every offset: (j * 1 + 0) * nl + l = j * nl + l"⟩,
   ⟨``split_reduction,
     "chunks reduced under their own shifts, rescaled to a common shift and summed, equal the unsplit sums"⟩,
+  ⟨``matmul_assoc, "(A @_j B) @_k C = A @_j (B @_k C) when k is not A's and j not C's: both are sum_j sum_k A B C"⟩,
   ⟨``matmul_as_sum, "x @_a w = sum_a(x * w): a contraction is the sum of the elementwise product"⟩]
 
 /-- The rule names, in catalog order. -/

@@ -589,6 +589,63 @@ theorem split_reduction (s v : ι → α) (M : α) (chunks : List (α × List ι
     · simp only [chunkSum, allKeys, sumExp_append, sumExp_rescale, ih.1]
     · simp only [chunkSumV, allKeys, sumExpV_append, sumExpV_rescale, ih.2]
 
+/-! ## Re-associating a chain of contractions -/
+
+/-- `Σ s * f = s * Σ f`. -/
+theorem listSum_map_mul_left (l : List ι) (f : ι → α) (s : α) :
+    listSum (l.map fun k => s * f k) = s * listSum (l.map f) := by
+  induction l with
+  | nil => simp only [List.map_nil, listSum, scalar_mul_zero]
+  | cons a l ih => simp only [List.map_cons, listSum, ih, scalar_left_distrib]
+
+/-- `Σ (f + g) = Σ f + Σ g`. -/
+theorem listSum_map_add (l : List ι) (f g : ι → α) :
+    listSum (l.map fun k => f k + g k) = listSum (l.map f) + listSum (l.map g) := by
+  induction l with
+  | nil => simp only [List.map_nil, listSum, ScalarField.zero_add]
+  | cons a l ih =>
+    simp only [List.map_cons, listSum, ih]
+    exact scalar_add_add_add_comm (f a) (g a) (listSum (l.map f)) (listSum (l.map g))
+
+/-- A sum of zeros is zero. -/
+theorem listSum_map_zero (l : List ι) :
+    listSum (l.map fun (_ : ι) => (ScalarField.zero : α)) = ScalarField.zero := by
+  induction l with
+  | nil => rfl
+  | cons a l ih => simp only [List.map_cons, listSum, ih, ScalarField.zero_add]
+
+/-- Two finite sums swap: `Σ_k Σ_j f j k = Σ_j Σ_k f j k`. -/
+theorem listSum_swap (js ks : List ι) (f : ι → ι → α) :
+    listSum (ks.map fun k => listSum (js.map fun j => f j k)) =
+      listSum (js.map fun j => listSum (ks.map fun k => f j k)) := by
+  induction ks with
+  | nil => exact (listSum_map_zero (α := α) js).symm
+  | cons k₀ ks ih =>
+    show listSum (js.map fun j => f j k₀) + listSum (ks.map fun k => listSum (js.map fun j => f j k)) =
+      listSum (js.map fun j => f j k₀ + listSum (ks.map fun k => f j k))
+    rw [ih]
+    exact (listSum_map_add js (fun j => f j k₀) (fun j => listSum (ks.map fun k => f j k))).symm
+
+/--
+Re-associating two contractions: `(A @_j B) @_k C = A @_j (B @_k C)` at one output element, where
+`A` does not depend on `k` and `C` not on `j` (the rule's side conditions: `k` is not an axis of `A`,
+`j` not one of `C`). Both sides are `Σ_j Σ_k A j * B j k * C k`. The cost model then picks the
+cheaper order of a chain: a low-rank weight `X @ (A @ B)` as `(X @ A) @ B`, linear attention
+`(Q @ K) @ V` as `Q @ (K @ V)`.
+-/
+theorem matmul_assoc (js ks : List ι) (a : ι → α) (b : ι → ι → α) (c : ι → α) :
+    listSum (ks.map fun k => listSum (js.map fun j => a j * b j k) * c k) =
+      listSum (js.map fun j => a j * listSum (ks.map fun k => b j k * c k)) :=
+  (listSum_map_ext ks (fun k => listSum (js.map fun j => a j * b j k) * c k)
+      (fun k => listSum (js.map fun j => a j * (b j k * c k)))
+      (fun k => (listSum_map_mul_right js (fun j => a j * b j k) (c k)).symm.trans
+        (listSum_map_ext js (fun j => a j * b j k * c k) (fun j => a j * (b j k * c k))
+          (fun j => ScalarField.mul_assoc (a j) (b j k) (c k))))).trans
+    ((listSum_swap js ks (fun j k => a j * (b j k * c k))).trans
+      (listSum_map_ext js (fun j => listSum (ks.map fun k => a j * (b j k * c k)))
+        (fun j => a j * listSum (ks.map fun k => b j k * c k))
+        (fun j => listSum_map_mul_left ks (fun k => b j k * c k) (a j))))
+
 /--
 A contraction as a reduction: the contraction of `x` and `w` over the indices `ks` is the sum over
 `ks` of any `p` that is their pointwise product. The planner uses it for a product with no tile

@@ -70,7 +70,7 @@ def test_registry_names_and_kinds() -> None:
         "variance_sum_of_squares", "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
         "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
-        "masked_tile_skip", "merge_axes", "unit_axis", "split_reduction", "matmul_as_sum",
+        "masked_tile_skip", "merge_axes", "unit_axis", "split_reduction", "matmul_assoc", "matmul_as_sum",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement
@@ -359,6 +359,14 @@ def pattern_matmul_as_sum(gen: Gen) -> tuple[Term, bool]:
     return (matmul(x, vec, a) if gen.draw(st.booleans()) else matmul(vec, x, a)), True
 
 
+def pattern_matmul_assoc(gen: Gen) -> tuple[Term, bool]:
+    j, k = gen.draw(st.permutations(AXES))[:2]
+    a, b, c = gen.term(2, (j,), avoid=(k,)), gen.term(1, (j, k)), gen.term(1, (k,), avoid=(j,))
+    inner = matmul(a, b, j) if gen.draw(st.booleans()) else matmul(b, a, j)
+    # fires where some association keeps the axis order (not always: A's free axes may come first)
+    return (matmul(inner, c, k) if gen.draw(st.booleans()) else matmul(c, inner, k)), False
+
+
 PATTERNS = {
     "softmax_max_shift": pattern_softmax,
     "softmax_scaled_max_shift": pattern_scaled_softmax,
@@ -370,6 +378,7 @@ PATTERNS = {
     "elementwise_mul_comm": pattern_mul_comm,
     "elementwise_mul_assoc": pattern_mul_assoc,
     "matmul_as_sum": pattern_matmul_as_sum,
+    "matmul_assoc": pattern_matmul_assoc,
 }
 
 

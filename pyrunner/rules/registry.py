@@ -263,6 +263,35 @@ def matmul_as_sum(t: Term) -> Term | None:
             or _keeps_axes(t, reduce("sum", binary("mul", w, x), t.axis)))
 
 
+def matmul_assoc(t: Term) -> Term | None:
+    """(A @_j B) @_k C -> A @_j (B @_k C), either operand of either product, where k is B's and not
+    A's and j is not C's: both sides are sum_j sum_k A * B * C.
+
+    It lets the cost model pick the cheaper order of a chain of contractions: a low-rank product
+    written as ``X @ (A @ B)`` multiplies X by a full d x n matrix, ``(X @ A) @ B`` by two thin
+    ones; linear attention ``(Q @ K) @ V`` is ``Q @ (K @ V)``, d x e instead of t x t. Declined where
+    the re-associated product would change the term's axis order.
+    """
+    if t.op != "matmul":
+        return None
+    k = t.axis
+    for inner, other in ((t.args[0], t.args[1]), (t.args[1], t.args[0])):
+        if inner.op != "matmul":
+            continue
+        j = inner.axis
+        other_axes = set(axes_of(other))
+        if j in other_axes:
+            continue
+        for a, b in ((inner.args[0], inner.args[1]), (inner.args[1], inner.args[0])):
+            if k in axes_of(a) or k not in axes_of(b):
+                continue
+            for bc in (matmul(b, other, k), matmul(other, b, k)):
+                for out in (matmul(a, bc, j), matmul(bc, a, j)):
+                    if _keeps_axes(t, out) is not None:
+                        return out
+    return None
+
+
 # --- the registry ------------------------------------------------------------------
 
 _RULE_LIST = (
@@ -388,6 +417,14 @@ _RULE_LIST = (
         "each chunk keeps its own max-shifted sums, and the factor E(s * (m_c - M)), free of j, is taken out "
         "of them and rescales each chunk's partial result where the chunks are summed.",
         None,
+    ),
+    Rule(
+        "matmul_assoc", "algebraic",
+        "(A @_j B) @_k C = A @_j (B @_k C), operands broadcast by axis name, when k is an axis of B and "
+        "not of A, and j is not an axis of C: both are sum_j sum_k A * B * C (the sums swap and the "
+        "products distribute). Applied in either direction and to either operand order, where the result "
+        "keeps the term's axis order; the cost model picks the cheaper association.",
+        matmul_assoc,
     ),
     Rule(
         "matmul_as_sum", "algebraic",

@@ -382,6 +382,33 @@ def _check_variance_sum_of_squares() -> list[str]:
     return shown + ["rule.apply on mean_a(square(x - mean_a(x))) equals it for |a| = 2, 3, 5"]
 
 
+def _matmul_assoc(tie_shared_axis: bool) -> Callable[[], list[str]]:
+    """(A @_j B) @_k C == A @_j (B @_k C) over symbolic entries: a low-rank chain both ways, linear
+    attention, a chain with a batch axis, and each operand order, at |j|, |k| = 1..3. Wrong variant:
+    re-associating where C carries j too, which ties C's j to A's (compared with the left side summed
+    over j, so the axes agree): not equal."""
+    def body() -> list[str]:
+        if tie_shared_axis:
+            a, b, c = inp("A", ("m", "j")), inp("B", ("j", "k")), inp("C", ("k", "j"))
+            lhs = reduce("sum", matmul(matmul(a, b, "j"), c, "k"), "j")
+            assert_terms_equal(lhs, matmul(a, matmul(b, c, "k"), "j"), {"m": 2, "j": 2, "k": 2},
+                               "C carries j")
+            return []
+        chains = (
+            ("low rank, merged weight", matmul(inp("X", ("m", "d")), matmul(inp("A", ("d", "r")), inp("B", ("r", "n")), "r"), "d")),
+            ("low rank, thin first", matmul(matmul(inp("X", ("m", "d")), inp("A", ("d", "r")), "d"), inp("B", ("r", "n")), "r")),
+            ("linear attention", matmul(matmul(inp("Q", ("t", "d")), inp("K", ("s", "d")), "d"), inp("V", ("s", "e")), "s")),
+            ("batched", matmul(matmul(inp("Q", ("b", "t", "d")), inp("K", ("b", "s", "d")), "d"), inp("V", ("b", "s", "e")), "s")),
+            ("inner product on the right", matmul(inp("V", ("s", "e")), matmul(inp("Q", ("t", "d")), inp("K", ("s", "d")), "d"), "s")),
+        )
+        for what, lhs in chains:
+            for n in (1, 2, 3):
+                sizes = {"m": 2, "n": 2, "t": 2, "e": 2, "b": 2, "d": n, "r": 4 - n, "s": n}
+                assert_rule_instance("matmul_assoc", lhs, sizes, f"{what}, contracted extents {n}, {4 - n}")
+        return [f"rule.apply equals the chain for {', '.join(w for w, _ in chains)} at contracted extents 1..3"]
+    return body
+
+
 def _matmul_as_sum(product_of_sums: bool) -> Callable[[], list[str]]:
     """x @_a w == sum_a(x * w) for a matrix-vector, a vector-matrix and a row-wise dot product.
     Wrong variant: the product of the two sums, sum_a(x) * sum_a(w)."""
@@ -844,6 +871,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "merge_axes": _scoped("merge_axes", _merge_axes(transposed=False)),
     "unit_axis": _scoped("unit_axis", _unit_axis(extent=1)),
     "split_reduction": _scoped("split_reduction", _split_reduction(rescale=True)),
+    "matmul_assoc": _scoped("matmul_assoc", _matmul_assoc(tie_shared_axis=False)),
     "matmul_as_sum": _scoped("matmul_as_sum", _matmul_as_sum(product_of_sums=False)),
 }
 
@@ -862,6 +890,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "unit_axis_extent_two": lambda: _run(_unit_axis(extent=2)),
     "split_reduction_no_rescale": lambda: _run(_split_reduction(rescale=False)),
     "matmul_as_product_of_sums": lambda: _run(_matmul_as_sum(product_of_sums=True)),
+    "matmul_assoc_shared_axis": lambda: _run(_matmul_assoc(tie_shared_axis=True)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"
