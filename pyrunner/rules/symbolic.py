@@ -394,12 +394,15 @@ def _matmul_assoc(tie_shared_axis: bool) -> Callable[[], list[str]]:
             assert_terms_equal(lhs, matmul(a, matmul(b, c, "k"), "j"), {"m": 2, "j": 2, "k": 2},
                                "C carries j")
             return []
+        x, a, b = inp("X", ("m", "d")), inp("A", ("d", "r")), inp("B", ("r", "n"))
+        q, k, v = inp("Q", ("t", "d")), inp("K", ("s", "d")), inp("V", ("s", "e"))
+        qb, kb, vb = inp("Q", ("b", "t", "d")), inp("K", ("b", "s", "d")), inp("V", ("b", "s", "e"))
         chains = (
-            ("low rank, merged weight", matmul(inp("X", ("m", "d")), matmul(inp("A", ("d", "r")), inp("B", ("r", "n")), "r"), "d")),
-            ("low rank, thin first", matmul(matmul(inp("X", ("m", "d")), inp("A", ("d", "r")), "d"), inp("B", ("r", "n")), "r")),
-            ("linear attention", matmul(matmul(inp("Q", ("t", "d")), inp("K", ("s", "d")), "d"), inp("V", ("s", "e")), "s")),
-            ("batched", matmul(matmul(inp("Q", ("b", "t", "d")), inp("K", ("b", "s", "d")), "d"), inp("V", ("b", "s", "e")), "s")),
-            ("inner product on the right", matmul(inp("V", ("s", "e")), matmul(inp("Q", ("t", "d")), inp("K", ("s", "d")), "d"), "s")),
+            ("low rank, merged weight", matmul(x, matmul(a, b, "r"), "d")),
+            ("low rank, thin first", matmul(matmul(x, a, "d"), b, "r")),
+            ("linear attention", matmul(matmul(q, k, "d"), v, "s")),
+            ("batched", matmul(matmul(qb, kb, "d"), vb, "s")),
+            ("inner product on the right", matmul(v, matmul(q, k, "d"), "s")),
         )
         for what, lhs in chains:
             for n in (1, 2, 3):
