@@ -55,7 +55,7 @@ class Case:
     """One graph at one shape."""
 
     id: str
-    source: str  # catalog | corpus | random | file
+    source: str  # catalog | corpus | bench | random | wild | file
     graph: dict  # graph JSON document at this case's sizes
     shape: str  # small | real
     dtype: str = "bf16"
@@ -80,12 +80,21 @@ def real_sizes_random(sizes: dict[str, int]) -> dict[str, int]:
     return {a: (min(n * REAL_SCALE, REAL_CAP) if n >= 64 else n) for a, n in sizes.items()}
 
 
+WILD_SCALE = 4
+"""Wild graphs are generated at their own odd sizes; their real shape is 4x that (axes of 48 and up), capped."""
+
+
+def real_sizes_wild(sizes: dict[str, int]) -> dict[str, int]:
+    return {a: (min(n * WILD_SCALE, REAL_CAP) if n >= 48 else n) for a, n in sizes.items()}
+
+
 def _resized(doc: dict, sizes: dict[str, int]) -> dict:
     return {**doc, "axes": dict(sizes)}
 
 
 def collect(args) -> list[Case]:
     from graph_strategies import seeded_graph_doc
+    from wild_graphs import seeded_wild_doc
 
     from pyrunner.errors import GraphError
     from pyrunner.ir import catalog
@@ -105,6 +114,9 @@ def collect(args) -> list[Case]:
     for seed in range(args.random_seed0, args.random_seed0 + args.random):
         doc = seeded_graph_doc(seed)
         graphs.append((doc["name"], "random", doc, real_sizes_random(doc["axes"])))
+    for seed in range(args.wild_seed0, args.wild_seed0 + args.wild):
+        doc = seeded_wild_doc(seed)
+        graphs.append((doc["name"], "wild", doc, real_sizes_wild(doc["axes"])))
     for f in args.graph or []:
         if Path(f).resolve().parent == BENCH_GRAPHS.resolve():
             continue  # collected above
@@ -334,9 +346,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--case-timeout-s", type=float, default=240.0, help="hard limit for one case")
     ap.add_argument("--random", type=int, default=12, help="number of random graphs (seeds from --random-seed0)")
     ap.add_argument("--random-seed0", type=int, default=0)
+    ap.add_argument("--wild", type=int, default=0,
+                    help="number of wild graphs (tests/wild_graphs.py; seeds from --wild-seed0)")
+    ap.add_argument("--wild-seed0", type=int, default=0)
     ap.add_argument("--shapes", default="small,real")
     ap.add_argument("--dtypes", default="bf16")
-    ap.add_argument("--only", help="comma-separated graph names (catalog names, tests/data stems, RandomN)")
+    ap.add_argument("--only", help="comma-separated graph names (catalog names, tests/data stems, RandomN, WildN)")
     ap.add_argument("--graph", action="append", help="another graph JSON file to sweep (repeatable)")
     ap.add_argument("--cases", help="only these case ids (NAME@SHAPE/DTYPE), comma-separated, or @FILE with "
                     "one per line (benchmarks/changed_cases.py writes it)")

@@ -134,6 +134,8 @@ BAD = [
     ("const value", lambda d: _node(d, "c").update(value="x"),
      "node 'c' (nodes[11]): field 'value' must be a finite number"),
     ("const missing", lambda d: _node(d, "c").pop("value"), "node 'c' (nodes[11]): missing field 'value'"),
+    ("nullary with operands", lambda d: _node(d, "k").update(args=["X"]),
+     "node 'k' (nodes[10]): op 'size' takes no operands, got args"),
     ("size axis", lambda d: _node(d, "k").update(axis="q"),
      "node 'k' (nodes[10]): field 'axis' names unknown axis 'q'"),
     ("outputs empty", lambda d: d.update(outputs=[]), "graph field 'outputs': expected a non-empty list"),
@@ -244,3 +246,19 @@ def test_a_scalar_output_is_stored_over_a_unit_axis() -> None:
     doc["outputs"].append("k")
     with pytest.raises(GraphError, match="output 'k' is a scalar that reads no input"):
         graph_from_json(doc)
+
+
+def test_nullary_ops_accept_an_empty_operand_list() -> None:
+    """A generic writer emits ``"args": []`` for every node; size, const and iota take it as no operands."""
+    doc = {"name": "EmptyArgs", "axes": {"m": 8, "n": 4}, "inputs": {"X": ["m", "n"]},
+           "nodes": [{"name": "i", "op": "iota", "axis": "n", "args": []},
+                     {"name": "c", "op": "const", "value": 2.0, "args": []},
+                     {"name": "k", "op": "size", "axis": "n", "args": []},
+                     {"name": "Y", "op": "add", "args": ["X", "i"]},
+                     {"name": "Z", "op": "mul", "args": ["Y", "c"]},
+                     {"name": "W", "op": "div", "args": ["Z", "k"]}],
+           "outputs": ["W"]}
+    without = json.loads(json.dumps(doc))
+    for node in without["nodes"][:3]:
+        node.pop("args")
+    assert graph_from_json(doc).outputs == graph_from_json(without).outputs

@@ -35,7 +35,8 @@ Node kinds (``op``):
 - ``matmul`` with ``"contract"``: two operands that both have the contracted axis.
 - helpers ``softmax`` / ``rmsnorm`` / ``layernorm`` with ``"axis"`` (and optional ``"eps"``, defaults
   1e-6 / 1e-5): expanded into primitive ops by ``GraphBuilder``, so rewrite rules see through them.
-- ``size`` with ``"axis"`` (the axis extent as a scalar) and ``const`` with ``"value"``: no args.
+- ``size`` with ``"axis"`` (the axis extent as a scalar) and ``const`` with ``"value"``: no args
+  (an empty ``"args": []`` is accepted for these and ``iota``).
 
 An operand is the name of an input or of an *earlier* node, a number literal (a constant), or one
 of the strings ``"-inf"`` / ``"inf"`` (infinite constants; so no node or input may have those names).
@@ -80,9 +81,10 @@ from pyrunner.ir.graph import (
 from pyrunner.ir.names import MAX_GRAPH_NAME, check_name
 
 HELPER_OPS = ("softmax", "rmsnorm", "layernorm")
+NULLARY_OPS = ("size", "const", "iota")
 HELPER_EPS = {"rmsnorm": 1e-6, "layernorm": 1e-5}
 NODE_OPS = tuple(dict.fromkeys(UNARY_OPS + BINARY_OPS + TERNARY_OPS + REDUCE_OPS + ("matmul",) + HELPER_OPS
-                               + ("size", "const", "iota")))
+                               + NULLARY_OPS))
 INFINITE = {"-inf": -math.inf, "inf": math.inf}
 """Infinite constants are written as these strings (JSON has no infinity)."""
 MAX_NODES = 5000
@@ -242,6 +244,10 @@ class _Reader:
         if not isinstance(op, str) or op not in NODE_OPS:
             raise GraphError(f"{where}: unknown op {_short(op)}; known ops: {', '.join(NODE_OPS)}")
         allowed = {"name", "op"} | set(self._fields(op, node))
+        if op in NULLARY_OPS and "args" in node:
+            if node["args"] != []:
+                raise GraphError(f"{where}: op {op!r} takes no operands, got args {_short(node['args'])}")
+            allowed.add("args")  # an empty operand list is what a generic writer emits
         extra = sorted(set(node) - allowed, key=str)
         if extra:
             raise GraphError(f"{where}: unknown field {extra[0]!r} for op {op!r}; "

@@ -397,6 +397,10 @@ def _held_whole(computed: list[Term], s: str | None, sizes: dict[str, int],
             if sizes[t.axis] > limit:
                 raise Infeasible(f"axis {t.axis} ({sizes[t.axis]}) too large to hold whole in a tile")
             n = sizes[t.axis]
+            if n == 1 and t.op == "reduce":
+                # a block of 1 is an indexed axis in the plan format, which cannot be reduced over: a
+                # reduction over an axis of extent 1 (a mean over one row) takes a tile of 2, masked
+                n = 2
             if t.op == "reduce" and not whole_row_divisible(n, WHOLE_ROW_THREADS):
                 # TileLang finds no fragment layout (d = 96), or no butterfly over the row's threads:
                 # the tile is padded to a power of two and every reduced value masked past the end
@@ -565,10 +569,11 @@ class _Builder:
         Two-axis tiles only, as measured on the H200 (run 84): a GEMV's map went from 51 to 33 us,
         but the same reorder of a four-axis fragment (b, h, t, d) of a batched decode made TileLang
         build a kernel 8x slower at its default tile (3.0 -> 23.4 ms; 2x faster at 1x1 heads), so
-        higher ranks keep the canonical order until that is understood.
+        higher ranks keep the canonical order until that is understood. A stored term keeps its
+        tensor's order: the store copies the tile as it is (``v[f] * X[m, f]`` is stored ``[f, m]``).
         """
         axes = self.tile_axes(axes_of(t))
-        if t.op not in ELEMENTWISE_OPS or len(axes) != 2:
+        if t.op not in ELEMENTWISE_OPS or len(axes) != 2 or self.is_root(t):
             return axes
         orders = {tuple(self.buffers[self.buf_of[a]].axes) for a in t.args
                   if a in self.buf_of and self.buf_of[a] in self.loaded}
@@ -611,15 +616,24 @@ class _Builder:
         self.buf_of[t] = name
         return name
 
-    def operand(self, t: Term, at: str, role: str) -> str:
-        """A GEMM operand in the compute dtype: shared (B) or any scope (A)."""
+    def operand(self, t: Term, at: str, role: str, contract: str) -> str:
+        """A GEMM operand in the compute dtype: shared (B, or an A tile stored contraction-major) or any
+        scope (A).
+
+        An A operand in registers must hold its rows across threads and its contraction along them:
+        TileLang has no register layout for a transposed A (``acc[k, m]`` as A fails layout inference,
+        "Layout infer conflict between acc and acc_bf16"), so such a tile goes through shared memory,
+        which the GEMM reads either way round.
+        """
         buf = self.materialize(t, at)
         info = self.buffers[buf]
-        if info.dtype == self.dtype and (role == "a" or info.scope == "shared"):
+        transposed_a = role == "a" and bool(info.axes) and info.axes[0] == contract
+        shared_only = role == "b" or transposed_a
+        if info.dtype == self.dtype and (not shared_only or info.scope == "shared"):
             return buf
-        key = (buf, role)
+        key = (buf, "b" if shared_only else "a")
         if key not in self.cast_of:
-            scope = "fragment" if role == "a" else "shared"
+            scope = "shared" if shared_only else "fragment"
             cast = self.add_buffer(f"{buf}_{SHORT_DTYPE[self.dtype]}", list(info.axes), scope, self.dtype)
             self.ops[at].append(Map(dst=cast, expr=Ref(buf=buf)))
             self.cast_of[key] = cast
@@ -782,8 +796,8 @@ class _Builder:
         if streamed and self.tail:  # mask the operands before any cast to the compute dtype
             for x in t.args:
                 self.tail_mask(self.materialize(x, "body"), 0.0)
-        a_buf = self.operand(t.args[0], at, "a")
-        b_buf = self.operand(t.args[1], at, "b")
+        a_buf = self.operand(t.args[0], at, "a", t.axis)
+        b_buf = self.operand(t.args[1], at, "b", t.axis)
         fa, fb = self.gemm_layout(a_buf, b_buf, t.axis)
         self.gemms.append(GemmInfo(fa, fb, t.axis, streamed, flops=2.0 * self.elems(t) * self.sizes[t.axis],
                                    a_in_registers=self.buffers[a_buf].scope == "fragment"))

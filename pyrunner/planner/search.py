@@ -27,12 +27,13 @@ rejection reasons); the tile memo and the lowering live in ``memo.py`` and ``low
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pyrunner import __version__
-from pyrunner.errors import GraphError
+from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.axes import axes_of
 from pyrunner.ir.brief import brief
 from pyrunner.ir.graph import Graph, Term, result_axes
@@ -70,6 +71,8 @@ from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.target.fit import FitModel
 
 __all__ = ["Budget", "Planner", "kernel_of", "search"]
+
+_log = logging.getLogger("pyrunner.planner")
 
 PRECISION_PENALTY = 0.05
 """Ranking surcharge per precision risk (``Candidate.precision_risks``): a GEMM operand that carries a
@@ -744,7 +747,33 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     if tuning is not False and tuning.entries:
         ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
     ranked.sort(key=lambda x: (x[0][0], round(ranked_us(x[2].cost.total_us, x[0][1]), 2), x[1]))
-    return [p for _, _, p in ranked[:top]]
+    return valid_first([p for _, _, p in ranked], top, graph)
+
+
+def valid_first(plans: list[Plan], top: int, graph: Graph) -> list[Plan]:
+    """The first ``top`` plans that pass the plan checks the runner applies to a plan file.
+
+    A plan the checks reject is a planner bug; the user gets the next-ranked plan and a warning
+    naming the rejected one, rather than a file the runner refuses.
+    """
+    from pyrunner.plan.validate import check_plan
+
+    out: list[Plan] = []
+    errors: list[str] = []
+    for p in plans:
+        try:
+            check_plan(p)
+        except PlanError as e:
+            errors.append(str(e))
+            _log.warning("planner bug: a plan for %r fails the plan checks and is skipped: %s", graph.name, e)
+            continue
+        out.append(p)
+        if len(out) == top:
+            break
+    if not out:
+        raise PlanError(f"every plan found for graph {graph.name!r} fails the plan checks (a planner bug); "
+                        f"the first: {errors[0]}")
+    return out
 
 
 TUNED_LOOKAHEAD = 12
