@@ -3,14 +3,14 @@
 ``graph_strategies`` keeps every axis a multiple of 64 and every contraction a row chain, so its
 graphs (``RandomN`` in the GPU sweep) stay stable across releases. This generator (``WildN``)
 draws what those leave out, each from how real operators are written:
-- odd and tiny axis sizes (1, 3, 17, 48, 80, 100, 200, 1000), batch axes, and weights stored
-  either way round (``[f, g]`` or ``[g, f]``);
+- odd and tiny axis sizes (1, 3, 17, 48, 80, 100, 200, 1000), batch axes, inputs stored row- or
+  feature-major, weights stored either way round (``[f, g]`` or ``[g, f]``) or one per batch;
 - reductions over any axis: columns (over the rows), batches, or the feature axis;
 - chained contractions (an MLP's two GEMMs, a low-rank pair), outer products and GEMVs;
-- masks from ``iota`` / ``lt`` / ``where``, safe ``exp`` / ``log`` / ``sqrt`` / ``div`` forms
-  (``exp(-|x|)``, ``log(1 + x^2)``, ``x / (1 + |x|)``), clamps with ``max`` / ``min``;
+- masks from ``iota`` / ``lt`` / ``where``, safe ``exp`` / ``exp2`` / ``log`` / ``sqrt`` / ``div`` /
+  ``recip`` / ``rsqrt`` forms (``exp(-|x|)``, ``log(1 + x^2)``, ``x / (1 + |x|)``), clamps with ``max`` / ``min``;
 - attention with odd lengths and head sizes, a causal or padding mask, keys stored ``[d, t]``,
-  grouped heads, the log-sum-exp as a second output.
+  grouped heads, the log-sum-exp as a second output, an output projection summed over heads.
 
 Values stay bounded (no unguarded exp, no division by something near zero), so a wrong kernel, not
 a numerically hopeless reference, is what a failure means.
@@ -62,8 +62,10 @@ class _Tensor:
 
 def _safe_unary(choose: Choose, d: _Doc, t: _Tensor) -> _Tensor:
     """A bounded function of an unbounded value."""
-    form = choose(("plain", "exp_neg_abs", "log1p_sq", "soft_sign", "sqrt_abs", "clamp"))
+    form = choose(("plain", "exp_neg_abs", "log1p_sq", "soft_sign", "sqrt_abs", "clamp", "recip_1p_sq",
+                   "rsqrt_1p_sq", "exp2_neg_abs"))
     x = t.name
+    one_plus_square = ("recip_1p_sq", "rsqrt_1p_sq")
     if form == "exp_neg_abs":
         out = d.node("exp", [d.node("neg", [d.node("abs", [x])])])
     elif form == "log1p_sq":
@@ -72,6 +74,10 @@ def _safe_unary(choose: Choose, d: _Doc, t: _Tensor) -> _Tensor:
         out = d.node("div", [x, d.node("add", [d.node("abs", [x]), 1.0])])
     elif form == "sqrt_abs":
         out = d.node("sqrt", [d.node("add", [d.node("abs", [x]), 0.5])])
+    elif form in one_plus_square:
+        out = d.node("recip" if form == "recip_1p_sq" else "rsqrt", [d.node("add", [d.node("square", [x]), 1.0])])
+    elif form == "exp2_neg_abs":
+        out = d.node("exp2", [d.node("neg", [d.node("abs", [x])])])
     elif form == "clamp":
         out = d.node("min", [d.node("max", [x, -1.0]), 1.0])
     else:
@@ -92,7 +98,8 @@ def _row_program(choose: Choose, d: _Doc) -> None:
     b = d.axis("b", choose((2, 3, 4))) if batched else None
     m = d.axis("m", choose(ROWS))
     f0 = d.axis("f0", choose(ODD[2:]))
-    x_axes = [b, m, f0] if b else [m, f0]
+    x_axes = choose(([m, f0], [f0, m]))  # rows first, or stored feature-major
+    x_axes = [b, *x_axes] if b else x_axes
     x = _Tensor(d.input("X", x_axes), frozenset(x_axes))
     tensors = [x]
     features = [f0]
@@ -106,6 +113,8 @@ def _row_program(choose: Choose, d: _Doc) -> None:
             g = d.axis(f"f{len(features)}", choose(ODD[1:]))
             features.append(g)
             w_axes = choose(([f, g], [g, f]))  # weights stored either way round
+            if b and b in t.axes and choose((False, False, True)):
+                w_axes = [b, *w_axes]  # one weight per batch: a batched GEMM
             w = d.input("W", w_axes)
             args = [t.name, w] if choose((True, False)) else [w, t.name]
             tensors.append(_Tensor(d.node("matmul", args, contract=f), (t.axes - {f}) | {g}))
@@ -199,8 +208,13 @@ def _attention(choose: Choose, d: _Doc) -> None:
         outputs = [o]
         if choose((True, False)):
             outputs.append(d.node("add", [mx, d.node("log", [den])]))
-    if choose((False, True)):
+    finish = choose(("none", "unary", "project"))
+    if finish == "unary":
         outputs[0] = d.node(choose(UNARY), [outputs[0]])
+    elif finish == "project":  # the output projection: every head's d columns into e, summed over heads
+        e = d.axis("e", choose((64, 96, 100, 128)))
+        wo = d.input("Wo", [h, hd, e])
+        outputs[0] = d.node("sum", [d.node("matmul", [outputs[0], wo], contract=hd)], axis=h)
     d.doc["outputs"] = outputs
 
 

@@ -50,7 +50,10 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
     TileLang gives each fragment one register layout. A Gemm fixes the layout of its accumulator
     (and of a fragment A operand); a Map ties together the layouts of the fragments with the same
     axes that it writes and reads; a Reduce's result follows its source; a group of fragments with
-    neither (computed from shared tiles only) gets a free layout of its own. A Map that broadcasts
+    neither (computed from shared tiles only) gets a free layout of its own. GEMM layouts agree
+    where their row axes do: a statistic of the scores' rows ``[t_q]`` scales an output accumulator
+    ``[t_q, d]`` in place, but not one held ``[d, t_q]`` (TileLang: "Layout infer conflict").
+    A Map that broadcasts
     a lower-rank fragment whose layout has another origin than its destination's -- a row
     statistic reduced from a freely laid out tile, scaling a GEMM accumulator, say -- cannot be laid
     out, so the renderer copies that fragment to a shared buffer and the Map reads the copy.
@@ -73,8 +76,8 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
     for _, _, op in ops:
         if isinstance(op, Gemm):
             for x in (op.c, op.a):
-                if x in frag:
-                    origin[find(x)] = "gemm"
+                if x in frag:  # accumulators lay out their rows alike: a row statistic of one scales another
+                    origin[find(x)] = f"gemm rows {bufs[x].axes[0]}"
     for _, _, op in ops:  # reduced groups written only from memory (shared or global) pick their own layout
         if isinstance(op, (Map, Load)) and op.dst in frag and find(op.dst) not in origin:
             reads_frag = isinstance(op, Map) and any(r in frag and find(r) != find(op.dst) for r in expr_refs(op.expr))
