@@ -236,7 +236,7 @@ class FitModel:
                 return (f"the tile GEMM into {c!r} reads its A operand {a!r} from registers: TileLang lays "
                         f"out two GEMMs' fragments alike only with one 64-row slab per warpgroup, and "
                         f"{rows} rows on {warps // 4} warpgroup(s) give more (layout infer conflict)")
-            if a_in_regs and rows < 64 * (warps // 4):
+            if a_in_regs and warps >= 8 and rows < 64 * (warps // 4):
                 return (f"the tile GEMM into {c!r} reads its A operand {a!r} from registers with {rows} rows "
                         f"on {warps // 4} warpgroups: each warpgroup would hold a copy of the same rows, "
                         f"which TileLang 0.1.15 computes wrongly (wild graph 120 on the H200, run 91)")
