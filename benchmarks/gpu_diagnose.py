@@ -33,6 +33,8 @@ VARIANTS: dict[str, dict] = {
     "no_warp_spec": {"pass": {"tl.disable_warp_specialized": True}},
     "no_tma": {"pass": {"tl.disable_tma_lower": True}},
     "stages1": {"stages": 1},
+    "block16": {"config": {"block_d": 16, "block_e": 16, "block_n": 16}},  # narrow output columns
+    "threads256": {"config": {"threads": 256}},
 }
 
 
@@ -40,7 +42,8 @@ def _case(case_id: str):
     import gpu_sweep
 
     name = case_id.split("@")[0]
-    ns = argparse.Namespace(random=64, random_seed0=0, shapes="small,real", dtypes="bf16,fp16", only=name, graph=[])
+    ns = argparse.Namespace(random=64, random_seed0=0, wild=1000, wild_seed0=0, shapes="small,real,odd",
+                            dtypes="bf16,fp16", only=name, graph=[])
     for c in gpu_sweep.collect(ns):
         if c.id == case_id:
             return c
@@ -63,6 +66,17 @@ def worker(case_id: str, variant: str) -> dict:
     spec = VARIANTS[variant]
     over = {k.name: {"stages": spec["stages"]} for k in plan.kernels
             if "stages" in spec and k.loop is not None and isinstance(k.loop.stages, str)}
+    widened = []
+    for k in plan.kernels:  # config overrides of the variant where the kernel has the parameter (space widened)
+        params = dict(k.params)
+        for p, v in spec.get("config", {}).items():
+            if p in params:
+                over.setdefault(k.name, {})[p] = v
+                params[p] = sorted(set(params[p]) | {v})
+        widened.append(k.model_copy(update={"params": params}))
+    if widened != list(plan.kernels):  # an edited plan: its stored hash no longer holds
+        prov = plan.provenance.model_copy(update={"plan_hash": ""})
+        plan = plan.model_copy(update={"kernels": widened, "provenance": prov})
     values = resolve_config(plan, over or None)
     module = rendered_module(plan)
     module.PASS_CONFIGS = {**module.PASS_CONFIGS, **spec.get("pass", {})}
