@@ -219,13 +219,14 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             w.line(f"for {loop_var} in T.serial({bounds}):  # synchronous loads: rows not 16-byte aligned")
         elif lp.visible is None:
             w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):")
+        elif kernel_pass_configs(kernel, ctx.tensors):
+            # without warp specialisation TileLang pipelines with cp.async: its drain of a loop of
+            # run-time length waits on a group count that is not a constant (no CUDA for it), and
+            # even one stage peels the last step and runs the rest to the bound's maximum (a query
+            # block with one visible step ran two: wild graph 120, run 91), so the loop is serial
+            w.line(f"for {loop_var} in T.serial({bounds}):  # run-time bounds: no cp.async pipeline")
         else:
-            note = ""
-            if kernel_pass_configs(kernel, ctx.tensors):
-                # without warp specialisation TileLang pipelines with cp.async, and its drain of a loop
-                # of run-time length waits on a group count that is not a constant (no CUDA for it)
-                stages, note = "1", "  # one stage: a cp.async pipeline cannot drain a loop of run-time length"
-            w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):{note}")
+            w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):")
         w.indent()
         for i, op in enumerate(kernel.body):
             _render_op(w, ctx, op, "body", i)
