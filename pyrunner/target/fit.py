@@ -236,10 +236,6 @@ class FitModel:
                 return (f"the tile GEMM into {c!r} reads its A operand {a!r} from registers: TileLang lays "
                         f"out two GEMMs' fragments alike only with one 64-row slab per warpgroup, and "
                         f"{rows} rows on {warps // 4} warpgroup(s) give more (layout infer conflict)")
-            if a_in_regs and warps >= 8 and rows < 64 * (warps // 4):
-                return (f"the tile GEMM into {c!r} reads its A operand {a!r} from registers with {rows} rows "
-                        f"on {warps // 4} warpgroups: each warpgroup would hold a copy of the same rows, "
-                        f"which TileLang 0.1.15 computes wrongly (wild graph 120 on the H200, run 91)")
             if not any(warps % mw == 0 and rows % (16 * mw) == 0 and cols % (8 * (warps // mw)) == 0
                        for mw in range(1, warps + 1)):
                 return (f"the {rows}x{cols} tile GEMM into {c!r} cannot be split among {warps} warps "
