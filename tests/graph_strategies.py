@@ -32,8 +32,8 @@ NORMS = ("rmsnorm", "softmax", "layernorm")
 Choose = Callable[[Sequence[Any]], Any]
 
 
-class _Doc:
-    """A graph document under construction: named nodes, inputs, axes."""
+class GraphDoc:
+    """A graph document under construction: named nodes, inputs, axes (shared with ``wild_graphs``)."""
 
     def __init__(self, name: str) -> None:
         self.doc: dict[str, Any] = {"name": name, "axes": {}, "inputs": {}, "nodes": [], "outputs": []}
@@ -55,7 +55,7 @@ class _Doc:
         return name
 
 
-def _row_chain(choose: Choose, d: _Doc) -> None:
+def _row_chain(choose: Choose, d: GraphDoc) -> None:
     m = d.axis("m", choose(SIZES))
     f0 = d.axis("f0", choose(SIZES))
     x = d.input("X", [m, f0])
@@ -104,7 +104,7 @@ def _row_chain(choose: Choose, d: _Doc) -> None:
     d.doc["outputs"] = outs
 
 
-def _attention(choose: Choose, d: _Doc, qk_norm: bool = True) -> None:
+def _attention(choose: Choose, d: GraphDoc, qk_norm: bool = True) -> None:
     h = d.axis("h", choose((1, 2, 4)))
     tq = d.axis("t_q", choose(SIZES))
     tkv = d.axis("t_kv", choose(SIZES))
@@ -141,7 +141,7 @@ def random_graph_doc(choose: Choose, name: str = "RandomGraph", qk_norm: bool = 
     ``qk_norm=False`` leaves out RMS-normalised Q and K: planning them takes 10-50 s today
     (the search is exponential in reductions), too slow for many CI examples.
     """
-    d = _Doc(name)
+    d = GraphDoc(name)
     if choose(("rows", "attention")) == "rows":
         _row_chain(choose, d)
     else:

@@ -22,35 +22,14 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from graph_strategies import GraphDoc
+
 Choose = Callable[[Sequence[Any]], Any]
 
 ODD = (1, 3, 17, 48, 64, 80, 100, 128, 200, 256)
 ROWS = (1, 8, 48, 100, 128, 200, 256, 1000)
 UNARY = ("relu", "gelu", "silu", "sigmoid", "tanh", "square", "abs", "neg", "softplus")
 BINARY = ("add", "mul", "sub", "max", "min")
-
-
-class _Doc:
-    """A graph document under construction."""
-
-    def __init__(self, name: str) -> None:
-        self.doc: dict[str, Any] = {"name": name, "axes": {}, "inputs": {}, "nodes": [], "outputs": []}
-        self.n = 0
-
-    def axis(self, name: str, size: int) -> str:
-        self.doc["axes"][name] = size
-        return name
-
-    def input(self, prefix: str, axes: list[str]) -> str:
-        name = f"{prefix}{len(self.doc['inputs'])}"
-        self.doc["inputs"][name] = list(axes)
-        return name
-
-    def node(self, op: str, args: list, **extra: Any) -> str:
-        self.n += 1
-        name = f"t{self.n}"
-        self.doc["nodes"].append({"name": name, "op": op, "args": args, **extra})
-        return name
 
 
 class _Tensor:
@@ -60,7 +39,7 @@ class _Tensor:
         self.name, self.axes = name, axes
 
 
-def _safe_unary(choose: Choose, d: _Doc, t: _Tensor) -> _Tensor:
+def _safe_unary(choose: Choose, d: GraphDoc, t: _Tensor) -> _Tensor:
     """A bounded function of an unbounded value."""
     form = choose(("plain", "exp_neg_abs", "log1p_sq", "soft_sign", "sqrt_abs", "clamp", "recip_1p_sq",
                    "rsqrt_1p_sq", "exp2_neg_abs"))
@@ -85,14 +64,14 @@ def _safe_unary(choose: Choose, d: _Doc, t: _Tensor) -> _Tensor:
     return _Tensor(out, t.axes)
 
 
-def _mask(choose: Choose, d: _Doc, t: _Tensor, a: str, b: str, fill: float | str) -> _Tensor:
+def _mask(choose: Choose, d: GraphDoc, t: _Tensor, a: str, b: str, fill: float | str) -> _Tensor:
     """``t`` where ``iota a <= iota b`` (or ``<``), else ``fill``: a triangular or band mask."""
     ia, ib = d.node("iota", [], axis=a), d.node("iota", [], axis=b)
     cond = d.node(choose(("le", "lt")), [ia, ib])
     return _Tensor(d.node("where", [cond, t.name, fill]), t.axes | {a, b})
 
 
-def _row_program(choose: Choose, d: _Doc) -> None:
+def _row_program(choose: Choose, d: GraphDoc) -> None:
     """Elementwise, reductions over any axis, masks and chained contractions on a batched row tensor."""
     batched = choose((False, True))
     b = d.axis("b", choose((2, 3, 4))) if batched else None
@@ -164,7 +143,7 @@ def _row_program(choose: Choose, d: _Doc) -> None:
     d.doc["outputs"] = outs
 
 
-def _attention(choose: Choose, d: _Doc) -> None:
+def _attention(choose: Choose, d: GraphDoc) -> None:
     """Attention with odd sizes, optional batch and query-group axes, masks, layouts and outputs."""
     batch = [d.axis("b", choose((2, 3)))] if choose((False, True)) else []
     h = d.axis("h", choose((1, 2, 3, 4)))
@@ -220,7 +199,7 @@ def _attention(choose: Choose, d: _Doc) -> None:
 
 def wild_graph_doc(choose: Choose, name: str = "WildGraph") -> dict:
     """A valid graph JSON document built by the decisions of ``choose``."""
-    d = _Doc(name)
+    d = GraphDoc(name)
     if choose(("rows", "rows", "attention")) == "rows":
         _row_program(choose, d)
     else:
