@@ -114,7 +114,8 @@ def collect(args) -> list[Case]:
     for seed in range(args.random_seed0, args.random_seed0 + args.random):
         doc = seeded_graph_doc(seed)
         graphs.append((doc["name"], "random", doc, real_sizes_random(doc["axes"])))
-    for seed in range(args.wild_seed0, args.wild_seed0 + args.wild):
+    wild0 = getattr(args, "wild_seed0", 0)  # callers that build their own options may leave wild graphs out
+    for seed in range(wild0, wild0 + getattr(args, "wild", 0)):
         doc = seeded_wild_doc(seed)
         graphs.append((doc["name"], "wild", doc, real_sizes_wild(doc["axes"])))
     for f in args.graph or []:

@@ -47,6 +47,10 @@ def test_cases_cover_catalog_corpus_random_at_two_shapes() -> None:
     assert att["small"] == {"h": 2, "t_q": 128, "t_kv": 128, "d": 128}
     # benchmarks/graphs holds odd sizes on purpose (50257, 997 x 127 x 1009); the rest tile evenly
     assert all(n % 64 == 0 or n <= 16 for c in cases if c.source != "bench" for n in c.graph["axes"].values())
+    # wild graphs only when asked for, at their own sizes and 4x that (capped) as the real shape
+    wild = gpu_sweep.collect(gpu_sweep.parser().parse_args(["--random", "0", "--wild", "2", "--only", "Wild0,Wild1"]))
+    assert sorted(c.id for c in wild) == ["Wild0@real/bf16", "Wild0@small/bf16", "Wild1@real/bf16", "Wild1@small/bf16"]
+    assert {c.source for c in wild} == {"wild"}
 
 
 def test_cases_option_keeps_exactly_the_listed_ids(tmp_path: Path) -> None:
