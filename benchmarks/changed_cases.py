@@ -24,27 +24,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def case_hashes(root: Path, sweep_args: argparse.Namespace) -> dict[str, str]:
-    """Case id -> hash of its rendered source, planned with the code under ``root``."""
+def case_hashes(root: Path, sweep_args: argparse.Namespace, built: bool = False) -> dict[str, str]:
+    """Case id -> hash of its rendered source, planned with the code under ``root``; ``built``: of the
+    prim_funcs its build functions make at the default config instead (TileLang's TVMScript of each,
+    needs TileLang but no GPU), so a branch of the source that config does not take changes nothing."""
     for p in (root, root / "benchmarks", root / "tests"):
         sys.path.insert(0, str(p))
     import gpu_sweep
 
+    out: dict[str, str] = {}
+    with tempfile.TemporaryDirectory(prefix="changed_cases_built_") as tmp:
+        for n, case in enumerate(gpu_sweep.collect(sweep_args)):
+            out[case.id] = _case_hash(case, built, Path(tmp) / f"case_{n}.py")
+    return out
+
+
+def _case_hash(case, built: bool, module_path: Path) -> str:
+    """Hash of one case's rendered source (or built prim_funcs); an error counts as a change."""
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir.graph_json import graph_from_json
     from pyrunner.planner import search
 
-    out: dict[str, str] = {}
-    for case in gpu_sweep.collect(sweep_args):
-        try:
-            plan = search(graph_from_json(case.graph), case.dtype, top=1)[0]
-            src = render(plan).replace(plan.provenance.plan_hash, "PLAN")
-            src = re.sub(r"CONFIG_SPACE = \{.*?\n\}", "", src, flags=re.S)
-            src = re.sub(r"^Cost model estimate:.*?(?=^Provenance:)", "", src, flags=re.S | re.M)
-            out[case.id] = hashlib.sha256(src.encode()).hexdigest()[:16]
-        except Exception as e:  # noqa: BLE001 - a case that no longer plans counts as changed
-            out[case.id] = f"error: {e}"
-    return out
+    try:
+        plan = search(graph_from_json(case.graph), case.dtype, top=1)[0]
+        src = render(plan).replace(plan.provenance.plan_hash, "PLAN")
+        if built:
+            from pyrunner.backend.tilelang.compile import load_module
+
+            module = load_module(src, module_path)
+            src = "\n".join(f"{k}\n{f.script()}" for k, f in module.build_kernels().items())
+        src = re.sub(r"CONFIG_SPACE = \{.*?\n\}", "", src, flags=re.S)
+        src = re.sub(r"^Cost model estimate:.*?(?=^Provenance:)", "", src, flags=re.S | re.M)
+        return hashlib.sha256(src.encode()).hexdigest()[:16]
+    except Exception as e:  # noqa: BLE001 - a case that no longer plans counts as changed
+        return f"error: {e}"
 
 
 def _hashes_in(roots: list[Path], sweep_args: dict, work: Path) -> list[dict[str, str]]:
@@ -52,9 +65,10 @@ def _hashes_in(roots: list[Path], sweep_args: dict, work: Path) -> list[dict[str
     pyrunner (the sweep options travel parsed, as JSON: an older tree's gpu_sweep.py need only
     have ``collect``)."""
     options = work / "sweep_args.json"
-    options.write_text(json.dumps(sweep_args, default=str))
     dests = [work / f"hashes_{i}.json" for i in range(len(roots))]
-    procs = [subprocess.Popen([sys.executable, __file__, "--hash-tree", str(root), str(options), str(dest)],
+    built = ["--built"] if sweep_args.pop("_built", False) else []
+    options.write_text(json.dumps(sweep_args, default=str))
+    procs = [subprocess.Popen([sys.executable, __file__, "--hash-tree", str(root), str(options), str(dest), *built],
                               cwd=root) for root, dest in zip(roots, dests, strict=True)]
     if any(p.wait() for p in procs):
         raise SystemExit("changed_cases: error: hashing a tree failed (its output is above)")
@@ -68,19 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", help="git revision the last full sweep ran on")
     ap.add_argument("--out", type=Path, help="file for the changed case ids (default: stdout)")
+    ap.add_argument("--built", action="store_true",
+                    help="compare the prim_funcs each case builds at its default config (needs TileLang; slower), "
+                         "not the rendered text")
     ap.add_argument("--hash-tree", nargs=3, metavar=("ROOT", "OPTIONS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.hash_tree:
         root, options, dest = (Path(x) for x in args.hash_tree)
         sweep_args = argparse.Namespace(**json.loads(options.read_text()))
-        dest.write_text(json.dumps(case_hashes(root, sweep_args), indent=1))
+        dest.write_text(json.dumps(case_hashes(root, sweep_args, built=args.built), indent=1))
         return 0
     if not args.base:
         ap.error("--base REV is required")
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_sweep
 
-    sweep = vars(gpu_sweep.parser().parse_args(sweep_argv))
+    sweep = {**vars(gpu_sweep.parser().parse_args(sweep_argv)), "_built": args.built}
     with tempfile.TemporaryDirectory(prefix="changed_cases_") as tmp:
         work = Path(tmp)
         base_tree = work / "base"
@@ -96,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(text)
     else:
         sys.stdout.write(text)
-    print(f"{len(changed)} of {len(after)} case(s) render differently from {args.base}", file=sys.stderr)
+    what = "build different prim_funcs" if args.built else "render differently"
+    print(f"{len(changed)} of {len(after)} case(s) {what} from {args.base}", file=sys.stderr)
     return 0
 
 

@@ -20,7 +20,7 @@ from pyrunner.backend.tilelang.structure import structure_problems
 from pyrunner.ir import catalog
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.analysis import op_reads_writes
-from pyrunner.plan.schedule import async_schedule, chain_schedule, issue_order, mainloop_schedule
+from pyrunner.plan.schedule import async_schedule, chain_schedule, gemm_operand_loads, issue_order, mainloop_schedule
 from pyrunner.plan.schema import Gemm, Map, Ref
 from pyrunner.planner import search
 from pyrunner.run.executor import round_to
@@ -287,3 +287,66 @@ def test_the_fit_model_predicts_the_renderers_guard_and_defaults_take_the_async_
         agree += fit.renders_async(cfg) == guard
     assert agree == math.prod(len(k.params[p]) for p in names)
     assert fit.renders_async(k.defaults)
+
+
+PERSISTENT = {  # more tiles than SM_COUNT = 3, and steps per tile no multiple of 2 x stages
+    "Attention": {"h": 8, "t_q": 128, "t_kv": 384, "d": 32},  # each tile of a block another head
+    "Matmul": {"m": 512, "d": 576, "n": 1024},
+}
+
+
+def _persistent_case(name: str, monkeypatch: pytest.MonkeyPatch):
+    from pyrunner.backend.tilelang import render as render_module
+
+    monkeypatch.setattr(render_module, "SM_COUNT", 3)
+    return _small_case(name, PERSISTENT[name])
+
+
+@pytest.mark.parametrize("name", sorted(PERSISTENT))
+def test_persistent_blocks_loop_over_tiles_with_one_ring(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    case = _persistent_case(name, monkeypatch)
+    plan, graph, inputs, src = case
+    assert "SM_COUNT = 3" in src and "with T.Kernel(SM_COUNT" in src and "T.use_swizzle" in src
+    em, res = _run(plan, graph, inputs, src)
+    assert ("async",) in em.traces[plan.kernels[0].name].events
+    assert res.ok, res.message  # every tile of every block written, in every block's order
+    # the ring's step count restarted at each tile: the mbarrier phases no longer match the waits,
+    # so a wait passes on the last tile's phase (stale data) or never passes (deadlock)
+    bad, n = re.subn(r"\(tile_it \* \(SIZE_\w+ // \w+\) \+ ", "(", src)
+    assert n > 0
+    try:
+        _, res = _run(plan, graph, inputs, bad)
+    except EmulationError as e:
+        assert "deadlock" in str(e)
+    else:
+        assert not res.ok, "a ring restarted per tile went unnoticed"
+
+
+def test_one_wave_kernels_build_the_one_block_per_tile_form() -> None:
+    plan, graph, inputs, src = _small_case("Matmul", SMALL_MM)  # 2 tiles on 132 SMs
+    assert "if tiles > SM_COUNT:" not in src  # no config of its space passes one wave: nothing added
+    plan4k = _plan("Matmul", {"m": 4096, "d": 4096, "n": 4096})
+    src4k = render(plan4k)
+    assert "if tiles > SM_COUNT:" in src4k and "with T.Kernel(SM_COUNT" in src4k
+
+
+def test_the_producer_loads_a_gemm_only_prologue_tile_and_frees_it_after_the_last_g1(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    plan, graph, inputs, src = _persistent_case("Attention", monkeypatch)
+    (k,) = plan.kernels
+    assert [k.prologue[i].dst for i in gemm_operand_loads(k)] == ["Q_s"]
+    assert re.search(r"T\.tma_copy\(Q\[.*\], Q_s, barrier=Q_s_full\[0\]\)", src)
+    assert "T.barrier_wait(Q_s_full[0], tile_it % 2)" in src
+    # Q_s freed as soon as it is loaded: the producer's next tile overwrites it under this tile's G1
+    free = "T.barrier_arrive(Q_s_empty[0])  # 'Q_s': every G1 of this tile waited on"
+    assert free in src
+    early = re.sub(re.escape(free), "pass", src)
+    early = early.replace("T.barrier_wait(Q_s_full[0], tile_it % 2)  # 'Q_s': the producer's TMA load",
+                          "T.barrier_wait(Q_s_full[0], tile_it % 2)\n" + " " * 28 + "T.barrier_arrive(Q_s_empty[0])")
+    assert early != src
+    try:
+        _, res = _run(plan, graph, inputs, early)
+    except EmulationError as e:
+        assert "deadlock" in str(e)
+    else:
+        assert not res.ok, "Q_s freed before the tile's last G1 went unnoticed"

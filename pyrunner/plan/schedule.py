@@ -192,6 +192,30 @@ def mainloop_schedule(kernel: Kernel) -> MainloopSchedule | None:
     return MainloopSchedule(loads, gemms, ops)
 
 
+def gemm_operand_loads(kernel: Kernel) -> tuple[int, ...]:
+    """Positions in ``kernel.prologue`` of loads into shared tiles that only the loop's GEMMs read
+    (attention's Q): the producer warpgroup can TMA-load such a tile beside the loop's first steps
+    and, in a persistent block, the next tile's while the consumers finish this one, where the
+    consumers would load it with thread copies and a barrier before their first GEMM.
+
+    A tile qualifies when no other op of the kernel reads or writes it and no earlier prologue op
+    touches it (the consumers wait for it where the load stood)."""
+    shared = _shared(kernel)
+    gemm_reads = {x for op in kernel.body if isinstance(op, Gemm) for x in (op.a, op.b)}
+    out = []
+    for i, op in enumerate(kernel.prologue):
+        if not isinstance(op, Load) or op.dst not in shared or op.dst not in gemm_reads:
+            continue
+        others = [o for j, o in enumerate(kernel.prologue) if j != i] + list(kernel.epilogue) \
+            + [o for o in kernel.body if not isinstance(o, Gemm)]
+        if any(op.dst in set(r) | set(w) for r, w in map(op_reads_writes, others)):
+            continue
+        if any(g.c == op.dst for g in kernel.body if isinstance(g, Gemm)):
+            continue
+        out.append(i)
+    return tuple(out)
+
+
 def async_schedule(kernel: Kernel) -> AsyncSchedule | None:
     """The asynchronous schedule a pipelined kernel's loop can run under, if any."""
     return chain_schedule(kernel) or mainloop_schedule(kernel)

@@ -716,6 +716,59 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
         ctx.coord[a] = coord_names[a]
 
 
+SWIZZLE_PANEL = 10
+"""Rows of blocks in one panel of the block order that keeps GEMM operand panels in L2 (TileLang's
+``use_swizzle(panel_size=10)``, whose order the persistent launch reproduces: odd panels walk the
+columns back, so the tiles in flight across a panel boundary share their column operands)."""
+
+
+def launch_counts(ctx: _Ctx) -> list[tuple[str, str]]:
+    """(grid axis, tile count expression) of every launched grid axis, fastest first: blockIdx.x's axis,
+    then .y's, then the folded axes of .z innermost first."""
+    dims = launch_axes(ctx.kernel, ctx.roles)
+    order = [a for d in dims[:2] for a in d] + [a for d in dims[2:] for a in reversed(d)]
+    return [(a, _tiles(ctx, a) if ctx.roles[a].kind != "indexed" else ctx.size_const[a]) for a in order]
+
+
+def _persistent_launch(ctx: _Ctx, w: _Writer, params_line: str) -> str:
+    """``with T.Kernel(SM_COUNT, ...)`` of a persistent kernel; returns the block index's name. Each role
+    binds the grid coordinates of its current tile with ``bind_tile_coords``."""
+    block = ctx.local.fresh("block")
+    for g in ctx.kernel.grid:
+        ctx.coord[g.axis] = None
+    for a, _ in launch_counts(ctx):
+        ctx.coord[a] = ctx.local.fresh(f"{a}_idx" if ctx.roles[a].kind == "indexed" else f"{a}_blk")
+    w.line(f"with T.Kernel(SM_COUNT, {params_line}) as {block}:")
+    w.indent()
+    return block
+
+
+def bind_tile_coords(ctx: _Ctx, w: _Writer, tile: str, panel: bool) -> None:
+    """Bind the grid coordinates of tile number ``tile`` (the launch order: the first launched axis
+    fastest). ``panel``: two launched axes walked in panels of ``SWIZZLE_PANEL`` rows of the second,
+    as ``T.use_swizzle`` orders blocks (``rasterization2DRow``), so the tiles in flight share operand
+    panels in L2."""
+    counts = launch_counts(ctx)
+    if panel and len(counts) == 2:
+        (ax, nx), (ay, ny) = counts
+        span = f"{SWIZZLE_PANEL} * {_paren(nx)}"
+        panel_v, rows = ctx.local.fresh("panel"), ctx.local.fresh("panel_rows")
+        w.line(f"{panel_v} = {tile} // ({span})  # panels of {SWIZZLE_PANEL} rows of {ay!r} blocks")
+        w.line(f"{rows} = T.min({SWIZZLE_PANEL}, {_paren(ny)} - {panel_v} * {SWIZZLE_PANEL})")
+        col = ctx.local.fresh("panel_col")
+        w.line(f"{col} = {tile} % ({span}) // {rows}")
+        w.line(f"{ctx.coord[ax]} = {col} + {panel_v} % 2 * ({_paren(nx)} - 1 - 2 * {col})  # odd panels walk back")
+        w.line(f"{ctx.coord[ay]} = {panel_v} * {SWIZZLE_PANEL} + {tile} % ({span}) % {rows}")
+        return
+    stride = ""
+    for j, (a, n) in enumerate(counts):
+        expr = f"{tile} // ({stride})" if stride else tile
+        if j < len(counts) - 1:
+            expr = f"{_paren(expr)} % {_paren(n)}" if stride else f"{tile} % {_paren(n)}"
+        w.line(f"{ctx.coord[a]} = {expr}")
+        stride = f"{stride} * {_paren(n)}" if stride else _paren(n)
+
+
 def _stages(kernel: Kernel) -> str:
     """The loop's pipeline depth as source text: a literal or its tile parameter."""
     assert kernel.loop is not None
@@ -736,8 +789,9 @@ def pdl_sync(w: _Writer, why: str) -> None:
     w.line(f"T.pdl_sync()  # dependent launch: {why}")
 
 
-def _signature_and_launch(w: _Writer, ctx: _Ctx, func_name: str, threads: str) -> None:
-    """``@T.prim_func``, its global tensor arguments and ``with T.Kernel(...)`` (indents into the block)."""
+def _signature_and_launch(w: _Writer, ctx: _Ctx, func_name: str, threads: str, persistent: bool = False) -> str | None:
+    """``@T.prim_func``, its global tensor arguments and ``with T.Kernel(...)`` (indents into the block);
+    ``persistent``: one block per SM (``_persistent_launch``), whose index it returns."""
     tensors = {t.name: t for t in ctx.plan.tensors}
     w.line("@T.prim_func")
     w.line(f"def {func_name}(")
@@ -746,7 +800,10 @@ def _signature_and_launch(w: _Writer, ctx: _Ctx, func_name: str, threads: str) -
         w.line(f'    {ctx.names[t]}: T.Tensor({shape}, "{tensors[t].dtype}"),')
     w.line("):")
     w.indent()
+    if persistent:
+        return _persistent_launch(ctx, w, f"threads={threads}")
     _grid_launch(ctx, w, f"threads={threads}")
+    return None
 
 
 def _declare_buffers(w: _Writer, ctx: _Ctx, rings: frozenset[str] = frozenset()) -> None:

@@ -148,8 +148,23 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
         w.line()
         form = "two-GEMM chain" if isinstance(sched, ChainSchedule) else "GEMM mainloop"
+        tiles = render_ws.persistent_tiles(ctx, SM_COUNT)
         w.line(f"if {render_ws.guard(ctx, sched, threads)}:  # asynchronous {form} (render_ws)")
         w.indent()
+        if tiles is not None:
+            n_tiles = local.fresh("tiles")
+            w.line(f"{n_tiles} = {tiles}")
+            w.line(f"if {n_tiles} > SM_COUNT:  # past one wave: persistent, SM_COUNT blocks loop over the tiles")
+            w.indent()
+            saved, taken_before = dict(ctx.coord), set(local.taken)
+            render_ws.render_async_prim_func(w, ctx, func_name, threads, swizzle, sched, tiles=n_tiles)
+            ctx.coord.clear()
+            ctx.coord.update(saved)
+            local.taken = taken_before | set(ctx.par_vars.values())  # the one-wave form keeps its names
+            w.line()
+            w.line(f"return {func_name}")
+            w.dedent()
+            w.line()
         render_ws.render_async_prim_func(w, ctx, func_name, threads, swizzle, sched)
         w.line()
         w.line(f"return {func_name}")

@@ -14,6 +14,8 @@ counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipel
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyrunner.backend.tilelang import emit as R
 from pyrunner.plan import schedule
 from pyrunner.plan.analysis import op_reads_writes
@@ -41,13 +43,22 @@ def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
     sched = schedule.async_schedule(kernel)
     if sched is None:
         return None
-    for i in sched.loads:  # TMA: 16-byte aligned rows of a tensor with at least two axes
-        t = ctx.tensors[kernel.body[i].src]
-        if len(t.axes) < 2 or t.shape[-1] * H200.dtype_bytes[t.dtype] % 16:
-            return None
-        if any(ctx.roles[a].kind == "indexed" for a in ctx.buffers[kernel.body[i].dst].axes):
-            return None
+    if not all(_tma_loadable(ctx, kernel.body[i]) for i in sched.loads):
+        return None
     return sched
+
+
+def _tma_loadable(ctx: R._Ctx, op) -> bool:
+    """TMA: 16-byte aligned rows of a tensor with at least two axes, into a tile without indexed axes."""
+    t = ctx.tensors[op.src]
+    if len(t.axes) < 2 or t.shape[-1] * H200.dtype_bytes[t.dtype] % 16:
+        return False
+    return not any(ctx.roles[a].kind == "indexed" for a in ctx.buffers[op.dst].axes)
+
+
+def producer_prologue(ctx: R._Ctx) -> tuple[int, ...]:
+    """Prologue loads the producer warpgroup issues by TMA (``schedule.gemm_operand_loads``)."""
+    return tuple(i for i in schedule.gemm_operand_loads(ctx.kernel) if _tma_loadable(ctx, ctx.kernel.prologue[i]))
 
 
 def shared_bytes(ctx: R._Ctx, sched: AsyncSchedule) -> str:
@@ -85,30 +96,69 @@ def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
     return " and ".join(dict.fromkeys(conds))
 
 
-def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, ring: _Ring) -> None:
-    """The prim_func's signature, launch, buffers (the loaded ones as rings of slots) and mbarriers."""
-    R._signature_and_launch(w, ctx, func_name, f"{R._paren(threads)} + {PRODUCER_THREADS}")
+def persistent_tiles(ctx: R._Ctx, sms: int) -> str | None:
+    """The tile count expression of a kernel that may render persistent, else None.
+
+    A persistent kernel launches one block per SM and each block loops over tiles
+    ``block, block + SM_COUNT, ...``: the producer keeps filling the ring with the next tile's steps
+    while the consumers finish this tile's last steps and its epilogue, so the tensor cores do not
+    wait for a new block's launch, barrier set-up and first loads at every tile (FlashAttention-3's
+    and CUTLASS's persistent schedulers). The build function picks this form only past one wave
+    (``tiles > SM_COUNT``). Not for masked loops: their blocks run different step counts (ring
+    phases would need a running count) and launch longest first.
+    """
+    if ctx.kernel.loop is None or ctx.kernel.loop.visible is not None:
+        return None
+    counts = R.launch_counts(ctx)
+    if not counts:
+        return None
+    most = 1
+    for a, _ in counts:
+        r = ctx.roles[a]
+        blocks = ctx.kernel.params.get(r.block, [1]) if isinstance(r.block, str) else [r.block]
+        most *= -(-r.size // (min(blocks) if r.kind != "indexed" else 1))
+    if most <= sms:  # no config of the space passes one wave
+        return None
+    return " * ".join(R._paren(n) for _, n in counts)
+
+
+def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, ring: _Ring,
+             persistent: bool = False) -> str | None:
+    """The prim_func's signature, launch, buffers (the loaded ones as rings of slots) and mbarriers;
+    returns the block index of a persistent launch."""
+    block = R._signature_and_launch(w, ctx, func_name, f"{R._paren(threads)} + {PRODUCER_THREADS}", persistent)
     R._declare_buffers(w, ctx, rings=frozenset(ring.staged))
     for b in ring.staged:
         w.line(f"{ring.full[b]} = T.alloc_barrier([{PRODUCER_THREADS}] * {ring.stages})  # slot of {b!r} loaded")
         w.line(f"{ring.empty[b]} = T.alloc_barrier([{threads}] * {ring.stages})  # slot of {b!r} free again")
+    for b in ring.once:
+        w.line(f"{ring.full[b]} = T.alloc_barrier([{PRODUCER_THREADS}])  # {b!r} loaded for this tile")
+        if persistent:
+            w.line(f"{ring.empty[b]} = T.alloc_barrier([{threads}])  # {b!r} free for the next tile")
+    return block
 
 
 class _Ring:
     """The ring of slots the producer fills and the consumers drain: slot and phase of a step, the
     mbarrier waits and arrives, and the staged buffers' names bound to one step's slot."""
 
-    def __init__(self, w: R._Writer, ctx: R._Ctx, staged: list[str], first: str = "0") -> None:
+    def __init__(self, w: R._Writer, ctx: R._Ctx, staged: list[str], first: str = "0",
+                 once: tuple[str, ...] = ()) -> None:
         self.w, self.ctx, self.staged = w, ctx, staged
         self.first = first  # the loop's first step: slots and phases count from it (masked bounds start later)
+        self.offset = ""  # steps of earlier tiles of a persistent block: the ring goes on across tiles
+        self.tile = ""  # a persistent block's tile counter: the phase of the tiles loaded once per tile
+        self.once = once  # prologue tiles the producer loads once per tile (one slot each)
+        self.freed: set[str] = set()  # ... those the consumers freed already (release_once)
         self.stages = R._paren(R._stages(ctx.kernel))
         fresh = ctx.local.fresh
-        self.full = {b: fresh(f"{b}_full") for b in staged}
-        self.empty = {b: fresh(f"{b}_empty") for b in staged}
+        self.full = {b: fresh(f"{b}_full") for b in (*staged, *once)}
+        self.empty = {b: fresh(f"{b}_empty") for b in (*staged, *once)}
         self.names = {b: ctx.names[b] for b in staged}
 
     def _count(self, step: str) -> str:
-        return R._paren(step) if self.first == "0" else f"({step} - {self.first})"
+        count = step if self.first == "0" else f"{step} - {self.first}"
+        return f"({self.offset} + {count})" if self.offset else R._paren(count)
 
     def slot(self, step: str) -> str:
         return f"{self._count(step)} % {self.stages}"
@@ -139,69 +189,89 @@ class _Ring:
         for b in bufs:
             self.w.line(f"T.barrier_arrive({self.empty[b]}[{self.slot(step)}])")
 
+    def once_parity(self, producer: bool) -> str:
+        """Parity of a once-per-tile barrier wait (the producer's empty wait passes on a fresh barrier)."""
+        if not self.tile:
+            return "1" if producer else "0"
+        return f"1 - {self.tile} % 2" if producer else f"{self.tile} % 2"
+
+    def release_once(self, bufs: list[str], why: str) -> None:
+        """A persistent block's consumers free the once-per-tile tiles ``bufs`` for the next tile."""
+        if self.tile:
+            for b in bufs:
+                self.w.line(f"T.barrier_arrive({self.empty[b]}[0])  # {b!r}: {why}")
+        self.freed.update(bufs)
+
+
+@dataclass
+class _Form:
+    """One asynchronous prim_func being written: its schedule, ring, step bounds and (persistent) tiles."""
+
+    w: R._Writer
+    ctx: R._Ctx
+    sched: AsyncSchedule
+    ring: _Ring
+    threads: str
+    first: str  # the loop's first step ("0", or a block's masked lower bound)
+    end: str
+    last: str
+    pre: tuple[int, ...]  # prologue loads the producer issues
+    swizzle: str | None
+    tiles: str | None = None  # persistent: the build function's tile count
+    block: str | None = None
+    tile_it: str | None = None
+    tile: str | None = None
+
+    def tile_loop(self, note: str) -> None:
+        """A persistent block's loop over its tiles (indents into it), the tile's coordinates bound."""
+        w = self.w
+        w.line(f"for {self.tile_it} in T.serial(T.ceildiv({self.tiles} - {self.block}, SM_COUNT)):  # {note}")
+        w.indent()
+        w.line(f"{self.tile} = {self.block} + {self.tile_it} * SM_COUNT")
+        R.bind_tile_coords(self.ctx, w, self.tile, panel=self.swizzle is not None)
+        self.ring.offset = f"{self.tile_it} * {R._paren(self.end)}"
+        self.ring.tile = self.tile_it
+
 
 def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, swizzle: str | None,
-                           sched: AsyncSchedule) -> None:
-    """``@T.prim_func`` of the kernel with a producer warpgroup and asynchronous consumers."""
-    kernel, buffers = ctx.kernel, ctx.buffers
-    body = kernel.body
+                           sched: AsyncSchedule, tiles: str | None = None) -> None:
+    """``@T.prim_func`` of the kernel with a producer warpgroup and asynchronous consumers; ``tiles``
+    (the build function's tile count, see ``persistent_tiles``): the persistent form over them."""
+    kernel = ctx.kernel
     lp = kernel.loop
-    staged = [body[i].dst for i in sched.loads]
-    loop_var = ctx.loop_var
     fresh = ctx.local.fresh
     masked = lp.visible is not None  # steps [lo, hi) per block: masked_tile_skip drops the rest
+    assert tiles is None or not masked
     first, end = (fresh(f"{lp.axis}_lo"), fresh(f"{lp.axis}_hi")) if masked else ("0", R._tiles(ctx, lp.axis))
-    ring = _Ring(w, ctx, staged, first)
+    pre = producer_prologue(ctx)
+    ring = _Ring(w, ctx, [kernel.body[i].dst for i in sched.loads], first,
+                 once=tuple(kernel.prologue[i].dst for i in pre))
     tx, wg, last = fresh("tx"), fresh("wg"), fresh("last_step")
     pp = fresh("pingpong") if isinstance(sched, ChainSchedule) else None
     if pp is not None:
         w.line(f"{pp} = {threads} == 256  # two consumer warpgroups take turns at the tensor cores")
     if not masked:
         w.line(f"{last} = {end} - 1")
-    _declare(w, ctx, func_name, threads, ring)
+    form = _Form(w, ctx, sched, ring, threads, first, end, last, pre, swizzle, tiles)
+    form.block = _declare(w, ctx, func_name, threads, ring, persistent=tiles is not None)
+    if tiles is not None:
+        form.tile_it, form.tile = fresh("tile_it"), fresh("tile")
     if masked:
         R._bind_loop_bounds(w, ctx, first, end)
         w.line(f"{last} = {end} - 1")
     w.line(f"{tx} = T.get_thread_binding()")
-    if swizzle is not None:
+    if swizzle is not None and tiles is None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
     R._launch_chain_top(w, ctx, sync=False)  # each role waits where it first needs the kernels ahead
     w.line(f"if {tx} >= {threads}:  # producer warpgroup: TMA loads into the ring, a slot once it is free")
     w.indent()
-    w.line(f"T.set_max_nreg({PRODUCER_REGS}, 0)")
-    if ctx.launch.first_wait([body[i] for i in sched.loads]) is not None:
-        R.pdl_sync(w, "the loop loads a tensor the kernels ahead write")
-    w.line(f"for {loop_var} in T.serial({_span(first, end)}):")
-    w.indent()
-    for i in sched.loads:
-        op = body[i]
-        b = op.dst
-        nd = len(buffers[b].axes)
-        slot = ring.slot(loop_var)
-        w.line(f"T.barrier_wait({ring.empty[b]}[{slot}], 1 - {ring.parity(loop_var)})")
-        w.line(f"T.tma_copy({R._region(ctx, ctx.tensors[op.src])}, {ring.names[b]}[{slot}, "
-               f"{', '.join([':'] * nd)}], barrier={ring.full[b]}[{slot}])")
-        w.line(f"T.barrier_arrive({ring.full[b]}[{slot}])")
-    w.dedent()
+    _producer(form)
     w.dedent()
     w.line("else:  # consumer warpgroups")
     w.indent()
     w.line(f"T.set_max_nreg({CONSUMER_REGS}, 1)")
     w.line(f"{wg} = {tx} // 128")
-    wait_at = ctx.launch.first_wait(kernel.prologue)
-    if kernel.prologue:
-        w.line("# prologue")
-    for i, op in enumerate(kernel.prologue):
-        if i == wait_at:
-            R.pdl_sync(w, "the kernels ahead finished (the producer's loads of the plan's inputs went ahead)")
-        R._render_op(w, ctx, op, "prologue", i)
-    if any(buffers[x].scope == "shared" for op in kernel.prologue for x in op_reads_writes(op)[1]):
-        w.line("T.fence_proxy_async()  # the prologue's shared-memory writes, visible to wgmma")
-        w.line(f"T.sync_threads({CONSUMER_BARRIER}, {threads})  # ... and finished by every consumer thread")
-    consumer_body = [op for i, op in enumerate(body) if i not in sched.loads]
-    if wait_at is None and ctx.launch.first_wait(consumer_body) is not None:
-        wait_at = len(kernel.prologue)
-        R.pdl_sync(w, "the kernels ahead finished: the loop's thread code touches global memory")
+    late_wait = _consumer_prologue(form)
     if masked:  # a block whose mask hides every step runs none (its rows come out as the T.Pipelined form's)
         w.line(f"if {end} > {first}:")
         w.indent()
@@ -212,16 +282,89 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     if masked:
         w.dedent()
     ring.unbind()
+    ring.release_once([b for b in ring.once if b not in ring.freed], "every GEMM of this tile waited on")
     if kernel.epilogue:
         w.line("# epilogue")
-    late_wait = ctx.launch.first_wait(kernel.epilogue) if wait_at is None else None
     for i, op in enumerate(kernel.epilogue):
         if i == late_wait:
             R.pdl_sync(w, "the kernels ahead finished; the loop ran alongside them")
         R._render_op(w, ctx, op, "epilogue", i)
+    if tiles is not None:
+        w.dedent()
     w.dedent()
     w.dedent()
     w.dedent()
+
+
+def _producer(form: _Form) -> None:
+    """The producer warpgroup: the prologue tiles it owns once per tile, then every step's loads into
+    the ring, each slot once the consumers freed it."""
+    w, ctx, ring, kernel = form.w, form.ctx, form.ring, form.ctx.kernel
+    body, loop_var = kernel.body, ctx.loop_var
+    w.line(f"T.set_max_nreg({PRODUCER_REGS}, 0)")
+    loads = [*(body[i] for i in form.sched.loads), *(kernel.prologue[i] for i in form.pre)]
+    if ctx.launch.first_wait(loads) is not None:
+        R.pdl_sync(w, "the loop loads a tensor the kernels ahead write")
+    if form.tiles is not None:
+        form.tile_loop("the ring runs on into the next tile's steps while the consumers finish this one")
+    for i in form.pre:  # prologue tiles only the GEMMs read: loaded once per tile, beside the ring
+        op = kernel.prologue[i]
+        b = op.dst
+        if form.tiles is not None:
+            w.line(f"T.barrier_wait({ring.empty[b]}[0], {ring.once_parity(True)})")
+        w.line(f"T.tma_copy({R._region(ctx, ctx.tensors[op.src])}, {ctx.names[b]}, barrier={ring.full[b]}[0])")
+        w.line(f"T.barrier_arrive({ring.full[b]}[0])")
+    w.line(f"for {loop_var} in T.serial({_span(form.first, form.end)}):")
+    w.indent()
+    for i in form.sched.loads:
+        op = body[i]
+        b = op.dst
+        nd = len(ctx.buffers[b].axes)
+        slot = ring.slot(loop_var)
+        w.line(f"T.barrier_wait({ring.empty[b]}[{slot}], 1 - {ring.parity(loop_var)})")
+        w.line(f"T.tma_copy({R._region(ctx, ctx.tensors[op.src])}, {ring.names[b]}[{slot}, "
+               f"{', '.join([':'] * nd)}], barrier={ring.full[b]}[{slot}])")
+        w.line(f"T.barrier_arrive({ring.full[b]}[{slot}])")
+    w.dedent()
+    if form.tiles is not None:
+        w.dedent()
+
+
+def _consumer_prologue(form: _Form) -> int | None:
+    """The consumers' prologue (a persistent block's tile loop opened first), with the dependent-launch
+    wait where the consumers first need the kernels ahead; returns the epilogue op to wait before."""
+    w, ctx, ring, kernel = form.w, form.ctx, form.ring, form.ctx.kernel
+    consumer_body = [op for i, op in enumerate(kernel.body) if i not in form.sched.loads]
+    own_prologue = [op for i, op in enumerate(kernel.prologue) if i not in form.pre]  # what the consumers run
+    wait_at = ctx.launch.first_wait(own_prologue)
+    if form.tiles is not None:
+        if any(ctx.launch.first_wait(ops) is not None for ops in (own_prologue, consumer_body, kernel.epilogue)):
+            R.pdl_sync(w, "the kernels ahead finished (the producer's loads of the plan's inputs went ahead)")
+        wait_at = None
+        form.tile_loop("the same tiles as the producer, in the same order")
+        w.line(f"T.sync_threads({CONSUMER_BARRIER}, {form.threads})  # the last tile's reads of shared tiles and "
+               "its epilogue store are done")
+    if kernel.prologue:
+        w.line("# prologue")
+    own = 0
+    for i, op in enumerate(kernel.prologue):
+        if i in form.pre:
+            w.line(f"T.barrier_wait({ring.full[op.dst]}[0], {ring.once_parity(False)})  # {op.dst!r}: "
+                   "the producer's TMA load")
+            continue
+        if own == wait_at:
+            R.pdl_sync(w, "the kernels ahead finished (the producer's loads of the plan's inputs went ahead)")
+        own += 1
+        R._render_op(w, ctx, op, "prologue", i)
+    if any(ctx.buffers[x].scope == "shared" for op in own_prologue for x in op_reads_writes(op)[1]):
+        w.line("T.fence_proxy_async()  # the prologue's shared-memory writes, visible to wgmma")
+        w.line(f"T.sync_threads({CONSUMER_BARRIER}, {form.threads})  # ... and finished by every consumer thread")
+    if form.tiles is not None:
+        return None
+    if wait_at is None and ctx.launch.first_wait(consumer_body) is not None:
+        R.pdl_sync(w, "the kernels ahead finished: the loop's thread code touches global memory")
+        return None
+    return ctx.launch.first_wait(kernel.epilogue) if wait_at is None else None
 
 
 def _span(first: str, end: str, skip: int = 0) -> str:
@@ -325,6 +468,8 @@ def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: _Rin
     releases("g2", prev)
     thread_ops("late", sched.late, loop_var)
     w.dedent()
+    g2 = body[sched.g2]
+    ring.release_once([b for b in ring.once if b not in (g2.a, g2.b)], "every G1 of this tile waited on")
     w.line("# G2 of the last step")
     waits("g2", last)
     my_turn()

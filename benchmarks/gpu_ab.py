@@ -1,16 +1,21 @@
-"""A/B timing of programmatic dependent launch: multi-kernel plans with and without it, same run.
+"""A/B timing of renderer features: each plan rendered as usual and once with a feature taken
+out, both compiled, verified against float64 on the device, and timed side by side, interleaved
+(``run.timing.side_by_side_us``), in the same process.
 
-For each workload the planner's top plan (tuned config from the database) is rendered as usual
-(every kernel but the last triggers its successor, every kernel but the first waits where
-``plan.dependent_launch`` says) and once more with those calls replaced by ``pass`` (plain stream
-order, the renderer before dependent launch). Both are compiled, verified against float64 on the
-device, and timed side by side, interleaved (``run.timing.side_by_side_us``). Single-kernel plans
-are skipped: they have nothing to overlap.
+Features (``--feature``, comma-separated; each is timed on every workload it applies to):
+- ``pdl``: programmatic dependent launch. Without it, every ``T.pdl_trigger()`` / ``T.pdl_sync()`` is
+  a ``pass`` (plain stream order, the renderer before dependent launch). Single-kernel plans are
+  skipped: they have nothing to overlap.
+- ``persistent``: the persistent form of asynchronous kernels past one wave (``render_ws``). Without
+  it, the build function takes the one-block-per-tile form at every config. Plans whose kernels
+  build the same prim_func either way (one wave at their config) are skipped.
+- ``prologue_tma``: prologue tiles only the GEMMs read (attention's Q) loaded by the producer
+  warpgroup's TMA (``render_ws.producer_prologue``). Without it, the consumers copy them in.
 
 Run on the GPU machine through gpu_run.sh's environment:
-    SCRIPT=benchmarks/gpu_pdl.py TOTAL_S=200 OUT=/tmp/pdl bash benchmarks/gpu_run.sh \
-        --workloads RMSNorm --dtypes bfloat16,float16
-Writes ``pdl.jsonl`` under ``--out`` and prints a table last.
+    SCRIPT=benchmarks/gpu_ab.py TOTAL_S=200 OUT=/tmp/ab bash benchmarks/gpu_run.sh \
+        --feature pdl --workloads RMSNorm --dtypes bfloat16,float16
+Writes ``ab.jsonl`` under ``--out`` and prints a table last.
 """
 
 from __future__ import annotations
@@ -37,7 +42,34 @@ def without_dependent_launch(source: str) -> str:
     return re.sub(r"\bT\.pdl_(trigger|sync)\(\)", "pass", source)
 
 
-def measure(graph_name: str, dtype: str, work: Path, rounds: int, warm_only: bool = False) -> dict:
+def without_persistence(source: str) -> str:
+    """The rendered module whose build functions never take the persistent branch."""
+    return re.sub(r"\bif (\w+) > SM_COUNT:  # past one wave: persistent", r"if False:  # (A/B) was \1 > SM_COUNT",
+                  source)
+
+
+def without_producer_prologue(plan) -> str:
+    """The plan rendered with the consumers loading every prologue tile themselves (thread copies)."""
+    from pyrunner.backend.tilelang import render_ws
+    from pyrunner.backend.tilelang.render import render
+
+    kept = render_ws.producer_prologue
+    render_ws.producer_prologue = lambda ctx: ()
+    try:
+        return render(plan)
+    finally:
+        render_ws.producer_prologue = kept
+
+
+FEATURES = {
+    "pdl": lambda plan, source: without_dependent_launch(source),
+    "persistent": lambda plan, source: without_persistence(source),
+    "prologue_tma": lambda plan, source: without_producer_prologue(plan),
+}
+"""Feature -> (plan, its rendered source) -> the source with the feature taken out."""
+
+
+def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, warm_only: bool = False) -> dict:
     from pyrunner.backend.tilelang.compile import TARGET, load_module
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir import catalog
@@ -55,13 +87,23 @@ def measure(graph_name: str, dtype: str, work: Path, rounds: int, warm_only: boo
         graph = catalog.get(name, sizes)
     (plan,) = search(graph, DTYPES[dtype], top=1)
     rec: dict = {"workload": graph_name, "dtype": dtype, "kernels": [k.name for k in plan.kernels]}
-    if len(plan.kernels) < 2:
+    if feature == "pdl" and len(plan.kernels) < 2:
         return {**rec, "status": "skipped: one kernel"}
     cfg = resolve_config(plan)
     source = render(plan)
     launches = {}
     verifier = GpuVerifier(plan, graph, device="cuda")
-    for variant, src in (("pdl", source), ("plain", without_dependent_launch(source))):
+    without = FEATURES[feature](plan, source)
+    if without == source:
+        return {**rec, "status": f"skipped: no {feature} code"}
+    if feature == "persistent":
+        funcs = {}
+        for variant, src in (("with", source), ("without", without)):
+            module = load_module(src, work / f"{re.sub(r'[^A-Za-z0-9_]', '_', graph_name)}_{dtype}_{variant}_s.py")
+            funcs[variant] = {k: str(f) for k, f in module.build_kernels(cfg).items()}
+        if funcs["with"] == funcs["without"]:
+            return {**rec, "status": "skipped: one wave at this config"}
+    for variant, src in (("with", source), ("without", without)):
         module = load_module(src, work / f"{re.sub(r'[^A-Za-z0-9_]', '_', graph_name)}_{dtype}_{variant}.py")
         t0 = time.monotonic()
         kernels = module.compile_kernels(cfg, target=TARGET)
@@ -86,6 +128,7 @@ def measure(graph_name: str, dtype: str, work: Path, rounds: int, warm_only: boo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--feature", default="pdl", help=f"comma-separated features of {sorted(FEATURES)}")
     ap.add_argument("--workloads", default="RMSNorm",
                     help="comma-separated catalog names (NAME:axis=N;axis=N overrides shapes) or graph JSON files")
     ap.add_argument("--dtypes", default="bfloat16")
@@ -93,9 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=200)
     ap.add_argument("--jobs", type=int, default=8, help="parallel compile (warm-up) processes")
-    ap.add_argument("--warm", nargs=2, metavar=("WORKLOAD", "DTYPE"), help=argparse.SUPPRESS)
+    ap.add_argument("--warm", nargs=3, metavar=("FEATURE", "WORKLOAD", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    work = Path("/tmp/superopt_pdl")
+    features = args.feature.split(",")
+    if set(features) - set(FEATURES):
+        ap.error(f"unknown feature(s) {sorted(set(features) - set(FEATURES))}: choose from {sorted(FEATURES)}")
+    work = Path("/tmp/superopt_ab")
     work.mkdir(parents=True, exist_ok=True)
     if args.warm:
         print(json.dumps(measure(*args.warm, work, args.rounds, warm_only=True), default=str))
@@ -103,9 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     end = time.monotonic() + args.budget_s - 10
-    cases = [(w, dt) for w in args.workloads.split(",") for dt in args.dtypes.split(",")]
+    cases = [(f, w, dt) for f in features for w in args.workloads.split(",") for dt in args.dtypes.split(",")]
 
-    def warm(case: tuple[str, str]) -> None:
+    def warm(case: tuple[str, str, str]) -> None:
         left = end - time.monotonic() - 60
         if left > 0:
             try:
@@ -118,26 +164,28 @@ def main(argv: list[str] | None = None) -> int:
         list(pool.map(warm, cases))
     print(f"warm-up: {len(cases)} case(s) compiled in {time.monotonic() - t0:.0f} s", flush=True)
     rows = []
-    with open(out / "pdl.jsonl", "a") as log:
-        for w, dt in cases:
+    with open(out / "ab.jsonl", "a") as log:
+        for f, w, dt in cases:
             if time.monotonic() > end - 30:
-                rows.append({"workload": w, "dtype": dt, "status": "skipped: budget spent"})
+                rows.append({"feature": f, "workload": w, "dtype": dt, "status": "skipped: budget spent"})
                 continue
             try:
-                rec = measure(w, dt, work, args.rounds)
+                rec = measure(f, w, dt, work, args.rounds)
             except Exception as e:  # noqa: BLE001 - one failing workload must not lose the others
                 rec = {"workload": w, "dtype": dt, "status": f"error: {type(e).__name__}: {e}"}
+            rec["feature"] = f
             print(json.dumps(rec, default=str), flush=True)
             log.write(json.dumps(rec, default=str) + "\n")
             rows.append(rec)
-    print("\n| workload | dtype | with PDL (us) | without (us) | gain |")
-    print("|---|---|---|---|---|")
+    print("\n| feature | workload | dtype | with (us) | without (us) | gain |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
+        head = f"| {r['feature']} | {r['workload']} | {r['dtype']} |"
         if r.get("status") == "ok":
-            a, b = r["us"]["pdl"], r["us"]["plain"]
-            print(f"| {r['workload']} | {r['dtype']} | {a:.1f} | {b:.1f} | {b - a:+.1f} us ({b / a:.3f}x) |")
+            a, b = r["us"]["with"], r["us"]["without"]
+            print(f"{head} {a:.1f} | {b:.1f} | {b - a:+.1f} us ({b / a:.3f}x) |")
         else:
-            print(f"| {r['workload']} | {r['dtype']} | - | - | {r.get('status')} |")
+            print(f"{head} - | - | {r.get('status')} |")
     return 0
 
 

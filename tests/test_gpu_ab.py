@@ -1,0 +1,55 @@
+"""The A/B harness's features (benchmarks/gpu_ab.py): each takes out exactly the code it names,
+so the 'without' side of a timing is the renderer without that feature and nothing else."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import gpu_ab  # noqa: E402
+
+from pyrunner.backend.tilelang.render import render  # noqa: E402
+from pyrunner.ir import catalog  # noqa: E402
+from pyrunner.planner import search  # noqa: E402
+
+
+def _plan(name: str, sizes: dict | None = None):
+    (plan,) = search(catalog.get(name, sizes), "bf16", top=1, tuning=False)
+    return plan
+
+
+def test_without_dependent_launch_drops_every_pdl_call() -> None:
+    plan = _plan("RMSNorm")
+    src = render(plan)
+    assert "T.pdl_trigger()" in src and "T.pdl_sync()" in src
+    out = gpu_ab.FEATURES["pdl"](plan, src)
+    assert "T.pdl_" not in out and out.count("pass  # dependent launch") == src.count("T.pdl_")
+
+
+def test_without_persistence_never_takes_the_persistent_branch() -> None:
+    plan = _plan("Matmul", {"m": 4096, "d": 4096, "n": 4096})
+    src = render(plan)
+    out = gpu_ab.FEATURES["persistent"](plan, src)
+    assert "if tiles > SM_COUNT:  # past one wave" in src
+    assert "if tiles > SM_COUNT:  # past one wave" not in out and "if False:  # (A/B) was tiles > SM_COUNT" in out
+    assert out.replace("if False:  # (A/B) was tiles > SM_COUNT", "") != src  # only that line changed
+    assert len(out.splitlines()) == len(src.splitlines())
+
+
+def test_without_producer_prologue_copies_q_in_the_consumers() -> None:
+    plan = _plan("Attention")
+    src = render(plan)
+    out = gpu_ab.FEATURES["prologue_tma"](plan, src)
+    assert "T.tma_copy(Q[" in src and "Q_s_full" in src
+    assert "T.tma_copy(Q[" not in out and "Q_s_full" not in out
+    assert render(plan) == src  # the renderer is restored
+
+
+@pytest.mark.parametrize("feature", sorted(gpu_ab.FEATURES))
+def test_every_feature_is_documented(feature: str) -> None:
+    assert f"``{feature}``" in gpu_ab.__doc__
