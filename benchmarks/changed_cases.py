@@ -8,6 +8,11 @@ estimate masked: none reaches the compiled kernel), once in a checkout of ``--ba
 this tree, and writes the ids that differ, one per line, for ``gpu_sweep.py --cases @FILE``. Runs on the CPU:
 
     python benchmarks/changed_cases.py --base ff9bea0 --out /tmp/changed.txt -- --shapes small,real,odd --random 10
+
+``--built`` hashes what each case's build functions make at its default config (TileLang's
+TVMScript of every prim_func) instead of the source text: the kernels the GPU would compile. A
+rendered branch the case's config does not take, such as the persistent form of a kernel whose
+grid fits one wave, then changes nothing. It needs TileLang (no GPU) and takes a few times longer.
 """
 
 from __future__ import annotations

@@ -291,7 +291,7 @@ def test_the_fit_model_predicts_the_renderers_guard_and_defaults_take_the_async_
 
 PERSISTENT = {  # more tiles than SM_COUNT = 3, and steps per tile no multiple of 2 x stages
     "Attention": {"h": 8, "t_q": 128, "t_kv": 384, "d": 32},  # each tile of a block another head
-    "Matmul": {"m": 512, "d": 576, "n": 1024},
+    "GroupedQueryAttention": {"kv_h": 2, "group": 4, "t_q": 128, "t_kv": 384, "d": 32},
 }
 
 
@@ -306,7 +306,9 @@ def _persistent_case(name: str, monkeypatch: pytest.MonkeyPatch):
 def test_persistent_blocks_loop_over_tiles_with_one_ring(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     case = _persistent_case(name, monkeypatch)
     plan, graph, inputs, src = case
-    assert "SM_COUNT = 3" in src and "with T.Kernel(SM_COUNT" in src and "T.use_swizzle" in src
+    assert "SM_COUNT = 3" in src and "with T.Kernel(SM_COUNT" in src
+    # two launched axes (attention: query blocks x heads) walk TileLang's panels; three unravel
+    assert ("panel_rows" in src) == (name == "Attention")
     em, res = _run(plan, graph, inputs, src)
     assert ("async",) in em.traces[plan.kernels[0].name].events
     assert res.ok, res.message  # every tile of every block written, in every block's order
@@ -322,12 +324,12 @@ def test_persistent_blocks_loop_over_tiles_with_one_ring(name: str, monkeypatch:
         assert not res.ok, "a ring restarted per tile went unnoticed"
 
 
-def test_one_wave_kernels_build_the_one_block_per_tile_form() -> None:
-    plan, graph, inputs, src = _small_case("Matmul", SMALL_MM)  # 2 tiles on 132 SMs
+def test_only_chains_past_one_wave_render_persistent() -> None:
+    plan, graph, inputs, src = _small_case()  # one tile on 132 SMs
     assert "if tiles > SM_COUNT:" not in src  # no config of its space passes one wave: nothing added
-    plan4k = _plan("Matmul", {"m": 4096, "d": 4096, "n": 4096})
-    src4k = render(plan4k)
-    assert "if tiles > SM_COUNT:" in src4k and "with T.Kernel(SM_COUNT" in src4k
+    assert "if tiles > SM_COUNT:" in render(_plan()) and "with T.Kernel(SM_COUNT" in render(_plan())
+    src4k = render(_plan("Matmul", {"m": 4096, "d": 4096, "n": 4096}))  # 512 tiles, but a mainloop
+    assert "asynchronous GEMM mainloop" in src4k and "SM_COUNT, threads" not in src4k
 
 
 def test_the_producer_loads_a_gemm_only_prologue_tile_and_frees_it_after_the_last_g1(

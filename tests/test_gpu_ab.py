@@ -32,7 +32,7 @@ def test_without_dependent_launch_drops_every_pdl_call() -> None:
 
 
 def test_without_persistence_never_takes_the_persistent_branch() -> None:
-    plan = _plan("Matmul", {"m": 4096, "d": 4096, "n": 4096})
+    plan = _plan("Attention")  # 512 tiles of 128 queries on 132 SMs
     src = render(plan)
     out = gpu_ab.FEATURES["persistent"](plan, src)
     assert "if tiles > SM_COUNT:  # past one wave" in src

@@ -148,7 +148,7 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
         w.line()
         form = "two-GEMM chain" if isinstance(sched, ChainSchedule) else "GEMM mainloop"
-        tiles = render_ws.persistent_tiles(ctx, SM_COUNT)
+        tiles = render_ws.persistent_tiles(ctx, sched, SM_COUNT)
         w.line(f"if {render_ws.guard(ctx, sched, threads)}:  # asynchronous {form} (render_ws)")
         w.indent()
         if tiles is not None:
