@@ -153,12 +153,18 @@ def _assert_caught(case: tuple, pat: str, rep: str, what: str) -> None:
     plan, graph, inputs, src = case
     bad, n = re.subn(pat, rep, src, count=1)
     assert n == 1, f"mutation {what!r} did not apply"
+    _assert_broken(case, bad, f"mutation {what!r}")
+
+
+def _assert_broken(case: tuple, bad: str, what: str) -> None:
+    """A broken rendering ``bad`` of the case computes wrong numbers or stops with a deadlock."""
+    plan, graph, inputs, _ = case
     try:
         _, res = _run(plan, graph, inputs, bad)
     except EmulationError as e:
         assert "deadlock" in str(e)
         return
-    assert not res.ok, f"mutation {what!r} went unnoticed"
+    assert not res.ok, f"{what} went unnoticed"
 
 
 @pytest.mark.parametrize("mutation", sorted(MAINLOOP_MUTATIONS))
@@ -316,12 +322,7 @@ def test_persistent_blocks_loop_over_tiles_with_one_ring(name: str, monkeypatch:
     # so a wait passes on the last tile's phase (stale data) or never passes (deadlock)
     bad, n = re.subn(r"\(tile_it \* \(SIZE_\w+ // \w+\) \+ ", "(", src)
     assert n > 0
-    try:
-        _, res = _run(plan, graph, inputs, bad)
-    except EmulationError as e:
-        assert "deadlock" in str(e)
-    else:
-        assert not res.ok, "a ring restarted per tile went unnoticed"
+    _assert_broken(case, bad, "a ring restarted per tile")
 
 
 def test_only_chains_past_one_wave_render_persistent() -> None:
@@ -346,9 +347,4 @@ def test_the_producer_loads_a_gemm_only_prologue_tile_and_frees_it_after_the_las
     early = early.replace("T.barrier_wait(Q_s_full[0], tile_it % 2)  # 'Q_s': the producer's TMA load",
                           "T.barrier_wait(Q_s_full[0], tile_it % 2)\n" + " " * 28 + "T.barrier_arrive(Q_s_empty[0])")
     assert early != src
-    try:
-        _, res = _run(plan, graph, inputs, early)
-    except EmulationError as e:
-        assert "deadlock" in str(e)
-    else:
-        assert not res.ok, "Q_s freed before the tile's last G1 went unnoticed"
+    _assert_broken((plan, graph, inputs, src), early, "Q_s freed before the tile's last G1")
