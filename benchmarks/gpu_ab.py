@@ -10,7 +10,7 @@ Features (``--feature``, comma-separated; each is timed on every workload it app
   it, the build function takes the one-block-per-tile form at every config. Plans whose kernels
   build the same prim_func either way (one wave at their config) are skipped.
 - ``prologue_tma``: prologue tiles only the GEMMs read (attention's Q) loaded by the producer
-  warpgroup's TMA (``render_ws.producer_prologue``). Without it, the consumers copy them in.
+  warpgroup's TMA (``ws_forms.producer_prologue``). Without it, the consumers copy them in.
 
 Run on the GPU machine through gpu_run.sh's environment:
     SCRIPT=benchmarks/gpu_ab.py TOTAL_S=200 OUT=/tmp/ab bash benchmarks/gpu_run.sh \
@@ -50,15 +50,15 @@ def without_persistence(source: str) -> str:
 
 def without_producer_prologue(plan) -> str:
     """The plan rendered with the consumers loading every prologue tile themselves (thread copies)."""
-    from pyrunner.backend.tilelang import render_ws
+    from pyrunner.backend.tilelang import ws_forms
     from pyrunner.backend.tilelang.render import render
 
-    kept = render_ws.producer_prologue
-    render_ws.producer_prologue = lambda ctx: ()
+    kept = ws_forms.producer_prologue
+    ws_forms.producer_prologue = lambda ctx: ()
     try:
         return render(plan)
     finally:
-        render_ws.producer_prologue = kept
+        ws_forms.producer_prologue = kept
 
 
 FEATURES = {

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import keyword
 
-from pyrunner.backend.tilelang import render_ws
+from pyrunner.backend.tilelang import render_ws, ws_forms
 from pyrunner.backend.tilelang.emit import (
     GemmMerge,
     _bind_loop_bounds,
@@ -143,13 +143,13 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         variants = [merges, []]
     ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
     ctx.staging.update({pair: names[shared] for pair, shared in unaligned_store_staging(plan, kernel).items()})
-    sched = render_ws.async_schedule(ctx)
+    sched = ws_forms.async_schedule(ctx)
     if sched is not None:
         ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
         w.line()
         form = "two-GEMM chain" if isinstance(sched, ChainSchedule) else "GEMM mainloop"
-        tiles = render_ws.persistent_tiles(ctx, sched, SM_COUNT)
-        w.line(f"if {render_ws.guard(ctx, sched, threads)}:  # asynchronous {form} (render_ws)")
+        tiles = ws_forms.persistent_tiles(ctx, sched, SM_COUNT)
+        w.line(f"if {ws_forms.guard(ctx, sched, threads)}:  # asynchronous {form} (render_ws)")
         w.indent()
         if tiles is not None:
             n_tiles = local.fresh("tiles")

@@ -9,7 +9,9 @@ issuing their GEMMs through two named barriers (FlashAttention-3's ping-pong). A
 and accumulating GEMMs only) keeps one step's wgmma in flight while the next step's are issued.
 
 The build function renders this prim_func under a guard on its tile parameters (two warpgroup
-counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipelined`` form.
+counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipelined`` form;
+``ws_forms`` decides which kernels get it, the guard, and where the persistent form applies;
+``ring`` holds the mbarrier protocol of the slots.
 """
 
 from __future__ import annotations
@@ -17,11 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyrunner.backend.tilelang import emit as R
-from pyrunner.plan import schedule
+from pyrunner.backend.tilelang import ws_forms
+from pyrunner.backend.tilelang.ring import Ring
 from pyrunner.plan.analysis import op_reads_writes
 from pyrunner.plan.schedule import AsyncSchedule, ChainSchedule, MainloopSchedule
-from pyrunner.target.device import H200
-from pyrunner.target.fit import ASYNC_SMEM_SLACK
 
 PRODUCER_THREADS = 128
 """One warpgroup issues the TMA loads."""
@@ -33,102 +34,7 @@ CONSUMER_BARRIER = PINGPONG_BARRIER + 2
 """Named barrier of the consumer warpgroups alone (the producer never joins it)."""
 
 
-def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
-    """The chain schedule of the kernel being rendered, where this renderer can write it."""
-    kernel = ctx.kernel
-    if kernel.loop is None or R.gemm_merges(kernel):  # merged B tiles: T.Pipelined
-        return None
-    if any(section == "body" for section, _ in ctx.bridges):  # a layout bridge every step: T.Pipelined
-        return None
-    sched = schedule.async_schedule(kernel)
-    if sched is None:
-        return None
-    if not all(_tma_loadable(ctx, kernel.body[i]) for i in sched.loads):
-        return None
-    return sched
-
-
-def _tma_loadable(ctx: R._Ctx, op) -> bool:
-    """TMA: 16-byte aligned rows of a tensor with at least two axes, into a tile without indexed axes."""
-    t = ctx.tensors[op.src]
-    if len(t.axes) < 2 or t.shape[-1] * H200.dtype_bytes[t.dtype] % 16:
-        return False
-    return not any(ctx.roles[a].kind == "indexed" for a in ctx.buffers[op.dst].axes)
-
-
-def producer_prologue(ctx: R._Ctx) -> tuple[int, ...]:
-    """Prologue loads the producer warpgroup issues by TMA (``schedule.gemm_operand_loads``)."""
-    return tuple(i for i in schedule.gemm_operand_loads(ctx.kernel) if _tma_loadable(ctx, ctx.kernel.prologue[i]))
-
-
-def shared_bytes(ctx: R._Ctx, sched: AsyncSchedule) -> str:
-    """Expression for the shared memory of the asynchronous form: every shared buffer once, the loaded
-    ones once per slot, plus the epilogue's TMA-store tiles (TileLang cannot fold those into the dead
-    rings here, as it does for a ``T.Pipelined`` loop; sweep 17, ScaledAttention at 3 stages: 256 KiB)."""
-    kernel = ctx.kernel
-    stages = R._stages(kernel)
-    staged = {kernel.body[i].dst for i in sched.loads}
-    dtypes = {t.name: t.dtype for t in ctx.plan.tensors}
-    terms = []
-    for b in kernel.buffers:
-        if b.scope == "shared":
-            size = " * ".join([*(R._paren(e) for e in R._extent(ctx, b)), str(H200.dtype_bytes[b.dtype])])
-            terms.append(f"{R._paren(stages)} * {size}" if b.name in staged else size)
-    for src, dst in ctx.staging:
-        terms.append(" * ".join([*(R._paren(e) for e in R._extent(ctx, ctx.buffers[src])),
-                                 str(H200.dtype_bytes[dtypes[dst]])]))
-    return f"({' + '.join(terms)})"
-
-
-def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
-    """Python condition on the tile parameters under which the asynchronous form is rendered."""
-    body = ctx.kernel.body
-    conds = [f"{threads} in (128, 256)"]
-    for g in (body[i] for i in sched.gemms):
-        rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
-        conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
-        conds.append(f"{R._paren(cols)} <= 256")
-    conds.append(f"{shared_bytes(ctx, sched)} <= {H200.smem_per_block - ASYNC_SMEM_SLACK}")
-    axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
-    for a in sorted(axes):
-        if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
-            conds.append(f"{ctx.size_const[a]} % {ctx.block_expr[a]} == 0")
-    return " and ".join(dict.fromkeys(conds))
-
-
-def persistent_tiles(ctx: R._Ctx, sched: AsyncSchedule, sms: int) -> str | None:
-    """The tile count expression of a kernel that may render persistent, else None.
-
-    A persistent kernel launches one block per SM and each block loops over tiles
-    ``block, block + SM_COUNT, ...``: the producer keeps filling the ring with the next tile's steps
-    while the consumers finish this tile's last steps and its epilogue, so the tensor cores do not
-    wait for a new block's launch, barrier set-up and first loads at every tile (FlashAttention-3's
-    and CUTLASS's persistent schedulers). The build function picks this form only past one wave
-    (``tiles > SM_COUNT``). Not for masked loops: their blocks run different step counts (ring
-    phases would need a running count) and launch longest first.
-
-    Two-GEMM chains only, as measured on the H200 (runs 93-94, ``benchmarks/gpu_ab.py --feature
-    persistent``, interleaved rounds): attention 1.4-3.9% faster, grouped-query attention 2.8-2.9%,
-    t = 8192 1.7%; the GEMM mainloop 1.1-4.8% slower (4096^3; 2048 x 4096 x 4096), with TileLang's
-    panel order reproduced. A static tile order loses the hardware's dynamic block dispatch, and the
-    GEMM's epilogue (a 64 KiB tile) does not overlap the next tile's mainloop either way.
-    """
-    if ctx.kernel.loop is None or ctx.kernel.loop.visible is not None or not isinstance(sched, ChainSchedule):
-        return None
-    counts = R.launch_counts(ctx)
-    if not counts:
-        return None
-    most = 1
-    for a, _ in counts:
-        r = ctx.roles[a]
-        blocks = ctx.kernel.params.get(r.block, [1]) if isinstance(r.block, str) else [r.block]
-        most *= -(-r.size // (min(blocks) if r.kind != "indexed" else 1))
-    if most <= sms:  # no config of the space passes one wave
-        return None
-    return " * ".join(R._paren(n) for _, n in counts)
-
-
-def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, ring: _Ring,
+def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, ring: Ring,
              persistent: bool = False) -> str | None:
     """The prim_func's signature, launch, buffers (the loaded ones as rings of slots) and mbarriers;
     returns the block index of a persistent launch."""
@@ -144,71 +50,6 @@ def _declare(w: R._Writer, ctx: R._Ctx, func_name: str, threads: str, ring: _Rin
     return block
 
 
-class _Ring:
-    """The ring of slots the producer fills and the consumers drain: slot and phase of a step, the
-    mbarrier waits and arrives, and the staged buffers' names bound to one step's slot."""
-
-    def __init__(self, w: R._Writer, ctx: R._Ctx, staged: list[str], first: str = "0",
-                 once: tuple[str, ...] = ()) -> None:
-        self.w, self.ctx, self.staged = w, ctx, staged
-        self.first = first  # the loop's first step: slots and phases count from it (masked bounds start later)
-        self.offset = ""  # steps of earlier tiles of a persistent block: the ring goes on across tiles
-        self.tile = ""  # a persistent block's tile counter: the phase of the tiles loaded once per tile
-        self.once = once  # prologue tiles the producer loads once per tile (one slot each)
-        self.freed: set[str] = set()  # ... those the consumers freed already (release_once)
-        self.stages = R._paren(R._stages(ctx.kernel))
-        fresh = ctx.local.fresh
-        self.full = {b: fresh(f"{b}_full") for b in (*staged, *once)}
-        self.empty = {b: fresh(f"{b}_empty") for b in (*staged, *once)}
-        self.names = {b: ctx.names[b] for b in staged}
-
-    def _count(self, step: str) -> str:
-        count = step if self.first == "0" else f"{step} - {self.first}"
-        return f"({self.offset} + {count})" if self.offset else R._paren(count)
-
-    def slot(self, step: str) -> str:
-        return f"{self._count(step)} % {self.stages}"
-
-    def parity(self, step: str) -> str:
-        return f"({self._count(step)} // {self.stages}) % 2"
-
-    def bind(self, step: str) -> None:
-        """Point the staged buffers' names at ``step``'s slot (``unbind`` restores them)."""
-        for b in self.staged:
-            nd = len(self.ctx.buffers[b].axes)
-            self.ctx.names[b] = f"{self.names[b]}[{self.slot(step)}, {', '.join([':'] * nd)}]"
-
-    def bind_elements(self, step: str) -> None:
-        """Element reads of the staged buffers (a Map's operands) index ``step``'s slot first."""
-        self.unbind()
-        self.ctx.slots = {b: self.slot(step) for b in self.staged}
-
-    def unbind(self) -> None:
-        self.ctx.names.update(self.names)
-        self.ctx.slots = None
-
-    def wait_full(self, bufs: list[str], step: str) -> None:
-        for b in bufs:
-            self.w.line(f"T.barrier_wait({self.full[b]}[{self.slot(step)}], {self.parity(step)})")
-
-    def release(self, bufs: list[str], step: str) -> None:
-        for b in bufs:
-            self.w.line(f"T.barrier_arrive({self.empty[b]}[{self.slot(step)}])")
-
-    def once_parity(self, producer: bool) -> str:
-        """Parity of a once-per-tile barrier wait (the producer's empty wait passes on a fresh barrier)."""
-        if not self.tile:
-            return "1" if producer else "0"
-        return f"1 - {self.tile} % 2" if producer else f"{self.tile} % 2"
-
-    def release_once(self, bufs: list[str], why: str) -> None:
-        """A persistent block's consumers free the once-per-tile tiles ``bufs`` for the next tile."""
-        if self.tile:
-            for b in bufs:
-                self.w.line(f"T.barrier_arrive({self.empty[b]}[0])  # {b!r}: {why}")
-        self.freed.update(bufs)
-
-
 @dataclass
 class _Form:
     """One asynchronous prim_func being written: its schedule, ring, step bounds and (persistent) tiles."""
@@ -216,7 +57,7 @@ class _Form:
     w: R._Writer
     ctx: R._Ctx
     sched: AsyncSchedule
-    ring: _Ring
+    ring: Ring
     threads: str
     first: str  # the loop's first step ("0", or a block's masked lower bound)
     end: str
@@ -249,8 +90,8 @@ def render_async_prim_func(w: R._Writer, ctx: R._Ctx, func_name: str, threads: s
     masked = lp.visible is not None  # steps [lo, hi) per block: masked_tile_skip drops the rest
     assert tiles is None or not masked
     first, end = (fresh(f"{lp.axis}_lo"), fresh(f"{lp.axis}_hi")) if masked else ("0", R._tiles(ctx, lp.axis))
-    pre = producer_prologue(ctx)
-    ring = _Ring(w, ctx, [kernel.body[i].dst for i in sched.loads], first,
+    pre = ws_forms.producer_prologue(ctx)
+    ring = Ring(w, ctx, [kernel.body[i].dst for i in sched.loads], first,
                  once=tuple(kernel.prologue[i].dst for i in pre))
     tx, wg, last = fresh("tx"), fresh("wg"), fresh("last_step")
     pp = fresh("pingpong") if isinstance(sched, ChainSchedule) else None
@@ -379,7 +220,7 @@ def _span(first: str, end: str, skip: int = 0) -> str:
     return end if start == "0" else f"{start}, {end}"
 
 
-def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring: _Ring, first: str, end: str,
+def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring: Ring, first: str, end: str,
                         last: str) -> None:
     """Each step: wait for its tiles, issue its GEMMs, run its thread ops under them, wait until only
     they are in flight, and free the previous step's slots (their wgmma and thread reads are done)."""
@@ -406,7 +247,7 @@ def _mainloop_consumers(w: R._Writer, ctx: R._Ctx, sched: MainloopSchedule, ring
     ring.release(ring.staged, last)
 
 
-def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: _Ring, first: str, end: str,
+def _chain_consumers(w: R._Writer, ctx: R._Ctx, sched: ChainSchedule, ring: Ring, first: str, end: str,
                      last: str, wg: str, pp: str) -> None:
     """G1 of step k and G2 of step k-1 issued back to back, the ops between them split around the
     wait for G2, and two warpgroups taking turns at the tensor cores (FlashAttention-3)."""
