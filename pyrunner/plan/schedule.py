@@ -198,8 +198,8 @@ def gemm_operand_loads(kernel: Kernel) -> tuple[int, ...]:
     and, in a persistent block, the next tile's while the consumers finish this one, where the
     consumers would load it with thread copies and a barrier before their first GEMM.
 
-    A tile qualifies when no other op of the kernel reads or writes it and no earlier prologue op
-    touches it (the consumers wait for it where the load stood)."""
+    A tile qualifies when no op of the kernel but its load and the GEMMs reading it touches it, so
+    the consumers may wait for it where the load stood."""
     shared = _shared(kernel)
     gemm_reads = {x for op in kernel.body if isinstance(op, Gemm) for x in (op.a, op.b)}
     out = []

@@ -673,6 +673,16 @@ def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm, fn: str = "T.gemm", full_row: 
     w.line(f"{fn}({', '.join([n[op.a], n[op.b], n[op.c], *kwargs])})")
 
 
+def _launch_count(ctx: _Ctx, axis: str) -> str:
+    """How many blocks a launched grid axis takes: its tiles, or its extent when indexed."""
+    return _tiles(ctx, axis) if ctx.roles[axis].kind != "indexed" else ctx.size_const[axis]
+
+
+def _coord_name(ctx: _Ctx, axis: str) -> str:
+    """A fresh name for a block's coordinate along a launched grid axis."""
+    return ctx.local.fresh(f"{axis}_idx" if ctx.roles[axis].kind == "indexed" else f"{axis}_blk")
+
+
 def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
     """Emit ``with T.Kernel(...)`` and bind each grid axis's coordinate (folding > 3 launch dims)."""
     dims = launch_axes(ctx.kernel, ctx.roles)
@@ -682,10 +692,8 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
         w.line(f"with T.Kernel(1, {params_line}) as _block:")
         w.indent()
         return
-    counts = {a: _tiles(ctx, a) if ctx.roles[a].kind != "indexed"
-              else ctx.size_const[a] for d in dims for a in d}
-    coord_names = {a: ctx.local.fresh(f"{a}_idx" if ctx.roles[a].kind == "indexed" else f"{a}_blk")
-                   for d in dims for a in d}
+    counts = {a: _launch_count(ctx, a) for d in dims for a in d}
+    coord_names = {a: _coord_name(ctx, a) for d in dims for a in d}
     folded = dims[2] if len(dims) == 3 and len(dims[2]) > 1 else []
     reverse = longest_first_axes(ctx.kernel, ctx.sizes)
     longest = [d[0] for d in dims if len(d) == 1 and d[0] in reverse]
@@ -727,7 +735,7 @@ def launch_counts(ctx: _Ctx) -> list[tuple[str, str]]:
     then .y's, then the folded axes of .z innermost first."""
     dims = launch_axes(ctx.kernel, ctx.roles)
     order = [a for d in dims[:2] for a in d] + [a for d in dims[2:] for a in reversed(d)]
-    return [(a, _tiles(ctx, a) if ctx.roles[a].kind != "indexed" else ctx.size_const[a]) for a in order]
+    return [(a, _launch_count(ctx, a)) for a in order]
 
 
 def _persistent_launch(ctx: _Ctx, w: _Writer, params_line: str) -> str:
@@ -737,7 +745,7 @@ def _persistent_launch(ctx: _Ctx, w: _Writer, params_line: str) -> str:
     for g in ctx.kernel.grid:
         ctx.coord[g.axis] = None
     for a, _ in launch_counts(ctx):
-        ctx.coord[a] = ctx.local.fresh(f"{a}_idx" if ctx.roles[a].kind == "indexed" else f"{a}_blk")
+        ctx.coord[a] = _coord_name(ctx, a)
     w.line(f"with T.Kernel(SM_COUNT, {params_line}) as {block}:")
     w.indent()
     return block
