@@ -11,6 +11,8 @@ Features (``--feature``, comma-separated; each is timed on every workload it app
   build the same prim_func either way (one wave at their config) are skipped.
 - ``prologue_tma``: prologue tiles only the GEMMs read (attention's Q) loaded by the producer
   warpgroup's TMA (``ws_forms.producer_prologue``). Without it, the consumers copy them in.
+- ``sink``: prologue ops that only feed the epilogue, reading an earlier kernel's output, moved
+  after the loop (``plan.passes.sink_late_inputs``), so the dependent-launch wait comes late.
 
 Run on the GPU machine through gpu_run.sh's environment:
     SCRIPT=benchmarks/gpu_ab.py TOTAL_S=200 OUT=/tmp/ab bash benchmarks/gpu_run.sh \
@@ -61,10 +63,24 @@ def without_producer_prologue(plan) -> str:
         ws_forms.producer_prologue = kept
 
 
+def without_sunk_inputs(plan) -> str:
+    """The plan rendered with every prologue op left in the prologue (``plan.passes.sink_late_inputs`` off)."""
+    from pyrunner.backend.tilelang.render import render
+    from pyrunner.plan import passes
+
+    kept = passes.sink_late_inputs
+    passes.sink_late_inputs = lambda kernel, earlier: kernel
+    try:
+        return render(plan)
+    finally:
+        passes.sink_late_inputs = kept
+
+
 FEATURES = {
     "pdl": lambda plan, source: without_dependent_launch(source),
     "persistent": lambda plan, source: without_persistence(source),
     "prologue_tma": lambda plan, source: without_producer_prologue(plan),
+    "sink": lambda plan, source: without_sunk_inputs(plan),
 }
 """Feature -> (plan, its rendered source) -> the source with the feature taken out."""
 

@@ -50,6 +50,15 @@ def test_without_producer_prologue_copies_q_in_the_consumers() -> None:
     assert render(plan) == src  # the renderer is restored
 
 
+def test_without_sunk_inputs_waits_for_the_statistics_before_the_loop() -> None:
+    plan = _plan("RMSNorm")
+    src = render(plan)
+    out = gpu_ab.FEATURES["sink"](plan, src)
+    late = "T.pdl_sync()  # dependent launch: the kernels ahead finished; the loop ran alongside them"
+    assert late in src and late not in out
+    assert render(plan) == src
+
+
 @pytest.mark.parametrize("feature", sorted(gpu_ab.FEATURES))
 def test_every_feature_is_documented(feature: str) -> None:
     assert f"``{feature}``" in gpu_ab.__doc__

@@ -230,3 +230,20 @@ def test_lowered_shared_memory_fits_the_device(name, tmp_path):
         for _, f in mod.functions.items():
             smem = int(f.attrs["dyn_shared_memory_buf"]) if "dyn_shared_memory_buf" in f.attrs else 0
             assert 0 < smem <= H200.smem_per_block, f"{kname}: {smem} bytes of dynamic shared memory"
+
+
+def test_statistics_an_earlier_kernel_writes_are_read_after_the_loop():
+    from pyrunner.plan.passes import sink_late_inputs
+    from pyrunner.plan.schema import Load
+
+    plan = _plan("RMSNorm")  # the row statistics, then the GEMM that scales its rows by them
+    stats = set(plan.kernels[0].writes)
+    before, after = plan.kernels[-1], optimize(plan).kernels[-1]
+    assert any(isinstance(op, Load) and op.src in stats for op in before.prologue)
+    assert not any(isinstance(op, Load) and op.src in stats for op in after.prologue)
+    assert isinstance(after.epilogue[0], Load) and after.epilogue[0].src in stats
+    assert len(after.prologue) + len(after.epilogue) == len(before.prologue) + len(before.epilogue)
+    src = render(plan)  # the consumers wait for the statistics kernel after their mainloop
+    assert "T.pdl_sync()  # dependent launch: the kernels ahead finished; the loop ran alongside them" in src
+    (att,) = _plan("Attention").kernels  # Q and the loop state feed the loop: nothing moves
+    assert sink_late_inputs(att, frozenset({"Q", "K", "V"})) is att

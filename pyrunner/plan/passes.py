@@ -11,8 +11,12 @@ only where work happens, so the CPU executor's check of the plan still speaks fo
   streamed over its row) becomes an elementwise running max and rescaled sum per tile position,
   combined across threads once in the epilogue.
 
-``rendered_kernel`` applies both, in that order: the kernel as the renderer emits it and as the
-fit check budgets it.
+- ``sink_late_inputs``: prologue ops that only feed the epilogue, one of them a load of a tensor
+  an earlier kernel writes (RMSNorm's row statistics), move to the epilogue, so the dependent
+  launch's wait for the kernels ahead comes after the loop.
+
+``rendered_kernel`` applies them in that order: the kernel as the renderer emits it and (without
+the plan's other kernels, so nothing sinks) as the fit check budgets it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import math
 from pyrunner.ir.names import fresh_name
 from pyrunner.ir.ops import REDUCTIONS
 from pyrunner.plan.analysis import expr_refs, op_reads_writes, substitute_refs
+from pyrunner.plan.dependent_launch import dependent_launches
 from pyrunner.plan.schema import (
     Buffer,
     Call,
@@ -35,6 +40,7 @@ from pyrunner.plan.schema import (
     Plan,
     Reduce,
     Ref,
+    Store,
 )
 
 
@@ -276,14 +282,50 @@ def defer_online_sums(kernel: Kernel) -> Kernel:
                                      "epilogue": epi + list(kernel.epilogue)})
 
 
-def rendered_kernel(kernel: Kernel) -> Kernel:
-    """The kernel as the renderer emits it: both passes above."""
-    return defer_loop_reductions(defer_online_sums(kernel))
+def sink_late_inputs(kernel: Kernel, earlier: frozenset[str]) -> Kernel:
+    """Move the prologue ops that only feed the epilogue to its front, where one of them loads a
+    tensor an earlier kernel of the plan writes (``earlier``).
+
+    A dependently launched kernel waits for the kernels ahead before its first such load. RMSNorm's
+    GEMM reads its row statistics in the prologue (``t = rsqrt(s + eps)``) but uses them only to
+    scale the accumulator after the loop: sunk into the epilogue, the loop runs while the
+    statistics kernel finishes, and the wait comes after it. An op moves when the loop neither
+    reads nor writes what it writes nor writes what it reads, and no prologue op after it that
+    stays touches what it writes or writes what it reads (so the order of what stays is kept).
+    Without a load of ``earlier`` nothing moves: a load in the prologue overlaps the first steps.
+    """
+    if kernel.loop is None or not kernel.prologue or not earlier:
+        return kernel
+    body_reads = {x for op in kernel.body for x in op_reads_writes(op)[0]}
+    body_writes = {x for op in kernel.body for x in op_reads_writes(op)[1]}
+    pro = kernel.prologue
+    sunk: set[int] = set()
+    for i in reversed(range(len(pro))):
+        if isinstance(pro[i], Store):
+            continue
+        r, w = (set(x) for x in op_reads_writes(pro[i]))
+        if w & (body_reads | body_writes) or r & body_writes:
+            continue
+        later = [op_reads_writes(pro[j]) for j in range(i + 1, len(pro)) if j not in sunk]
+        if any(w & (set(lr) | set(lw)) or r & set(lw) for lr, lw in later):
+            continue
+        sunk.add(i)
+    if not any(isinstance(pro[i], Load) and pro[i].src in earlier for i in sunk):
+        return kernel
+    return kernel.model_copy(update={"prologue": [op for i, op in enumerate(pro) if i not in sunk],
+                                     "epilogue": [pro[i] for i in sorted(sunk)] + list(kernel.epilogue)})
+
+
+def rendered_kernel(kernel: Kernel, earlier: frozenset[str] = frozenset()) -> Kernel:
+    """The kernel as the renderer emits it: the passes above (``earlier``: tensors the kernels ahead
+    of it in its plan write, for ``sink_late_inputs``)."""
+    return sink_late_inputs(defer_loop_reductions(defer_online_sums(kernel)), earlier)
 
 
 def optimize(plan: Plan) -> Plan:
     """The plan with every kernel rewritten by the passes above (a new object; the input is unchanged)."""
-    kernels = [rendered_kernel(k) for k in plan.kernels]
+    launches = dependent_launches(plan)
+    kernels = [rendered_kernel(k, launches[k.name].earlier) for k in plan.kernels]
     if all(a is b for a, b in zip(kernels, plan.kernels, strict=True)):
         return plan
     return plan.model_copy(update={"kernels": kernels})
