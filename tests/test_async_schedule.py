@@ -269,30 +269,38 @@ def test_masked_attention_lowers_without_a_release_in_flight() -> None:
 
 # --- the planner's view of the asynchronous form --------------------------------------------------
 
-@pytest.mark.parametrize("name", ["Attention", "CausalAttention", "GroupedQueryAttention", "SlidingWindowAttention"])
+@pytest.mark.parametrize("name", ["Attention", "CausalAttention", "GroupedQueryAttention", "SlidingWindowAttention",
+                                  "Matmul", "RMSNorm", "SwiGLU"])
 def test_the_fit_model_predicts_the_renderers_guard_and_defaults_take_the_async_form(name: str) -> None:
-    """``FitModel.renders_async`` (what config ranking prefers) never says yes where the rendered
-    build function's guard says no, agrees with it on every config of these spaces, and the planner's
-    default config is one that renders asynchronously."""
+    """``FitModel.renders_async`` (what config ranking and co-scheduling rely on) never says yes where
+    the rendered build function's guard says no, agrees with it on every config of these spaces, and
+    the planner's default config is one that renders asynchronously."""
     from pyrunner.backend.tilelang.emulate import Trace, load_emulated
     from pyrunner.plan.schema import axis_sizes
     from pyrunner.target.fit import FitModel
 
     plan = search(catalog.get(name), "bf16", top=1, tuning=False)[0]
-    (k,) = plan.kernels
     src = render(plan)
     ns = load_emulated(src, Trace())
-    cond = re.search(r"\n    if (.*):  # asynchronous two-GEMM chain", src).group(1)
-    fit = FitModel(k, axis_sizes(plan))
-    names = sorted(k.params)
-    agree = 0
-    for values in itertools.product(*(k.params[p] for p in names)):
-        cfg = dict(zip(names, values))
-        guard = bool(eval(cond, dict(ns), dict(cfg)))  # noqa: S307 - our own rendered source
-        assert not (fit.renders_async(cfg) and not guard), cfg
-        agree += fit.renders_async(cfg) == guard
-    assert agree == math.prod(len(k.params[p]) for p in names)
-    assert fit.renders_async(k.defaults)
+    checked = 0
+    for k in plan.kernels:
+        build = src.split(f"def build_{k.name}(", 1)[1].split("\ndef build_", 1)[0]
+        found = re.search(r"\n    if (.*):  # asynchronous (two-GEMM chain|GEMM mainloop)", build)
+        fit = FitModel(k, axis_sizes(plan))
+        if found is None:
+            assert not fit.renders_async(k.defaults), k.name
+            continue
+        names = sorted(k.params)
+        agree = 0
+        for values in itertools.product(*(k.params[p] for p in names)):
+            cfg = dict(zip(names, values))
+            guard = bool(eval(found.group(1), dict(ns), dict(cfg)))  # noqa: S307 - our own rendered source
+            assert not (fit.renders_async(cfg) and not guard), (k.name, cfg)
+            agree += fit.renders_async(cfg) == guard
+        assert agree == math.prod(len(k.params[p]) for p in names), k.name
+        assert fit.renders_async(k.defaults), k.name
+        checked += 1
+    assert checked == (name != "SwiGLU")  # SwiGLU's gate and up GEMMs merge into one wide MMA: T.Pipelined
 
 
 PERSISTENT = {  # more tiles than SM_COUNT = 3, and steps per tile no multiple of 2 x stages

@@ -105,7 +105,8 @@ def _move_wait(src: str, kernel: str, where: str, after: bool = False) -> str:
 
 def test_the_emulator_catches_a_read_of_the_statistics_before_the_wait() -> None:
     plan = _plan_with(["pipelined", "mainloop"])
-    bad = _move_wait(render(plan), plan.kernels[1].name, "# epilogue")
+    stats = plan.kernels[0].writes[0]
+    bad = _move_wait(render(plan), plan.kernels[1].name, f"T.copy({stats}[", after=True)
     with pytest.raises(EmulationError, match=r"a consumer thread reads '\w+', which a kernel ahead writes"):
         _run(plan, bad)
 

@@ -91,6 +91,9 @@ def test_plan_forms_name_every_kernels_loop_form():
     rms = search(catalog.get("RMSNorm"), "bf16", top=5, tuning=False)
     forms = {plan_forms(p.kernels) for p in rms}
     assert any("pipelined" in f and "mainloop" in f for f in forms)  # statistics kernel + mainloop GEMM
+    # the GEMM scales its rows by the statistics only after its loop, and waits for them there
+    assert any(f.endswith(":mainloop.1+late") for f in forms)
+    assert not any("+late" in f.split(",")[0] for f in forms)  # the first kernel waits for nothing
 
 
 def test_record_rejects_configs_outside_the_space(tmp_path):

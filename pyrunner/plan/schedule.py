@@ -278,5 +278,18 @@ def kernel_form(kernel: Kernel) -> str:
 
 
 def plan_forms(kernels: list[Kernel]) -> str:
-    """Each kernel's form and its version, e.g. ``k0_tmp2:pipelined.1,k1_Y:mainloop.1``."""
-    return ",".join(f"{k.name}:{(f := kernel_form(k))}.{FORM_VERSIONS[f]}" for k in kernels)
+    """Each kernel's form and its version, e.g. ``k0_tmp2:pipelined.1,k1_Y:mainloop.1+late``.
+
+    ``+late``: the kernel reads what the kernels ahead write only after its loop
+    (``passes.sink_late_inputs``), so it waits for them there. That is other code, and it gives
+    the kernel ahead another best config (``planner.coschedule``): times measured without it are
+    not this plan's."""
+    from pyrunner.plan.passes import sink_late_inputs
+
+    out, written = [], set()
+    for k in kernels:
+        f = kernel_form(k)
+        late = "+late" if written and sink_late_inputs(k, frozenset(written)) is not k else ""
+        out.append(f"{k.name}:{f}.{FORM_VERSIONS[f]}{late}")
+        written |= set(k.writes)
+    return ",".join(out)

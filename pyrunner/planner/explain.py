@@ -50,4 +50,9 @@ def explain(plan: Plan) -> str:
     for kc in plan.cost.kernels:
         out.append(f"  {kc.kernel}: {kc.time_us:.1f} us, {kc.bound}-bound, "
                    f"{kc.flops / 1e9:.2f} GFLOP, {kc.bytes / 1e6:.1f} MB moved")
+    summed = sum(kc.time_us for kc in plan.cost.kernels)
+    if "measured" not in plan.cost.model and plan.cost.total_us < summed - 0.05:
+        out.append(f"  total {plan.cost.total_us:.1f} us, under the kernels' sum {summed:.1f}: a kernel runs beside "
+                   "the next on the SMs that kernel leaves idle, which waits for it after its loop "
+                   "(planner.coschedule)")
     return "\n".join(out)

@@ -55,6 +55,7 @@ from pyrunner.plan.schema import (
 )
 from pyrunner.planner.aliases import distinct_outputs, graph_hash, with_aliases
 from pyrunner.planner.calibration import calibrate
+from pyrunner.planner.coschedule import pairings
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
 from pyrunner.planner.lower import (
     Infeasible,
@@ -293,6 +294,7 @@ class Planner:
         self._tensors: dict[tuple[Term, str, str], GlobalTensor] = {}
         self.tiles = TileMemo(self.sizes, machine)
         self._why: dict[tuple, list[str]] = {}
+        self._coschedule_memo: dict = {}
         self.rejections: dict[str, int] = {}  # why candidate kernels were dropped, for the error message
 
     def _reject(self, why: str) -> None:
@@ -413,7 +415,7 @@ class Planner:
             consumed.update(leaves)
         if any(t not in consumed for t in cut):
             return []
-        total = sum(k.est.time_us for k in kernels)
+        kernels, total = self._coscheduled(kernels, tensors)
         cand = Candidate(v, kernels, list(tensors.values()), total, lay.unguarded, lay.scaled_operands, tuple(cut))
         merged = (self._merged(cand, boundary, tensors, labels, reserved, budget, dependent,
                                frozenset(lay.outputs.values())) if merge else None)
@@ -445,9 +447,23 @@ class Planner:
         out = merge_siblings(groups, try_merge, dependent, outputs)
         if len(out) == len(groups):
             return None
-        kernels = [g.choice for g in out]
-        return Candidate(cand.variant, kernels, cand.tensors, sum(k.est.time_us for k in kernels), cand.unguarded,
-                         cand.scaled_operands, cand.cut)
+        kernels, total = self._coscheduled([g.choice for g in out], {t.name: t for t in cand.tensors})
+        return Candidate(cand.variant, kernels, cand.tensors, total, cand.unguarded, cand.scaled_operands, cand.cut)
+
+    def _coscheduled(self, kernels: list[KernelChoice],
+                     tensors: dict[str, GlobalTensor]) -> tuple[list[KernelChoice], float]:
+        """The kernels (in launch order) with each kernel that ``coschedule.pairings`` puts beside the
+        next re-tiled for it, and their predicted total (a pair counts its longer kernel)."""
+        total = sum(k.est.time_us for k in kernels)
+        pairs = pairings(kernels, self.sizes, tensors, self.machine, self._coschedule_memo)
+        if not pairs:
+            return kernels, total
+        out = list(kernels)
+        for p in pairs:
+            a = out[p.ahead]
+            out[p.ahead] = KernelChoice(a.low, a.kernel, p.estimate, a.sizes, a.machine, a._fit)
+            total -= p.saved_us
+        return out, total
 
     # --- partition search ------------------------------------------------------------
     def _explore(self, v: Variant, budget: Budget, operands: bool = False) -> list[Candidate]:

@@ -115,11 +115,19 @@ class FitModel:
                                    if acc_rows.get(group.get(src, "")) == axis]
         """(fragment, row axis) of reductions of accumulator-laid-out tiles over their rows."""
         sched = async_schedule(kernel)
+        shared_a = sched is not None and not isinstance(sched, ChainSchedule) and (
+            len({kernel.body[i].a for i in sched.gemms}) < len(sched.gemms))
+        self.asynchronous = sched is not None and not shared_a and not any(
+            section == "body" for section, _ in layout_bridges(kernel))
+        """Scheduled for the explicitly warp-specialised form (a chain, or a GEMM mainloop whose GEMMs
+        read distinct A operands, so none merge into one wide MMA, and whose steps need no layout
+        bridge: ``backend.tilelang.ws_forms.async_schedule`` renders those under ``T.Pipelined``)."""
         self.chain = isinstance(sched, ChainSchedule)
         """A flash-style two-GEMM chain: its asynchronous form is preferred where a config fits it."""
-        if self.chain:
+        if sched is not None:
             body = kernel.body
-            self.chain_gemms = [tuple(bufs[body[i].c].axes) for i in (sched.g1, sched.g2)]
+            self.chain_gemms = [tuple(bufs[body[i].c].axes)
+                                for i in ((sched.g1, sched.g2) if self.chain else sched.gemms)]
             self.loaded_axes = sorted({a for i in sched.loads for a in bufs[body[i].dst].axes})
             # epilogue stores of 2-D fragments go through a shared tile (counted as 16-bit: never less)
             self.store_tiles = [tuple(bufs[op.src].axes) for op in kernel.epilogue if isinstance(op, Store)
@@ -156,11 +164,11 @@ class FitModel:
         return Footprint(self.kernel.name, smem, regs, geo.threads)
 
     def renders_async(self, values: Mapping[str, int]) -> bool:
-        """Whether a chain kernel renders in its asynchronous form under ``values``: the tile guard of
-        ``render_ws`` (two warpgroup counts, 64-row slabs per consumer warpgroup, N <= 256, no tails
-        along the loaded axes, the rings and epilogue tiles in shared memory), with shared memory
-        estimated from above. False for every other kernel."""
-        if not self.chain:
+        """Whether a chain or GEMM-mainloop kernel renders in its asynchronous form under ``values``:
+        the tile guard of ``render_ws`` (two warpgroup counts, 64-row slabs per consumer warpgroup,
+        N <= 256, no tails along the loaded axes, the rings and epilogue tiles in shared memory),
+        with shared memory estimated from above. False for every other kernel."""
+        if not self.asynchronous:
             return False
         geo = self.geometry(values)
         if geo.threads not in (128, 256):

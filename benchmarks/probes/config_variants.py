@@ -1,0 +1,197 @@
+"""Time one plan under several variants side by side: tile configs (inside or outside the plan's
+tuning space) and renderer passes switched off, each compiled, verified against float64 and
+timed interleaved (``run.timing.side_by_side_us``) in one process.
+
+Why: a question such as "does a statistics kernel on the SMs a one-wave GEMM leaves idle overlap
+its mainloop?" needs configs the tuning space does not offer yet, measured like for like.
+
+On the GPU machine, in gpu_run.sh's environment:
+    SCRIPT=benchmarks/probes/config_variants.py TOTAL_S=300 OUT=$OUT bash benchmarks/gpu_run.sh \
+        --workload RMSNorm --dtypes bfloat16 \
+        --variant 'base' --variant 'k0_tmp2.block_m=256;k0_tmp2.block_d=128;-sink'
+
+A variant is ``;``-separated ``KERNEL.PARAM=N`` overrides and ``-sink`` (``plan.passes.sink_late_inputs``
+off); ``base`` is the planner's default config. Writes ``variants.jsonl`` under ``--out``, a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DTYPES = {"bfloat16": "bf16", "float16": "fp16", "bf16": "bf16", "fp16": "fp16"}
+
+
+def parse_variant(spec: str) -> tuple[dict[str, dict[str, int]], set[str]]:
+    """``k0.block_m=256;-sink`` -> ({"k0": {"block_m": 256}}, {"sink"})."""
+    overrides: dict[str, dict[str, int]] = {}
+    off: set[str] = set()
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        if part == "base":
+            continue
+        if part.startswith("-"):
+            off.add(part[1:])
+            continue
+        key, _, value = part.partition("=")
+        kernel, _, param = key.partition(".")
+        if not (kernel and param and value.isdigit()):
+            raise SystemExit(f"error: variant part {part!r} is not KERNEL.PARAM=N, -sink or base")
+        overrides.setdefault(kernel, {})[param] = int(value)
+    return overrides, off
+
+
+def plan_for(graph_name: str, dtype: str):
+    from pyrunner.ir import catalog
+    from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.planner import search
+
+    if graph_name.endswith(".json"):
+        graph = load_graph_file(Path(graph_name))
+    else:
+        name, _, shape = graph_name.partition(":")
+        sizes = {a: int(n) for a, n in (kv.split("=") for kv in shape.split(";") if kv)} or None
+        graph = catalog.get(name, sizes)
+    (plan,) = search(graph, DTYPES[dtype], top=1)
+    return graph, plan
+
+
+def variant_source(plan, spec: str) -> tuple[str, dict[str, dict[str, int]]]:
+    """The rendered module and config of one variant (the plan's spaces widened to hold it)."""
+    from pyrunner.backend.tilelang.render import render
+    from pyrunner.plan import passes
+    from pyrunner.plan.analysis import resolve_config
+    from pyrunner.plan.schema import plan_hash
+
+    overrides, off = parse_variant(spec)
+    kernels = []
+    for k in plan.kernels:
+        params = {p: list(v) for p, v in k.params.items()}
+        for p, n in overrides.get(k.name, {}).items():
+            if p not in params:
+                raise SystemExit(f"error: kernel {k.name!r} has no parameter {p!r} ({sorted(params)})")
+            params[p] = sorted({*params[p], n})
+        kernels.append(k.model_copy(update={"params": params}))
+    wide = plan.model_copy(update={"kernels": kernels})
+    wide = wide.model_copy(update={"provenance": wide.provenance.model_copy(update={"plan_hash": plan_hash(wide)})})
+    cfg = resolve_config(wide)
+    for kname, ps in overrides.items():
+        cfg[kname].update(ps)
+    kept = passes.sink_late_inputs
+    if "sink" in off:
+        passes.sink_late_inputs = lambda kernel, earlier: kernel
+    try:
+        return render(wide), cfg
+    finally:
+        passes.sink_late_inputs = kept
+
+
+def compile_variant(graph_name: str, dtype: str, spec: str, work: Path):
+    from pyrunner.backend.tilelang.compile import TARGET, load_module
+
+    graph, plan = plan_for(graph_name, dtype)
+    source, cfg = variant_source(plan, spec)
+    tag = re.sub(r"[^A-Za-z0-9_]", "_", f"{graph_name}_{dtype}_{spec}")[:120]
+    module = load_module(source, work / f"{tag}.py")
+    return graph, plan, module, module.compile_kernels(cfg, target=TARGET), cfg
+
+
+def measure(graph_name: str, dtype: str, specs: list[str], work: Path, rounds: int) -> list[dict]:
+    from pyrunner.run.timing import side_by_side_us
+    from pyrunner.run.verify import GpuVerifier
+
+    rows, launches = [], {}
+    graph, plan = plan_for(graph_name, dtype)
+    verifier = GpuVerifier(plan, graph, device="cuda")
+    tensors = verifier.tensors()
+    for spec in specs:
+        rec: dict = {"workload": graph_name, "dtype": dtype, "variant": spec}
+        try:
+            _, _, module, kernels, cfg = compile_variant(graph_name, dtype, spec, work)
+        except Exception as e:  # noqa: BLE001 - one variant failing must not lose the others
+            rows.append({**rec, "status": f"failed compile: {type(e).__name__}: {str(e)[:300]}"})
+            continue
+        rec["config"] = cfg
+
+        def launch(t: dict, module=module, kernels=kernels, cfg=cfg) -> None:
+            module.launch(t, cfg, kernels=kernels)
+
+        res = verifier.check(launch)
+        rec["error"] = res.error
+        if not res.ok:
+            rows.append({**rec, "status": f"failed verification: {res.message}"})
+            continue
+        launches[spec] = (lambda launch=launch: launch(tensors))
+        rows.append({**rec, "status": "ok"})
+    if launches:
+        times, method, per_round = side_by_side_us(launches, rounds=rounds)
+        for r in rows:
+            if r["variant"] in times:
+                r.update(us=times[r["variant"]], method=method[r["variant"]], rounds=per_round[r["variant"]])
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workload", default="RMSNorm", help="catalog name (NAME:axis=N;axis=N) or graph JSON")
+    ap.add_argument("--dtypes", default="bfloat16")
+    ap.add_argument("--variant", action="append", default=[], help="repeatable; see the module docstring")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--budget-s", type=float, default=300)
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--warm", nargs=3, metavar=("WORKLOAD", "DTYPE", "VARIANT"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    work = Path("/tmp/superopt_variants")
+    work.mkdir(parents=True, exist_ok=True)
+    if args.warm:  # fills TileLang's kernel cache, so the measuring process compiles in seconds
+        compile_variant(*args.warm, work)
+        return 0
+    specs = args.variant or ["base"]
+    for s in specs:
+        parse_variant(s)
+    end = time.monotonic() + args.budget_s - 10
+    cases = [(args.workload, dt, s) for dt in args.dtypes.split(",") for s in specs]
+
+    def warm(case: tuple[str, str, str]) -> None:
+        left = end - time.monotonic() - 60
+        if left > 0:
+            try:
+                subprocess.run([sys.executable, __file__, "--warm", *case], timeout=left, capture_output=True)
+            except subprocess.TimeoutExpired:
+                pass
+
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        list(pool.map(warm, cases))
+    print(f"warm-up: {len(cases)} variant(s) compiled in {time.monotonic() - t0:.0f} s", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    with open(out / "variants.jsonl", "a") as log:
+        for dt in args.dtypes.split(","):
+            got = measure(args.workload, dt, specs, work, args.rounds)
+            for r in got:
+                print(json.dumps(r, default=str), flush=True)
+                log.write(json.dumps(r, default=str) + "\n")
+            rows += got
+    print("\n| workload | dtype | variant | us | status |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        us = f"{r['us']:.1f}" if "us" in r else "-"
+        print(f"| {r['workload']} | {r['dtype']} | {r['variant']} | {us} | {r['status'][:60]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

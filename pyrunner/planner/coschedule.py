@@ -1,0 +1,147 @@
+"""Co-scheduling: a kernel run on the SMs that the dependently launched kernel after it leaves idle.
+
+A warp-specialised kernel holds one block per SM. If its grid is a single wave with fewer blocks
+than the device has SMs, the remaining SMs sit idle. Suppose it also waits for the kernels ahead
+of it only after its loop: RMSNorm's GEMM reads the row statistics only to scale its accumulator
+(``plan.passes.sink_late_inputs``), and every role of the explicitly warp-specialised form
+waits where it first needs them (``backend.tilelang.render_ws``). Then the kernel ahead can run
+beside that loop. Launched first on no more blocks than there are idle SMs, it triggers the
+dependent launch at once. The GEMM's blocks take the SMs it leaves free, and the GEMM's wait
+after its loop finds it finished. The pair then takes about the longer of the two, not their
+sum, and the kernel ahead is tiled for its few blocks.
+
+H200 run 97 (``benchmarks/probes/config_variants.py``, RMSNorm 1024 x 4096 -> 4096; variants
+verified and timed side by side):
+
+- With the statistics on 4 blocks of 256 rows, the plan measured 48.9-50.5 us in bf16 and fp16.
+  On 64 blocks of 16 rows it measured 50.9-52.6 (49.6-52.3 waiting before the loop).
+- The 4-block statistics kernel alone takes about 25 us (71.9-74.6 when the GEMM waits for it
+  first).
+- On 8 blocks, four GEMM tiles wait for an SM, and the plan measured 67.
+
+No pass changes a plan's numbers here: only its tile config and its predicted time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from pyrunner.plan.analysis import resolve
+from pyrunner.plan.dependent_launch import DependentLaunch
+from pyrunner.plan.passes import rendered_kernel
+from pyrunner.plan.schedule import async_schedule
+from pyrunner.plan.schema import GlobalTensor, Kernel, Load
+from pyrunner.planner.cost import DTYPE_BYTES, Estimate, Machine, estimate
+from pyrunner.planner.lower import Lowered
+from pyrunner.target.fit import FitModel
+
+MIN_GAIN_US = 0.5
+"""Co-schedule only where the model predicts at least this much less than running the two in turn."""
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """Kernel ``ahead`` of a plan re-tiled to run beside kernel ``ahead + 1``."""
+
+    ahead: int
+    estimate: Estimate
+    """The re-tiled kernel ahead: its config fills at most ``idle_sms`` blocks."""
+    idle_sms: int
+    saved_us: float
+    """Predicted time saved against running the two one after the other."""
+
+
+def grid_blocks(low: Lowered, config: Mapping[str, int], sizes: Mapping[str, int]) -> int:
+    """Blocks of a lowering's grid under ``config``."""
+    return math.prod(-(-sizes[g.axis] // resolve(g.block, config)) for g in low.grid)
+
+
+def waits_after_loop(kernel: Kernel, earlier: frozenset[str]) -> bool:
+    """Whether ``kernel``, launched dependently after kernels writing ``earlier``, renders in the
+    explicitly warp-specialised form and touches none of ``earlier`` (and stores nothing) before its
+    loop ends, so that every role's wait for the kernels ahead comes after the loop."""
+    k = rendered_kernel(kernel, earlier)
+    if k.loop is None or async_schedule(k) is None:
+        return False
+    chain = DependentLaunch(trigger=False, waits=True, earlier=earlier)
+    return chain.first_wait(k.prologue) is None and chain.first_wait(k.body) is None
+
+
+def idle_sms(low: Lowered, config: Mapping[str, int], sizes: Mapping[str, int], machine: Machine) -> int:
+    """SMs that a one-block-per-SM kernel leaves idle: zero once its grid fills a wave."""
+    return max(0, machine.device.sms - grid_blocks(low, config, sizes))
+
+
+def best_on_blocks(low: Lowered, space: Mapping[str, list[int]], fit: FitModel, sizes: dict[str, int],
+                   tensor_bytes: dict[str, int], machine: Machine, max_blocks: int) -> Estimate | None:
+    """The cheapest fitting config of ``space`` whose grid has at most ``max_blocks`` blocks, or None."""
+    names = sorted(space)
+    best: Estimate | None = None
+    for values in itertools.product(*(space[n] for n in names)):
+        cfg = dict(zip(names, values, strict=True))
+        if grid_blocks(low, cfg, sizes) > max_blocks:
+            continue
+        why, fp = fit.check(cfg)
+        if why is not None:
+            continue
+        est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, machine, None, fp.regs_per_thread)
+        if best is None or est.time_us < best.time_us:
+            best = est
+    return best
+
+
+def tma_rows(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> bool:
+    """Whether every tensor the loop loads has two axes or more and 16-byte aligned rows, as TMA
+    needs (``backend.tilelang.ws_forms``: otherwise the loop renders under ``T.Pipelined``, which
+    waits for the kernels ahead before anything)."""
+    for op in kernel.body:
+        if isinstance(op, Load) and op.src in tensors:
+            t = tensors[op.src]
+            if len(t.axes) < 2 or t.shape[-1] * DTYPE_BYTES[t.dtype] % 16:
+                return False
+    return True
+
+
+def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalTensor],
+             machine: Machine, memo: dict | None = None) -> list[Pairing]:
+    """Which kernels of a plan (``KernelChoice``s in launch order) to re-tile beside the next one.
+
+    A kernel takes part in one pairing at most. The pair's predicted time is the longer of the two
+    kernel estimates. The kernel ahead must run no longer than the loop it sits beside, or the
+    wait after the loop stalls; its estimate on few blocks is the model's latency and reach bound,
+    which runs 25 us for RMSNorm's statistics where the model says 55 (run 97), so the test errs
+    toward running in turn. ``memo`` (one per planner: fixed sizes and machine) keeps the answers
+    per kernel object across the candidates that share it.
+    """
+    memo = {} if memo is None else memo
+    tensor_bytes = {n: math.prod(t.shape) * DTYPE_BYTES[t.dtype] for n, t in tensors.items()}
+    out: list[Pairing] = []
+    written: set[str] = set()
+    taken: set[int] = set()
+    for i in range(len(kernels) - 1):
+        written |= set(kernels[i].low.writes)
+        a, b = kernels[i], kernels[i + 1]
+        if i in taken:
+            continue
+        key = ("b", id(b.kernel), tuple(sorted(b.est.config.items())), frozenset(written))
+        if key not in memo:
+            ok = b.fit.renders_async(b.est.config) and tma_rows(b.kernel, tensors)
+            idle = idle_sms(b.low, b.est.config, sizes, machine) if ok else 0
+            memo[key] = idle if idle and waits_after_loop(b.kernel, frozenset(written)) else 0
+        idle = memo[key]
+        if idle == 0:
+            continue
+        key = ("a", id(a.kernel), idle, tuple(sorted(tensor_bytes.get(n, 0) for n in a.low.reads)))
+        if key not in memo:
+            memo[key] = best_on_blocks(a.low, a.kernel.params, a.fit, sizes, tensor_bytes, machine, idle)
+        alt = memo[key]
+        if alt is None:
+            continue
+        saved = a.est.time_us + b.est.time_us - max(b.est.time_us, alt.time_us)
+        if saved >= MIN_GAIN_US:
+            out.append(Pairing(i, alt, idle, saved))
+            taken |= {i, i + 1}
+    return out
