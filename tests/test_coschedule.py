@@ -59,3 +59,19 @@ def test_a_gemm_that_streams_an_earlier_kernels_output_waits_before_its_loop() -
     gemm = plan.kernels[-1]
     assert set(gemm.reads) & written
     assert not waits_after_loop(gemm, written)
+
+
+def test_autotuning_candidates_keep_the_pairs_sm_split() -> None:
+    from pyrunner.planner.search import ranked_plan_configs
+
+    graph = catalog.get("RMSNorm")
+    plan = search(graph, "bf16", top=1, tuning=False)[0]
+    stats, gemm = plan.kernels
+    geo = plan_geometry(plan)
+    cfgs = ranked_plan_configs(graph, plan, n=6)
+    assert len(cfgs) > 1
+    assert cfgs[0] == {k.name: k.defaults for k in plan.kernels}
+    for cfg in cfgs:
+        g = plan_geometry(plan, cfg)
+        assert g[gemm.name].grid_blocks == geo[gemm.name].grid_blocks
+        assert g[stats.name].grid_blocks <= H200.sms - g[gemm.name].grid_blocks

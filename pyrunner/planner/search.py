@@ -55,7 +55,7 @@ from pyrunner.plan.schema import (
 )
 from pyrunner.planner.aliases import distinct_outputs, graph_hash, with_aliases
 from pyrunner.planner.calibration import calibrate
-from pyrunner.planner.coschedule import pairings
+from pyrunner.planner.coschedule import grid_blocks, pairings
 from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
 from pyrunner.planner.lower import (
     Infeasible,
@@ -842,7 +842,9 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
     """Up to ``n`` whole-plan configs for autotuning, best first by the cost model, from the fitting space.
 
     Each kernel's configs are ranked on their own (kernels run one after another, so their
-    times add); the i-th whole-plan config takes each kernel's i-th best (its last when it has fewer).
+    times add), a kernel co-scheduled beside the next (``coschedule.pairings``) among the configs
+    whose grid fits the SMs that kernel leaves idle; the i-th whole-plan config takes each kernel's
+    i-th best (its last when it has fewer).
     """
     from pyrunner.target.tuning import structure_hash
 
@@ -867,9 +869,17 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
         if len(c.kernels) != len(plan.kernels) or structure_hash(candidate) != want:
             continue
         tb = {t.name: _prod(t.shape) * DTYPE_BYTES[t.dtype] for t in c.tensors}
+        pairs = pairings(c.kernels, planner.sizes, {t.name: t for t in c.tensors}, machine)
+        beside = {p.ahead: p.idle_sms for p in pairs}  # its grid fits the SMs the next kernel leaves idle
+        beside |= {p.ahead + 1: grid_blocks(c.kernels[p.ahead + 1].low, c.kernels[p.ahead + 1].est.config,
+                                            planner.sizes) for p in pairs}  # and that kernel's grid stays
         per_kernel = []
-        for k, kc in zip(plan.kernels, c.kernels, strict=True):
-            cfgs = ranked_configs(kc.low, k.params, planner.sizes, tb, kc.fit, n, machine)
+        for i, (k, kc) in enumerate(zip(plan.kernels, c.kernels, strict=True)):
+            if i in beside:  # co-scheduled: only configs that keep the pair's SM split
+                cfgs = [cfg for cfg in ranked_configs(kc.low, k.params, planner.sizes, tb, kc.fit, 10_000, machine)
+                        if grid_blocks(kc.low, cfg, planner.sizes) <= beside[i]][:n]
+            else:
+                cfgs = ranked_configs(kc.low, k.params, planner.sizes, tb, kc.fit, n, machine)
             per_kernel.append((k.name, cfgs or [dict(k.defaults)]))
         width = max(len(cfgs) for _, cfgs in per_kernel)
         out: list[dict] = []
