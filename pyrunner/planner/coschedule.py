@@ -116,11 +116,16 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
              machine: Machine, memo: dict | None = None) -> list[Pairing]:
     """Which kernels of a plan (``KernelChoice``s in launch order) to re-tile beside the next one.
 
-    A kernel takes part in one pairing at most. The pair's predicted time is the longer of the two
-    kernel estimates. The kernel ahead must run no longer than the loop it sits beside, or the
-    wait after the loop stalls; its estimate on few blocks is the model's latency and reach bound,
-    which runs 25 us for RMSNorm's statistics where the model says 55 (run 97), so the test errs
-    toward running in turn. ``memo`` (one per planner: fixed sizes and machine) keeps the answers
+    A kernel takes part in one pairing at most, and the kernel ahead has no GEMM. Measured here is
+    a memory-bound statistics kernel. With GEMMs allowed, the only pairs found were attention
+    split into a statistics kernel and a chain that recomputes the same scores (h = 1,
+    t = 2048: 116 SMs idle). The model priced that split as free, and no run has measured it.
+
+    The pair's predicted time is the longer of the two kernel estimates. The kernel ahead must
+    run no longer than the loop it sits beside, or the wait after the loop stalls. Its estimate
+    on few blocks is the model's latency and reach bound, which says 55 us for RMSNorm's
+    statistics where run 97 measured 25, so the test errs toward running in turn. ``memo`` (one
+    per planner: fixed sizes and machine) keeps the answers
     per kernel object across the candidates that share it.
     """
     memo = {} if memo is None else memo
@@ -139,7 +144,7 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
             idle = idle_sms(b.low, b.est.config, sizes, machine) if ok else 0
             memo[key] = idle if idle and waits_after_loop(b.kernel, frozenset(written)) else 0
         idle = memo[key]
-        if idle == 0 or b.est.time_us - machine.device.launch_us < MIN_LOOP_US:
+        if idle == 0 or b.est.time_us - machine.device.launch_us < MIN_LOOP_US or a.low.gemms:
             continue
         key = ("a", id(a.kernel), idle, tuple(sorted(tensor_bytes.get(n, 0) for n in a.low.reads)))
         if key not in memo:
