@@ -142,6 +142,22 @@ def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, 
     return {**rec, "status": "ok", "config": cfg, "us": times, "method": method, "rounds": per_round}
 
 
+def warm_cases(script: str, cases: list[tuple[str, ...]], end: float, jobs: int) -> None:
+    """Run ``script --warm CASE...`` for every case, ``jobs`` at a time, each stopped a minute before
+    ``end`` (monotonic): the compiles fill TileLang's kernel cache, so the one process that measures
+    compiles in seconds and its timings are not disturbed by compiles beside them."""
+    def warm(case: tuple[str, ...]) -> None:
+        left = end - time.monotonic() - 60
+        if left > 0:
+            try:
+                subprocess.run([sys.executable, script, "--warm", *case], timeout=left, capture_output=True)
+            except subprocess.TimeoutExpired:
+                pass
+
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        list(pool.map(warm, cases))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--feature", default="pdl", help=f"comma-separated features of {sorted(FEATURES)}")
@@ -167,17 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     end = time.monotonic() + args.budget_s - 10
     cases = [(f, w, dt) for f in features for w in args.workloads.split(",") for dt in args.dtypes.split(",")]
 
-    def warm(case: tuple[str, str, str]) -> None:
-        left = end - time.monotonic() - 60
-        if left > 0:
-            try:
-                subprocess.run([sys.executable, __file__, "--warm", *case], timeout=left, capture_output=True)
-            except subprocess.TimeoutExpired:
-                pass
-
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        list(pool.map(warm, cases))
+    warm_cases(__file__, cases, end, args.jobs)
     print(f"warm-up: {len(cases)} case(s) compiled in {time.monotonic() - t0:.0f} s", flush=True)
     rows = []
     with open(out / "ab.jsonl", "a") as log:

@@ -62,3 +62,21 @@ def test_without_sunk_inputs_waits_for_the_statistics_before_the_loop() -> None:
 @pytest.mark.parametrize("feature", sorted(gpu_ab.FEATURES))
 def test_every_feature_is_documented(feature: str) -> None:
     assert f"``{feature}``" in gpu_ab.__doc__
+
+
+def test_config_variants_widen_the_space_and_switch_the_late_wait_off() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
+    import config_variants
+
+    assert config_variants.parse_variant("k0.block_m=256;-sink;base") == ({"k0": {"block_m": 256}}, {"sink"})
+    with pytest.raises(SystemExit, match="not KERNEL.PARAM=N"):
+        config_variants.parse_variant("k0.block_m=big")
+    plan = _plan("RMSNorm")
+    stats = plan.kernels[0].name
+    late = "T.pdl_sync()  # dependent launch: the kernels ahead finished; the loop ran alongside them"
+    src, cfg = config_variants.variant_source(plan, f"{stats}.block_m=512")
+    assert cfg[stats]["block_m"] == 512 and late in src
+    src, cfg = config_variants.variant_source(plan, "-sink")
+    assert late not in src and cfg == {k.name: k.defaults for k in plan.kernels}
+    with pytest.raises(SystemExit, match="has no parameter"):
+        config_variants.variant_source(plan, f"{stats}.block_z=8")

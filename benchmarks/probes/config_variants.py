@@ -20,15 +20,16 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from gpu_ab import warm_cases  # noqa: E402 - after the path set-up
 
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "bf16": "bf16", "fp16": "fp16"}
 
@@ -163,17 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     end = time.monotonic() + args.budget_s - 10
     cases = [(args.workload, dt, s) for dt in args.dtypes.split(",") for s in specs]
 
-    def warm(case: tuple[str, str, str]) -> None:
-        left = end - time.monotonic() - 60
-        if left > 0:
-            try:
-                subprocess.run([sys.executable, __file__, "--warm", *case], timeout=left, capture_output=True)
-            except subprocess.TimeoutExpired:
-                pass
-
     t0 = time.monotonic()
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        list(pool.map(warm, cases))
+    warm_cases(__file__, cases, end, args.jobs)
     print(f"warm-up: {len(cases)} variant(s) compiled in {time.monotonic() - t0:.0f} s", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
