@@ -138,6 +138,8 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
         a, b = kernels[i], kernels[i + 1]
         if i in taken:
             continue
+        memo.setdefault(("alive", id(a.kernel)), a.kernel)  # keys hold ids: keep their objects alive
+        memo.setdefault(("alive", id(b.kernel)), b.kernel)
         key = ("b", id(b.kernel), tuple(sorted(b.est.config.items())), frozenset(written))
         if key not in memo:
             ok = b.fit.renders_async(b.est.config) and tma_rows(b.kernel, tensors)
