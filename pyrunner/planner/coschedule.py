@@ -29,12 +29,11 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pyrunner.plan.analysis import resolve
 from pyrunner.plan.dependent_launch import DependentLaunch
 from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import async_schedule
-from pyrunner.plan.schema import GlobalTensor, Kernel, Load
-from pyrunner.planner.cost import DTYPE_BYTES, Estimate, Machine, estimate
+from pyrunner.plan.schema import GlobalTensor, Kernel
+from pyrunner.planner.cost import DTYPE_BYTES, Estimate, Machine, estimate, grid_blocks
 from pyrunner.planner.lower import Lowered
 from pyrunner.target.fit import FitModel
 
@@ -59,11 +58,6 @@ class Pairing:
     idle_sms: int
     saved_us: float
     """Predicted time saved against running the two one after the other."""
-
-
-def grid_blocks(low: Lowered, config: Mapping[str, int], sizes: Mapping[str, int]) -> int:
-    """Blocks of a lowering's grid under ``config``."""
-    return math.prod(-(-sizes[g.axis] // resolve(g.block, config)) for g in low.grid)
 
 
 def waits_after_loop(kernel: Kernel, earlier: frozenset[str]) -> bool:
@@ -100,16 +94,11 @@ def best_on_blocks(low: Lowered, space: Mapping[str, list[int]], fit: FitModel, 
     return best
 
 
-def tma_rows(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> bool:
+def tma_rows(low: Lowered) -> bool:
     """Whether every tensor the loop loads has two axes or more and 16-byte aligned rows, as TMA
     needs (``backend.tilelang.ws_forms``: otherwise the loop renders under ``T.Pipelined``, which
     waits for the kernels ahead before anything)."""
-    for op in kernel.body:
-        if isinstance(op, Load) and op.src in tensors:
-            t = tensors[op.src]
-            if len(t.axes) < 2 or t.shape[-1] * DTYPE_BYTES[t.dtype] % 16:
-                return False
-    return True
+    return all(ld.asynchronous and len(ld.axes) >= 2 for ld in low.loads if ld.in_loop)
 
 
 def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalTensor],
@@ -125,8 +114,8 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
     run no longer than the loop it sits beside, or the wait after the loop stalls. Its estimate
     on few blocks is the model's latency and reach bound, which says 55 us for RMSNorm's
     statistics where run 97 measured 25, so the test errs toward running in turn. ``memo`` (one
-    per planner: fixed sizes and machine) keeps the answers
-    per kernel object across the candidates that share it.
+    per planner: fixed sizes and machine) keeps the answers per kernel object across the
+    candidates that share it.
     """
     memo = {} if memo is None else memo
     tensor_bytes = {n: math.prod(t.shape) * DTYPE_BYTES[t.dtype] for n, t in tensors.items()}
@@ -142,7 +131,7 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
         memo.setdefault(("alive", id(b.kernel)), b.kernel)
         key = ("b", id(b.kernel), tuple(sorted(b.est.config.items())), frozenset(written))
         if key not in memo:
-            ok = b.fit.renders_async(b.est.config) and tma_rows(b.kernel, tensors)
+            ok = b.fit.renders_async(b.est.config) and tma_rows(b.low)
             idle = idle_sms(b.low, b.est.config, sizes, machine) if ok else 0
             memo[key] = idle if idle and waits_after_loop(b.kernel, frozenset(written)) else 0
         idle = memo[key]

@@ -23,7 +23,7 @@ from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
 from pyrunner.target.fit import FitModel, fitting_space
 
-__all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "estimate", "fitting_space", "param_space",
+__all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "estimate", "fitting_space", "grid_blocks", "param_space",
            "ranked_configs", "structure_class"]
 
 
@@ -76,6 +76,11 @@ def _blocks(low: Lowered, cfg: dict[str, int], sizes: dict[str, int]) -> dict[st
     if low.stream is not None:
         out[low.stream] = cfg[block_param(low.stream)]
     return out
+
+
+def grid_blocks(low: Lowered, cfg: Mapping[str, int], sizes: Mapping[str, int]) -> int:
+    """Blocks of a lowering's grid under ``cfg``."""
+    return math.prod(-(-sizes[g.axis] // resolve(g.block, cfg)) for g in low.grid)
 
 
 def _buf_elems(axes: list[str], blocks: dict[str, int]) -> int:
@@ -194,9 +199,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     dev = m.device
     facts = facts or LoweringFacts.of(low, tensor_bytes, m)
     blocks = _blocks(low, cfg, sizes)
-    n_blocks = 1
-    for g in low.grid:
-        n_blocks *= -(-sizes[g.axis] // blocks[g.axis])
+    n_blocks = grid_blocks(low, cfg, sizes)
     n_iter = -(-sizes[low.stream] // blocks[low.stream]) if low.stream else 1
     run = visible_fraction(low, blocks, sizes)  # loop steps left after masked tiles are skipped
 

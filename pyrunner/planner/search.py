@@ -55,8 +55,8 @@ from pyrunner.plan.schema import (
 )
 from pyrunner.planner.aliases import distinct_outputs, graph_hash, with_aliases
 from pyrunner.planner.calibration import calibrate
-from pyrunner.planner.coschedule import grid_blocks, pairings
-from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, ranked_configs
+from pyrunner.planner.coschedule import pairings
+from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, grid_blocks, ranked_configs
 from pyrunner.planner.lower import (
     Infeasible,
     Lowered,
