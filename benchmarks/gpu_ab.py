@@ -13,6 +13,9 @@ Features (``--feature``, comma-separated; each is timed on every workload it app
   warpgroup's TMA (``ws_forms.producer_prologue``). Without it, the consumers copy them in.
 - ``sink``: prologue ops that only feed the epilogue, reading an earlier kernel's output, moved
   after the loop (``plan.passes.sink_late_inputs``), so the dependent-launch wait comes late.
+- ``staged``: loop loads of rows TMA cannot fetch staged in registers one step ahead
+  (``plan.schedule.staged_loop_loads``). Without it, each step loads its own tiles and waits for
+  them before its MMAs or reductions.
 
 Run on the GPU machine through gpu_run.sh's environment:
     SCRIPT=benchmarks/gpu_ab.py TOTAL_S=200 OUT=/tmp/ab bash benchmarks/gpu_run.sh \
@@ -76,11 +79,24 @@ def without_sunk_inputs(plan) -> str:
         passes.sink_late_inputs = kept
 
 
+def without_staged_loads(plan) -> str:
+    """The plan rendered with every synchronous loop loading its own step (no register staging)."""
+    from pyrunner.backend.tilelang import render as render_module
+
+    kept = render_module.staged_loop_loads
+    render_module.staged_loop_loads = lambda kernel, tensors: []
+    try:
+        return render_module.render(plan)
+    finally:
+        render_module.staged_loop_loads = kept
+
+
 FEATURES = {
     "pdl": lambda plan, source: without_dependent_launch(source),
     "persistent": lambda plan, source: without_persistence(source),
     "prologue_tma": lambda plan, source: without_producer_prologue(plan),
     "sink": lambda plan, source: without_sunk_inputs(plan),
+    "staged": lambda plan, source: without_staged_loads(plan),
 }
 """Feature -> (plan, its rendered source) -> the source with the feature taken out."""
 

@@ -59,6 +59,19 @@ def test_without_sunk_inputs_waits_for_the_statistics_before_the_loop() -> None:
     assert render(plan) == src
 
 
+def test_without_staged_loads_loads_each_step_itself() -> None:
+    from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.planner import search
+
+    plan = search(load_graph_file(ROOT / "benchmarks" / "graphs" / "lm_head.json"), "bf16", top=1)[0]
+    src = render(plan)
+    out = gpu_ab.FEATURES["staged"](plan, src)
+    staged = "synchronous loads, staged in registers one step ahead"
+    assert staged in src and staged not in out
+    assert "synchronous loads: rows not 16-byte aligned" in out
+    assert render(plan) == src
+
+
 @pytest.mark.parametrize("feature", sorted(gpu_ab.FEATURES))
 def test_every_feature_is_documented(feature: str) -> None:
     assert f"``{feature}``" in gpu_ab.__doc__

@@ -59,7 +59,7 @@ def test_a_results_record_carries_its_tuning_entry_through_the_runner(tmp_path: 
     _record_tuning(run)
     record = dict(run.fields)
     assert record["extra"]["tuning"]["key"] == tuning_key(plan, DEVICE)
-    assert record["extra"]["tuning"]["forms"] == plan_forms(plan.kernels)
+    assert record["extra"]["tuning"]["forms"] == plan_forms(plan.kernels, plan.tensors)
     written = TuningDB.load(out)
 
     rebuilt = TuningDB(tmp_path / "db.json")

@@ -87,9 +87,9 @@ def test_an_entry_measured_under_another_loop_form_is_stale(tmp_path):
 
 
 def test_plan_forms_name_every_kernels_loop_form():
-    assert plan_forms(_plan("Attention").kernels).endswith(":chain.1")
+    assert plan_forms(_plan("Attention").kernels, _plan("Attention").tensors).endswith(":chain.1")
     rms = search(catalog.get("RMSNorm"), "bf16", top=5, tuning=False)
-    forms = {plan_forms(p.kernels) for p in rms}
+    forms = {plan_forms(p.kernels, p.tensors) for p in rms}
     assert any("pipelined" in f and "mainloop" in f for f in forms)  # statistics kernel + mainloop GEMM
     # the GEMM scales its rows by the statistics only after its loop, and waits for them there
     assert any(f.endswith(":mainloop.1+late") for f in forms)

@@ -14,20 +14,23 @@ from pathlib import Path
 
 import pytest
 
+from pyrunner.backend.tilelang import render as render_module
 from pyrunner.backend.tilelang.emulate import execute_rendered
 from pyrunner.backend.tilelang.render import render, unaligned_store_staging
 from pyrunner.ir import catalog
 from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.passes import defer_online_sums, rendered_kernel
+from pyrunner.plan.schedule import plan_forms, staged_loop_loads, synchronous_loop_loads
 from pyrunner.plan.schema import Reduce
 from pyrunner.planner import search
-from pyrunner.planner.cost import param_space, synchronous_loop
+from pyrunner.planner.cost import param_space, staged_loads_fit, synchronous_loop
 from pyrunner.planner.tiles import SYNC_STEP_MAX, stream_steps
 from pyrunner.run.executor import scale_down
 from pyrunner.run.runner import graph_of
 from pyrunner.run.verify import verify_executor
 from pyrunner.target.device import rows_async
+from pyrunner.target.fit import staged_tiles_fit
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = ROOT / "benchmarks" / "graphs" / "softmax_vocab_50257.json"
@@ -127,3 +130,66 @@ def test_attention_statistics_stay_per_row() -> None:
     """Attention's running max also rescales the P @ V accumulator, so it must stay one per row."""
     (k,) = search(catalog.get("Attention"), "bf16", top=1)[0].kernels
     assert defer_online_sums(k) is k
+
+
+LM_HEAD = ROOT / "benchmarks" / "graphs" / "lm_head.json"
+STAGED = {"k0_Y": {"block_m": 64, "block_n": 64, "block_d": 64}}  # 8192 tile elements over 128 threads
+UNSTAGED = {"k0_Y": {"block_m": 128, "block_n": 64, "block_d": 128}}  # 24576: more than 96 a thread
+
+
+def _small_lm_head():
+    """The LM head at a vocabulary of 515 (1030-byte rows: no TMA, no cp.async) with d streamed."""
+    return search(load_graph_file(LM_HEAD).with_sizes({"m": 130, "d": 1024, "n": 515}), "bf16", top=1)[0]
+
+
+def test_gemm_loop_over_unaligned_rows_stages_its_loads_one_step_ahead() -> None:
+    plan = _small_lm_head()
+    (k,) = plan.kernels
+    tensors = {t.name: t for t in plan.tensors}
+    assert k.loop is not None and synchronous_loop_loads(k, tensors)
+    assert sorted(op.src for op in staged_loop_loads(k, tensors)) == ["W", "X"]
+    assert plan_forms(plan.kernels, plan.tensors).endswith("+staged")
+    src = render(plan)
+    assert "synchronous loads, staged in registers one step ahead" in src  # the staged build
+    assert "synchronous loads: rows not 16-byte aligned" in src  # and the plain one, for larger tiles
+    for cfg in (STAGED, UNSTAGED):
+        res = verify_executor(plan, graph_of(plan), lambda p, i, c=None, cfg=cfg: execute_rendered(p, i, cfg), seed=3)
+        assert res.ok, (cfg, res.message)
+
+
+def test_staged_loads_that_fetch_the_current_step_are_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loading step k (not k + 1) under step k's GEMMs feeds step k + 1 the same tile again: the
+    emulated source is then wrong at the staged config and still right at the unstaged one."""
+    plan = _small_lm_head()
+    kept = render_module._staged_loads
+    monkeypatch.setattr(render_module, "_staged_loads",
+                        lambda w, ctx, step: kept(w, ctx, ctx.loop_var if step != "0" else step))
+    wrong = verify_executor(plan, graph_of(plan), lambda p, i, c=None: execute_rendered(p, i, STAGED), seed=3)
+    assert not wrong.ok
+    right = verify_executor(plan, graph_of(plan), lambda p, i, c=None: execute_rendered(p, i, UNSTAGED), seed=3)
+    assert right.ok, right.message
+
+
+def test_the_planner_prices_staged_loads_and_picks_a_config_they_fit() -> None:
+    """At the real LM head (1000 x 1024 x 50257) an unstaged synchronous loop waits for every step's
+    loads before its MMAs (run 56: 460 us); the default config is one the staged form builds."""
+    plan = search(load_graph_file(LM_HEAD), "bf16", top=1)[0]
+    (k,) = plan.kernels
+    cfg = k.defaults
+    elements = cfg["block_m"] * cfg["block_d"] + cfg["block_d"] * cfg["block_n"]
+    assert staged_tiles_fit(elements, cfg["threads"])
+    assert "staged in registers one step ahead" in render(plan)
+
+
+def test_staged_fit_counts_every_loop_tile() -> None:
+    from pyrunner.plan.schema import GridAxis
+    from pyrunner.planner.lower import LoadInfo, Lowered
+
+    grid = [GridAxis(axis="m", block="block_m"), GridAxis(axis="n", block="block_n")]
+    low = Lowered(root=None, stream="d", grid=grid,
+                  tiled=["m", "n"], full={}, buffers=[], prologue=[], body=[], epilogue=[], reads=["X", "W"],
+                  writes=["Y"], loads=[LoadInfo("X", ("m", "d"), True, True), LoadInfo("W", ("d", "n"), True, False)],
+                  steps=[64])
+    assert staged_loads_fit(low, {"m": 128, "n": 256, "d": 64}, 256)  # 8192 + 16384 = 96 a thread
+    assert not staged_loads_fit(low, {"m": 128, "n": 256, "d": 128}, 256)
+    assert not staged_loads_fit(low, {"m": 128, "n": 256, "d": 64}, 128)

@@ -21,7 +21,7 @@ from pyrunner.planner.space import long_rows_whole, param_space, short_reduction
 from pyrunner.planner.traffic import FLAT_BLOCK_REACH, STREAM_BLOCK_REACH, sectored_bytes
 from pyrunner.target.device import DTYPE_BYTES, Device
 from pyrunner.target.device import H200 as H200_DEVICE
-from pyrunner.target.fit import FitModel, fitting_space
+from pyrunner.target.fit import FitModel, fitting_space, staged_tiles_fit
 
 __all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "estimate", "fitting_space", "grid_blocks", "param_space",
            "ranked_configs", "structure_class"]
@@ -241,6 +241,8 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     pipe = 1.0
     if low.stream is not None:
         pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
+        if facts.synchronous and low.gemms:
+            pipe = SYNC_STAGED_PIPE if staged_loads_fit(low, blocks, threads) else SYNC_GEMM_PIPE
     t_tc /= max(util, 1e-3) * pipe
     # a value is computed once per block of each grid axis it lacks
     split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
@@ -265,10 +267,11 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     t_lat = 0.0
     if low.stream is not None and not low.gemms and facts.loop_loads:
         # synchronous loads wait out a full latency each step: run 50 measured 0.9 us per step of
-        # 8 x 512 (vocabulary 50257, 51 MB: within L2's reach, yet slower than its latency)
+        # 8 x 512 (vocabulary 50257, 51 MB: within L2's reach, yet slower than its latency); staged
+        # in registers one step ahead, two steps' loads are in flight
         sync = facts.synchronous
         latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
-        in_flight = 1 if sync else max(1, cfg.get(STAGES_PARAM, 1))
+        in_flight = (2 if staged_loads_fit(low, blocks, threads) else 1) if sync else max(1, cfg.get(STAGES_PARAM, 1))
         t_lat = waves * n_iter * run * latency / in_flight
     t_mem = max(t_mem, t_lat)
     # maps that read a shared tile across its rows replay each warp read once per bank conflict
@@ -283,6 +286,23 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         bound = "latency"
     return Estimate(time_us=time_us, flops=flops + ew, bytes=dram + reread, bound=bound, smem=smem,
                     config=cfg)
+
+
+SYNC_GEMM_PIPE = 0.4
+"""Tensor-core efficiency of a GEMM loop whose loads are synchronous and not staged: every step
+waits for its loads before its MMAs (run 56: the LM head over a 50257-long vocabulary, 460 us where
+the MMAs alone take about 170)."""
+SYNC_STAGED_PIPE = 0.92
+"""The same loop with its loads staged in registers one step ahead (``plan.schedule.
+staged_loop_loads``): the next step's loads run under this step's MMAs, as with two stages. A
+staged loop without GEMMs has two steps' loads in flight instead of one (``t_lat``)."""
+
+
+def staged_loads_fit(low: Lowered, blocks: Mapping[str, int], threads: int) -> bool:
+    """Whether a synchronous GEMM loop's tiles take the register-staged form under these blocks
+    (the renderer's guard, ``target.fit.staged_tiles_fit``, over the loop's loaded tiles)."""
+    elements = sum(math.prod(blocks.get(a, 1) for a in ld.axes) for ld in low.loads if ld.in_loop)
+    return staged_tiles_fit(elements, threads)
 
 
 def l2_resident(facts: LoweringFacts, m: Machine = H200) -> bool:

@@ -575,8 +575,9 @@ def _record_tuning(run: _Run) -> None:
     tried = run.fields["extra"].get("autotune") or []
     default = next((t.get("time_us") for t in tried if t.get("config") == default_config(run.plan)), None)
     try:  # the record names its database key, so a results log alone can rebuild the entry
-        run.fields["extra"]["tuning"] = {"key": tuning_key(run.plan, run.fields["device"]),
-                                         "forms": plan_forms(run.plan.kernels), "default_us": default}
+        forms = plan_forms(run.plan.kernels, run.plan.tensors)
+        run.fields["extra"]["tuning"] = {"key": tuning_key(run.plan, run.fields["device"]), "forms": forms,
+                                         "default_us": default}
     except Exception as e:  # noqa: BLE001 - tuning bookkeeping must not fail a run
         run.notes.append(f"tuning key not recorded: {_err(e)}")
     if opts.tuning_out is None:

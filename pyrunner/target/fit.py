@@ -30,6 +30,19 @@ REG_OVERHEAD = 32
 """Registers per thread assumed for addresses, loop counters and temporaries on top of the fragments."""
 
 
+STAGED_ELEMENTS_PER_THREAD = 96
+"""Most elements of a loop's loaded tiles one thread may hold in registers beside its accumulators
+when a loop of synchronous loads is staged one step ahead (``plan.schedule.staged_loop_loads``):
+a 128 x 256 float32 accumulator over 256 threads takes 128 registers, and the A and B tiles of a
+64-deep step (128 x 64 and 64 x 256, 96 16-bit elements a thread) still leave room for addresses
+under 255. Larger tiles build the unstaged loop."""
+
+
+def staged_tiles_fit(tile_elements: int, threads: int) -> bool:
+    """Whether loop tiles of ``tile_elements`` in all take the register-staged form over ``threads``."""
+    return tile_elements <= STAGED_ELEMENTS_PER_THREAD * threads
+
+
 MAX_GEMM_N = 256
 """Widest tile a Hopper warpgroup MMA (wgmma) produces in one instruction."""
 

@@ -180,7 +180,7 @@ class TuningDB:
         e = self.entries.get(tuning_key(plan, device, tl_version))
         if e is None or _reachable(plan, e.config) is None:
             return None
-        if "forms" in e.extra and e.extra["forms"] != plan_forms(plan.kernels):
+        if "forms" in e.extra and e.extra["forms"] != plan_forms(plan.kernels, plan.tensors):
             return None  # measured under other code: stale
         return e
 
@@ -193,7 +193,7 @@ class TuningDB:
         old = self.entries.get(key)
         new = Entry(workload=plan.workload, config=config, time_us=round(float(time_us), 3), tried=tried,
                     default_us=default_us, plan_hash=plan.provenance.plan_hash or "",
-                    extra={**(extra or {}), "forms": plan_forms(plan.kernels)})
+                    extra={**(extra or {}), "forms": plan_forms(plan.kernels, plan.tensors)})
         if old is not None and not supersedes(new, old):
             old.tried += tried
             return False

@@ -31,7 +31,7 @@ from pyrunner.plan.analysis import (
     thread_reads_staged,
 )
 from pyrunner.plan.dependent_launch import DependentLaunch
-from pyrunner.plan.schedule import longest_first_axes
+from pyrunner.plan.schedule import longest_first_axes, synchronous_loop_loads
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -49,7 +49,7 @@ from pyrunner.plan.schema import (
     Ref,
     Store,
 )
-from pyrunner.target.device import H200, rows_async
+from pyrunner.target.device import H200
 from pyrunner.target.layout import launch_axes, layout_groups
 
 NO_WARP_SPECIALISATION = {"tl.disable_warp_specialized": True}
@@ -139,6 +139,7 @@ class _Ctx:
     sizes: dict[str, int] = None  # axis -> extent (constant expressions fold to literals at these)
     slots: dict[str, str] = None  # ring buffer -> slot index its element reads take first (render_ws)
     launch: DependentLaunch = None  # the kernel's part in the plan's programmatic dependent launch chain
+    staged: dict[str, str] = None  # loop-loaded buffer -> register tile holding the next step's load
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""
@@ -444,15 +445,6 @@ class GemmMerge:
 
     first: Gemm
     second: Gemm
-
-
-def synchronous_loop_loads(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> bool:
-    """Whether the kernel's loop loads a tensor whose rows are not 16-byte aligned (no TMA, no
-    cp.async): the renderer steps such a loop with ``T.serial`` (``planner.cost.synchronous_loop``
-    prices it so)."""
-    return kernel.loop is not None and any(
-        tensors[op.src].shape and not rows_async(tensors[op.src].shape[-1], tensors[op.src].dtype)
-        for op in kernel.body if isinstance(op, Load))
 
 
 NO_ASYNC_COPY = {"tl.enable_async_copy": False}

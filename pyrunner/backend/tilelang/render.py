@@ -41,6 +41,7 @@ from pyrunner.backend.tilelang.emit import (
     _merge_legal,
     _Names,
     _paren,
+    _region,
     _render_op,
     _signature_and_launch,
     _stages,
@@ -51,17 +52,17 @@ from pyrunner.backend.tilelang.emit import (
     gemm_policy_names,
     kernel_pass_configs,
     loop_invariant_bridges,
-    synchronous_loop_loads,
 )
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.analysis import kernel_args, kernel_axes, op_reads_writes
 from pyrunner.plan.dependent_launch import dependent_launches
 from pyrunner.plan.passes import optimize
-from pyrunner.plan.schedule import ChainSchedule
+from pyrunner.plan.schedule import ChainSchedule, staged_loop_loads, synchronous_loop_loads
 from pyrunner.plan.schema import (
     Gemm,
     Kernel,
+    Load,
     Plan,
     Store,
     axis_sizes,
@@ -69,6 +70,7 @@ from pyrunner.plan.schema import (
 )
 from pyrunner.plan.validate import check_plan_names, checked_hash
 from pyrunner.target.device import H200, rows_async
+from pyrunner.target.fit import STAGED_ELEMENTS_PER_THREAD
 from pyrunner.target.layout import launch_axes, layout_bridges
 
 TARGET = {"kind": "cuda", "arch": H200.arch}
@@ -170,6 +172,20 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         w.line(f"return {func_name}")
         w.dedent()
     taken = set(local.taken)
+    staged = staged_loop_loads(kernel, tensors)
+    if staged:  # merged GEMMs never stage: one variant
+        ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
+        ctx.staged = {op.dst: local.fresh(f"{op.dst}_next") for op in staged}
+        held = " + ".join(" * ".join(_extent(ctx, buffers[op.dst])) for op in staged)
+        w.line()
+        w.line(f"if {held} <= {STAGED_ELEMENTS_PER_THREAD} * {threads}:  # loop loads staged in registers, "
+               "one step ahead (their tiles fit beside the accumulators)")
+        w.indent()
+        _render_prim_func(w, ctx, func_name, threads, swizzle)
+        w.line()
+        w.line(f"return {func_name}")
+        w.dedent()
+        ctx.staged = {}
     for v, chosen in enumerate(variants):
         local.taken = taken | set(ctx.par_vars.values())
         ctx.halves = {}
@@ -200,6 +216,10 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
     kernel, names, buffers, block_expr, loop_var = ctx.kernel, ctx.names, ctx.buffers, ctx.block_expr, ctx.loop_var
     _signature_and_launch(w, ctx, func_name, threads)
     _declare_buffers(w, ctx)
+    for dst, regs in (ctx.staged or {}).items():
+        buf = buffers[dst]
+        w.line(f'{regs} = T.alloc_fragment({_tuple(_extent(ctx, buf))}, "{buf.dtype}")'
+               f"  # the next step's tile of {dst!r}, loaded into registers under this step's GEMMs")
     if swizzle is not None:
         w.line(f"T.use_swizzle(panel_size=10, enable={swizzle})  # block order that keeps GEMM operand panels in L2")
     # TileLang's own warp specialisation decides which threads run what: wait at the top, in every thread
@@ -228,7 +248,12 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             lo_name, hi_name = ctx.local.fresh(f"{lp.axis}_lo"), ctx.local.fresh(f"{lp.axis}_hi")
             _bind_loop_bounds(w, ctx, lo_name, hi_name)
             bounds = f"{lo_name}, {hi_name}"
-        if synchronous_loop_loads(kernel, ctx.tensors):
+        lo, hi = (lo_name, hi_name) if lp.visible is not None else ("0", bounds)
+        if ctx.staged:
+            w.line("# the first step's loads, into the registers the loop stores from")
+            _staged_loads(w, ctx, lo)
+            w.line(f"for {loop_var} in T.serial({bounds}):  # synchronous loads, staged in registers one step ahead")
+        elif synchronous_loop_loads(kernel, ctx.tensors):
             # rows TMA and cp.async cannot fetch: every step waits for its own loads, so a pipeline
             # only adds stages of shared memory (and TileLang 0.1.15 may still emit a 2-byte cp.async)
             w.line(f"for {loop_var} in T.serial({bounds}):  # synchronous loads: rows not 16-byte aligned")
@@ -243,7 +268,16 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
         else:
             w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):")
         w.indent()
+        if ctx.staged:
+            for dst, regs in ctx.staged.items():
+                w.line(f"T.copy({regs}, {names[dst]})  # this step's tile, loaded during the last step")
+            w.line(f"if {loop_var} + 1 < {hi}:  # the next step's loads, in flight under this step's GEMMs")
+            w.indent()
+            _staged_loads(w, ctx, f"{loop_var} + 1")
+            w.dedent()
         for i, op in enumerate(kernel.body):
+            if ctx.staged and isinstance(op, Load) and op.dst in ctx.staged:
+                continue
             _render_op(w, ctx, op, "body", i)
         if not kernel.body:
             w.line("pass")
@@ -260,6 +294,18 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             _render_op(w, ctx, op, "epilogue", i)
     w.dedent()
     w.dedent()
+
+
+def _staged_loads(w: _Writer, ctx: _Ctx, step: str) -> None:
+    """The staged loop loads (``plan.schedule.staged_loop_loads``) of loop step ``step``, into registers."""
+    loop_var = ctx.loop_var
+    ctx.loop_var = _paren(step)
+    try:
+        for op in ctx.kernel.body:
+            if isinstance(op, Load) and op.dst in ctx.staged:
+                w.line(f"T.copy({_region(ctx, ctx.tensors[op.src])}, {ctx.staged[op.dst]})")
+    finally:
+        ctx.loop_var = loop_var
 
 
 def store_staging(plan: Plan, kernel: Kernel) -> list[tuple[str, str]]:
