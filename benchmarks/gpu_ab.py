@@ -14,7 +14,7 @@ Features (``--feature``, comma-separated; each is timed on every workload it app
 - ``sink``: prologue ops that only feed the epilogue, reading an earlier kernel's output, moved
   after the loop (``plan.passes.sink_late_inputs``), so the dependent-launch wait comes late.
 - ``staged``: loop loads of rows TMA cannot fetch staged in registers one step ahead
-  (``plan.schedule.staged_loop_loads``). Without it, each step loads its own tiles and waits for
+  (``target.layout.staged_loop_loads``). Without it, each step loads its own tiles and waits for
   them before its MMAs or reductions.
 
 Run on the GPU machine through gpu_run.sh's environment:

@@ -11,10 +11,9 @@ from pathlib import Path
 from rich.console import Console
 
 from pyrunner.ir import catalog
-from pyrunner.plan.schedule import plan_forms
 from pyrunner.planner import search
 from pyrunner.run.runner import RunOptions, _record_tuning, _Run, default_config
-from pyrunner.target.tuning import Entry, TuningDB, tuning_key
+from pyrunner.target.tuning import Entry, TuningDB, measured_forms, tuning_key
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -59,7 +58,7 @@ def test_a_results_record_carries_its_tuning_entry_through_the_runner(tmp_path: 
     _record_tuning(run)
     record = dict(run.fields)
     assert record["extra"]["tuning"]["key"] == tuning_key(plan, DEVICE)
-    assert record["extra"]["tuning"]["forms"] == plan_forms(plan.kernels, plan.tensors)
+    assert record["extra"]["tuning"]["forms"] == measured_forms(plan)
     written = TuningDB.load(out)
 
     rebuilt = TuningDB(tmp_path / "db.json")

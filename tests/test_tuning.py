@@ -10,7 +10,7 @@ from pyrunner.errors import UserError
 from pyrunner.ir import catalog
 from pyrunner.plan.schedule import FORM_VERSIONS, plan_forms
 from pyrunner.planner import search
-from pyrunner.planner.search import prefer_measured, ranked_plan_configs
+from pyrunner.planner.search import model_bias, prefer_measured, ranked_plan_configs
 from pyrunner.run.runner import RunOptions, _tuned_entry, autotune_candidates, default_config
 from pyrunner.target.tuning import TuningDB, device_key, structure_hash, tuning_key
 
@@ -87,9 +87,9 @@ def test_an_entry_measured_under_another_loop_form_is_stale(tmp_path):
 
 
 def test_plan_forms_name_every_kernels_loop_form():
-    assert plan_forms(_plan("Attention").kernels, _plan("Attention").tensors).endswith(":chain.1")
+    assert plan_forms(_plan("Attention").kernels).endswith(":chain.1")
     rms = search(catalog.get("RMSNorm"), "bf16", top=5, tuning=False)
-    forms = {plan_forms(p.kernels, p.tensors) for p in rms}
+    forms = {plan_forms(p.kernels) for p in rms}
     assert any("pipelined" in f and "mainloop" in f for f in forms)  # statistics kernel + mainloop GEMM
     # the GEMM scales its rows by the statistics only after its loop, and waits for them there
     assert any(f.endswith(":mainloop.1+late") for f in forms)
@@ -325,3 +325,20 @@ def test_a_tuned_config_that_does_not_fit_or_is_malformed_is_ignored(tmp_path, b
     db.lookup(plan, "h200").config[k.name].update(bad)  # as a hand-edited or foreign file could say
     assert db.lookup(plan, "h200") is None
     assert prefer_measured(plan, db).cost.model.get("measured") is None
+
+
+def test_model_bias_is_the_smallest_undershoot_and_never_below_one():
+    assert model_bias([(92.2, 55.5), (60.0, 20.0)]) == pytest.approx(92.2 / 55.5)
+    assert model_bias([(40.0, 50.0)]) == 1.0  # a model that overshot leaves alternatives as priced
+    assert model_bias([]) == 1.0
+
+
+def test_a_measured_plan_keeps_its_rank_over_alternatives_the_model_prices_as_optimistically(tmp_path):
+    """Measured at three times its model, the best plan would lose to the runner-up's bare estimate;
+    ranked at its estimate times the same undershoot, the runner-up stays behind."""
+    first, second = search(catalog.get("RMSNorm"), "bf16", top=2, tuning=False)
+    assert first.cost.total_us <= second.cost.total_us < 3 * first.cost.total_us
+    db = TuningDB(tmp_path / "h200.json")
+    db.record(first, default_config(first), 3 * first.cost.total_us, "h200")
+    (top,) = search(catalog.get("RMSNorm"), "bf16", tuning=db)
+    assert top.cost.model.get("measured") == 1.0 and structure_hash(top) == structure_hash(first)

@@ -21,7 +21,6 @@ from pyrunner.ir import catalog
 from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.passes import defer_online_sums, rendered_kernel
-from pyrunner.plan.schedule import plan_forms, staged_loop_loads, synchronous_loop_loads
 from pyrunner.plan.schema import Reduce
 from pyrunner.planner import search
 from pyrunner.planner.cost import param_space, staged_loads_fit, synchronous_loop
@@ -31,6 +30,8 @@ from pyrunner.run.runner import graph_of
 from pyrunner.run.verify import verify_executor
 from pyrunner.target.device import rows_async
 from pyrunner.target.fit import staged_tiles_fit
+from pyrunner.target.layout import staged_loop_loads, synchronous_loop_loads
+from pyrunner.target.tuning import measured_forms
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = ROOT / "benchmarks" / "graphs" / "softmax_vocab_50257.json"
@@ -148,7 +149,7 @@ def test_gemm_loop_over_unaligned_rows_stages_its_loads_one_step_ahead() -> None
     tensors = {t.name: t for t in plan.tensors}
     assert k.loop is not None and synchronous_loop_loads(k, tensors)
     assert sorted(op.src for op in staged_loop_loads(k, tensors)) == ["W", "X"]
-    assert plan_forms(plan.kernels, plan.tensors).endswith("+staged")
+    assert measured_forms(plan).endswith("+staged")
     src = render(plan)
     assert "synchronous loads, staged in registers one step ahead" in src  # the staged build
     assert "synchronous loads: rows not 16-byte aligned" in src  # and the plain one, for larger tiles

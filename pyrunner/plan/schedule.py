@@ -34,8 +34,7 @@ from dataclasses import dataclass
 
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import block_box, kernel_axes, op_reads_writes, resolve
-from pyrunner.plan.schema import Gemm, GlobalTensor, Kernel, Load, Map, Op
-from pyrunner.target.device import rows_async
+from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Op
 
 
 @dataclass(frozen=True)
@@ -261,42 +260,6 @@ def longest_first_axes(kernel: Kernel, sizes: Mapping[str, int]) -> frozenset[st
     return frozenset(out)
 
 
-def synchronous_loop_loads(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> bool:
-    """Whether the kernel's loop loads a tensor whose rows are not 16-byte aligned (no TMA, no
-    cp.async): the renderer steps such a loop with ``T.serial`` (``planner.cost.synchronous_loop``
-    prices it so)."""
-    return kernel.loop is not None and any(
-        tensors[op.src].shape and not rows_async(tensors[op.src].shape[-1], tensors[op.src].dtype)
-        for op in kernel.body if isinstance(op, Load))
-
-
-def staged_loop_loads(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> list[Load]:
-    """The loop loads the renderer stages in registers one step ahead, in a loop of synchronous
-    loads (``synchronous_loop_loads``): step k stores the registers loaded during step k - 1 into
-    its shared tiles, issues step k + 1's loads, then runs the rest of its ops, so those loads are in
-    flight under this step's MMAs or reductions instead of before them (a load is waited for only
-    where its registers are stored, a step later): two steps in flight, not one.
-
-    Every loop load of a tensor with axes into a shared tile is staged, or none: none where two
-    GEMMs read one A (they may merge into one wide MMA over halves of one tile) or where a body op
-    before a load touches the tile it fills (moving the copy to the top of the step would change
-    what that op sees). The build function takes the staged form where the tiles fit
-    (``target.fit.staged_tiles_fit``)."""
-    if not synchronous_loop_loads(kernel, tensors):
-        return []
-    gemms = [op for op in kernel.body if isinstance(op, Gemm)]
-    if len({op.a for op in gemms}) < len(gemms):
-        return []
-    shared = {b.name for b in kernel.buffers if b.scope == "shared"}
-    loads = []
-    for i, op in enumerate(kernel.body):
-        if isinstance(op, Load) and tensors[op.src].axes:
-            if op.dst not in shared or any(op.dst in (*r, *w) for r, w in map(op_reads_writes, kernel.body[:i])):
-                return []
-            loads.append(op)
-    return loads
-
-
 FORM_VERSIONS = {"flat": 1, "pipelined": 1, "chain": 1, "mainloop": 1}
 """Version of the code each loop form renders to. The tuning database stores the forms a time was
 measured under and ignores it once they differ, so bump a form's version when its rendering
@@ -314,22 +277,21 @@ def kernel_form(kernel: Kernel) -> str:
     return "pipelined" if sched is None else "chain" if isinstance(sched, ChainSchedule) else "mainloop"
 
 
-def plan_forms(kernels: list[Kernel], tensors: list[GlobalTensor]) -> str:
+def plan_forms(kernels: list[Kernel], staged: frozenset[str] = frozenset()) -> str:
     """Each kernel's form and its version, e.g. ``k0_tmp2:pipelined.1,k1_Y:mainloop.1+late``.
 
     ``+late``: the kernel reads what the kernels ahead write only after its loop
     (``passes.sink_late_inputs``), so it waits for them there. That is other code, and it gives
     the kernel ahead another best config (``planner.coschedule``): times measured without it are
-    not this plan's. ``+staged``: its synchronous loop loads are staged in registers one step
-    ahead (``staged_loop_loads``), at the configs whose tiles fit."""
+    not this plan's. ``+staged``: a kernel named in ``staged`` stages its synchronous loop loads in
+    registers one step ahead (``target.layout.staged_loop_loads``, which knows the device's row
+    alignment; ``target.tuning.measured_forms`` passes it)."""
     from pyrunner.plan.passes import sink_late_inputs
 
-    by_name = {t.name: t for t in tensors}
     out, written = [], set()
     for k in kernels:
         f = kernel_form(k)
         late = "+late" if written and sink_late_inputs(k, frozenset(written)) is not k else ""
-        staged = "+staged" if staged_loop_loads(k, by_name) else ""
-        out.append(f"{k.name}:{f}.{FORM_VERSIONS[f]}{late}{staged}")
+        out.append(f"{k.name}:{f}.{FORM_VERSIONS[f]}{late}{'+staged' if k.name in staged else ''}")
         written |= set(k.writes)
     return ",".join(out)

@@ -288,16 +288,17 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
                     config=cfg)
 
 
-SYNC_GEMM_PIPE = 0.4
-"""Tensor-core efficiency of a GEMM loop whose loads are synchronous and not staged: every step
-waits for its loads before its MMAs (run 56: the LM head over a 50257-long vocabulary, 460 us where
-the MMAs alone take about 170)."""
-SYNC_STAGED_PIPE = 0.92
-"""The same loop with its loads staged in registers one step ahead (``plan.schedule.
-staged_loop_loads``): the next step's loads run under this step's MMAs, as with two stages. A
-staged loop without GEMMs has two steps' loads in flight instead of one (``t_lat``)."""
-
-
+SYNC_GEMM_PIPE = 0.34
+"""Tensor-core efficiency of a GEMM loop whose loads are synchronous (rows TMA and cp.async cannot
+fetch, loaded two bytes at a time) and not staged: each step waits for its loads before its MMAs.
+Fitted to run 102 (``h200-run102-ab.jsonl``): the 1000 x 1024 x 50257 LM head at 128 x 256 x 64
+tiles took 501 us unstaged where the MMAs alone are modelled at 172."""
+SYNC_STAGED_PIPE = 0.40
+"""The same loop with its loads staged in registers one step ahead (``target.layout.
+staged_loop_loads``): the next step's loads run under this step's MMAs (run 102: 429 us against
+501 at the same config). Still far from a TMA loop: the two-byte loads and their shared-memory
+stores take the load/store pipe for most of a step. A staged loop without GEMMs has two steps'
+loads in flight instead of one (``t_lat``)."""
 def staged_loads_fit(low: Lowered, blocks: Mapping[str, int], threads: int) -> bool:
     """Whether a synchronous GEMM loop's tiles take the register-staged form under these blocks
     (the renderer's guard, ``target.fit.staged_tiles_fit``, over the loop's loaded tiles)."""

@@ -566,8 +566,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
 
 def _record_tuning(run: _Run) -> None:
     """Write the config just timed into the tuning file (opts.tuning_out) when it beats the stored one."""
-    from pyrunner.plan.schedule import plan_forms
-    from pyrunner.target.tuning import tuning_key
+    from pyrunner.target.tuning import measured_forms, tuning_key
 
     opts = run.opts
     if run.fields.get("plan_us") is None:
@@ -575,7 +574,7 @@ def _record_tuning(run: _Run) -> None:
     tried = run.fields["extra"].get("autotune") or []
     default = next((t.get("time_us") for t in tried if t.get("config") == default_config(run.plan)), None)
     try:  # the record names its database key, so a results log alone can rebuild the entry
-        forms = plan_forms(run.plan.kernels, run.plan.tensors)
+        forms = measured_forms(run.plan)
         run.fields["extra"]["tuning"] = {"key": tuning_key(run.plan, run.fields["device"]), "forms": forms,
                                          "default_us": default}
     except Exception as e:  # noqa: BLE001 - tuning bookkeeping must not fail a run

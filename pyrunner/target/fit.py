@@ -32,7 +32,7 @@ REG_OVERHEAD = 32
 
 STAGED_ELEMENTS_PER_THREAD = 96
 """Most elements of a loop's loaded tiles one thread may hold in registers beside its accumulators
-when a loop of synchronous loads is staged one step ahead (``plan.schedule.staged_loop_loads``):
+when a loop of synchronous loads is staged one step ahead (``target.layout.staged_loop_loads``):
 a 128 x 256 float32 accumulator over 256 threads takes 128 registers, and the A and B tiles of a
 64-deep step (128 x 64 and 64 x 256, 96 16-bit elements a thread) still leave room for addresses
 under 255. Larger tiles build the unstaged loop."""

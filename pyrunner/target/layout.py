@@ -9,10 +9,11 @@ grid, and the renderer (``backend.tilelang.render``) to emit bridge copies and t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
-from pyrunner.plan.analysis import AxisRole, expr_refs, numbered_ops
-from pyrunner.plan.schema import Buffer, Gemm, Kernel, Load, Map, Reduce
+from pyrunner.plan.analysis import AxisRole, expr_refs, numbered_ops, op_reads_writes
+from pyrunner.plan.schema import Buffer, Gemm, GlobalTensor, Kernel, Load, Map, Reduce
+from pyrunner.target.device import rows_async
 
 GENERATION = 2
 """Code-generator generation, stamped into results records and tuning keys: the same plan renders to
@@ -164,3 +165,39 @@ def padded_row(n: int) -> int:
     (``planner.lower._Builder.pad_mask``). Holding the row whole reads it once, where streaming it
     reads it once for the statistic and again to normalise it (a second kernel)."""
     return 1 << (n - 1).bit_length()
+
+
+def synchronous_loop_loads(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> bool:
+    """Whether the kernel's loop loads a tensor whose rows are not 16-byte aligned (no TMA, no
+    cp.async): the renderer steps such a loop with ``T.serial`` (``planner.cost.synchronous_loop``
+    prices it so)."""
+    return kernel.loop is not None and any(
+        tensors[op.src].shape and not rows_async(tensors[op.src].shape[-1], tensors[op.src].dtype)
+        for op in kernel.body if isinstance(op, Load))
+
+
+def staged_loop_loads(kernel: Kernel, tensors: Mapping[str, GlobalTensor]) -> list[Load]:
+    """The loop loads the renderer stages in registers one step ahead, in a loop of synchronous
+    loads (``synchronous_loop_loads``): step k stores the registers loaded during step k - 1 into
+    its shared tiles, issues step k + 1's loads, then runs the rest of its ops, so those loads are in
+    flight under this step's MMAs or reductions instead of before them (a load is waited for only
+    where its registers are stored, a step later): two steps in flight, not one.
+
+    Every loop load of a tensor with axes into a shared tile is staged, or none: none where two
+    GEMMs read one A (they may merge into one wide MMA over halves of one tile) or where a body op
+    before a load touches the tile it fills (moving the copy to the top of the step would change
+    what that op sees). The build function takes the staged form where the tiles fit
+    (``target.fit.staged_tiles_fit``)."""
+    if not synchronous_loop_loads(kernel, tensors):
+        return []
+    gemms = [op for op in kernel.body if isinstance(op, Gemm)]
+    if len({op.a for op in gemms}) < len(gemms):
+        return []
+    shared = {b.name for b in kernel.buffers if b.scope == "shared"}
+    loads = []
+    for i, op in enumerate(kernel.body):
+        if isinstance(op, Load) and tensors[op.src].axes:
+            if op.dst not in shared or any(op.dst in (*r, *w) for r, w in map(op_reads_writes, kernel.body[:i])):
+                return []
+            loads.append(op)
+    return loads

@@ -31,6 +31,7 @@ from pathlib import Path
 from pyrunner.errors import UserError
 from pyrunner.plan.schedule import plan_forms
 from pyrunner.plan.schema import Plan, axis_sizes, canonical_json
+from pyrunner.target.layout import staged_loop_loads
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_DIR = ROOT / "benchmarks" / "tuning"
@@ -39,6 +40,14 @@ DEFAULT_DEVICE = "h200"
 FORMAT = 1
 
 Config = dict[str, dict[str, int]]
+
+
+def measured_forms(plan: Plan) -> str:
+    """The loop forms a time of ``plan`` is measured under (``plan.schedule.plan_forms``), with the
+    kernels whose synchronous loop loads are staged in registers marked."""
+    tensors = {t.name: t for t in plan.tensors}
+    staged = frozenset(k.name for k in plan.kernels if staged_loop_loads(k, tensors))
+    return plan_forms(plan.kernels, staged)
 
 
 def device_key(name: str) -> str:
@@ -180,7 +189,7 @@ class TuningDB:
         e = self.entries.get(tuning_key(plan, device, tl_version))
         if e is None or _reachable(plan, e.config) is None:
             return None
-        if "forms" in e.extra and e.extra["forms"] != plan_forms(plan.kernels, plan.tensors):
+        if "forms" in e.extra and e.extra["forms"] != measured_forms(plan):
             return None  # measured under other code: stale
         return e
 
@@ -193,7 +202,7 @@ class TuningDB:
         old = self.entries.get(key)
         new = Entry(workload=plan.workload, config=config, time_us=round(float(time_us), 3), tried=tried,
                     default_us=default_us, plan_hash=plan.provenance.plan_hash or "",
-                    extra={**(extra or {}), "forms": plan_forms(plan.kernels, plan.tensors)})
+                    extra={**(extra or {}), "forms": measured_forms(plan)})
         if old is not None and not supersedes(new, old):
             old.tried += tried
             return False

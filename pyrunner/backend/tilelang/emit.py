@@ -31,7 +31,7 @@ from pyrunner.plan.analysis import (
     thread_reads_staged,
 )
 from pyrunner.plan.dependent_launch import DependentLaunch
-from pyrunner.plan.schedule import longest_first_axes, synchronous_loop_loads
+from pyrunner.plan.schedule import longest_first_axes
 from pyrunner.plan.schema import (
     AxisSize,
     Buffer,
@@ -50,7 +50,7 @@ from pyrunner.plan.schema import (
     Store,
 )
 from pyrunner.target.device import H200
-from pyrunner.target.layout import launch_axes, layout_groups
+from pyrunner.target.layout import launch_axes, layout_groups, synchronous_loop_loads
 
 NO_WARP_SPECIALISATION = {"tl.disable_warp_specialized": True}
 """Pass config of a kernel whose loop reads a pipelined tile with thread code: TileLang 0.1.15 releases

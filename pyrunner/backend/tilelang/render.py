@@ -58,7 +58,7 @@ from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.analysis import kernel_args, kernel_axes, op_reads_writes
 from pyrunner.plan.dependent_launch import dependent_launches
 from pyrunner.plan.passes import optimize
-from pyrunner.plan.schedule import ChainSchedule, staged_loop_loads, synchronous_loop_loads
+from pyrunner.plan.schedule import ChainSchedule
 from pyrunner.plan.schema import (
     Gemm,
     Kernel,
@@ -71,7 +71,7 @@ from pyrunner.plan.schema import (
 from pyrunner.plan.validate import check_plan_names, checked_hash
 from pyrunner.target.device import H200, rows_async
 from pyrunner.target.fit import STAGED_ELEMENTS_PER_THREAD
-from pyrunner.target.layout import launch_axes, layout_bridges
+from pyrunner.target.layout import launch_axes, layout_bridges, staged_loop_loads, synchronous_loop_loads
 
 TARGET = {"kind": "cuda", "arch": H200.arch}
 SM_COUNT = H200.sms
@@ -297,7 +297,7 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
 
 
 def _staged_loads(w: _Writer, ctx: _Ctx, step: str) -> None:
-    """The staged loop loads (``plan.schedule.staged_loop_loads``) of loop step ``step``, into registers."""
+    """The staged loop loads (``target.layout.staged_loop_loads``) of loop step ``step``, into registers."""
     loop_var = ctx.loop_var
     ctx.loop_var = _paren(step)
     try:
