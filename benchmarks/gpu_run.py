@@ -388,6 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     _env_report(say)
     if args.tuning_out is None:
         args.tuning_out = _seed_tuning(args.out, say)
+    from pyrunner.errors import UserError
+
+    try:
+        _graphs(args)  # a missing or malformed graph file is one error line, before any planning
+    except UserError as e:
+        say(f"error: {e}")
+        return 2
     jobs = _plan_all(args, args.work, results, say)
     warm_until = time.monotonic() + WARM_SHARE * (end - time.monotonic())
     _warm(args, jobs, results, args.work, warm_until, say)

@@ -342,3 +342,18 @@ def test_a_measured_plan_keeps_its_rank_over_alternatives_the_model_prices_as_op
     db.record(first, default_config(first), 3 * first.cost.total_us, "h200")
     (top,) = search(catalog.get("RMSNorm"), "bf16", tuning=db)
     assert top.cost.model.get("measured") == 1.0 and structure_hash(top) == structure_hash(first)
+
+
+def test_gpu_run_names_a_missing_graph_file_and_exits_2(tmp_path, capsys):
+    """Run 103's command named a graph file that does not exist: one error line, not a traceback."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_run", "benchmarks/gpu_run.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rc = mod.main(["--out", str(tmp_path / "out"), "--work", str(tmp_path / "work"), "--workloads", "",
+                   "--graph", str(tmp_path / "missing.json"), "--budget-s", "30"])
+    assert rc == 2
+    log = (tmp_path / "out" / "gpu_run.log").read_text()
+    assert "error: graph file" in log and "missing.json" in log and "does not exist" in log
+    assert not (tmp_path / "out" / "results.jsonl").exists()
