@@ -115,16 +115,17 @@ ALT = "~alt"
 """Job names of alternative plans: ``<tag>~alt<rank>`` (timed without baselines, logged apart)."""
 
 
-def _plan_all(args, work: Path, results: Path, say: Tee) -> list[tuple[str, str, Path]]:
+def _plan_all(args, work: Path, results: Path, say: Tee,
+              graphs: list[tuple[str, object]] | None = None) -> list[tuple[str, str, Path]]:
     """Plan every (graph, dtype), with ``--alternatives`` more per graph; a planner failure is logged
-    as a failed record."""
+    as a failed record. ``graphs``: ``_graphs(args)`` when the caller has loaded them already."""
     from pyrunner.log.results import append_record, make_record
     from pyrunner.planner import search
     from pyrunner.planner.search import ranked_plan_configs
 
     jobs: list[tuple[str, str, Path]] = []
     (work / "plans").mkdir(parents=True, exist_ok=True)
-    graphs = _graphs(args)
+    graphs = _graphs(args) if graphs is None else graphs
     for dtype in args.dtypes.split(","):
         for tag, g in graphs:
             t = time.monotonic()
@@ -391,11 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     from pyrunner.errors import UserError
 
     try:
-        _graphs(args)  # a missing or malformed graph file is one error line, before any planning
+        graphs = _graphs(args)  # a missing or malformed graph file is one error line, before any planning
     except UserError as e:
         say(f"error: {e}")
         return 2
-    jobs = _plan_all(args, args.work, results, say)
+    jobs = _plan_all(args, args.work, results, say, graphs)
     warm_until = time.monotonic() + WARM_SHARE * (end - time.monotonic())
     _warm(args, jobs, results, args.work, warm_until, say)
     _timed(args, jobs, results, args.work, end, say)

@@ -299,6 +299,8 @@ staged_loop_loads``): the next step's loads run under this step's MMAs (run 102:
 501 at the same config). Still far from a TMA loop: the two-byte loads and their shared-memory
 stores take the load/store pipe for most of a step. A staged loop without GEMMs has two steps'
 loads in flight instead of one (``t_lat``)."""
+
+
 def staged_loads_fit(low: Lowered, blocks: Mapping[str, int], threads: int) -> bool:
     """Whether a synchronous GEMM loop's tiles take the register-staged form under these blocks
     (the renderer's guard, ``target.fit.staged_tiles_fit``, over the loop's loaded tiles)."""
