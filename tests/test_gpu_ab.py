@@ -93,3 +93,41 @@ def test_config_variants_widen_the_space_and_switch_the_late_wait_off() -> None:
     assert late not in src and cfg == {k.name: k.defaults for k in plan.kernels}
     with pytest.raises(SystemExit, match="has no parameter"):
         config_variants.variant_source(plan, f"{stats}.block_z=8")
+
+
+@pytest.mark.parametrize("edit", ["+split_epilogue=2", "+direct_epilogue"])
+def test_config_variants_source_edits_keep_the_kernel_right(edit: str) -> None:
+    """The probe's epilogue edits (run 107: a staged TMA store in column chunks, or stores straight
+    from registers) change only how the result leaves the block: the edited module still computes
+    the graph on the CPU emulator, and ``+unguard`` lifts only the shared-memory bound."""
+    import numpy as np
+
+    from pyrunner.backend.tilelang.emulate import emulate
+    from pyrunner.ir import catalog
+    from pyrunner.ir.reference import evaluate, random_inputs
+    from pyrunner.planner import search
+    from pyrunner.run.executor import round_to
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.verify import compare, executor_bound
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "probes"))
+    import config_variants
+
+    with pytest.raises(SystemExit, match="edits are"):
+        config_variants.parse_variant("+nope")
+    (plan,) = search(catalog.get("Matmul", {"m": 256, "d": 512, "n": 512}), "bf16", top=1, tuning=False)
+    base, _ = config_variants.variant_source(plan, "base")
+    src, cfg = config_variants.variant_source(plan, edit)
+    assert src != base and "_out = T.alloc_shared(" in base
+    if edit == "+direct_epilogue":
+        assert "_out = T.alloc_shared(" not in src
+    else:
+        assert src.count("for ep_c in T.serial(2):") == base.count("_out)\n")
+    unguarded, _ = config_variants.variant_source(plan, f"{edit};+unguard")
+    assert "<= 1 << 30:  # asynchronous" in unguarded
+    graph = graph_of(plan)
+    inputs = {k: round_to(v, "bfloat16").astype(np.float64) for k, v in random_inputs(graph, 3).items()}
+    em = emulate(plan, inputs, config=cfg, source=src)
+    res = compare(em.outputs, evaluate(graph, inputs), executor_bound(plan), 0,
+                  {t.name: t.axes for t in plan.tensors if t.role == "output"}, graph)
+    assert res.ok, res.message

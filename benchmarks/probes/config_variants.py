@@ -10,8 +10,14 @@ On the GPU machine, in gpu_run.sh's environment:
         --workload RMSNorm --dtypes bfloat16 \
         --variant 'base' --variant 'k0_tmp2.block_m=256;k0_tmp2.block_d=128;-sink'
 
-A variant is ``;``-separated ``KERNEL.PARAM=N`` overrides and ``-sink`` (``plan.passes.sink_late_inputs``
-off); ``base`` is the planner's default config. Writes ``variants.jsonl`` under ``--out``, a table last.
+A variant is ``;``-separated ``KERNEL.PARAM=N`` overrides, ``-sink`` (``plan.passes.sink_late_inputs``
+off) and source edits of the rendered module, each a design question put to the device before the
+renderer takes it (``EDITS``): ``+split_epilogue=C`` (the TMA-store staging tile of the epilogue in C
+column chunks, so less shared memory and a deeper ring fit), ``+direct_epilogue`` (the epilogue stores
+from registers, no staging tile) and ``+unguard`` (the asynchronous form's shared-memory guard
+lifted, so a config it refuses is built and TileLang says whether it fits); ``base`` is the planner's
+default config. ``--vendor`` times the vendor library's kernel (cuBLAS, SDPA) in the same rounds and
+prints its kernel names. Writes ``variants.jsonl`` under ``--out``, a table last.
 """
 
 from __future__ import annotations
@@ -34,8 +40,52 @@ from gpu_ab import warm_cases  # noqa: E402 - after the path set-up
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "bf16": "bf16", "fp16": "fp16"}
 
 
+_STAGED_STORE = re.compile(
+    r"(?P<ind> +)T\.copy\((?P<frag>\w+), (?P<stage>\w+_out\w*)\)\n"
+    r"(?P=ind)T\.copy\((?P=stage), (?P<dst>\w+)\[(?P<lead>.*), (?P<lo>[^,\[\]:]+):(?P<hi>[^,\[\]:]+)\]\)")
+"""An epilogue store staged for TMA: fragment -> shared tile -> the global tile (last axis sliced)."""
+
+
+def split_epilogue(source: str, chunks: int) -> str:
+    """Each staged epilogue store written in ``chunks`` column chunks through a tile ``chunks`` times
+    narrower; a consumer barrier before each chunk, so the last chunk's TMA store has read the tile."""
+    def one(m: re.Match) -> str:
+        ind, frag, stage, dst, lead, lo, hi = m.group("ind", "frag", "stage", "dst", "lead", "lo", "hi")
+        shape = re.search(rf"\b{stage} = T\.alloc_shared\(\((?P<r>[^,]+), (?P<c>[^)]+)\)", source)
+        width = f"({shape['c']}) // {chunks}"
+        return (f"{ind}for ep_c in T.serial({chunks}):  # (probe) the epilogue in column chunks\n"
+                f"{ind}    T.sync_threads(10, threads)\n"
+                f"{ind}    for ep_i, ep_j in T.Parallel({shape['r']}, {width}):\n"
+                f"{ind}        {stage}[ep_i, ep_j] = {frag}[ep_i, ep_c * ({width}) + ep_j]\n"
+                f"{ind}    T.copy({stage}, {dst}[{lead}, ({lo}) + ep_c * ({width}):({lo}) + (ep_c + 1) * ({width})])")
+
+    out = _STAGED_STORE.sub(one, source)
+    return re.sub(r"(\w+_out\w* = T\.alloc_shared\(\([^,]+, )([^)]+)\)",
+                  lambda m: f"{m[1]}({m[2]}) // {chunks})", out)
+
+
+def direct_epilogue(source: str) -> str:
+    """Each staged epilogue store written from the fragment straight to global memory."""
+    out = _STAGED_STORE.sub(lambda m: f"{m['ind']}T.copy({m['frag']}, {m['dst']}[{m['lead']}, {m['lo']}:{m['hi']}])",
+                            source)
+    return re.sub(r"\n *\w+_out\w* = T\.alloc_shared\(.*", "", out)
+
+
+def unguard(source: str) -> str:
+    """The asynchronous forms' guards without their shared-memory bound."""
+    return re.sub(r"<= \d+:(  # asynchronous)", r"<= 1 << 30:\1", source)
+
+
+EDITS = {
+    "split_epilogue": lambda src, n: split_epilogue(src, n or 2),
+    "direct_epilogue": lambda src, n: direct_epilogue(src),
+    "unguard": lambda src, n: unguard(src),
+}
+"""Source edit -> (rendered module, its argument) -> the edited module."""
+
+
 def parse_variant(spec: str) -> tuple[dict[str, dict[str, int]], set[str]]:
-    """``k0.block_m=256;-sink`` -> ({"k0": {"block_m": 256}}, {"sink"})."""
+    """``k0.block_m=256;-sink;+split_epilogue=2`` -> ({"k0": {"block_m": 256}}, {"sink", "+split_epilogue=2"})."""
     overrides: dict[str, dict[str, int]] = {}
     off: set[str] = set()
     for part in filter(None, (p.strip() for p in spec.split(";"))):
@@ -43,6 +93,12 @@ def parse_variant(spec: str) -> tuple[dict[str, dict[str, int]], set[str]]:
             continue
         if part.startswith("-"):
             off.add(part[1:])
+            continue
+        if part.startswith("+"):
+            name, _, n = part[1:].partition("=")
+            if name not in EDITS or (n and not n.isdigit()):
+                raise SystemExit(f"error: variant part {part!r}: edits are {sorted(EDITS)} (+NAME or +NAME=N)")
+            off.add(part)
             continue
         key, _, value = part.partition("=")
         kernel, _, param = key.partition(".")
@@ -92,9 +148,13 @@ def variant_source(plan, spec: str) -> tuple[str, dict[str, dict[str, int]]]:
     if "sink" in off:
         passes.sink_late_inputs = lambda kernel, earlier: kernel
     try:
-        return render(wide), cfg
+        source = render(wide)
     finally:
         passes.sink_late_inputs = kept
+    for part in sorted(p for p in off if p.startswith("+")):
+        name, _, n = part[1:].partition("=")
+        source = EDITS[name](source, int(n) if n else None)
+    return source, cfg
 
 
 def compile_variant(graph_name: str, dtype: str, spec: str, work: Path):
@@ -107,7 +167,22 @@ def compile_variant(graph_name: str, dtype: str, spec: str, work: Path):
     return graph, plan, module, module.compile_kernels(cfg, target=TARGET), cfg
 
 
-def measure(graph_name: str, dtype: str, specs: list[str], work: Path, rounds: int) -> list[dict]:
+def vendor_kernels(fn) -> list[str]:
+    """The CUDA kernels one call of a vendor baseline launches (names say tile shape, cluster, stages)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sorted({e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA})
+
+
+def measure(graph_name: str, dtype: str, specs: list[str], work: Path, rounds: int,
+            vendor: bool = False) -> list[dict]:
+    from pyrunner.run.baselines import vendor_fn
     from pyrunner.run.timing import side_by_side_us
     from pyrunner.run.verify import GpuVerifier
 
@@ -134,6 +209,21 @@ def measure(graph_name: str, dtype: str, specs: list[str], work: Path, rounds: i
             continue
         launches[spec] = (lambda launch=launch: launch(tensors))
         rows.append({**rec, "status": "ok"})
+    found = vendor_fn(graph) if vendor else None
+    if found is not None:
+        name, fn = found
+        rec = {"workload": graph_name, "dtype": dtype, "variant": f"vendor:{name}", "status": "ok",
+               "error": verifier.check_fn(fn)}
+
+        def call(fn=fn) -> object:
+            return fn(**verifier.inputs)
+
+        try:
+            rec["kernels"] = vendor_kernels(call)
+        except Exception as e:  # noqa: BLE001 - the names are a help, not the measurement
+            rec["kernels"] = [f"profiler failed: {type(e).__name__}"]
+        launches[rec["variant"]] = call
+        rows.append(rec)
     if launches:
         times, method, per_round = side_by_side_us(launches, rounds=rounds)
         for r in rows:
@@ -144,10 +234,12 @@ def measure(graph_name: str, dtype: str, specs: list[str], work: Path, rounds: i
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workload", default="RMSNorm", help="catalog name (NAME:axis=N;axis=N) or graph JSON")
+    ap.add_argument("--workload", action="append", default=[],
+                    help="catalog name (NAME:axis=N;axis=N) or graph JSON; repeatable (default RMSNorm)")
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--variant", action="append", default=[], help="repeatable; see the module docstring")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--vendor", action="store_true", help="time the vendor baseline (cuBLAS, SDPA) beside")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=300)
     ap.add_argument("--jobs", type=int, default=8)
@@ -162,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     for s in specs:
         parse_variant(s)
     end = time.monotonic() + args.budget_s - 10
-    cases = [(args.workload, dt, s) for dt in args.dtypes.split(",") for s in specs]
+    workloads = args.workload or ["RMSNorm"]
+    cases = [(w, dt, s) for w in workloads for dt in args.dtypes.split(",") for s in specs]
 
     t0 = time.monotonic()
     warm_cases(__file__, cases, end, args.jobs)
@@ -171,8 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     with open(out / "variants.jsonl", "a") as log:
-        for dt in args.dtypes.split(","):
-            got = measure(args.workload, dt, specs, work, args.rounds)
+        for wl, dt in [(w, dt) for w in workloads for dt in args.dtypes.split(",")]:
+            if time.monotonic() > end - 30:
+                print(f"budget: {wl} {dt} not measured", flush=True)
+                continue
+            got = measure(wl, dt, specs, work, args.rounds, vendor=args.vendor)
             for r in got:
                 print(json.dumps(r, default=str), flush=True)
                 log.write(json.dumps(r, default=str) + "\n")
