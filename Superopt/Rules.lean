@@ -656,4 +656,55 @@ theorem matmul_as_sum (ks : List ι) (x w p : ι → α) (hp : ∀ k, p k = x k 
     listSum (ks.map fun k => x k * w k) = listSum (ks.map p) :=
   (listSum_map_ext ks p (fun k => x k * w k) hp).symm
 
+/-! ## A shift that is not the bare maximum -/
+
+/--
+Exchanging an exponential's shift: `exp ((x - n) * c) = exp ((x - m) * c) * exp ((m - n) * c)` for any
+`m`. The planner takes `m = max_a x` where `n` is built from it (attention sinks shift by
+`max (max_a x) sink`): the first factor is then the online softmax's, and the second, constant along
+`a`, leaves the loop's sums (`sum_scale_commute`, `matmul_row_scale_commute`).
+-/
+theorem exp_shift_to_max (x n m c : α) :
+    exp ((x - n) * c) = exp ((x - m) * c) * exp ((m - n) * c) := by
+  rw [← ScalarField.exp_add, ← ScalarField.right_distrib, sub_add_sub_cancel x m n]
+
+/-- `exp_shift_to_max` without a scale: `exp (x - n) = exp (x - m) * exp (m - n)`. -/
+theorem exp_shift_to_max_unscaled (x n m : α) : exp (x - n) = exp (x - m) * exp (m - n) :=
+  (exp_shift x m n).symm
+
+/-- `exp_shift_to_max` with `E = exp2`, as Python also applies it after `exp_to_exp2`. -/
+theorem exp_shift_to_max_exp2 (x n m c : α) :
+    exp2 ((x - n) * c) = exp2 ((x - m) * c) * exp2 ((m - n) * c) := by
+  rw [ScalarField.exp2_eq ((x - n) * c), ScalarField.exp2_eq ((x - m) * c), ScalarField.exp2_eq ((m - n) * c),
+    ← ScalarField.exp_add, ← ScalarField.right_distrib, ← ScalarField.right_distrib, sub_add_sub_cancel x m n]
+
+/-- `exp_shift_to_max` with `E = exp2` and no scale. -/
+theorem exp_shift_to_max_exp2_unscaled (x n m : α) : exp2 (x - n) = exp2 (x - m) * exp2 (m - n) := by
+  rw [ScalarField.exp2_eq (x - n), ScalarField.exp2_eq (x - m), ScalarField.exp2_eq (m - n),
+    ← ScalarField.exp_add, ← ScalarField.right_distrib, sub_add_sub_cancel x m n]
+
+/-! ## A factor constant along a sum -/
+
+/-- A factor constant along the summed indices leaves the sum: `Σ_k x k * s = (Σ_k x k) * s`. -/
+theorem sum_scale_commute (ks : List ι) (x : ι → α) (s : α) :
+    listSum (ks.map fun k => x k * s) = listSum (ks.map x) * s :=
+  listSum_map_mul_right ks x s
+
+/-- The factor on the left: `Σ_k s * x k = s * Σ_k x k`. -/
+theorem sum_scale_commute_scale_left (ks : List ι) (x : ι → α) (s : α) :
+    listSum (ks.map fun k => s * x k) = s * listSum (ks.map x) :=
+  listSum_map_mul_left ks x s
+
+/-- The factor on the left, the product kept in the sum's order: `Σ_k s * x k = (Σ_k x k) * s`. -/
+theorem sum_scale_commute_scale_left_swapped (ks : List ι) (x : ι → α) (s : α) :
+    listSum (ks.map fun k => s * x k) = listSum (ks.map x) * s := by
+  rw [listSum_map_mul_left ks x s, ScalarField.mul_comm s (listSum (ks.map x))]
+
+/-- A divisor constant along the summed indices: `Σ_k x k / s = (Σ_k x k) / s`. -/
+theorem sum_scale_commute_div (ks : List ι) (x : ι → α) (s : α) :
+    listSum (ks.map fun k => x k / s) = listSum (ks.map x) / s := by
+  rw [listSum_map_ext ks (fun k => x k / s) (fun k => x k * inv s)
+      (fun k => ScalarField.div_eq_mul_inv (x k) s),
+    listSum_map_mul_right ks x (inv s), ScalarField.div_eq_mul_inv]
+
 end Superopt

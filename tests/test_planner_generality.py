@@ -372,3 +372,36 @@ def test_a_computed_operand_is_not_padded_along_its_contraction() -> None:
         _padded_contraction([unary("recip", x), matmul(unary("recip", x), w, "d")], "d", 72)
     s = matmul(x, w, "d")
     assert _padded_contraction([s, matmul(s, v, "n")], "d", 72) == 80
+
+
+# --- softmax shifted by more than the row max -------------------------------------------
+
+def _sink_attention(sink_input: bool) -> Graph:
+    """softmax over the keys with one more logit in the denominator: a learned per-head sink
+    (``exp(sink - n)``) or a constant 0 ("softmax + 1"), shifted by ``n = max(max_t S, sink)``."""
+    g = GraphBuilder("SinkAttention" if sink_input else "SoftmaxPlusOne")
+    q, k = g.input("Q", h=4, q=256, d=64), g.input("K", h=4, t=512, d=64)
+    v = g.input("V", h=4, t=512, e=64)
+    sink = g.input("sink", h=4) if sink_input else g.const(0.0)
+    s = g.binary("mul", g.matmul(q, k, contract="d"), 0.125)
+    n = g.binary("max", g.reduce("max", s, "t"), sink)
+    e = g.unary("exp", g.binary("sub", s, n))
+    den = g.binary("add", g.reduce("sum", e, "t"), g.unary("exp", g.binary("sub", sink, n)))
+    g.output("O", g.binary("div", g.matmul(e, v, contract="t"), den))
+    return g.build()
+
+
+@pytest.mark.parametrize("sink_input", [True, False])
+def test_softmax_with_a_sink_is_one_online_kernel(sink_input: bool) -> None:
+    """The shift max(max_t S, sink) is no running max, so the loop over t would read a finished value
+    (two kernels: the row max, then the chain). exp_shift_to_max splits the exponential into the
+    online softmax's exp(S - max_t S) and a factor free of t, which sum_scale_commute and
+    matmul_row_scale_commute move after the loop: one flash kernel, right on the CPU executor."""
+    plan = search(_sink_attention(sink_input), "bf16")[0]
+    assert len(plan.kernels) == 1
+    k = plan.kernels[0]
+    assert k.loop is not None and k.loop.axis == "t"
+    assert sum(isinstance(op, Gemm) for op in k.body) == 2
+    used = {st.rule for st in plan.derivation}
+    assert {"exp_shift_to_max", "sum_scale_commute", "matmul_row_scale_commute", "online_softmax_rescale"} <= used
+    check_plan(plan)

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir.graph import (
+    LOG2E,
     Graph,
     Term,
     axis_size,
@@ -71,6 +72,7 @@ def test_registry_names_and_kinds() -> None:
         "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
         "masked_tile_skip", "merge_axes", "unit_axis", "split_reduction", "matmul_assoc", "matmul_as_sum",
+        "exp_shift_to_max", "sum_scale_commute",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement
@@ -367,6 +369,31 @@ def pattern_matmul_assoc(gen: Gen) -> tuple[Term, bool]:
     return (matmul(inner, c, k) if gen.draw(st.booleans()) else matmul(c, inner, k)), False
 
 
+def pattern_exp_shift(gen: Gen) -> tuple[Term, bool]:
+    """A softmax-like exponential shifted by a term built from the row max (a sink, or a clamp at a
+    value): E((x - n) c) with n = op(max_a x, y), y constant along a."""
+    a = gen.draw(st.sampled_from(AXES))
+    x = gen.term(2, (a,))
+    y = gen.term(1, (), (a,))
+    n = binary(gen.draw(st.sampled_from(("max", "add", "sub"))), reduce("max", x, a), y)
+    d = binary("sub", x, n)
+    c = gen.draw(st.sampled_from((None, const(0.125), const(LOG2E))))
+    ex = unary(gen.draw(st.sampled_from(("exp", "exp2"))), binary("mul", d, c) if c is not None else d)
+    # fires where the product of the two factors keeps the exponential's axis order (x's, unless y
+    # brings axes x lacks)
+    return ex, set(result_axes(y)) <= set(result_axes(x))
+
+
+def pattern_sum_scale(gen: Gen) -> tuple[Term, bool]:
+    a = gen.draw(st.sampled_from(AXES))
+    x = gen.term(2, (a,))
+    fn = gen.draw(st.sampled_from(("mul", "div")))
+    s = gen.positive(1, (a,)) if fn == "div" else gen.term(1, (), (a,))
+    scaled_first = fn == "div" or gen.draw(st.booleans())
+    inner = binary(fn, x, s) if scaled_first else binary(fn, s, x)
+    return reduce("sum", inner, a), scaled_first and set(result_axes(s)) <= set(result_axes(x))
+
+
 PATTERNS = {
     "softmax_max_shift": pattern_softmax,
     "softmax_scaled_max_shift": pattern_scaled_softmax,
@@ -379,6 +406,8 @@ PATTERNS = {
     "elementwise_mul_assoc": pattern_mul_assoc,
     "matmul_as_sum": pattern_matmul_as_sum,
     "matmul_assoc": pattern_matmul_assoc,
+    "exp_shift_to_max": pattern_exp_shift,
+    "sum_scale_commute": pattern_sum_scale,
 }
 
 

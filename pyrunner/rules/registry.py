@@ -292,6 +292,77 @@ def matmul_assoc(t: Term) -> Term | None:
     return None
 
 
+def _exp_of_difference(t: Term) -> tuple[str, Term, Term, Term | None] | None:
+    """t = E(x - n) or E((x - n) * c) with E in {exp, exp2} and c a positive constant: (E, x, n, c)."""
+    if t.op != "unary" or t.fn not in ("exp", "exp2"):
+        return None
+    d, c = t.args[0], None
+    if _is_binary(d, "mul") and positive_constant(d.args[1]):
+        d, c = d.args
+    if not _is_binary(d, "sub"):
+        return None
+    return t.fn, d.args[0], d.args[1], c
+
+
+def exp_shift_to_max(t: Term) -> Term | None:
+    """E((x - n) c) -> E((x - max_a x) c) * E((max_a x - n) c) where n is built from max_a(x) and is
+    constant along a (c a positive constant, or none; E in {exp, exp2}).
+
+    A softmax whose shift is not the bare row max (attention sinks: ``n = max(max_t S, sink)``, an
+    extra ``exp(sink - n)`` in the denominator; "softmax + 1": ``n = max(max_t S, 0)``) reads a
+    finished value inside the loop over ``a``. Split this way, the first factor is the online
+    softmax's ``E(x - max_a x)``, and the second, free of ``a``, leaves every sum and contraction
+    over ``a`` (``sum_scale_commute``, ``matmul_row_scale_commute``) for the epilogue: one kernel.
+    Declined where ``n`` is the max itself or does not mention it (nothing to gain), so saturation
+    stays finite.
+    """
+    parts = _exp_of_difference(t)
+    if parts is None:
+        return None
+    fn, x, n, c = parts
+    inside = None
+    for a in result_axes(x):
+        m = reduce("max", x, a)
+        if n == m or a in result_axes(n):
+            continue
+        if inside is None:
+            inside = set(subterms([n]))
+        if m not in inside:
+            continue
+
+        def e(arg: Term) -> Term:
+            return unary(fn, binary("mul", arg, c) if c is not None else arg)
+
+        new = _keeps_axes(t, binary("mul", e(binary("sub", x, m)), e(binary("sub", m, n))))
+        if new is not None:
+            return new
+    return None
+
+
+def sum_scale_commute(t: Term) -> Term | None:
+    """sum_a(x * s) -> sum_a(x) * s (either product order) and sum_a(x / s) -> sum_a(x) / s when a is
+    not an axis of s: a factor constant along the summed axis leaves the sum (``matmul_row_scale_commute``
+    for a sum), so the loop over a no longer reads it."""
+    if t.op != "reduce" or t.fn != "sum":
+        return None
+    a, inner = t.axis, t.args[0]
+    for fn in ("mul", "div"):
+        if not _is_binary(inner, fn):
+            continue
+        p, q = inner.args
+        pairs = [(p, q, False)] if fn == "div" else [(p, q, False), (q, p, True)]
+        for x, s, scale_left in pairs:
+            if a in result_axes(s) or a not in result_axes(x):
+                continue
+            total = reduce("sum", x, a)
+            orders = [(total, s)] if fn == "div" else ([(s, total), (total, s)] if scale_left else [(total, s)])
+            for first, second in orders:
+                new = _keeps_axes(t, binary(fn, first, second))
+                if new is not None:
+                    return new
+    return None
+
+
 # --- the registry ------------------------------------------------------------------
 
 _RULE_LIST = (
@@ -432,6 +503,20 @@ _RULE_LIST = (
         "broadcast by axis name); applied where an operand has no axis but a and the other's (a "
         "matrix-vector or row-wise dot product, which has no tensor-core tile).",
         matmul_as_sum,
+    ),
+    Rule(
+        "exp_shift_to_max", "algebraic",
+        "E((x - n) * c) = E((x - m) * c) * E((m - n) * c) with m = max_a(x), for E in {exp, exp2} and c a "
+        "positive constant or none (holds for any m; the max keeps the first factor <= 1), when n is built "
+        "from max_a(x), is not max_a(x) itself, and a is not an axis of n (a softmax shifted by "
+        "max(max_a x, sink)).",
+        exp_shift_to_max,
+    ),
+    Rule(
+        "sum_scale_commute", "algebraic",
+        "sum_a(x * s) = sum_a(x) * s (s * x likewise) and sum_a(x / s) = sum_a(x) / s when a is not an "
+        "axis of s.",
+        sum_scale_commute,
     ),
 )
 

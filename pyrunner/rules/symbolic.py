@@ -434,6 +434,60 @@ def _matmul_as_sum(product_of_sums: bool) -> Callable[[], list[str]]:
     return body
 
 
+def _exp_shift_to_max(flip_second: bool) -> Callable[[], list[str]]:
+    """E((x - n) c) == E((x - m) c) * E((m - n) c) for symbolic x, n, m, c and E in {exp, exp2}; rule
+    instances on a softmax shifted by max(max_a x, sink), with and without a scale, in exp and exp2
+    form; it declines the bare max shift. Wrong variant: the second factor's difference reversed,
+    E((n - m) c)."""
+    def body() -> list[str]:
+        x, n, m = (sp.Symbol(v, real=True) for v in "xnm")
+        c = sp.Symbol("c", positive=True)
+        for name, e in (("exp", sp.exp), ("exp2", exp2)):
+            second = e((n - m) * c) if flip_second else e((m - n) * c)
+            assert_equal(e((x - n) * c), e((x - m) * c) * second, f"{name} shift exchange")
+        if flip_second:
+            return []
+        xs, sink = inp("x", ("i", "a")), inp("sink", ("i",))
+        shift = binary("max", reduce("max", xs, "a"), sink)
+        sizes = {"i": 2, "a": 3}
+        for e in ("exp", "exp2"):
+            for scale in (None, const(0.125), const(LOG2E)):
+                d = binary("sub", xs, shift)
+                lhs = unary(e, binary("mul", d, scale) if scale is not None else d)
+                assert_rule_instance("exp_shift_to_max", lhs, sizes, f"{e}, scale {scale}")
+        bare = unary("exp", binary("sub", xs, reduce("max", xs, "a")))
+        if RULES["exp_shift_to_max"].apply(bare) is not None:
+            raise _Refuted("the rule rewrote exp(x - max_a x), which is already max-shifted")
+        return ["E((x - n) c) = E((x - m) c) E((m - n) c) for symbolic x, n, m, c > 0, E in {exp, exp2}",
+                "rule.apply on E((x - max(max_a x, sink)) c) for exp and exp2, no scale, 0.125 and log2 e "
+                "(i=2, a=3) equals the input term; it declines exp(x - max_a x)"]
+    return body
+
+
+def _sum_scale_commute(scale_on_summed_axis: bool) -> Callable[[], list[str]]:
+    """sum_a(x * s), sum_a(s * x) and sum_a(x / s) with s constant along a: the rule's result equals
+    the input. Wrong variant: s carries a (a weighted sum is not the sum times a weight)."""
+    def body() -> list[str]:
+        x = inp("x", ("i", "a"))
+        if scale_on_summed_axis:
+            s = inp("s", ("a",))
+            lhs = reduce("sum", binary("mul", x, s), "a")
+            assert_terms_equal(lhs, binary("mul", reduce("sum", x, "a"), reduce("max", s, "a")),
+                               {"i": 2, "a": 3}, "s along a")
+            return []
+        s, sb = inp("s", ("i",)), inp("s", ("b",))
+        xb = inp("x", ("b", "i", "a"))
+        cases = (("x * s", reduce("sum", binary("mul", x, s), "a")),
+                 ("s * x", reduce("sum", binary("mul", s, x), "a")),
+                 ("x / s", reduce("sum", binary("div", x, s), "a")),
+                 ("batched, s on the batch axis", reduce("sum", binary("mul", xb, sb), "a")))
+        for what, lhs in cases:
+            for n in (1, 2, 3):
+                assert_rule_instance("sum_scale_commute", lhs, {"i": 2, "b": 2, "a": n}, f"{what}, |a|={n}")
+        return [f"rule.apply equals the sum for {', '.join(w for w, _ in cases)} at |a| = 1..3"]
+    return body
+
+
 # --- schedule rules -----------------------------------------------------------------------
 
 _TILINGS = ((4, 2), (6, 2), (6, 3), (4, 4), (8, 2))
@@ -704,8 +758,9 @@ class _Z3Arith:
 # --- registries -------------------------------------------------------------------------
 
 ALL_SIZES = ("exp_to_exp2", "mean_to_sum_div", "elementwise_mul_comm", "elementwise_mul_assoc",
-             "variance_sum_of_squares")
-"""Rules whose check is shown for symbolic x and n (every size; the elementwise laws pointwise).
+             "variance_sum_of_squares", "exp_shift_to_max")
+"""Rules whose check is shown for symbolic x and n (every size; the elementwise laws and the shift
+exchange pointwise).
 The other checks evaluate both sides at the fixed sizes they name (n = 2..4 elements or tiles,
 2x3 and 3x3 matrices, ...): evidence that catches wrong rules (``WRONG_VARIANTS``), not proofs for all sizes; the Lean
 theorems are the proofs."""
@@ -876,6 +931,8 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "split_reduction": _scoped("split_reduction", _split_reduction(rescale=True)),
     "matmul_assoc": _scoped("matmul_assoc", _matmul_assoc(tie_shared_axis=False)),
     "matmul_as_sum": _scoped("matmul_as_sum", _matmul_as_sum(product_of_sums=False)),
+    "exp_shift_to_max": _scoped("exp_shift_to_max", _exp_shift_to_max(flip_second=False)),
+    "sum_scale_commute": _scoped("sum_scale_commute", _sum_scale_commute(scale_on_summed_axis=False)),
 }
 
 WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
@@ -894,6 +951,8 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "split_reduction_no_rescale": lambda: _run(_split_reduction(rescale=False)),
     "matmul_as_product_of_sums": lambda: _run(_matmul_as_sum(product_of_sums=True)),
     "matmul_assoc_shared_axis": lambda: _run(_matmul_assoc(tie_shared_axis=True)),
+    "exp_shift_reversed": lambda: _run(_exp_shift_to_max(flip_second=True)),
+    "sum_scale_along_summed_axis": lambda: _run(_sum_scale_commute(scale_on_summed_axis=True)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"
