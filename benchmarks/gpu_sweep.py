@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -227,10 +228,11 @@ def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
         torch.cuda.empty_cache()
     except Exception as e:  # noqa: BLE001
         return _done(results, fail("failed-launch", e), t0)
-    rec.error = res.error if res.error != float("inf") else None
-    rec.bound, rec.message = res.bound, res.message
+    rec.error = res.error if math.isfinite(res.error) else None
+    rec.bound = res.bound if math.isfinite(res.bound) else None
+    rec.message = res.message
     rec.extra["seed"] = res.seed
-    rec.extra["per_output"] = {k: (v if v != float("inf") else "inf") for k, v in res.per_output.items()}
+    rec.extra["per_output"] = {k: (v if math.isfinite(v) else str(v)) for k, v in res.per_output.items()}
     rec.stage = "verified" if res.ok else "compiled"
     rec.status = "ok" if res.ok else "failed-verification"
     print(f"[{case.id}] {rec.status}: {res.message}", flush=True)

@@ -229,3 +229,36 @@ def test_a_reference_that_is_not_finite_is_reported_as_such() -> None:
     assert np.isnan(max_error(ref, ref))
     r = judge({"A": 1e-4, "Y": max_error(ref, ref)}, 1e-2, seed=3)
     assert not r.ok and "'Y'" in r.message and "not finite" in r.message and "seed 3" in r.message
+
+
+OPERAND_OVERFLOW = {  # its GEMM operand exp(120 x) reaches 1e78 in float64, past bfloat16's 3.4e38
+    "name": "OperandOverflow", "axes": {"m": 64, "d": 64, "n": 64},
+    "inputs": {"X": ["m", "d"], "W": ["d", "n"]},
+    "nodes": [{"name": "S", "op": "mul", "args": ["X", 120.0]},
+              {"name": "H", "op": "exp", "args": ["S"]},
+              {"name": "Y", "op": "matmul", "args": ["H", "W"], "contract": "d"}],
+    "outputs": ["Y"]}
+
+
+def test_an_operand_that_overflows_the_storage_dtype_never_passes() -> None:
+    """Sweep 107 found a hole: a graph whose computed GEMM operand is finite in float64 but overflows
+    bfloat16 (a retention decay 2^(4095 |g|) with g < 0) moved the rounded reference by inf, the bound
+    was raised to inf, and a kernel whose output was all inf passed ("error inf <= inf"). Such a check
+    is now a failure that says why, on the CPU executor and on the device alike, and an infinite error
+    never passes any bound."""
+    from pyrunner.ir.graph_json import graph_from_json
+    from pyrunner.ir.reference import evaluate, random_inputs
+    from pyrunner.planner import search
+    from pyrunner.run.executor import execute
+
+    graph = graph_from_json(OPERAND_OVERFLOW)
+    x = random_inputs(graph, 0)
+    assert np.all(np.isfinite(evaluate(graph, x)["Y"]))  # float64 itself is fine
+    assert not np.all(np.isfinite(evaluate(graph, x, operand_rounding("bfloat16"))["Y"]))
+    (plan,) = search(graph, "bf16", top=1, tuning=False)
+    res = verify_executor(plan, graph, execute, seed=0)
+    assert not res.ok and "overflow bfloat16" in res.message and "seed 0" in res.message
+    v = GpuVerifier(plan, graph, seed=0, device="cpu")
+    dev = v.check(lambda t: t["Y"].fill_(float("inf")))
+    assert not dev.ok and "overflow bfloat16" in dev.message
+    assert not judge({"Y": float("inf")}, float("inf"), seed=1).ok

@@ -84,6 +84,18 @@ def conditioned_bound(a_priori: float, operand_error: float) -> float:
     return max(a_priori, OPERAND_ROUNDING_FACTOR * operand_error)
 
 
+def out_of_range(operand_error: float, dtype: str, seed: int, what: str = "") -> VerifyResult | None:
+    """A failed verdict where rounding the graph's computed GEMM operands to ``dtype`` sends the float64
+    reference out of range (an operand error of inf: the values overflow ``dtype`` on these inputs), else
+    None. No bound can be conditioned on that, and an infinite one would pass any output."""
+    if math.isfinite(operand_error):
+        return None
+    return VerifyResult(False, float("nan"), float("nan"), seed, {}, (
+        f"{what}the graph's computed GEMM operands overflow {dtype} on these random inputs (normal, std 0.5, "
+        f"seed {seed}): rounded to {dtype}, the float64 reference is no longer finite, so no kernel that "
+        f"stores them in {dtype} can be checked against it"))
+
+
 def _raised(a_priori: float, bound: float, operand_error: float, dtype: str) -> str:
     if bound <= a_priori:
         return ""
@@ -175,7 +187,7 @@ def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "") 
             "so no kernel can be checked against it"))
     worst = max(errors, key=lambda k: errors[k]) if errors else ""
     err = errors[worst] if errors else float("inf")
-    ok = bool(errors) and err <= bound
+    ok = bool(errors) and math.isfinite(err) and err <= bound  # NaN/inf outputs never pass, whatever the bound
     if not errors:
         msg = "no outputs to compare"
     elif ok:
@@ -283,6 +295,9 @@ class GpuVerifier:
         """Run launch once on fresh poisoned buffers and compare every graph output."""
         import torch
 
+        unchecked = out_of_range(self.operand_error, self.storage_dtype, self.seed, what)
+        if unchecked is not None:
+            return unchecked
         t = self.tensors()
         launch(t)
         torch.cuda.synchronize() if self.device.startswith("cuda") else None
@@ -329,6 +344,9 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     if given is None and computed_operands(graph):
         moved = evaluate(graph, rounded, operand_rounding(dtype))
         operand_error = finite_max(max_error(moved[n], r) for n, r in ref.items())
+        unchecked = out_of_range(operand_error, dtype, seed, "CPU executor: ")
+        if unchecked is not None:
+            return unchecked
         bound = conditioned_bound(a_priori, operand_error)
     view = view_of(plan)  # execute() hands outputs back in source axis names, in the plan's order
     axes = {gt.name: list(view.source_axes(gt.axes)) for gt in plan.tensors if gt.role == "output"}
