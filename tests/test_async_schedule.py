@@ -356,3 +356,55 @@ def test_the_producer_loads_a_gemm_only_prologue_tile_and_frees_it_after_the_las
                           "T.barrier_wait(Q_s_full[0], tile_it % 2)\n" + " " * 28 + "T.barrier_arrive(Q_s_empty[0])")
     assert early != src
     _assert_broken((plan, graph, inputs, src), early, "Q_s freed before the tile's last G1")
+
+
+# --- partial last tiles in the asynchronous forms (``target.fit.ASYNC_PARTIAL_TILES``) ----------
+
+PARTIAL = {  # no tile of the spaces divides the loaded axes: the last step is a partial tile
+    "Attention": {"h": 2, "t_q": 200, "t_kv": 200, "d": 64},
+    "CausalAttention": {"h": 2, "t_q": 200, "t_kv": 200, "d": 64},
+    "Matmul": {"m": 200, "d": 1000, "n": 256},
+}
+
+
+def test_partial_tiles_keep_the_synchronous_form_until_switched_on() -> None:
+    """Off (the default, until a GPU sweep runs it): a loaded axis with a partial last tile keeps the
+    guard's divisibility test, and the fit model says such a config renders T.Pipelined."""
+    from pyrunner.plan.schema import axis_sizes
+    from pyrunner.target import fit
+
+    assert fit.ASYNC_PARTIAL_TILES is False
+    plan = _plan("Attention", PARTIAL["Attention"])
+    assert "SIZE_T_KV % block_t_kv == 0" in render(plan)
+    (k,) = plan.kernels
+    assert not fit.FitModel(k, axis_sizes(plan)).renders_async({**k.defaults, "block_t_kv": 128})
+
+
+@pytest.mark.parametrize("name", sorted(PARTIAL))
+def test_switched_on_the_asynchronous_forms_compute_partial_tiles(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Switched on, the asynchronous form takes configs whose last step is partial (zeros loaded past
+    the end, the mask on that step alone, stores past the end dropped) and agrees with float64 on the
+    CPU emulator at every step width, with the producer branch running; the fit model agrees."""
+    from pyrunner.plan.schema import axis_sizes
+    from pyrunner.target import fit
+
+    monkeypatch.setattr(fit, "ASYNC_PARTIAL_TILES", True)
+    plan, graph, inputs, src = _small_case(name, PARTIAL[name])
+    (k,) = plan.kernels
+    step = next(p for p in k.params if p.startswith("block_") and p.removeprefix("block_") == k.loop.axis)
+    size = axis_sizes(plan)[k.loop.axis]
+    widths = [w for w in k.params[step] if size % w]
+    assert widths
+    model = fit.FitModel(k, axis_sizes(plan))
+    ran = 0
+    for w in widths:
+        cfg = {**k.defaults, step: w}
+        if not model.renders_async(cfg):
+            continue
+        ran += 1
+        em = emulate(plan, inputs, config={k.name: cfg}, source=src)
+        assert ("async",) in em.traces[k.name].events, cfg
+        res = compare(em.outputs, evaluate(graph, inputs), executor_bound(plan), 0,
+                      {t.name: t.axes for t in plan.tensors if t.role == "output"}, graph)
+        assert res.ok, (cfg, res.message)
+    assert ran, f"no partial-tile config of {k.name} renders asynchronously"

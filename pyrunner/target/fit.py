@@ -51,6 +51,20 @@ ASYNC_SMEM_SLACK = 1024
 TileLang's own scratch (``backend.tilelang.render_ws`` guards its form with it)."""
 
 
+ASYNC_PARTIAL_TILES = False
+"""Whether the explicitly warp-specialised forms (``backend.tilelang.render_ws``) take loaded axes that
+end in a partial last tile (attention over 4000 keys in 128-wide steps; a GEMM over K = 1000).
+
+Off: such configs render ``T.Pipelined``, so the rank key (``planner.cost._rank_key``) prefers a
+chain config that divides the axis, however narrow (t = 4000 streams 32-wide steps, modelled at
+536 us against about 205 at 128). The rendered forms already carry what a partial tile needs: TMA
+fills rows past a tensor's end with zeros and drops stores past it, the step count is a ceiling
+division, and the mask runs only on the step it does not show whole. On the CPU emulator the
+asynchronous forms with partial tiles agree with float64 (``tests/test_async_schedule.py``), but
+explicit ``T.tma_copy`` boxes that cross a tensor's end have not run on the device yet: switch this on
+only with a GPU sweep of the cases it re-renders (``benchmarks/changed_cases.py``)."""
+
+
 @dataclass(frozen=True)
 class Footprint:
     """Estimated resources of one kernel under one config."""
@@ -179,7 +193,8 @@ class FitModel:
     def renders_async(self, values: Mapping[str, int]) -> bool:
         """Whether a chain or GEMM-mainloop kernel renders in its asynchronous form under ``values``:
         the tile guard of ``render_ws`` (two warpgroup counts, 64-row slabs per consumer warpgroup,
-        N <= 256, no tails along the loaded axes, the rings and epilogue tiles in shared memory),
+        N <= 256, no tails along the loaded axes unless ``ASYNC_PARTIAL_TILES``, the rings and epilogue
+        tiles in shared memory),
         with shared memory estimated from above. False for every other kernel."""
         if not self.asynchronous:
             return False
@@ -189,7 +204,7 @@ class FitModel:
         for rows, cols in ((geo.blocks[r], geo.blocks[c]) for r, c in self.chain_gemms):
             if rows % (64 * (geo.threads // 128)) or cols > MAX_GEMM_N:
                 return False
-        if any(self.sizes[a] % geo.blocks[a] for a in self.loaded_axes):
+        if not ASYNC_PARTIAL_TILES and any(self.sizes[a] % geo.blocks[a] for a in self.loaded_axes):
             return False
         smem = self._footprint(geo).smem_bytes + sum(2 * math.prod(geo.blocks[a] for a in axes)
                                                      for axes in self.store_tiles)

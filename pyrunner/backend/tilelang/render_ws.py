@@ -9,7 +9,8 @@ issuing their GEMMs through two named barriers (FlashAttention-3's ping-pong). A
 and accumulating GEMMs only) keeps one step's wgmma in flight while the next step's are issued.
 
 The build function renders this prim_func under a guard on its tile parameters (two warpgroup
-counts, 64-row wgmma slabs, tiles without tails) and falls back to the ``T.Pipelined`` form;
+counts, 64-row wgmma slabs, loaded tiles without tails unless ``target.fit.ASYNC_PARTIAL_TILES``) and
+falls back to the ``T.Pipelined`` form;
 ``ws_forms`` decides which kernels get it, the guard, and where the persistent form applies;
 ``ring`` holds the mbarrier protocol of the slots.
 """

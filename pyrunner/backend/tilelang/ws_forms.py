@@ -9,8 +9,8 @@ from __future__ import annotations
 from pyrunner.backend.tilelang import emit as R
 from pyrunner.plan import schedule
 from pyrunner.plan.schedule import AsyncSchedule, ChainSchedule
+from pyrunner.target import fit
 from pyrunner.target.device import H200
-from pyrunner.target.fit import ASYNC_SMEM_SLACK
 
 
 def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
@@ -68,9 +68,9 @@ def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
         rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
         conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
         conds.append(f"{R._paren(cols)} <= 256")
-    conds.append(f"{shared_bytes(ctx, sched)} <= {H200.smem_per_block - ASYNC_SMEM_SLACK}")
+    conds.append(f"{shared_bytes(ctx, sched)} <= {H200.smem_per_block - fit.ASYNC_SMEM_SLACK}")
     axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
-    for a in sorted(axes):
+    for a in sorted(axes) if not fit.ASYNC_PARTIAL_TILES else ():
         if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
             conds.append(f"{ctx.size_const[a]} % {ctx.block_expr[a]} == 0")
     return " and ".join(dict.fromkeys(conds))
