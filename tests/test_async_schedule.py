@@ -408,3 +408,12 @@ def test_switched_on_the_asynchronous_forms_compute_partial_tiles(name: str, mon
                       {t.name: t.axes for t in plan.tensors if t.role == "output"}, graph)
         assert res.ok, (cfg, res.message)
     assert ran, f"no partial-tile config of {k.name} renders asynchronously"
+    from pyrunner.backend.tilelang.emulate import Trace, load_emulated
+
+    ns = load_emulated(src, Trace())
+    found = re.search(r"\n    if (.*):  # asynchronous (two-GEMM chain|GEMM mainloop)",
+                      src.split(f"def build_{k.name}(", 1)[1])
+    assert found is not None
+    for w in k.params[step]:  # the rendered guard and the fit model agree at every width
+        cfg = {**k.defaults, step: w}
+        assert bool(eval(found.group(1), dict(ns), dict(cfg))) == model.renders_async(cfg), cfg  # noqa: S307
