@@ -326,6 +326,37 @@ theorem term_matmul_as_sum (ctx : Ctx α) (x w : Term) (a : Axis) (i : Index) :
     Term.eval ctx (.matmul x w a) i = Term.eval ctx (.reduce .sum (.binary .mul x w) a) i := by
   simp only [Term.eval, BinaryOp.eval, ReduceOp.eval_sum]
 
+/--
+`exp_shift_to_max` on terms: `exp ((x - n) * c) = exp ((x - m) * c) * exp ((m - n) * c)` for any term
+`m`; Python takes `m = max_a x` where `n` is built from it and `a` is not an axis of `n`.
+-/
+theorem term_exp_shift_to_max (ctx : Ctx α) (x n m c : Term) (i : Index) :
+    Term.eval ctx (.unary .exp (.binary .mul (.binary .sub x n) c)) i =
+      Term.eval ctx (.binary .mul (.unary .exp (.binary .mul (.binary .sub x m) c))
+        (.unary .exp (.binary .mul (.binary .sub m n) c))) i := by
+  simp only [Term.eval, UnaryOp.eval, BinaryOp.eval]
+  exact exp_shift_to_max _ _ _ _
+
+/-- `sum_scale_commute` on terms: `sum_a (x * s) = sum_a x * s` when `a` is not an axis of `s`. -/
+theorem term_sum_scale_commute (ctx : Ctx α) (x s : Term) (a : Axis)
+    (h : a ∉ s.resultAxes) (i : Index) :
+    Term.eval ctx (.reduce .sum (.binary .mul x s) a) i =
+      Term.eval ctx (.binary .mul (.reduce .sum x a) s) i := by
+  have hs : ∀ k, Term.eval ctx s (Index.set i a k) = Term.eval ctx s i :=
+    fun k => Term.eval_set ctx a k s i h
+  simp only [Term.eval, BinaryOp.eval, ReduceOp.eval_sum, hs]
+  exact sum_scale_commute _ _ _
+
+/-- The divisor form: `sum_a (x / s) = sum_a x / s` when `a` is not an axis of `s`. -/
+theorem term_sum_scale_commute_div (ctx : Ctx α) (x s : Term) (a : Axis)
+    (h : a ∉ s.resultAxes) (i : Index) :
+    Term.eval ctx (.reduce .sum (.binary .div x s) a) i =
+      Term.eval ctx (.binary .div (.reduce .sum x a) s) i := by
+  have hs : ∀ k, Term.eval ctx s (Index.set i a k) = Term.eval ctx s i :=
+    fun k => Term.eval_set ctx a k s i h
+  simp only [Term.eval, BinaryOp.eval, ReduceOp.eval_sum, hs]
+  exact sum_scale_commute_div _ _ _
+
 end Eval
 
 end Superopt
