@@ -67,3 +67,11 @@ def test_bisect_names_the_faulty_kernel(faulty: int | None) -> None:
         (tiles,) = v.bad_tiles.values()
         assert tiles and all(c == 0 for c in tiles[0].values())
         assert list(v.bad_rows_in_tile.values())[0] == list(range(8, 16))
+
+
+def test_a_kernel_verdict_with_a_nan_or_inf_error_is_never_ok() -> None:
+    from pyrunner.run.bisect import KernelVerdict
+
+    assert KernelVerdict("k0", {"Y": 1e-4}).ok(1e-2)
+    for bad in (float("inf"), float("nan")):
+        assert not KernelVerdict("k0", {"Y": bad}).ok(float("inf"))

@@ -10,6 +10,7 @@ fault is in tiling, a thread mapping or one pipeline stage.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
@@ -30,7 +31,8 @@ class KernelVerdict:
     bad_rows_in_tile: dict[str, list[int]] = field(default_factory=dict)  # tensor -> offsets inside a tile
 
     def ok(self, bound: float) -> bool:
-        return all(e <= bound for e in self.errors.values())
+        """Every write within ``bound``; a NaN/inf error never is, whatever the bound."""
+        return all(math.isfinite(e) and e <= bound for e in self.errors.values())
 
 
 def _written(k: Kernel) -> list[str]:
