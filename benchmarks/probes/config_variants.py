@@ -49,12 +49,14 @@ _STAGED_STORE = re.compile(
 def split_epilogue(source: str, chunks: int) -> str:
     """Each staged epilogue store written in ``chunks`` column chunks through a tile ``chunks`` times
     narrower; a consumer barrier before each chunk, so the last chunk's TMA store has read the tile."""
+    from pyrunner.backend.tilelang.render_ws import CONSUMER_BARRIER
+
     def one(m: re.Match) -> str:
         ind, frag, stage, dst, lead, lo, hi = m.group("ind", "frag", "stage", "dst", "lead", "lo", "hi")
         shape = re.search(rf"\b{stage} = T\.alloc_shared\(\((?P<r>[^,]+), (?P<c>[^)]+)\)", source)
         width = f"({shape['c']}) // {chunks}"
         return (f"{ind}for ep_c in T.serial({chunks}):  # (probe) the epilogue in column chunks\n"
-                f"{ind}    T.sync_threads(10, threads)\n"
+                f"{ind}    T.sync_threads({CONSUMER_BARRIER}, threads)\n"
                 f"{ind}    for ep_i, ep_j in T.Parallel({shape['r']}, {width}):\n"
                 f"{ind}        {stage}[ep_i, ep_j] = {frag}[ep_i, ep_c * ({width}) + ep_j]\n"
                 f"{ind}    T.copy({stage}, {dst}[{lead}, ({lo}) + ep_c * ({width}):({lo}) + (ep_c + 1) * ({width})])")
