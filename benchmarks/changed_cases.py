@@ -48,10 +48,11 @@ def _case_hash(case, built: bool, module_path: Path) -> str:
     """Hash of one case's rendered source (or built prim_funcs); an error counts as a change."""
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir.graph_json import graph_from_json
-    from pyrunner.planner import search
+    from pyrunner.pipeline import best_plan
+    from pyrunner.target.tuning import committed_tuning
 
     try:
-        plan = search(graph_from_json(case.graph), case.dtype, top=1)[0]
+        (plan,) = best_plan(graph_from_json(case.graph), case.dtype, tuning=committed_tuning())  # as the sweep
         src = render(plan).replace(plan.provenance.plan_hash, "PLAN")
         if built:
             from pyrunner.backend.tilelang.compile import load_module

@@ -106,10 +106,11 @@ def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, 
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir import catalog
     from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.pipeline import best_plan
     from pyrunner.plan.analysis import resolve_config
-    from pyrunner.planner import search
     from pyrunner.run.timing import side_by_side_us
     from pyrunner.run.verify import GpuVerifier
+    from pyrunner.target.tuning import committed_tuning
 
     if graph_name.endswith(".json"):
         graph = load_graph_file(Path(graph_name))
@@ -117,7 +118,7 @@ def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, 
         name, _, shape = graph_name.partition(":")  # e.g. RMSNormMLP:m=8192
         sizes = {a: int(n) for a, n in (kv.split("=") for kv in shape.split(";") if kv)} or None
         graph = catalog.get(name, sizes)
-    (plan,) = search(graph, DTYPES[dtype], top=1)
+    (plan,) = best_plan(graph, DTYPES[dtype], tuning=committed_tuning())
     rec: dict = {"workload": graph_name, "dtype": dtype, "kernels": [k.name for k in plan.kernels]}
     if feature == "pdl" and len(plan.kernels) < 2:
         return {**rec, "status": "skipped: one kernel"}

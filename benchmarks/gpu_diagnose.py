@@ -55,14 +55,15 @@ def worker(case_id: str, variant: str) -> dict:
 
     from pyrunner.backend.tilelang.compile import TARGET, rendered_module
     from pyrunner.ir.graph_json import graph_from_json
+    from pyrunner.pipeline import best_plan
     from pyrunner.plan.analysis import resolve_config
-    from pyrunner.planner import search
     from pyrunner.run.bisect import bisect_kernels
     from pyrunner.run.verify import GpuVerifier
+    from pyrunner.target.tuning import committed_tuning
 
     case = _case(case_id)
     graph = graph_from_json(case.graph)
-    (plan,) = search(graph, case.dtype, top=1)
+    (plan,) = best_plan(graph, case.dtype, tuning=committed_tuning())  # the plan the sweep ran
     spec = VARIANTS[variant]
     over = {k.name: {"stages": spec["stages"]} for k in plan.kernels
             if "stages" in spec and k.loop is not None and isinstance(k.loop.stages, str)}

@@ -120,8 +120,9 @@ def _plan_all(args, work: Path, results: Path, say: Tee,
     """Plan every (graph, dtype), with ``--alternatives`` more per graph; a planner failure is logged
     as a failed record. ``graphs``: ``_graphs(args)`` when the caller has loaded them already."""
     from pyrunner.log.results import append_record, make_record
-    from pyrunner.planner import search
+    from pyrunner.pipeline import best_plan
     from pyrunner.planner.search import ranked_plan_configs
+    from pyrunner.target.tuning import committed_tuning
 
     jobs: list[tuple[str, str, Path]] = []
     (work / "plans").mkdir(parents=True, exist_ok=True)
@@ -130,7 +131,8 @@ def _plan_all(args, work: Path, results: Path, say: Tee,
         for tag, g in graphs:
             t = time.monotonic()
             try:
-                plans = search(g, dtype, top=1 + args.alternatives, calibration=args.calibration)
+                plans = best_plan(g, dtype, top=1 + args.alternatives, calibration=args.calibration,
+                                  tuning=committed_tuning())
                 configs = [ranked_plan_configs(g, p, max(args.autotune, 1), args.calibration) for p in plans]
             except Exception as e:  # noqa: BLE001 - record and go on with the others
                 say(f"PLAN FAILED {g.name} {dtype}: {type(e).__name__}: {e}")

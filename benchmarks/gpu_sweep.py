@@ -6,7 +6,8 @@ Run on the GPU machine through ``benchmarks/gpu_sweep.sh`` (it unpacks TileLang 
 wheels first); ``--dry`` runs anywhere: it plans, renders and lowers to CUDA and skips the GPU.
 
 Each case (graph x shape) runs in its own worker process (``--jobs`` at a time): plan the best
-bf16 plan (``planner.search``), compile it (``backend.tilelang.compile.compile_for_gpu``) and
+bf16 plan (``pipeline.best_plan``, as ``superopt`` hands it out), compile it
+(``backend.tilelang.compile.compile_for_gpu``) and
 check it once on fresh random inputs with the runner's verifier (``run.verify.GpuVerifier``:
 NaN-poisoned outputs, float64 reference, per-dtype bound). A worker records its progress line
 by line, so a case killed by the time guard still says how far it got. No timing here: this is
@@ -183,17 +184,15 @@ def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
         return rec
 
     try:
-        from pyrunner.backend.tilelang.buildable import buildable
-        from pyrunner.cli import LOWER_CHECK_SPARES
         from pyrunner.ir.graph_json import graph_from_json
-        from pyrunner.planner import search
+        from pyrunner.pipeline import best_plan
 
         graph = graph_from_json(case.graph)
-        plans = search(graph, case.dtype, top=1 + LOWER_CHECK_SPARES)
-        good, skipped = buildable(plans)  # the plan `superopt` hands out (its lowering check)
-        plan = good[0] if good else plans[0]
+        notes: list = []
+        (plan,) = best_plan(graph, case.dtype, notes=notes.append)  # the plan `superopt` hands out
+        skipped = [n.text for n in notes if n.kind in ("skipped", "naive-fallback")]
         if skipped:
-            rec.extra["skipped"] = [str(skip) for skip in skipped]
+            rec.extra["skipped"] = skipped
     except Exception as e:  # noqa: BLE001 - one failing case never stops the sweep
         return _done(results, fail("failed-plan", e), t0)
     rec.stage, rec.plan_hash, rec.kernels = "planned", plan.provenance.plan_hash, len(plan.kernels)

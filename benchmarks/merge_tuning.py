@@ -80,7 +80,7 @@ def rebuild_from_results(db, records: list[dict], graphs: dict[str, object], tl_
     """Record each verified, timed plan of ``records`` in ``db`` at its config and time; one line each."""
     from pyrunner.planner import search
     from pyrunner.run.runner import default_config
-    from pyrunner.target.tuning import TuningDB
+    from pyrunner.target.tuning import TuningDB, committed_tuning
 
     lines: list[str] = []
     for r in records:
@@ -95,7 +95,8 @@ def rebuild_from_results(db, records: list[dict], graphs: dict[str, object], tl_
         if graph is None:
             lines.append(f"{r['workload']}: no graph of that name (pass it with --graph)")
             continue
-        plans = search(graph, r["dtype"], top=4, tuning=False) + search(graph, r["dtype"], top=4)
+        plans = (search(graph, r["dtype"], top=4, tuning=False)
+                 + search(graph, r["dtype"], top=4, tuning=committed_tuning()))
         plan = next((p for p in plans if p.provenance.plan_hash == r["plan_hash"]), None)
         if plan is None:
             lines.append(f"{r['workload']}: plan {r['plan_hash']} is no longer among the planner's four best")

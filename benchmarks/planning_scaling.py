@@ -71,12 +71,13 @@ FAMILIES = {
 def one(family: str, n: int) -> dict:
     """Plan one case in this process; the measurements as a dict."""
     from pyrunner.planner import search
+    from pyrunner.target.tuning import committed_tuning
 
     g = FAMILIES[family](n)
     t0 = time.perf_counter()
     c0 = time.process_time()
     try:
-        plan = search(g, "fp16")[0]
+        plan = search(g, "fp16", tuning=committed_tuning())[0]
         status, kernels, source = "planned", len(plan.kernels), plan.provenance.planner
     except Exception as e:  # noqa: BLE001 - the table reports any failure as a row
         status, kernels, source = f"{type(e).__name__}: {str(e)[:80]}", 0, "-"

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from pyrunner.ir import catalog as workloads
 from pyrunner.planner import search
+from pyrunner.target.tuning import committed_tuning
 
 
 def main() -> None:
@@ -30,7 +31,7 @@ def main() -> None:
         times = []
         for _ in range(args.repeat):
             t0 = time.perf_counter()
-            plan = search(g, "fp16", top=args.top)[0]
+            plan = search(g, "fp16", top=args.top, tuning=committed_tuning())[0]
             times.append(time.perf_counter() - t0)
         table.add_row(name, f"{statistics.median(times):.2f}", f"{max(times):.2f}", str(len(plan.kernels)),
                       f"{plan.cost.total_us:.1f}", str(len(plan.derivation)))

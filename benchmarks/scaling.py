@@ -68,10 +68,11 @@ def one(family: str, n: int, plan: bool) -> dict:
            "shown_chars": len(text)}
     if plan:
         from pyrunner.planner import search
+        from pyrunner.target.tuning import committed_tuning
 
         t = time.perf_counter()
         try:
-            plans = search(g, "fp16")
+            plans = search(g, "fp16", tuning=committed_tuning())
             row["planned"] = f"{len(plans[0].kernels)} kernel(s)"
         except UserError as e:
             row["planned"] = f"error: {str(e)[:80]}"

@@ -78,9 +78,11 @@ def err(y, ref) -> float:
 
 def catalog_plans() -> dict:
     from pyrunner.ir import catalog
-    from pyrunner.planner import search
+    from pyrunner.pipeline import best_plan
+    from pyrunner.target.tuning import committed_tuning
 
-    return {name: search(catalog.get(name), "bfloat16")[0] for name in catalog.CATALOG}
+    db = committed_tuning()
+    return {name: best_plan(catalog.get(name), "bfloat16", tuning=db)[0] for name in catalog.CATALOG}
 
 
 def decoder(device: str):

@@ -156,22 +156,13 @@ def cmd_superopt(args: argparse.Namespace) -> int:
         from pyrunner.log.results import read_log
 
         read_log(calibration, strict=True)  # a malformed record is one error line, never silently used
-    from pyrunner.planner import explain, search
+    from pyrunner.pipeline import best_plan
+    from pyrunner.planner import explain
 
     graph = _load_graph(args)
     lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
-    extra = LOWER_CHECK_SPARES if lower_check else 0
-    plans = search(graph, DTYPES[args.dtype], top=args.top + extra, naive=args.naive, calibration=calibration)
-    if lower_check:
-        plans = _buildable(graph, plans, args, calibration)
-    plans = plans[:args.top]
-    if not plans:
-        raise UserError(f"the planner found no plan for graph {graph.name!r}")
-    if len(plans) < args.top:
-        _note(f"note: --top {args.top} asked for, but only {len(plans)} distinct plan(s) exist "
-              f"for graph {graph.name!r}")
-    if not args.naive and plans[0].provenance.planner.endswith("-naive"):
-        _note("note: the search found no fused plan; this is the naive plan (every op its own kernel)")
+    plans = best_plan(graph, DTYPES[args.dtype], top=args.top, naive=args.naive, calibration=calibration,
+                      lower_check=lower_check, notes=_say)
     if args.explain:
         for i, p in enumerate(plans):
             if len(plans) > 1:
@@ -189,30 +180,14 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     return 0
 
 
-LOWER_CHECK_SPARES = 3
-"""Next-ranked plans ``superopt`` tries when TileLang cannot lower the best one (then the naive plan)."""
-
-
-def _buildable(graph, plans: list, args: argparse.Namespace, calibration: Path | None) -> list:
-    """The plans TileLang can lower, in rank order; the naive plan when none can; a note for each skip."""
-    from pyrunner.backend.tilelang.buildable import buildable, lowering_problem
-    from pyrunner.planner import search
-
-    _note(f"checking that TileLang builds the ranked plans ({len(plans)}); --no-lower-check skips this")
-    good, skipped = buildable(plans, args.top)
-    for skip in skipped:
-        _note(f"note: {skip}")
-    first_why = skipped[0].why if skipped else None
-    if good or args.naive:
-        if not good:
-            raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: {first_why}")
-        return good
-    (naive,) = search(graph, DTYPES[args.dtype], top=1, naive=True, calibration=calibration)
-    why = lowering_problem(naive)
-    if why is not None:
-        raise UserError(f"TileLang cannot build any plan of graph {graph.name!r}, the naive plan included: {why}")
-    _note("note: no ranked plan builds with TileLang; this is the naive plan (every op its own kernel)")
-    return [naive]
+def _say(note) -> None:
+    """Print a ``pipeline.Note`` on stderr the way ``superopt`` words it."""
+    if note.kind == "checking":
+        _note(f"{note.text}; --no-lower-check skips this")
+    elif note.kind == "fewer":
+        _note(f"note: --{note.text}")  # "top K asked for, ..."
+    else:
+        _note(f"note: {note.text}")
 
 
 def cmd_report(args: argparse.Namespace) -> int:

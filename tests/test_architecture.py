@@ -23,6 +23,7 @@ LAYERS = [
     {"rules", "plan", "log"},
     {"target"},
     {"planner", "backend"},
+    {"pipeline"},
     {"run"},
     {"frontend"},
     {"cli"},

@@ -9,7 +9,7 @@ import types
 import pytest
 from test_validate import rmsnorm_plan
 
-from pyrunner import cli
+from pyrunner import cli, pipeline
 from pyrunner.backend.tilelang import buildable
 
 
@@ -25,7 +25,7 @@ def checked(monkeypatch):
     monkeypatch.delenv("SUPEROPT_NO_LOWER_CHECK", raising=False)
     mod = types.ModuleType("pyrunner.planner")
 
-    def search(graph, dtype, *, top=1, naive=False, calibration=None):
+    def search(graph, dtype, *, top=1, naive=False, calibration=None, budget=None, tuning=None):
         base = rmsnorm_plan()
         tag = "naive" if naive else "ranked"
         return [base.model_copy(update={"workload": f"{tag}{i}"}) for i in range(top)]
@@ -48,7 +48,7 @@ def test_the_best_plan_that_builds_is_handed_out(checked, capsys) -> None:
 
 
 def test_the_naive_plan_when_no_ranked_plan_builds(checked, capsys) -> None:
-    checked.update({f"ranked{i}" for i in range(cli.LOWER_CHECK_SPARES + 1)})
+    checked.update({f"ranked{i}" for i in range(pipeline.LOWER_CHECK_SPARES + 1)})
     code, out, err = _run(["superopt", "RMSNorm"], capsys)
     assert code == 0, err
     assert json.loads(out)["workload"] == "naive0"
@@ -56,7 +56,7 @@ def test_the_naive_plan_when_no_ranked_plan_builds(checked, capsys) -> None:
 
 
 def test_nothing_builds_is_one_error_line(checked, capsys) -> None:
-    checked.update({f"ranked{i}" for i in range(cli.LOWER_CHECK_SPARES + 1)} | {"naive0"})
+    checked.update({f"ranked{i}" for i in range(pipeline.LOWER_CHECK_SPARES + 1)} | {"naive0"})
     code, out, err = _run(["superopt", "RMSNorm"], capsys)
     assert code == 2 and out == ""
     (line,) = [x for x in err.splitlines() if x.startswith("error:")]

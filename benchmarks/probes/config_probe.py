@@ -27,13 +27,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.pipeline import best_plan
     from pyrunner.plan.schema import with_hash
-    from pyrunner.planner import search
     from pyrunner.run.runner import RunOptions, default_config, run_plan
-    from pyrunner.target.tuning import widened
+    from pyrunner.target.tuning import committed_tuning, widened
 
     args.out.mkdir(parents=True, exist_ok=True)
-    plan = search(load_graph_file(args.graph), args.dtype, top=1)[0]
+    (plan,) = best_plan(load_graph_file(args.graph), args.dtype, tuning=committed_tuning())
     partials = json.loads(args.configs)
     # the planner's space leaves out values its fit check prunes with other parameters: widen it
     # by the values asked for (the runner's fit check still refuses a config that does not fit)

@@ -113,7 +113,8 @@ def parse_variant(spec: str) -> tuple[dict[str, dict[str, int]], set[str]]:
 def plan_for(graph_name: str, dtype: str):
     from pyrunner.ir import catalog
     from pyrunner.ir.graph_json import load_graph_file
-    from pyrunner.planner import search
+    from pyrunner.pipeline import best_plan
+    from pyrunner.target.tuning import committed_tuning
 
     if graph_name.endswith(".json"):
         graph = load_graph_file(Path(graph_name))
@@ -121,7 +122,7 @@ def plan_for(graph_name: str, dtype: str):
         name, _, shape = graph_name.partition(":")
         sizes = {a: int(n) for a, n in (kv.split("=") for kv in shape.split(";") if kv)} or None
         graph = catalog.get(name, sizes)
-    (plan,) = search(graph, DTYPES[dtype], top=1)
+    (plan,) = best_plan(graph, DTYPES[dtype], tuning=committed_tuning())
     return graph, plan
 
 

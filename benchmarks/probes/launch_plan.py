@@ -32,9 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir import catalog
     from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.pipeline import best_plan
     from pyrunner.plan.analysis import resolve_config
-    from pyrunner.planner import search
     from pyrunner.run.verify import GpuVerifier
+    from pyrunner.target.tuning import committed_tuning
 
     if args.workload.endswith(".json"):
         graph = load_graph_file(Path(args.workload))
@@ -42,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
         name, _, shape = args.workload.partition(":")
         sizes = {a: int(n) for a, n in (kv.split("=") for kv in shape.split(";") if kv)} or None
         graph = catalog.get(name, sizes)
-    (plan,) = search(graph, args.dtype, top=1)
+    (plan,) = best_plan(graph, args.dtype, tuning=committed_tuning())
     cfg = resolve_config(plan)
     module = load_module(render(plan), Path("/tmp/superopt_launch") / "plan.py")
     kernels = module.compile_kernels(cfg, target=TARGET)

@@ -224,6 +224,15 @@ class TuningDB:
         return out
 
 
+def committed_tuning(device: str = DEFAULT_DEVICE) -> TuningDB:
+    """The committed tuning database of ``device`` (``benchmarks/tuning/<device>.json``, or the folder
+    ``SUPEROPT_TUNING_DIR`` names): what the ``superopt`` command and the GPU benchmarks plan with.
+
+    The planner's library calls take a database only when given one (``planner.search``'s ``tuning``),
+    so a test's plan does not change when GPU timings are merged into the committed file."""
+    return TuningDB.for_device(device)
+
+
 def apply_tuned(plan: Plan, entry: Entry) -> Plan:
     """The plan with its kernels' defaults set to the tuned config (the runner's default).
 

@@ -9,6 +9,7 @@ saying which and why: a user's graph gets a plan that builds whenever one of tho
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyrunner.plan.schema import Plan
@@ -61,15 +62,18 @@ class Skipped:
         return f"plan {self.rank} ({self.plan.provenance.plan_hash}) does not build with TileLang, skipped: {self.why}"
 
 
-def buildable(plans: list[Plan], top: int = 1) -> tuple[list[Plan], list[Skipped]]:
+def buildable(plans: list[Plan], top: int = 1,
+              check: Callable[[Plan], str | None] | None = None) -> tuple[list[Plan], list[Skipped]]:
     """Up to ``top`` plans TileLang can lower, in rank order, and the plans skipped on the way.
 
-    What ``superopt`` hands out, and so what the GPU sweep runs: a user gets the best plan that
-    builds, not the best-ranked one."""
+    What ``pipeline.best_plan`` hands out, and so what ``superopt`` and the GPU sweep run: a user gets
+    the best plan that builds, not the best-ranked one. ``check``: the lowering check (default
+    ``lowering_problem``; a backend passes its own)."""
+    check = check or lowering_problem
     good: list[Plan] = []
     skipped: list[Skipped] = []
     for i, p in enumerate(plans):
-        why = lowering_problem(p)
+        why = check(p)
         if why is None:
             good.append(p)
             if len(good) >= top:
