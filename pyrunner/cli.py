@@ -10,6 +10,7 @@ Commands::
         schema and semantic checks only
     python -m pyrunner superopt [WORKLOAD] [--graph FILE.json] [--shape AXIS=N ...] [--dtype fp16|bf16]
                                 [--naive] [--top K] [--explain] [--calibrate LOG.jsonl] [--out FILE]
+                                [--tuning FILE.json | --no-tuning] [--no-lower-check]
         search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K)
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
@@ -161,8 +162,8 @@ def cmd_superopt(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args)
     lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
-    plans = best_plan(graph, DTYPES[args.dtype], top=args.top, naive=args.naive, calibration=calibration,
-                      lower_check=lower_check, notes=_say)
+    plans = best_plan(graph, DTYPES[args.dtype], tuning=_tuning(args), top=args.top, naive=args.naive,
+                      calibration=calibration, lower_check=lower_check, notes=_say)
     if args.explain:
         for i, p in enumerate(plans):
             if len(plans) > 1:
@@ -178,6 +179,21 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def _tuning(args: argparse.Namespace):
+    """The tuning database ``superopt`` plans with: ``--tuning FILE``, none with ``--no-tuning``, else the
+    committed one of the target device."""
+    from pyrunner.target.tuning import TuningDB, committed_tuning
+
+    if args.no_tuning:
+        return None
+    if args.tuning:
+        path = Path(args.tuning)
+        if not path.is_file():
+            raise UserError(f"--tuning: tuning database {str(path)!r} does not exist")
+        return TuningDB.load(path)
+    return committed_tuning()
 
 
 def _say(note) -> None:
@@ -294,6 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=int, default=1, metavar="K", help="print the K best plans as a JSON list")
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")
     p.add_argument("--calibrate", metavar="LOG.jsonl", help="calibrate the cost model from a results log")
+    tuned = p.add_mutually_exclusive_group()
+    tuned.add_argument("--tuning", metavar="FILE.json",
+                       help="tuning database of measured configs (default: the committed one of the device)")
+    tuned.add_argument("--no-tuning", action="store_true", help="plan with the cost model alone")
     p.add_argument("--out", metavar="FILE", help="write the JSON to FILE instead of stdout")
     p.add_argument("--no-lower-check", dest="lower_check", action="store_false",
                    help="hand out the best plan without lowering it with TileLang first "

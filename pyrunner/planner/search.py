@@ -715,8 +715,10 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
 
     Without a plan from the search, the naive plan is returned (its provenance
     says so); only a graph whose naive plan does not fit the device has none.
-    ``tuning``: the tuning database whose measured times and configs take precedence over the
-    model's (default: the committed one of the target device; False: the model alone).
+    ``tuning``: the tuning database (``target.tuning.TuningDB``) whose measured times and configs take
+    precedence over the model's; None or False: the model alone. The committed database is passed
+    explicitly (``target.tuning.committed_tuning()``, as the ``superopt`` command does), so a library
+    call's plan does not change when GPU timings are merged.
     """
     unique, aliases = distinct_outputs(graph)
     if aliases:  # outputs that are one value under several names: planned once, stored per name
@@ -744,10 +746,9 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         fallback = True
     if not any(cands for _, cands in searched):
         raise _no_plan(planner, graph)
-    if tuning is not False:
-        from pyrunner.target.tuning import TuningDB
-
-        tuning = TuningDB.for_device() if tuning is None or tuning is True else tuning
+    if tuning is True:
+        raise TypeError("search(tuning=True): pass the database, e.g. target.tuning.committed_tuning()")
+    tuning = tuning or False
     lookahead = max(top, TUNED_LOOKAHEAD) if tuning is not False and tuning.entries else top
     ranked: list[tuple[tuple[int, int], int, Plan]] = []
     for p, cands in searched:
@@ -846,11 +847,11 @@ def split_candidates(g: Graph, machine: Machine = H200) -> list[AxisSplit]:
     return out
 
 
-def prefer_measured(plan: Plan, db=None) -> Plan:
-    """The plan at its tuned config with its measured time as the estimate, where the database has it."""
-    from pyrunner.target.tuning import TuningDB, apply_tuned
+def prefer_measured(plan: Plan, db) -> Plan:
+    """The plan at its tuned config with its measured time as the estimate, where ``db`` (a
+    ``target.tuning.TuningDB``) has it."""
+    from pyrunner.target.tuning import apply_tuned
 
-    db = TuningDB.for_device() if db is None or db is True else db
     entry = db.lookup(plan)
     if entry is None:
         return plan
