@@ -10,7 +10,7 @@ Commands::
         schema and semantic checks only
     python -m pyrunner superopt [WORKLOAD] [--graph FILE.json] [--shape AXIS=N ...] [--dtype fp16|bf16]
                                 [--naive] [--top K] [--explain] [--calibrate LOG.jsonl] [--out FILE]
-                                [--tuning FILE.json | --no-tuning] [--no-lower-check]
+                                [--device NAME] [--tuning FILE.json | --no-tuning] [--no-lower-check]
         search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K)
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
@@ -44,6 +44,8 @@ from pyrunner.files import write_text_atomic
 COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads", "export")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 DEFAULT_DTYPE = "fp16"
+DEFAULT_DEVICE = "h200"
+"""What ``superopt --device`` plans for by default (``backend.tilelang.backend.BACKENDS`` has the others)."""
 SCHEMA_FILE = Path(__file__).parent / "schema" / "plan.schema.json"
 
 
@@ -157,13 +159,15 @@ def cmd_superopt(args: argparse.Namespace) -> int:
         from pyrunner.log.results import read_log
 
         read_log(calibration, strict=True)  # a malformed record is one error line, never silently used
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.pipeline import best_plan
     from pyrunner.planner import explain
 
+    backend = backend_for(args.device)
     graph = _load_graph(args)
     lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
-    plans = best_plan(graph, DTYPES[args.dtype], tuning=_tuning(args), top=args.top, naive=args.naive,
-                      calibration=calibration, lower_check=lower_check, notes=_say)
+    plans = best_plan(graph, DTYPES[args.dtype], backend=backend, tuning=_tuning(args), top=args.top,
+                      naive=args.naive, calibration=calibration, lower_check=lower_check, notes=_say)
     if args.explain:
         for i, p in enumerate(plans):
             if len(plans) > 1:
@@ -183,7 +187,7 @@ def cmd_superopt(args: argparse.Namespace) -> int:
 
 def _tuning(args: argparse.Namespace):
     """The tuning database ``superopt`` plans with: ``--tuning FILE``, none with ``--no-tuning``, else the
-    committed one of the target device."""
+    committed one of the ``--device``."""
     from pyrunner.target.tuning import TuningDB, committed_tuning
 
     if args.no_tuning:
@@ -193,7 +197,7 @@ def _tuning(args: argparse.Namespace):
         if not path.is_file():
             raise UserError(f"--tuning: tuning database {str(path)!r} does not exist")
         return TuningDB.load(path)
-    return committed_tuning()
+    return committed_tuning(args.device)
 
 
 def _say(note) -> None:
@@ -306,6 +310,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", metavar="AXIS=N", action="append", help="resize an axis; repeatable")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=DEFAULT_DTYPE,
                    help=f"compute dtype of inputs and outputs (default {DEFAULT_DTYPE})")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
+                   help=f"the GPU to plan for (default {DEFAULT_DEVICE}; the only one today)")
     p.add_argument("--naive", action="store_true", help="no rewrites: one kernel per op")
     p.add_argument("--top", type=int, default=1, metavar="K", help="print the K best plans as a JSON list")
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")

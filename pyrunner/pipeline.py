@@ -1,8 +1,8 @@
 """The plan a user gets: the search, the lowering gate and the fallbacks, in one place.
 
-Every entry point that hands out a plan (the ``superopt`` command, the frontend, the GPU sweep and
-the benchmarks) calls ``best_plan``, so the same graph, dtype, backend and tuning database give the
-same plan whichever door it came through. The steps:
+Every entry point that hands out a plan (the ``superopt`` command, the GPU sweep and the benchmarks;
+the frontend's ``search(graph, dtype)[0]`` is its one call site left) calls ``best_plan``, so the same
+graph, dtype, backend and tuning database give the same plan whichever door it came through. The steps:
 
 1. ``planner.search`` ranks ``top`` plans plus ``spares`` next-ranked ones (the spares are only
    asked for when the lowering gate is on);
@@ -19,10 +19,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pyrunner.errors import UserError
 from pyrunner.ir.graph import Graph
 from pyrunner.plan.schema import Plan
+
+if TYPE_CHECKING:
+    from pyrunner.backend.tilelang.backend import TileLangBackend
+    from pyrunner.target.tuning import TuningDB
 
 LOWER_CHECK_SPARES = 3
 """Next-ranked plans tried when TileLang cannot lower the best one (then the naive plan)."""
@@ -46,25 +51,28 @@ class Note:
 NoteSink = Callable[[Note], None]
 
 
-def best_plan(graph: Graph, dtype: str, *, backend=None, tuning=None, top: int = 1, naive: bool = False,
-              calibration: Path | None = None, lower_check: bool = True, spares: int = LOWER_CHECK_SPARES,
-              budget=None, notes: NoteSink | None = None) -> list[Plan]:
+def best_plan(graph: Graph, dtype: str, *, backend: TileLangBackend | None = None, tuning: TuningDB | None = None,
+              top: int = 1, naive: bool = False, calibration: Path | None = None, lower_check: bool = True,
+              spares: int = LOWER_CHECK_SPARES, budget=None, notes: NoteSink | None = None) -> list[Plan]:
     """The ``top`` best plans of ``graph`` at ``dtype`` that the backend builds, best first (at least one).
 
-    ``backend``: whose lowering check gates the plans (default: ``pyrunner.backend.default_backend()``);
+    ``backend``: the ``backend.tilelang.backend.TileLangBackend`` planned for: its device is the search's
+    (fit limits, cost model), its lowering check gates the plans (default: ``backend_for()``);
     ``tuning``: the ``TuningDB`` whose measured times and configs take precedence over the cost model
     (``planner.search``'s ``tuning``); ``naive``: one kernel per op, no rewrites; ``calibration``: a
     results log to calibrate the cost model from; ``lower_check=False``: hand out the ranked plans
     without lowering them; ``budget``: the search's work budget (``planner.search.Budget``);
     ``notes``: called with each ``Note``. Raises ``UserError`` when no plan exists or none builds.
     """
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.planner import search
 
     if top < 1:
         raise UserError(f"best_plan: top must be at least 1, got {top}")
     say = notes or _ignore
+    backend = backend or backend_for()
     plans = search(graph, dtype, top=top + (spares if lower_check else 0), naive=naive, calibration=calibration,
-                   budget=budget, tuning=tuning)
+                   budget=budget, tuning=tuning, device=backend.device)
     if lower_check:
         plans = _buildable(graph, dtype, plans, top, naive, calibration, tuning, backend, say)
     plans = plans[:top]
@@ -83,14 +91,13 @@ def _ignore(note: Note) -> None:
 
 
 def _buildable(graph: Graph, dtype: str, plans: list[Plan], top: int, naive: bool, calibration: Path | None,
-               tuning, backend, say: NoteSink) -> list[Plan]:
+               tuning: TuningDB | None, backend: TileLangBackend, say: NoteSink) -> list[Plan]:
     """The plans the backend can lower, in rank order; the naive plan when none can; a note for each skip."""
     from pyrunner.backend.tilelang.buildable import buildable
     from pyrunner.planner import search
 
-    lowering_problem = _lowering_check(backend)
     say(Note("checking", f"checking that TileLang builds the ranked plans ({len(plans)})", len(plans)))
-    good, skipped = buildable(plans, top, lowering_problem)
+    good, skipped = buildable(plans, top, backend.lowering_problem)
     for skip in skipped:
         say(Note("skipped", str(skip)))
     first_why = skipped[0].why if skipped else None
@@ -98,18 +105,11 @@ def _buildable(graph: Graph, dtype: str, plans: list[Plan], top: int, naive: boo
         if not good:
             raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: {first_why}")
         return good
-    (fallback,) = search(graph, dtype, top=1, naive=True, calibration=calibration, tuning=tuning)
-    why = lowering_problem(fallback)
+    (fallback,) = search(graph, dtype, top=1, naive=True, calibration=calibration, tuning=tuning,
+                         device=backend.device)
+    why = backend.lowering_problem(fallback)
     if why is not None:
         raise UserError(f"TileLang cannot build any plan of graph {graph.name!r}, the naive plan included: {why}")
     say(Note("naive-fallback", "no ranked plan builds with TileLang; this is the naive plan (every op its own kernel)"))
     return [fallback]
 
-
-def _lowering_check(backend) -> Callable[[Plan], str | None]:
-    """The backend's lowering check: one line saying why a plan does not build, or None."""
-    if backend is not None:
-        return backend.lowering_problem
-    from pyrunner.backend.tilelang.buildable import lowering_problem
-
-    return lowering_problem

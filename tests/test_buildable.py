@@ -25,7 +25,7 @@ def checked(monkeypatch):
     monkeypatch.delenv("SUPEROPT_NO_LOWER_CHECK", raising=False)
     mod = types.ModuleType("pyrunner.planner")
 
-    def search(graph, dtype, *, top=1, naive=False, calibration=None, budget=None, tuning=None):
+    def search(graph, dtype, *, top=1, naive=False, calibration=None, budget=None, tuning=None, device=None):
         base = rmsnorm_plan()
         tag = "naive" if naive else "ranked"
         return [base.model_copy(update={"workload": f"{tag}{i}"}) for i in range(top)]

@@ -15,7 +15,8 @@ from pathlib import Path
 from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.analysis import block_param, resolve_config
-from pyrunner.planner.cost import H200, estimate
+from pyrunner.planner.cost import DEFAULT_MACHINE as H200
+from pyrunner.planner.cost import estimate
 from pyrunner.planner.search import Planner, search
 from pyrunner.target.device import DTYPE_BYTES
 

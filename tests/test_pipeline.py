@@ -13,6 +13,8 @@ import json
 import pytest
 
 from pyrunner import cli
+from pyrunner.backend.tilelang.backend import BACKENDS, TileLangBackend, backend_for
+from pyrunner.backend.tilelang.hopper import HOPPER
 from pyrunner.ir import catalog
 from pyrunner.pipeline import LOWER_CHECK_SPARES, Note, best_plan
 from pyrunner.plan.schema import plan_document
@@ -98,15 +100,14 @@ def test_skips_come_back_as_notes_and_nothing_is_printed(capsys) -> None:
     ranked = search(graph, "bf16", top=1 + LOWER_CHECK_SPARES)
     assert len(ranked) >= 2
 
-    class Refuses:
+    class Refuses(TileLangBackend):
         """A backend whose lowering check refuses the best-ranked plan."""
 
-        @staticmethod
-        def lowering_problem(plan):
+        def lowering_problem(self, plan):
             return "no layout" if plan.provenance.plan_hash == ranked[0].provenance.plan_hash else None
 
     notes: list[Note] = []
-    (plan,) = best_plan(graph, "bf16", backend=Refuses(), notes=notes.append)
+    (plan,) = best_plan(graph, "bf16", backend=Refuses("refuses", HOPPER), notes=notes.append)
     assert plan == ranked[1]
     assert [n.kind for n in notes] == ["checking", "skipped"]
     assert notes[0].count == len(ranked) and "no layout" in notes[1].text and "plan 1" in notes[1].text
@@ -116,12 +117,19 @@ def test_skips_come_back_as_notes_and_nothing_is_printed(capsys) -> None:
 def test_no_ranked_plan_builds_gives_the_naive_plan() -> None:
     graph = catalog.get("RMSNorm", SIZES)
 
-    class OnlyNaive:
-        @staticmethod
-        def lowering_problem(plan):
+    class OnlyNaive(TileLangBackend):
+        def lowering_problem(self, plan):
             return None if plan.provenance.planner.endswith("-naive") else "no layout"
 
     notes: list[Note] = []
-    (plan,) = best_plan(graph, "bf16", backend=OnlyNaive(), notes=notes.append)
+    (plan,) = best_plan(graph, "bf16", backend=OnlyNaive("only-naive", HOPPER), notes=notes.append)
     assert plan == search(graph, "bf16", naive=True)[0]
     assert [n.kind for n in notes][-2:] == ["naive-fallback", "no-fused"]
+
+
+def test_one_device_today_and_an_unknown_one_is_one_error_line(capsys) -> None:
+    assert set(BACKENDS) == {"h200"} and backend_for("H200").device is HOPPER.device
+    assert HOPPER.target == {"kind": "cuda", "arch": "sm_90a"}
+    assert cli.main(["superopt", "Matmul", "--device", "a100"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "error: --device 'a100': no backend for that device; known: h200\n"

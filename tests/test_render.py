@@ -22,7 +22,7 @@ from pyrunner.backend.tilelang.render import render
 from pyrunner.errors import DeviceFitError, PlanError
 from pyrunner.plan.analysis import kernel_axes, resolve_config
 from pyrunner.plan.schema import Plan, axis_sizes
-from pyrunner.target import H200
+from pyrunner.target.device import H200
 from pyrunner.target.layout import launch_axes, layout_bridges
 
 

@@ -10,9 +10,10 @@ from pyrunner.backend.tilelang.compile import check_fits
 from pyrunner.ir import catalog as workloads
 from pyrunner.plan.schema import axis_sizes
 from pyrunner.planner import search
-from pyrunner.planner.cost import H200 as MACHINE
+from pyrunner.planner.cost import DEFAULT_MACHINE as MACHINE
 from pyrunner.planner.cost import fitting_space
-from pyrunner.target import H200
+from pyrunner.target import DEFAULT_TARGET, DEVICES, device_named
+from pyrunner.target.device import H200
 from pyrunner.target.fit import FitModel
 
 
@@ -49,6 +50,14 @@ def test_planner_and_fit_check_share_one_device() -> None:
     assert MACHINE.device is H200
     assert H200.smem_per_block == 227 * 1024 and H200.regs_per_thread == 255
     assert MACHINE.as_dict()["tc_flops"] == H200.tc_flops
+    assert DEFAULT_TARGET is H200 and DEVICES == {"h200": H200} and device_named(" H200") is H200
+
+
+def test_an_unknown_device_is_one_clear_error() -> None:
+    from pyrunner.errors import UserError
+
+    with pytest.raises(UserError, match="unknown device 'a100'; known: h200"):
+        device_named("a100")
 
 
 def test_a_reduction_over_a_tile_that_is_not_a_power_of_two_is_refused() -> None:

@@ -21,7 +21,7 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pyrunner.planner.cost import H200, Machine, estimate, structure_class
+from pyrunner.planner.cost import DEFAULT_MACHINE, Machine, estimate, structure_class
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ def _records(logs) -> list[tuple[str, dict]]:
     return out
 
 
-def samples(logs, planner_factory, m: Machine = H200, current_only: bool = False) -> list[Sample]:
+def samples(logs, planner_factory, m: Machine = DEFAULT_MACHINE, current_only: bool = False) -> list[Sample]:
     """Re-predicted kernels of every ok GPU record of a catalog workload in ``logs``.
 
     ``current_only``: only records of kernels from the current renderer generation
@@ -121,7 +121,7 @@ def fit_scales(data: list[Sample]) -> dict[str, float]:
     return {c: round(math.exp(sum(v) / len(v)), 4) for c, v in sorted(by.items())}
 
 
-def calibrate(logs, planner_factory, m: Machine = H200) -> Machine:
+def calibrate(logs, planner_factory, m: Machine = DEFAULT_MACHINE) -> Machine:
     """The model with a time scale per structure class fitted on ``logs`` (unchanged without data).
 
     ``planner_factory``: ``search.Planner`` (it re-plans each record's workload).
@@ -140,7 +140,7 @@ def _mape(pairs: list[tuple[float, float]]) -> float | None:
     return 100.0 * statistics.median(abs(p - q) / q for p, q in pairs)
 
 
-def prediction_report(logs, planner_factory, m: Machine = H200) -> dict:
+def prediction_report(logs, planner_factory, m: Machine = DEFAULT_MACHINE) -> dict:
     """Median absolute percentage error of predicted kernel times, before and after calibration.
 
     ``logged``: the prediction each record carries (the model of its day) against its plan time;

@@ -19,19 +19,18 @@ from pyrunner.planner.banks import extra_wavefronts
 from pyrunner.planner.lower import Lowered
 from pyrunner.planner.space import long_rows_whole, param_space, short_reduction_grid, synchronous_loop
 from pyrunner.planner.traffic import FLAT_BLOCK_REACH, STREAM_BLOCK_REACH, sectored_bytes
-from pyrunner.target.device import DTYPE_BYTES, Device
-from pyrunner.target.device import H200 as H200_DEVICE
+from pyrunner.target.device import DEFAULT_TARGET, DTYPE_BYTES, Device
 from pyrunner.target.fit import FitModel, fitting_space, staged_tiles_fit
 
-__all__ = ["DTYPE_BYTES", "H200", "Machine", "best_config", "estimate", "fitting_space", "grid_blocks", "param_space",
-           "ranked_configs", "structure_class"]
+__all__ = ["DEFAULT_MACHINE", "DTYPE_BYTES", "Machine", "best_config", "estimate", "fitting_space", "grid_blocks",
+           "param_space", "ranked_configs", "structure_class"]
 
 
 @dataclass(frozen=True)
 class Machine:
     """A device (``pyrunner.target``) plus the cost model's calibrated constants."""
 
-    device: Device = field(default=H200_DEVICE)
+    device: Device = field(default=DEFAULT_TARGET)
     loop_reduce_s: float = 0.12e-6    # one cross-thread tile reduction left inside a tensor-core loop
                                       # (shuffles + a barrier; linear sums are deferred to the epilogue)
     loop_map_s: float = 0.0           # elementwise passes are counted as CUDA-core work (no double count)
@@ -57,7 +56,8 @@ class Machine:
         return dict(self.structure_scale).get(cls, default)
 
 
-H200 = Machine()
+DEFAULT_MACHINE = Machine()
+"""The cost model of the default target device, uncalibrated (``planner.calibration`` fits one from a log)."""
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ class LoweringFacts:
 
 
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
-             smem: int, m: Machine = H200, facts: LoweringFacts | None = None, regs: int = 0) -> Estimate:
+             smem: int, m: Machine = DEFAULT_MACHINE, facts: LoweringFacts | None = None, regs: int = 0) -> Estimate:
     """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block and ``regs``
     its registers per thread (occupancy; registers are counted only for a kernel holding long rows
     whole, whose blocks each load, reduce and store once, with a register-heavy tile: run 64); ``facts``:
@@ -308,7 +308,7 @@ def staged_loads_fit(low: Lowered, blocks: Mapping[str, int], threads: int) -> b
     return staged_tiles_fit(elements, threads)
 
 
-def l2_resident(facts: LoweringFacts, m: Machine = H200) -> bool:
+def l2_resident(facts: LoweringFacts, m: Machine = DEFAULT_MACHINE) -> bool:
     """Whether a kernel's loads come from L2 across calls: its data fits in half of L2, so it stays
     there beside the plan's other kernels. Data that fills most of L2 does not (run 70: the LM head's
     softmax statistics read 33 MB of float32 logits after a GEMM streamed 65 MB of weights; 72.9 us
@@ -316,14 +316,14 @@ def l2_resident(facts: LoweringFacts, m: Machine = H200) -> bool:
     return 2 * (facts.unique_bytes + facts.written_bytes) <= m.device.l2_bytes and not facts.synchronous
 
 
-def wide_steps(low: Lowered, sizes: dict[str, int], facts: LoweringFacts, m: Machine = H200) -> bool:
+def wide_steps(low: Lowered, sizes: dict[str, int], facts: LoweringFacts, m: Machine = DEFAULT_MACHINE) -> bool:
     """Whether ties between a kernel's configs go to the widest step (``_rank_key``): a short
     reduction grid over data that streams from HBM."""
     return short_reduction_grid(low, sizes, m.device.sms) and not l2_resident(facts, m)
 
 
 def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
-                tensor_bytes: dict[str, int], fit: FitModel, m: Machine = H200) -> Estimate | None:
+                tensor_bytes: dict[str, int], fit: FitModel, m: Machine = DEFAULT_MACHINE) -> Estimate | None:
     """The cheapest config of ``space`` that fits the device (``fit``), or None."""
     names = sorted(space)
     facts = LoweringFacts.of(low, tensor_bytes, m)
@@ -364,7 +364,8 @@ def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | 
 
 
 def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
-                   tensor_bytes: dict[str, int], fit: FitModel, n: int, m: Machine = H200) -> list[dict[str, int]]:
+                   tensor_bytes: dict[str, int], fit: FitModel, n: int,
+                   m: Machine = DEFAULT_MACHINE) -> list[dict[str, int]]:
     """The ``n`` cheapest configs of ``space`` that fit the device, best first (autotuning's list)."""
     names = sorted(space)
     facts = LoweringFacts.of(low, tensor_bytes, m)

@@ -106,7 +106,7 @@ class TileMemo:
 
     def best(self, low: Lowered, name: str, nbytes: dict[str, int]) -> tuple[Kernel, Estimate | None, str | None]:
         """The kernel, its cheapest fitting config's estimate (None if none fits) and, then, why not."""
-        kernel = kernel_of(low, name, param_space(low, self.sizes))
+        kernel = kernel_of(low, name, param_space(low, self.sizes, self.machine.device.sms))
         key, tok = _tokenise(low, self.sizes, nbytes)
         self._keys[id(kernel)] = key, tok
         if key not in self._memo:

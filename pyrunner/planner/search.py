@@ -56,7 +56,7 @@ from pyrunner.plan.schema import (
 from pyrunner.planner.aliases import distinct_outputs, graph_hash, with_aliases
 from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.coschedule import pairings
-from pyrunner.planner.cost import DTYPE_BYTES, H200, Estimate, Machine, grid_blocks, ranked_configs
+from pyrunner.planner.cost import DEFAULT_MACHINE, DTYPE_BYTES, Estimate, Machine, grid_blocks, ranked_configs
 from pyrunner.planner.lower import (
     Infeasible,
     Lowered,
@@ -69,6 +69,7 @@ from pyrunner.planner.lower import (
 )
 from pyrunner.planner.memo import TileMemo, kernel_of
 from pyrunner.planner.merge import Group, merge_siblings
+from pyrunner.target.device import Device
 from pyrunner.target.fit import FitModel
 
 __all__ = ["Budget", "Planner", "kernel_of", "search"]
@@ -124,7 +125,7 @@ class KernelChoice:
     """The kernel with its full tuning space (defaults: the first values); ``to_plan`` narrows it."""
     est: Estimate
     sizes: dict[str, int] = field(default_factory=dict, repr=False)
-    machine: Machine = H200
+    machine: Machine = DEFAULT_MACHINE
     _fit: FitModel | None = field(default=None, repr=False)
 
     @property
@@ -276,7 +277,7 @@ class Budget:
 class Planner:
     """Plans one graph at one dtype; caches kernel lowerings across partitions."""
 
-    def __init__(self, graph: Graph, dtype: str, machine: Machine = H200, *,
+    def __init__(self, graph: Graph, dtype: str, machine: Machine = DEFAULT_MACHINE, *,
                  source: Graph | None = None, merges: tuple[AxisMerge, ...] = (),
                  split: AxisSplit | None = None, units: tuple[AxisUnit, ...] = ()) -> None:
         self.unsplit = graph  # derivations start here; with ``split``, each is then split
@@ -710,7 +711,8 @@ def _no_plan(planner: Planner, graph: Graph) -> GraphError:
 
 
 def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = False,
-           calibration: Path | None = None, budget: Budget | None = None, tuning=None) -> list[Plan]:
+           calibration: Path | None = None, budget: Budget | None = None, tuning=None,
+           device: Device | None = None) -> list[Plan]:
     """The `top` cheapest distinct plans for `graph` (the naive plan with naive=True).
 
     Without a plan from the search, the naive plan is returned (its provenance
@@ -718,13 +720,15 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     ``tuning``: the tuning database (``target.tuning.TuningDB``) whose measured times and configs take
     precedence over the model's; None or False: the model alone. The committed database is passed
     explicitly (``target.tuning.committed_tuning()``, as the ``superopt`` command does), so a library
-    call's plan does not change when GPU timings are merged.
+    call's plan does not change when GPU timings are merged. ``device``: the GPU planned for (its fit
+    limits and cost model; default ``target.device.DEFAULT_TARGET``).
     """
     unique, aliases = distinct_outputs(graph)
     if aliases:  # outputs that are one value under several names: planned once, stored per name
-        plans = search(unique, dtype, top=top, naive=naive, calibration=calibration, budget=budget, tuning=tuning)
+        plans = search(unique, dtype, top=top, naive=naive, calibration=calibration, budget=budget, tuning=tuning,
+                       device=device)
         return [with_aliases(p, graph, aliases) for p in plans]
-    machine = calibrate(calibration, Planner)
+    machine = calibrate(calibration, Planner, DEFAULT_MACHINE if device is None else Machine(device))
     planner = Planner(graph, dtype, machine)
     searched = [(planner, planner.candidates(naive=naive, budget=budget))]
     merged, merges = (graph, []) if naive else merge_all(graph)
@@ -828,7 +832,7 @@ SPLIT_TILE_ELEMENTS = SPLIT_TILE * SPLIT_TILE
 counted as 128-wide tiles per axis, so a one-row product's thin tiles count too)."""
 
 
-def split_candidates(g: Graph, machine: Machine = H200) -> list[AxisSplit]:
+def split_candidates(g: Graph, machine: Machine = DEFAULT_MACHINE) -> list[AxisSplit]:
     """Splits worth a search: a long reduced axis of a graph whose outputs give fewer blocks than a
     quarter of the SMs, in the chunk counts that fill the machine (``split_axes.chunk_counts``)."""
     sms = machine.device.sms

@@ -7,10 +7,11 @@ from __future__ import annotations
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, thread_reads_staged
 from pyrunner.planner.lower import MAX_FULL_EXTENT, Lowered, long_row_threads
 from pyrunner.planner.tiles import block_candidates
-from pyrunner.target.device import H200
+from pyrunner.target.device import DEFAULT_TARGET
 
 
-def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
+def param_space(low: Lowered, sizes: dict[str, int], sms: int = DEFAULT_TARGET.sms) -> dict[str, list[int]]:
+    """The kernel's tuning space on a device of ``sms`` SMs (a short reduction grid gets narrower row tiles)."""
     space: dict[str, list[int]] = {}
     m_axes = {g.m_axis for g in low.gemms}
     long_rows = long_rows_whole(low)
@@ -20,7 +21,7 @@ def param_space(low: Lowered, sizes: dict[str, int]) -> dict[str, list[int]]:
         # a loop of synchronous loads, or one whose 8-row tiles leave SMs idle, may go down to two
         # rows (its wide steps then fit in registers; 256 rows: 128 blocks, not 32); a block of 1
         # would make the axis an indexed one, which no buffer may keep (plan.validate)
-        narrow = (synchronous_loop(low) or short_reduction_grid(low, sizes) or long_rows
+        narrow = (synchronous_loop(low) or short_reduction_grid(low, sizes, sms) or long_rows
                   or a in strided_rows(low))
         lo = 64 if a in m_axes else 16 if low.gemms else 2 if narrow else 8
         space[block_param(a)] = block_candidates(sizes[a], lo=lo)
@@ -62,7 +63,7 @@ def synchronous_loop(low: Lowered) -> bool:
     return low.stream is not None and any(ld.in_loop and not ld.asynchronous for ld in low.loads)
 
 
-def short_reduction_grid(low: Lowered, sizes: dict[str, int], sms: int = H200.sms) -> bool:
+def short_reduction_grid(low: Lowered, sizes: dict[str, int], sms: int = DEFAULT_TARGET.sms) -> bool:
     """A streamed loop without GEMMs whose grid at 8-row tiles has fewer blocks than the device has
     SMs (run 52: a 256 x 32000 softmax's statistics on 32 blocks, 36 us for 16 MB)."""
     if low.stream is None or low.gemms:

@@ -2,6 +2,6 @@
 makes of a plan on it (``layout``). Read by the planner (cost, tile choice) and the runner (fit).
 """
 
-from pyrunner.target.device import DEVICES, DTYPE_BYTES, H200, Device
+from pyrunner.target.device import DEFAULT_TARGET, DEVICES, DTYPE_BYTES, Device, device_named
 
-__all__ = ["DEVICES", "DTYPE_BYTES", "H200", "Device"]
+__all__ = ["DEFAULT_TARGET", "DEVICES", "DTYPE_BYTES", "Device", "device_named"]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pyrunner.errors import UserError
+
 DTYPE_BYTES: dict[str, int] = {"float16": 2, "bfloat16": 2, "float32": 4}
 """Bytes per element of every dtype a plan may name."""
 
@@ -98,4 +100,17 @@ H200 = Device(
     smem_wavefronts_per_s=1.75e9,
 )
 
-DEVICES: dict[str, Device] = {H200.name: H200}
+DEVICES: dict[str, Device] = {"h200": H200}
+"""Every device plans can be made for, by the name ``--device`` takes. Adding a GPU is one entry here
+(plus, when its instruction set differs, one backend module under ``pyrunner/backend``)."""
+
+DEFAULT_TARGET: Device = H200
+"""The device a plan is made for when the caller names none (planning needs no GPU)."""
+
+
+def device_named(name: str) -> Device:
+    """The device called ``name`` (case-insensitive); UserError naming the known ones otherwise."""
+    device = DEVICES.get(name.strip().lower())
+    if device is None:
+        raise UserError(f"unknown device {name!r}; known: {', '.join(sorted(DEVICES))}")
+    return device

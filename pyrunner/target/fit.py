@@ -22,7 +22,7 @@ from pyrunner.plan.analysis import KernelGeometry, kernel_axes, kernel_geometry,
 from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import ChainSchedule, async_schedule
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce, Store
-from pyrunner.target.device import H200, Device
+from pyrunner.target.device import DEFAULT_TARGET, Device
 from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups, reduced_tile_problem
 from pyrunner.target.wgmma import tile_problem as wgmma_tile_problem
 
@@ -108,7 +108,7 @@ def _live_sets(kernel: Kernel, frags: set[str]) -> list[frozenset[str]]:
 class FitModel:
     """The config-independent part of the fit check for one kernel over fixed axis extents."""
 
-    def __init__(self, kernel: Kernel, sizes: Mapping[str, int], device: Device = H200) -> None:
+    def __init__(self, kernel: Kernel, sizes: Mapping[str, int], device: Device = DEFAULT_TARGET) -> None:
         kernel = rendered_kernel(kernel)  # as rendered: loop reductions kept as per-thread partials
         self.kernel, self.sizes, self.device = kernel, dict(sizes), device
         self.roles = kernel_axes(kernel, self.sizes)
@@ -282,7 +282,8 @@ class FitModel:
         return None
 
 
-def fits(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[str, int], device: Device = H200) -> str | None:
+def fits(kernel: Kernel, values: Mapping[str, int], sizes: Mapping[str, int],
+         device: Device = DEFAULT_TARGET) -> str | None:
     """None when ``kernel`` fits ``device`` under parameter ``values``, else why not (one line)."""
     return FitModel(kernel, sizes, device).why_not(values)
 

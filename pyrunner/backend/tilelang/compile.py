@@ -23,17 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from pyrunner.backend.tilelang.hopper import HOPPER, NVCC_FLAGS
 from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET, kernel_pass_configs, render
 from pyrunner.errors import DeviceFitError, PlanError
 from pyrunner.files import inside
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan, axis_sizes
-from pyrunner.target.device import H200, Device
+from pyrunner.target.device import Device
 from pyrunner.target.fit import FitModel, Footprint
-
-NVCC_FLAGS = ("-std=c++20", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo")
-"""The flags TileLang itself passes to nvcc for CUDA kernels (its templates need C++20)."""
-
 
 # --- loading generated source -------------------------------------------------
 
@@ -145,7 +142,7 @@ def tilelang_include_dirs() -> list[str]:
     return [str(Path(env.TILELANG_TEMPLATE_PATH).resolve()), str(Path(env.CUTLASS_INCLUDE_DIR).resolve())]
 
 
-def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = "sm_90a") -> CubinResult:
+def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = HOPPER.arch) -> CubinResult:
     """Compile each kernel's CUDA source to ``out_dir/<kernel>.cubin`` with the local nvcc.
 
     Without nvcc on PATH nothing is built and the result says so (``skipped``).
@@ -198,13 +195,13 @@ def compile_for_gpu(plan: Plan, config: dict | None = None,
 
 # --- device fit -------------------------------------------------------------------
 
-def estimate_kernel(plan: Plan, kernel_name: str, values: dict[str, int], device: Device = H200) -> Footprint:
+def estimate_kernel(plan: Plan, kernel_name: str, values: dict[str, int], device: Device = HOPPER.device) -> Footprint:
     """Shared bytes per block and registers per thread of one kernel under parameter ``values``."""
     kernel = next(k for k in plan.kernels if k.name == kernel_name)
     return FitModel(kernel, axis_sizes(plan), device).footprint(values)
 
 
-def check_fits(plan: Plan, config: dict | None = None, device: Device = H200) -> list[Footprint]:
+def check_fits(plan: Plan, config: dict | None = None, device: Device = HOPPER.device) -> list[Footprint]:
     """Every kernel's footprint under ``config``; raise DeviceFitError naming the first that does not fit."""
     cfg = resolve_config(plan, config)
     sizes = axis_sizes(plan)

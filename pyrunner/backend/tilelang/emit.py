@@ -49,7 +49,7 @@ from pyrunner.plan.schema import (
     Ref,
     Store,
 )
-from pyrunner.target.device import H200
+from pyrunner.target.device import DTYPE_BYTES
 from pyrunner.target.layout import launch_axes, layout_groups, synchronous_loop_loads
 
 NO_WARP_SPECIALISATION = {"tl.disable_warp_specialized": True}
@@ -506,7 +506,7 @@ def _merge_legal(cols: str, b_dtype: str, inner: str | None = None) -> str:
     is merged by rows instead; each half is then whole only while a row, the ``inner`` contracted
     extent, fits in one atom (block_d = 128 in bf16 spans two and was rejected the same way).
     """
-    atom = MERGE_ATOM_BYTES // H200.dtype_bytes[b_dtype]
+    atom = MERGE_ATOM_BYTES // DTYPE_BYTES[b_dtype]
     if inner is not None:
         return f"2 * {_paren(cols)} <= 256 and {_paren(inner)} <= {atom}"
     return f"2 * {_paren(cols)} <= 256 and {_paren(cols)} % {atom} == 0"

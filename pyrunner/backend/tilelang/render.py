@@ -53,6 +53,7 @@ from pyrunner.backend.tilelang.emit import (
     kernel_pass_configs,
     loop_invariant_bridges,
 )
+from pyrunner.backend.tilelang.hopper import HOPPER
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.analysis import kernel_args, kernel_axes, op_reads_writes
@@ -69,12 +70,12 @@ from pyrunner.plan.schema import (
     plan_hash,
 )
 from pyrunner.plan.validate import check_plan_names, checked_hash
-from pyrunner.target.device import H200, rows_async
+from pyrunner.target.device import rows_async
 from pyrunner.target.fit import STAGED_ELEMENTS_PER_THREAD
 from pyrunner.target.layout import launch_axes, layout_bridges, staged_loop_loads, synchronous_loop_loads
 
-TARGET = {"kind": "cuda", "arch": H200.arch}
-SM_COUNT = H200.sms
+TARGET = HOPPER.target
+SM_COUNT = HOPPER.sm_count
 """Streaming multiprocessors of the target; decides whether block reordering can matter."""
 PASS_CONFIGS = {"tl.enable_fast_math": True}
 """TileLang pass configs of every kernel: fast math (``--use_fast_math``: ex2.approx, rcp.approx)."""

@@ -7,10 +7,11 @@ past one wave. The build function evaluates the guard and the tile count; ``rend
 from __future__ import annotations
 
 from pyrunner.backend.tilelang import emit as R
+from pyrunner.backend.tilelang.hopper import HOPPER
 from pyrunner.plan import schedule
 from pyrunner.plan.schedule import AsyncSchedule, ChainSchedule
 from pyrunner.target import fit
-from pyrunner.target.device import H200
+from pyrunner.target.device import DTYPE_BYTES
 
 
 def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
@@ -31,7 +32,7 @@ def async_schedule(ctx: R._Ctx) -> AsyncSchedule | None:
 def _tma_loadable(ctx: R._Ctx, op) -> bool:
     """TMA: 16-byte aligned rows of a tensor with at least two axes, into a tile without indexed axes."""
     t = ctx.tensors[op.src]
-    if len(t.axes) < 2 or t.shape[-1] * H200.dtype_bytes[t.dtype] % 16:
+    if len(t.axes) < 2 or t.shape[-1] * DTYPE_BYTES[t.dtype] % 16:
         return False
     return not any(ctx.roles[a].kind == "indexed" for a in ctx.buffers[op.dst].axes)
 
@@ -52,11 +53,11 @@ def shared_bytes(ctx: R._Ctx, sched: AsyncSchedule) -> str:
     terms = []
     for b in kernel.buffers:
         if b.scope == "shared":
-            size = " * ".join([*(R._paren(e) for e in R._extent(ctx, b)), str(H200.dtype_bytes[b.dtype])])
+            size = " * ".join([*(R._paren(e) for e in R._extent(ctx, b)), str(DTYPE_BYTES[b.dtype])])
             terms.append(f"{R._paren(stages)} * {size}" if b.name in staged else size)
     for src, dst in ctx.staging:
         terms.append(" * ".join([*(R._paren(e) for e in R._extent(ctx, ctx.buffers[src])),
-                                 str(H200.dtype_bytes[dtypes[dst]])]))
+                                 str(DTYPE_BYTES[dtypes[dst]])]))
     return f"({' + '.join(terms)})"
 
 
@@ -68,7 +69,7 @@ def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
         rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
         conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
         conds.append(f"{R._paren(cols)} <= 256")
-    conds.append(f"{shared_bytes(ctx, sched)} <= {H200.smem_per_block - fit.ASYNC_SMEM_SLACK}")
+    conds.append(f"{shared_bytes(ctx, sched)} <= {HOPPER.device.smem_per_block - fit.ASYNC_SMEM_SLACK}")
     axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
     for a in sorted(axes) if not fit.ASYNC_PARTIAL_TILES else ():
         if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
