@@ -48,8 +48,9 @@ def fake_planner(monkeypatch):
     calls: list[dict] = []
     mod = types.ModuleType("pyrunner.planner")
 
-    def search(graph, dtype, *, top=1, naive=False, calibration=None):
-        calls.append({"graph": graph, "dtype": dtype, "top": top, "naive": naive, "calibration": calibration})
+    def search(graph, dtype, *, top=1, naive=False, calibration=None, budget=None, tuning=None, device=None):
+        calls.append({"graph": graph, "dtype": dtype, "top": top, "naive": naive, "calibration": calibration,
+                      "tuning": tuning, "device": device})
         plan = rmsnorm_plan()
         return [plan.model_copy(update={"workload": f"{graph.name}#{i}"}) for i in range(top)]
 
@@ -66,6 +67,7 @@ def test_superopt_prints_one_plan(fake_planner, capsys) -> None:
     assert isinstance(data, dict) and data["workload"] == "RMSNorm#0"
     (call,) = fake_planner
     assert call["dtype"] == "float16" and call["top"] == 1 and not call["naive"] and call["calibration"] is None
+    assert call["tuning"].path.name == "h200.json" and call["device"].name == "H200"  # the committed database
     assert call["graph"] == workloads.get("RMSNorm", {"m": 32, "d": 64})
 
 
