@@ -166,7 +166,8 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     backend = backend_for(args.device)
     graph = _load_graph(args)
     lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
-    plans = best_plan(graph, DTYPES[args.dtype], backend=backend, tuning=_tuning(args), top=args.top,
+    tuning = _tuning(args, backend.device.name)
+    plans = best_plan(graph, DTYPES[args.dtype], backend=backend, tuning=tuning, top=args.top,
                       naive=args.naive, calibration=calibration, lower_check=lower_check, notes=_say)
     if args.explain:
         for i, p in enumerate(plans):
@@ -185,9 +186,9 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     return 0
 
 
-def _tuning(args: argparse.Namespace):
+def _tuning(args: argparse.Namespace, device: str = DEFAULT_DEVICE):
     """The tuning database ``superopt`` plans with: ``--tuning FILE``, none with ``--no-tuning``, else the
-    committed one of the ``--device``."""
+    committed one of ``device`` (the known device ``--device`` named, never the raw string)."""
     from pyrunner.target.tuning import TuningDB, committed_tuning
 
     if args.no_tuning:
@@ -197,7 +198,7 @@ def _tuning(args: argparse.Namespace):
         if not path.is_file():
             raise UserError(f"--tuning: tuning database {str(path)!r} does not exist")
         return TuningDB.load(path)
-    return committed_tuning(args.device)
+    return committed_tuning(device)
 
 
 def _say(note) -> None:
