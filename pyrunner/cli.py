@@ -10,7 +10,10 @@ Commands::
         schema and semantic checks only
     python -m pyrunner superopt [WORKLOAD] [--graph FILE.json] [--shape AXIS=N ...] [--dtype fp16|bf16]
                                 [--naive] [--top K] [--explain] [--calibrate LOG.jsonl] [--out FILE]
-        search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K)
+                                [--backward | --with-saves]
+        search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K);
+        --backward plans the derived backward graph (``ir.grad``), --with-saves the forward that
+        also writes the tensors the backward reads
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
@@ -159,6 +162,13 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     from pyrunner.planner import explain, search
 
     graph = _load_graph(args)
+    if args.backward or args.with_saves:  # reverse-mode derivation (ir.grad): plan a derived graph instead
+        from pyrunner.ir.grad import derive
+
+        derived = derive(graph)
+        graph = derived.graph if args.backward else derived.forward
+        _note(f"note: planning {graph.name!r}; the backward reads saved forward outputs "
+              f"{', '.join(derived.saved) or '(none)'} and cotangents {', '.join(derived.cotangents)}")
     lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
     extra = LOWER_CHECK_SPARES if lower_check else 0
     plans = search(graph, DTYPES[args.dtype], top=args.top + extra, naive=args.naive, calibration=calibration)
@@ -320,6 +330,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")
     p.add_argument("--calibrate", metavar="LOG.jsonl", help="calibrate the cost model from a results log")
     p.add_argument("--out", metavar="FILE", help="write the JSON to FILE instead of stdout")
+    grad = p.add_mutually_exclusive_group()
+    grad.add_argument("--backward", action="store_true",
+                      help="plan the graph's derived backward graph (input gradients from output gradients)")
+    grad.add_argument("--with-saves", action="store_true",
+                      help="plan the forward graph extended with the saved tensors its backward reads")
     p.add_argument("--no-lower-check", dest="lower_check", action="store_false",
                    help="hand out the best plan without lowering it with TileLang first "
                         "(by default a plan TileLang cannot build is skipped for the next-ranked one)")
