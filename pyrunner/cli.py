@@ -13,7 +13,7 @@ Commands::
                                 [--backward | --with-saves]
         search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K);
         --backward plans the derived backward graph (``ir.grad``), --with-saves the forward that
-        also writes the tensors the backward reads
+        also writes the tensors the backward reads (which ones: ``planner.saves``, by the cost model)
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
@@ -163,9 +163,9 @@ def cmd_superopt(args: argparse.Namespace) -> int:
 
     graph = _load_graph(args)
     if args.backward or args.with_saves:  # reverse-mode derivation (ir.grad): plan a derived graph instead
-        from pyrunner.ir.grad import derive
+        from pyrunner.planner.saves import choose_saves
 
-        derived = derive(graph)
+        derived = choose_saves(graph, DTYPES[args.dtype], calibration)
         graph = derived.graph if args.backward else derived.forward
         _note(f"note: planning {graph.name!r}; the backward reads saved forward outputs "
               f"{', '.join(derived.saved) or '(none)'} and cotangents {', '.join(derived.cotangents)}")

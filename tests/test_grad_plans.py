@@ -17,6 +17,7 @@ from pyrunner.ir.grad import derive
 from pyrunner.ir.graph import Graph
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.planner import search
+from pyrunner.planner.saves import choose_saves, predicted_us
 from pyrunner.run.executor import cpu_check_plan, execute, scale_down
 from pyrunner.run.grad_check import backward_inputs
 from pyrunner.run.runner import graph_of
@@ -62,8 +63,8 @@ def test_corpus_backward_plans_pass_cpu_executor(path: Path) -> None:
 
 
 def test_forward_with_saves_plans_and_writes_lse() -> None:
-    """The forward a backward needs writes O and the row log-sum-exp, in one fused kernel at small shapes."""
-    bwd = derive(_small("Attention"))
+    """The forward a backward needs writes O and the row log-sum-exp (a multi-output kernel)."""
+    bwd = derive(catalog.get("Attention", {"h": 1, "t_q": 64, "t_kv": 64, "d": 32}))
     (plan,) = search(bwd.forward, "bf16", top=1)
     outs = {t.name for t in plan.tensors if t.role == "output"}
     assert outs == {"O", "LSE_P"} == set(bwd.saved)
@@ -78,15 +79,47 @@ def _superopt(argv: list[str], capsys) -> tuple[int, dict, str]:
     return code, json.loads(out.out) if code == 0 else {}, out.err
 
 
-def test_cli_backward_and_with_saves(capsys) -> None:
+def test_cli_backward(capsys) -> None:
     shape = ["--shape", "m=64", "--shape", "d=32", "--shape", "n=48"]
     code, plan, err = _superopt(["Matmul", *shape, "--backward"], capsys)
     assert code == 0 and plan["workload"] == "MatmulBackward"
     assert {t["name"] for t in plan["tensors"] if t["role"] == "output"} == {"d_X", "d_W"}
     assert {t["name"] for t in plan["tensors"] if t["role"] == "input"} == {"X", "W", "d_Y"}
     assert "cotangents d_Y" in err
-    code, plan, err = _superopt(["Attention", "--shape", "t_q=64", "--shape", "t_kv=64", "--shape", "h=2",
-                                 "--with-saves"], capsys)
-    assert code == 0 and {t["name"] for t in plan["tensors"] if t["role"] == "output"} == {"O", "LSE_P"}
     assert main(["superopt", "Matmul", "--backward", "--with-saves"]) == 2
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_saved_contractions_are_chosen_by_the_cost_model() -> None:
+    """SwiGLU's backward recomputes X W_gate and X W_up unless saving one is predicted cheaper: the
+    choice is never dearer than recomputing everything, and saves only recomputed contractions."""
+    g = _small("SwiGLU")
+    base = derive(g)
+    assert len(base.recomputed) == 2
+    chosen = choose_saves(g, "bfloat16")
+    assert predicted_us(chosen, "bfloat16") <= predicted_us(base, "bfloat16")
+    labels = {n: t for n, t in chosen.forward.outputs}
+    extra = [labels[n] for n in chosen.saved if n not in dict(g.outputs)]
+    assert all(t in base.recomputed for t in extra)
+    assert all(t not in chosen.recomputed for t in extra)  # a saved contraction is read, not recomputed
+
+
+def test_cli_backward_reads_what_with_saves_writes(capsys) -> None:
+    shape = ["--shape", "m=32", "--shape", "d=32", "--shape", "n=32"]
+    code, back, _ = _superopt(["SwiGLU", *shape, "--backward"], capsys)
+    assert code == 0
+    code, fwd, _ = _superopt(["SwiGLU", *shape, "--with-saves"], capsys)
+    assert code == 0
+    fwd_out = {t["name"] for t in fwd["tensors"] if t["role"] == "output"}
+    back_in = {t["name"] for t in back["tensors"] if t["role"] == "input"}
+    assert "Y" in fwd_out and back_in - {"X", "W_gate", "W_up", "d_Y"} == fwd_out - {"Y"}
+
+
+@pytest.mark.slow
+def test_attention_scores_are_recomputed_at_scale() -> None:
+    """At h16 t4096 d128 storing the scores (t_q x t_kv per head) is predicted dearer than recomputing
+    them (at toy sizes, where every kernel is latency-bound, the model may save them)."""
+    g = catalog.get("Attention")
+    chosen = choose_saves(g, "bfloat16")
+    assert set(chosen.saved) == {"O", "LSE_P"} and len(chosen.recomputed) == 1

@@ -253,13 +253,16 @@ class Backward:
     """Backward output name -> the forward input it is the gradient of."""
     wrt: tuple[str, ...] = ()
     """The forward inputs differentiated (an input left out has no gradient output, zero or not)."""
+    recomputed: tuple[Term, ...] = ()
+    """Forward contractions the backward recomputes from the inputs: each could be saved instead."""
 
 
 class _Deriver:
     """One reverse sweep over a forward graph (see ``derive``)."""
 
-    def __init__(self, graph: Graph, outputs: tuple[str, ...], wrt: frozenset[str]) -> None:
+    def __init__(self, graph: Graph, outputs: tuple[str, ...], wrt: frozenset[str], keep: tuple[Term, ...]) -> None:
         self.g = graph
+        self.keep = keep
         self.roots = [t for n, t in graph.outputs if n in outputs]
         self.diff_outputs = [(n, t) for n, t in graph.outputs if n in outputs]
         self.wrt = wrt
@@ -293,6 +296,9 @@ class _Deriver:
             for a in self._fwd_deps(t):
                 users.setdefault(a, []).append(t)
         outs = {t for _, t in self.diff_outputs}
+        for t in self.keep:
+            if t.op != "input":
+                self._save(t, self.g.labels.get(t, "saved"), "saved")
         for p, (x, axis) in self.softmax.items():
             if p not in live:
                 continue
@@ -361,7 +367,8 @@ class _Deriver:
             if (t.op == "input" and t.name in self.wrt) or any(a in live for a in self._fwd_deps(t)):
                 live.add(t)
         self.plan_saves(order, live)
-        val = self.values(order)
+        self.order = order
+        self.val = val = self.values(order)
         contribs: dict[Term, list[Term]] = {}
         cot_inputs: dict[str, str] = {}
         for n, t in self.diff_outputs:
@@ -400,9 +407,13 @@ class _Deriver:
         return g
 
 
-def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str] | None = None) -> Backward:
+def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str] | None = None,
+           save: Iterable[Term] = ()) -> Backward:
     """The backward graph of ``graph`` for the outputs named (default: all) with respect to the inputs
-    named (default: all), with the forward graph extended by the tensors the backward reads."""
+    named (default: all), with the forward graph extended by the tensors the backward reads.
+
+    ``save``: forward terms to save besides the default ones (``Backward.recomputed`` lists the
+    candidates; ``planner.saves`` picks among them by the cost model)."""
     names = [n for n, _ in graph.outputs]
     outs = tuple(names if outputs is None else outputs)
     for n in outs:
@@ -413,7 +424,11 @@ def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str
     for n in targets:
         if n not in in_names:
             raise GraphError(f"backward: graph {graph.name!r} has no input {n!r}; its inputs are {in_names}")
-    d = _Deriver(graph, outs, targets)
+    terms = set(subterms(t for _, t in graph.outputs))
+    keep = tuple(dict.fromkeys(save))
+    if any(t not in terms for t in keep):
+        raise GraphError(f"backward: a term to save is not a term of graph {graph.name!r}")
+    d = _Deriver(graph, outs, targets, keep)
     grads, cot_inputs = d.sweep()
     by_name = {t.name: t for t in graph.inputs()}
     out_terms: list[tuple[str, Term]] = []
@@ -429,15 +444,18 @@ def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str
     labels = {t: n for n, t in out_terms}
     bwd = with_unit_axis(Graph(f"{graph.name}Backward", dict(graph.sizes), tuple(out_terms), labels))
     check(bwd)
-    forward = graph
-    if d.extra:
-        forward = Graph(graph.name, dict(graph.sizes), graph.outputs + tuple(d.extra),
-                        {**graph.labels, **{t: n for n, t in d.extra}})
-        check(forward)
     read = {t.name for t in bwd.inputs()}
+    extra = tuple((n, t) for n, t in d.extra if n in read)
+    forward = graph
+    if extra:
+        forward = Graph(graph.name, dict(graph.sizes), graph.outputs + extra,
+                        {**graph.labels, **{t: n for n, t in extra}})
+        check(forward)
     saved = tuple(n for n, _ in forward.outputs if n in read)
+    in_bwd = set(bwd.terms())
+    recomputed = tuple(t for t in d.order if t.op == "matmul" and t not in d.saved and d.val[t] in in_bwd)
     return Backward(bwd, forward, saved, {k: v for k, v in cot_inputs.items() if k in read}, gradients,
-                    tuple(sorted(targets)))
+                    tuple(sorted(targets)), recomputed)
 
 
 def backward_graph(graph: Graph, outputs: Iterable[str] | None = None) -> Graph:
