@@ -15,19 +15,12 @@ import pytest
 
 from pyrunner.errors import GraphError
 from pyrunner.ir import catalog
-from pyrunner.ir.grad import (
-    BINARY_VJP,
-    KIND_VJP,
-    REDUCE_VJP,
-    TERNARY_VJP,
-    UNARY_VJP,
-    backward_graph,
-    derive,
-)
+from pyrunner.ir.grad import backward_graph, derive
 from pyrunner.ir.graph import Graph, GraphBuilder, subterms
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.ops import BINARY, REDUCTIONS, TERM_KINDS, TERNARY, UNARY
 from pyrunner.ir.reference import evaluate, random_inputs
+from pyrunner.ir.vjp import BINARY_VJP, KIND_VJP, REDUCE_VJP, TERNARY_VJP, UNARY_VJP
 from pyrunner.run.grad_check import check_gradients
 
 DATA = Path(__file__).resolve().parent / "data"

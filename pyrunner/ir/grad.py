@@ -1,23 +1,13 @@
 """Reverse-mode differentiation of the graph IR: the backward graph of a graph, as graph ops.
 
-Every op of the op table (``ir.ops``) has its vector-Jacobian product here, one entry each and keyed
-like the forward semantics: ``UNARY_VJP``/``BINARY_VJP``/``TERNARY_VJP``/``REDUCE_VJP`` by function
-name, ``KIND_VJP`` by term kind. A VJP maps (operand values, result value, result cotangent ``g``)
-to one cotangent contribution per operand (None: no gradient flows there), built from the same
-terms the search plans, so a backward graph is an ordinary graph: the rules, fusions and the float64
-reference apply unchanged.
+Each op's vector-Jacobian product is its entry in ``ir.vjp`` (one per op of the op table); this
+module sweeps a graph in reverse, summing contributions, so a backward graph is an ordinary graph:
+the rules, fusions and the float64 reference apply unchanged.
 
 Named axes make broadcasting explicit: a contribution carrying axes its operand lacks is summed
 over them (``_unbroadcast``). A cotangent may lack axes of its term (the gradient of a sum is
 constant along the summed axis): it broadcasts by name wherever it is used, and is widened only
 where it becomes an input's gradient.
-
-Non-smooth points follow PyTorch's autograd, so the float64 autograd check is exact there too:
-``max``/``min`` of two tensors split the gradient evenly at ties (``torch.maximum``), against a
-constant the tie goes to the tensor (``torch.clamp_min``/``clamp_max``, the baseline's form); the
-``max`` reduction shares it evenly among tied maxima (``amax``); ``relu``/``abs`` have slope 0 at 0;
-comparisons (``lt``/``le``) and ``where``'s predicate are piecewise constant (no gradient), so a
-masked position (``where(keep, s, -inf)``) gets gradient 0.
 
 Saved tensors (``Backward.saved``): the forward outputs (written anyway) and, per softmax ``P =
 softmax_a(x)``, its row log-sum-exp ``LSE`` (an extra forward output), so the backward recomputes
@@ -31,204 +21,27 @@ attention-specific branch.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph import (
     Graph,
     Term,
-    axis_size,
     binary,
     check,
     const,
     inp,
     iota,
-    matmul,
     reduce,
     result_axes,
     softmax_source,
     subterms,
     unary,
-    where,
     with_unit_axis,
 )
 from pyrunner.ir.names import fresh_name
-
-AxesOf = Callable[[Term], tuple[str, ...]]
-
-_LN2 = math.log(2.0)
-_GELU_C = math.sqrt(2.0 / math.pi)
-
-
-# --- small term helpers --------------------------------------------------------------------------
-
-def _add(a: Term, b: Term) -> Term:
-    return binary("add", a, b)
-
-
-def _sub(a: Term, b: Term) -> Term:
-    return binary("sub", a, b)
-
-
-def _mul(a: Term, b: Term) -> Term:
-    return binary("mul", a, b)
-
-
-def _div(a: Term, b: Term) -> Term:
-    return binary("div", a, b)
-
-
-def _c(v: float) -> Term:
-    return const(v)
-
-
-def _is_constant(t: Term) -> bool:
-    """No input and no index in t: the baselines fold it to a Python number (``torch_scalar`` forms)."""
-    return all(s.op not in ("input", "iota") for s in subterms([t]))
-
-
-# --- the VJP tables ----------------------------------------------------------------------------------
-
-UnaryVjp = Callable[[Term, Term, Term], Term]
-"""(x, y = f(x), g = cotangent of y) -> cotangent contribution to x."""
-
-UNARY_VJP: dict[str, UnaryVjp] = {
-    "exp": lambda x, y, g: _mul(g, y),
-    "exp2": lambda x, y, g: _mul(g, _mul(y, _c(_LN2))),
-    "log": lambda x, y, g: _div(g, x),
-    "neg": lambda x, y, g: unary("neg", g),
-    "recip": lambda x, y, g: unary("neg", _mul(g, unary("square", y))),
-    "sqrt": lambda x, y, g: _div(_mul(g, _c(0.5)), y),
-    "rsqrt": lambda x, y, g: _mul(g, _mul(_c(-0.5), _mul(y, unary("square", y)))),
-    "square": lambda x, y, g: _mul(g, _mul(_c(2.0), x)),
-    # silu' = s (1 + x (1 - s)), s = sigmoid(x)
-    "silu": lambda x, y, g: _mul(g, _mul(unary("sigmoid", x),
-                                         _add(_c(1.0), _mul(x, _sub(_c(1.0), unary("sigmoid", x)))))),
-    "sigmoid": lambda x, y, g: _mul(g, _mul(y, _sub(_c(1.0), y))),
-    "tanh": lambda x, y, g: _mul(g, _sub(_c(1.0), unary("square", y))),
-    "gelu": lambda x, y, g: _mul(g, _gelu_slope(x)),
-    "relu": lambda x, y, g: _mul(g, binary("lt", _c(0.0), x)),  # torch: slope 0 at x = 0
-    "abs": lambda x, y, g: _mul(g, _sub(binary("lt", _c(0.0), x), binary("lt", x, _c(0.0)))),
-    "softplus": lambda x, y, g: _mul(g, unary("sigmoid", x)),
-}
-
-
-def _gelu_slope(x: Term) -> Term:
-    """d/dx of 0.5 x (1 + tanh(u)), u = c (x + 0.044715 x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) u'."""
-    x2 = unary("square", x)
-    t = unary("tanh", _mul(_c(_GELU_C), _add(x, _mul(_c(0.044715), _mul(x, x2)))))
-    du = _mul(_c(_GELU_C), _add(_c(1.0), _mul(_c(3 * 0.044715), x2)))
-    return _add(_mul(_c(0.5), _add(_c(1.0), t)),
-                _mul(_mul(_c(0.5), x), _mul(_sub(_c(1.0), unary("square", t)), du)))
-
-
-BinaryVjp = Callable[[Term, Term, Term, Term], tuple["Term | None", "Term | None"]]
-"""(a, b, y = f(a, b), g) -> (contribution to a, contribution to b)."""
-
-
-def _extremum(larger: bool) -> BinaryVjp:
-    """torch.maximum/minimum: the gradient goes to the winner, split evenly at a tie; against a
-    constant (clamp_min/clamp_max in the baseline) the tensor keeps it at a tie."""
-    def wins(p: Term, q: Term) -> Term:  # 1 where p beats q, 0.5 at a tie, 0 where q wins
-        strict, weak = (binary("lt", q, p), binary("le", q, p)) if larger else \
-            (binary("lt", p, q), binary("le", p, q))
-        if _is_constant(q):
-            return weak
-        return _mul(_c(0.5), _add(strict, weak))
-
-    def vjp(a: Term, b: Term, y: Term, g: Term) -> tuple[Term | None, Term | None]:
-        return _mul(g, wins(a, b)), _mul(g, wins(b, a))
-    return vjp
-
-
-BINARY_VJP: dict[str, BinaryVjp] = {
-    "add": lambda a, b, y, g: (g, g),
-    "sub": lambda a, b, y, g: (g, unary("neg", g)),
-    "mul": lambda a, b, y, g: (_mul(g, b), _mul(g, a)),
-    "div": lambda a, b, y, g: (_div(g, b), unary("neg", _div(_mul(g, y), b))),
-    "max": _extremum(larger=True),
-    "min": _extremum(larger=False),
-    "lt": lambda a, b, y, g: (None, None),  # piecewise constant
-    "le": lambda a, b, y, g: (None, None),
-}
-
-TernaryVjp = Callable[[Term, Term, Term, Term, Term], tuple["Term | None", "Term | None", "Term | None"]]
-"""(c, x, y, result, g) -> contributions to (c, x, y)."""
-
-TERNARY_VJP: dict[str, TernaryVjp] = {
-    # the predicate is piecewise constant; a masked position (x not selected) gets 0
-    "where": lambda c, x, y, r, g: (None, where(c, g, _c(0.0)), where(c, _c(0.0), g)),
-}
-
-ReduceVjp = Callable[[Term, Term, Term, str], Term]
-"""(x, y = r_axis(x), g, axis) -> contribution to x (may lack ``axis``: it broadcasts)."""
-
-
-def _max_vjp(x: Term, y: Term, g: Term, axis: str) -> Term:
-    """amax's: g shared evenly among the positions equal to the maximum (y <= x only there)."""
-    hit = binary("le", y, x)
-    return _mul(g, _div(hit, reduce("sum", hit, axis)))
-
-
-REDUCE_VJP: dict[str, ReduceVjp] = {
-    "sum": lambda x, y, g, axis: g,
-    "max": _max_vjp,
-    "mean": lambda x, y, g, axis: _div(g, axis_size(axis)),
-}
-
-
-def _contract_with(g: Term, other: Term, free: tuple[str, ...], axes: AxesOf) -> Term:
-    """sum over ``free`` of g * other: a contraction where g carries one of them, else a product
-    (the caller sums the rest away)."""
-    have = axes(g)
-    for r in free:
-        if r in have:
-            return matmul(g, other, contract=r)
-    return _mul(g, other)
-
-
-def _matmul_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
-    """y = a @_c b: da = g contracted with b over b's free axes (those a lacks), db likewise."""
-    a, b = t.args
-    ax_a, ax_b = axes(a), axes(b)
-    free_b = tuple(x for x in ax_b if x != t.axis and x not in ax_a)
-    free_a = tuple(x for x in ax_a if x != t.axis and x not in ax_b)
-    return _contract_with(g, vals[1], free_b, axes), _contract_with(g, vals[0], free_a, axes)
-
-
-def _elementwise_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
-    if t.op == "unary":
-        return (UNARY_VJP[t.fn](vals[0], y, g),)
-    if t.op == "binary":
-        return BINARY_VJP[t.fn](vals[0], vals[1], y, g)
-    return TERNARY_VJP[t.fn](vals[0], vals[1], vals[2], y, g)
-
-
-def _reduce_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
-    return (REDUCE_VJP[t.fn](vals[0], y, g, t.axis),)
-
-
-def _leaf_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
-    return ()
-
-
-KindVjp = Callable[[Term, tuple[Term, ...], Term, Term, AxesOf], tuple["Term | None", ...]]
-"""(forward term, its operands' values, its value, its cotangent, axes) -> one contribution per operand."""
-
-KIND_VJP: dict[str, KindVjp] = {
-    "input": _leaf_vjp,  # an input's cotangent is its gradient, collected by the caller
-    "const": _leaf_vjp,
-    "axis_size": _leaf_vjp,
-    "iota": _leaf_vjp,
-    "unary": _elementwise_vjp,
-    "binary": _elementwise_vjp,
-    "ternary": _elementwise_vjp,
-    "reduce": _reduce_vjp,
-    "matmul": _matmul_vjp,
-}
-
+from pyrunner.ir.vjp import KIND_VJP
 
 # --- the backward graph --------------------------------------------------------------------------------
 
@@ -305,7 +118,7 @@ class _Deriver:
             label = self.g.labels.get(p, "P")
             if p not in self.saved:
                 m = reduce("max", x, axis)
-                lse = _add(unary("log", reduce("sum", unary("exp", _sub(x, m)), axis)), m)
+                lse = binary("add", unary("log", reduce("sum", unary("exp", binary("sub", x, m)), axis)), m)
                 self.lse[p] = lse
                 self._save(lse, f"LSE_{label}", "LSE")
             (y, *more) = users.get(p, [None])
@@ -336,7 +149,7 @@ class _Deriver:
             if t in self.saved:
                 val[t] = inp(self.saved[t], self.axes(t))
             elif t in self.lse:
-                val[t] = unary("exp", _sub(val[self.softmax[t][0]], val[self.lse[t]]))
+                val[t] = unary("exp", binary("sub", val[self.softmax[t][0]], val[self.lse[t]]))
             else:
                 val[t] = t.replace_args(tuple(val[a] for a in t.args))
         return val
@@ -353,12 +166,12 @@ class _Deriver:
         x, axis = self.softmax[p]
         y = self.d_of.get(p)
         if y is not None:  # D = sum_a(dP * P) = sum_R(dY * Y), R: Y's axes from the other operand
-            row = _mul(cot[y], val[y])
+            row = binary("mul", cot[y], val[y])
             for r in [r for r in self.axes(y) if r not in self.axes(p)]:
                 row = reduce("sum", row, r)
         else:
-            row = reduce("sum", _mul(g, pv), axis)
-        return _mul(pv, _sub(g, row))
+            row = reduce("sum", binary("mul", g, pv), axis)
+        return binary("mul", pv, binary("sub", g, row))
 
     def sweep(self) -> tuple[dict[str, Term], dict[str, str]]:
         order = subterms(self.roots, self._fwd_deps)
@@ -384,7 +197,7 @@ class _Deriver:
                 continue
             g = parts[0]
             for c in parts[1:]:
-                g = _add(g, c)
+                g = binary("add", g, c)
             cot[t] = g
             if t.op == "input":
                 grads[t.name] = g
@@ -403,7 +216,7 @@ class _Deriver:
     def widen(self, g: Term, x: Term) -> Term:
         """g given every axis of input x (a cotangent constant along an axis lacks it): g + 0 * index."""
         for a in [a for a in self.axes(x) if a not in self.axes(g)]:
-            g = _add(g, _mul(iota(a), _c(0.0)))
+            g = binary("add", g, binary("mul", iota(a), const(0.0)))
         return g
 
 
