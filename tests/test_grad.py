@@ -232,3 +232,18 @@ def test_scores_that_overflow_exp_still_differentiate() -> None:
     b = derive(graph)
     assert all(math.isfinite(v) for v in check_gradients(graph, b).errors.values())
     _assert_matches_autograd(graph)
+
+
+def test_a_passed_through_gradient_is_an_alias_not_an_output() -> None:
+    """Y = tanh(X) + R: d_R is d_Y itself, so the backward graph (which a plan must compute) leaves it out."""
+    g = GraphBuilder("Residual")
+    x = g.input("X", m=4, n=3)
+    g.output("Y", g.add(g.unary("tanh", x), g.input("R", m=4, n=3)))
+    graph = g.build()
+    b = derive(graph)
+    assert b.aliases == {"d_R": "d_Y"} and [n for n, _ in b.graph.outputs] == ["d_X"]
+    _assert_matches_autograd(graph)
+    g = GraphBuilder("Shift")
+    g.output("Y", g.add(g.input("X", m=4), 1.0))
+    with pytest.raises(GraphError, match="passed through unchanged"):
+        derive(g.build())

@@ -7,6 +7,7 @@ The backward graph itself is checked against PyTorch float64 autograd in tests/t
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from pyrunner.ir import catalog
 from pyrunner.ir.grad import derive
 from pyrunner.ir.graph import Graph
 from pyrunner.ir.graph_json import load_graph_file
+from pyrunner.plan.schema import Plan
 from pyrunner.planner import search
 from pyrunner.planner.saves import choose_saves, predicted_us
 from pyrunner.run.executor import cpu_check_plan, execute, scale_down
@@ -35,11 +37,18 @@ def _small(name: str) -> Graph:
     return g.with_sizes({a: SMALL[a] for a in g.sizes if a in SMALL})
 
 
+def _elements(plan: Plan) -> int:
+    return sum(math.prod(t.shape) for t in plan.tensors)
+
+
 def _check_backward_plan(forward: Graph, shrink: bool, seed: int = 5) -> None:
     bwd = derive(forward)
     plans = search(bwd.graph, "bf16", top=1)
     assert plans and plans[0].workload == bwd.graph.name
-    small = scale_down(plans[0]) if shrink else cpu_check_plan(plans[0])
+    small = cpu_check_plan(plans[0])
+    if shrink:  # scale_down gives every tiled axis 32..256: a 5-axis gradient may grow, not shrink
+        scaled = scale_down(plans[0])
+        small = scaled if _elements(scaled) <= _elements(plans[0]) else plans[0]
     graph = graph_of(small)
     res = verify_executor(small, graph, execute, seed=seed, inputs=backward_inputs(bwd, graph, seed))
     assert res.ok, f"{forward.name} backward plan {plans[0].provenance.plan_hash}: {res.message}"

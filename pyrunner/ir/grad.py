@@ -68,6 +68,9 @@ class Backward:
     """The forward inputs differentiated (an input left out has no gradient output, zero or not)."""
     recomputed: tuple[Term, ...] = ()
     """Forward contractions the backward recomputes from the inputs: each could be saved instead."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Gradients that equal a cotangent (``Y = X + R``: ``d_R`` is ``d_Y``): gradient name -> the
+    backward input it is; not outputs of ``graph`` (a plan computes nothing for them)."""
 
 
 class _Deriver:
@@ -246,18 +249,27 @@ def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str
     by_name = {t.name: t for t in graph.inputs()}
     out_terms: list[tuple[str, Term]] = []
     gradients: dict[str, str] = {}
+    aliases: dict[str, str] = {}
     for n in in_names:
         if n in grads:
             name = d._fresh(f"d_{n}", "d_in")
             gradients[name] = n
-            out_terms.append((name, d.widen(grads[n], by_name[n])))
-    if not out_terms:
+            g = d.widen(grads[n], by_name[n])
+            if g.op == "input":  # an output's gradient passed through unchanged: nothing to compute
+                aliases[name] = g.name
+            else:
+                out_terms.append((name, g))
+    if not out_terms and not aliases:
         raise GraphError(f"backward: no output of graph {graph.name!r} depends smoothly on the inputs "
                          f"{sorted(targets)}; every gradient is zero")
+    if not out_terms:
+        raise GraphError(f"backward: every gradient of graph {graph.name!r} is an output's gradient passed "
+                         f"through unchanged; there is no backward to compute")
     labels = {t: n for n, t in out_terms}
     bwd = with_unit_axis(Graph(f"{graph.name}Backward", dict(graph.sizes), tuple(out_terms), labels))
     check(bwd)
     read = {t.name for t in bwd.inputs()}
+    cotangents = {k: v for k, v in cot_inputs.items() if k in read or k in aliases.values()}
     extra = tuple((n, t) for n, t in d.extra if n in read)
     forward = graph
     if extra:
@@ -267,8 +279,7 @@ def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str
     saved = tuple(n for n, _ in forward.outputs if n in read)
     in_bwd = set(bwd.terms())
     recomputed = tuple(t for t in d.order if t.op == "matmul" and t not in d.saved and d.val[t] in in_bwd)
-    return Backward(bwd, forward, saved, {k: v for k, v in cot_inputs.items() if k in read}, gradients,
-                    tuple(sorted(targets)), recomputed)
+    return Backward(bwd, forward, saved, cotangents, gradients, tuple(sorted(targets)), recomputed, aliases)
 
 
 def backward_graph(graph: Graph, outputs: Iterable[str] | None = None) -> Graph:

@@ -59,11 +59,9 @@ def check_gradients(forward: Graph, bwd: Backward, seed: int = 0,
     rng = np.random.default_rng(seed + 1)
     inputs = dict(random_inputs(forward, seed) if inputs is None else inputs)
     fwd_values = evaluate(bwd.forward, inputs)
-    cot = {}
-    for name, out in bwd.cotangents.items():
-        shape = tuple(bwd.graph.sizes[a] for a in bwd.graph.axes_of(next(
-            t for t in bwd.graph.inputs() if t.name == name)))
-        cot[name] = rng.standard_normal(shape) * 0.5
+    out_axes = {n: bwd.forward.axes_of(t) for n, t in bwd.forward.outputs}
+    cot_axes = {name: out_axes[out] for name, out in bwd.cotangents.items()}
+    cot = {name: rng.standard_normal(fwd_values[out].shape) * 0.5 for name, out in bwd.cotangents.items()}
     feed = {t.name: (inputs[t.name] if t.name in inputs else fwd_values[t.name] if t.name in bwd.saved
                      else cot[t.name]) for t in bwd.graph.inputs()}
     got = evaluate(bwd.graph, feed)
@@ -85,8 +83,11 @@ def check_gradients(forward: Graph, bwd: Backward, seed: int = 0,
         if gname is None:
             errors[name] = _relative(np.zeros_like(ref_np), ref_np) if np.any(ref_np) else 0.0
             continue
-        axes = bwd.graph.axes_of(out_term[gname])
-        value = got[gname]
+        if gname in bwd.aliases:
+            alias = bwd.aliases[gname]
+            axes, value = cot_axes[alias], cot[alias]
+        else:
+            axes, value = bwd.graph.axes_of(out_term[gname]), got[gname]
         extra = [a for a in axes if a not in in_axes[name]]  # a scalar input's gradient gains a unit axis
         if extra:
             value = value.reshape([n for a, n in zip(axes, value.shape, strict=True) if a not in extra])
