@@ -247,3 +247,16 @@ def test_a_passed_through_gradient_is_an_alias_not_an_output() -> None:
     g.output("Y", g.add(g.input("X", m=4), 1.0))
     with pytest.raises(GraphError, match="passed through unchanged"):
         derive(g.build())
+
+
+def test_max_gradient_survives_a_rounded_saved_maximum() -> None:
+    """A saved row maximum is stored rounded (possibly above every element the backward recomputes);
+    the max VJP compares against the maximum it computes itself, so the gradient stays finite and exact."""
+    g = load_graph_file(DATA / "reduce_gemm_row_max.json").with_sizes({"m": 4, "k": 5, "n": 6})
+    b = derive(g)
+    x = random_inputs(g, 4)
+    feed = {**x, **evaluate(b.forward, x), "d_M": np.ones(4)}
+    exact = evaluate(b.graph, {t.name: feed[t.name] for t in b.graph.inputs()})
+    feed["M"] = feed["M"] * (1 + 2.0**-8) + 1e-6  # bf16-sized rounding up
+    nudged = evaluate(b.graph, {t.name: feed[t.name] for t in b.graph.inputs()})
+    assert all(np.isfinite(v).all() and np.array_equal(v, exact[k]) for k, v in nudged.items())

@@ -133,8 +133,11 @@ ReduceVjp = Callable[[Term, Term, Term, str], Term]
 
 
 def _max_vjp(x: Term, y: Term, g: Term, axis: str) -> Term:
-    """amax's: g shared evenly among the positions equal to the maximum (y <= x only there)."""
-    hit = binary("le", y, x)
+    """amax's: g shared evenly among the positions equal to the maximum (m <= x only there).
+
+    m is the maximum of x as the backward computes x, not ``y`` (which may be a saved output): a
+    stored maximum is rounded, may exceed every recomputed element, and would leave 0 / 0."""
+    hit = binary("le", reduce("max", x, axis), x)
     return _mul(g, _div(hit, reduce("sum", hit, axis)))
 
 
