@@ -41,7 +41,7 @@ from pyrunner.ir.graph import (
     with_unit_axis,
 )
 from pyrunner.ir.names import fresh_name
-from pyrunner.ir.vjp import KIND_VJP
+from pyrunner.ir.vjp import KIND_VJP, Shapes
 
 # --- the backward graph --------------------------------------------------------------------------------
 
@@ -193,6 +193,7 @@ class _Deriver:
                 cot_inputs[name] = n
                 contribs.setdefault(t, []).append(inp(name, self.axes(t)))
         cot: dict[Term, Term] = {}
+        shapes = Shapes(self.axes, self.g.sizes)
         grads: dict[str, Term] = {}
         for t in reversed(order):
             parts = contribs.pop(t, None)
@@ -209,7 +210,7 @@ class _Deriver:
                 got: tuple[Term | None, ...] = (self._softmax_vjp(t, val[t], g, cot, val),)
                 targets: tuple[Term, ...] = (self.softmax[t][0],)
             else:
-                got = KIND_VJP[t.op](t, tuple(val[a] for a in t.args), val[t], g, self.axes)
+                got = KIND_VJP[t.op](t, tuple(val[a] for a in t.args), val[t], g, shapes)
                 targets = t.args
             for a, c in zip(targets, got, strict=True):
                 if c is not None and a in live:

@@ -18,11 +18,20 @@ masked position (``where(keep, s, -inf)``) gets gradient 0.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from pyrunner.ir.graph import Term, axis_size, binary, const, matmul, reduce, subterms, unary, where
 
 AxesOf = Callable[[Term], tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """What a VJP may ask of the graph: a term's named axes and the axes' extents."""
+
+    axes: AxesOf
+    sizes: Mapping[str, int]
 
 _LN2 = math.log(2.0)
 _GELU_C = math.sqrt(2.0 / math.pi)
@@ -148,26 +157,27 @@ REDUCE_VJP: dict[str, ReduceVjp] = {
 }
 
 
-def _contract_with(g: Term, other: Term, free: tuple[str, ...], axes: AxesOf) -> Term:
-    """sum over ``free`` of g * other: a contraction where g carries one of them, else a product
-    (the caller sums the rest away)."""
-    have = axes(g)
-    for r in free:
+def _contract_with(g: Term, other: Term, free: tuple[str, ...], shapes: Shapes) -> Term:
+    """sum over ``free`` of g * other: a contraction over the longest of them g carries, else a product
+    (the caller sums the rest away). Longest: with several (a grouped query's group and t_q), the
+    contraction shrinks the product most, and what is left to sum is smallest."""
+    have = shapes.axes(g)
+    for r in sorted(free, key=lambda a: -shapes.sizes[a]):
         if r in have:
             return matmul(g, other, contract=r)
     return _mul(g, other)
 
 
-def _matmul_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
+def _matmul_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, shapes: Shapes) -> tuple[Term | None, ...]:
     """y = a @_c b: da = g contracted with b over b's free axes (those a lacks), db likewise."""
     a, b = t.args
-    ax_a, ax_b = axes(a), axes(b)
+    ax_a, ax_b = shapes.axes(a), shapes.axes(b)
     free_b = tuple(x for x in ax_b if x != t.axis and x not in ax_a)
     free_a = tuple(x for x in ax_a if x != t.axis and x not in ax_b)
-    return _contract_with(g, vals[1], free_b, axes), _contract_with(g, vals[0], free_a, axes)
+    return _contract_with(g, vals[1], free_b, shapes), _contract_with(g, vals[0], free_a, shapes)
 
 
-def _elementwise_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
+def _elementwise_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, shapes: Shapes) -> tuple[Term | None, ...]:
     if t.op == "unary":
         return (UNARY_VJP[t.fn](vals[0], y, g),)
     if t.op == "binary":
@@ -175,16 +185,16 @@ def _elementwise_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: Ax
     return TERNARY_VJP[t.fn](vals[0], vals[1], vals[2], y, g)
 
 
-def _reduce_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
+def _reduce_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, shapes: Shapes) -> tuple[Term | None, ...]:
     return (REDUCE_VJP[t.fn](vals[0], y, g, t.axis),)
 
 
-def _leaf_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, axes: AxesOf) -> tuple[Term | None, ...]:
+def _leaf_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, shapes: Shapes) -> tuple[Term | None, ...]:
     return ()
 
 
-KindVjp = Callable[[Term, tuple[Term, ...], Term, Term, AxesOf], tuple["Term | None", ...]]
-"""(forward term, its operands' values, its value, its cotangent, axes) -> one contribution per operand."""
+KindVjp = Callable[[Term, tuple[Term, ...], Term, Term, Shapes], tuple["Term | None", ...]]
+"""(forward term, its operands' values, its value, its cotangent, shapes) -> one contribution per operand."""
 
 KIND_VJP: dict[str, KindVjp] = {
     "input": _leaf_vjp,  # an input's cotangent is its gradient, collected by the caller
