@@ -168,7 +168,8 @@ def cmd_superopt(args: argparse.Namespace) -> int:
         derived = choose_saves(graph, DTYPES[args.dtype], calibration)
         graph = derived.graph if args.backward else derived.forward
         _note(f"note: planning {graph.name!r}; the backward reads saved forward outputs "
-              f"{', '.join(derived.saved) or '(none)'} and cotangents {', '.join(derived.cotangents)}")
+              f"{', '.join(derived.saved) or '(none)'} and cotangents {', '.join(derived.cotangents)}"
+              + "".join(f"; {g} is {c} (no kernel)" for g, c in derived.aliases.items()))
     lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
     extra = LOWER_CHECK_SPARES if lower_check else 0
     plans = search(graph, DTYPES[args.dtype], top=args.top + extra, naive=args.naive, calibration=calibration)
