@@ -11,7 +11,10 @@ Commands::
     python -m pyrunner superopt [WORKLOAD] [--graph FILE.json] [--shape AXIS=N ...] [--dtype fp16|bf16]
                                 [--naive] [--top K] [--explain] [--calibrate LOG.jsonl] [--out FILE]
                                 [--device NAME] [--tuning FILE.json | --no-tuning] [--no-lower-check]
-        search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K)
+                                [--backward | --with-saves]
+        search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K);
+        --backward plans the derived backward graph (``ir.grad``), --with-saves the forward that
+        also writes the tensors the backward reads (which ones: ``planner.saves``, by the cost model)
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
@@ -165,6 +168,14 @@ def cmd_superopt(args: argparse.Namespace) -> int:
 
     backend = backend_for(args.device)
     graph = _load_graph(args)
+    if args.backward or args.with_saves:  # reverse-mode derivation (ir.grad): plan a derived graph instead
+        from pyrunner.planner.saves import choose_saves
+
+        derived = choose_saves(graph, DTYPES[args.dtype], calibration)
+        graph = derived.graph if args.backward else derived.forward
+        _note(f"note: planning {graph.name!r}; the backward reads saved forward outputs "
+              f"{', '.join(derived.saved) or '(none)'} and cotangents {', '.join(derived.cotangents)}"
+              + "".join(f"; {g} is {c} (no kernel)" for g, c in derived.aliases.items()))
     lower_check = args.lower_check and os.environ.get("SUPEROPT_NO_LOWER_CHECK", "") in ("", "0")
     tuning = _tuning(args, backend.device.name)
     plans = best_plan(graph, DTYPES[args.dtype], backend=backend, tuning=tuning, top=args.top,
@@ -322,6 +333,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="tuning database of measured configs (default: the committed one of the device)")
     tuned.add_argument("--no-tuning", action="store_true", help="plan with the cost model alone")
     p.add_argument("--out", metavar="FILE", help="write the JSON to FILE instead of stdout")
+    grad = p.add_mutually_exclusive_group()
+    grad.add_argument("--backward", action="store_true",
+                      help="plan the graph's derived backward graph (input gradients from output gradients)")
+    grad.add_argument("--with-saves", action="store_true",
+                      help="plan the forward graph extended with the saved tensors its backward reads")
     p.add_argument("--no-lower-check", dest="lower_check", action="store_false",
                    help="hand out the best plan without lowering it with TileLang first "
                         "(by default a plan TileLang cannot build is skipped for the next-ranked one)")

@@ -322,16 +322,19 @@ class GpuVerifier:
 # --- the CPU executor check ----------------------------------------------------
 
 def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
-                    bound: float | None = None) -> VerifyResult:
+                    bound: float | None = None, inputs: Mapping[str, np.ndarray] | None = None) -> VerifyResult:
     """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``.
 
     Inputs are rounded to the plan dtype first (what the kernel would see), so
-    the remaining error is the executor's own arithmetic and roundings.
+    the remaining error is the executor's own arithmetic and roundings. ``inputs`` (default:
+    ``random_inputs(graph, seed)``) lets a caller give values that belong together, such as a
+    backward graph's saved tensors computed from its forward inputs (``run.grad_check``).
     """
     given = bound
     bound = executor_bound(plan, graph) if bound is None else bound
     seed = fresh_seed() if seed is None else seed
-    raw = random_inputs(graph, seed)
+    raw = random_inputs(graph, seed) if inputs is None else {k: np.asarray(v, dtype=np.float64)
+                                                              for k, v in inputs.items()}
     np_dt = {"float16": np.float16, "bfloat16": None, "float32": np.float32}[plan.dtype]
     if np_dt is None:
         import torch

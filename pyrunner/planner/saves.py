@@ -1,0 +1,40 @@
+"""Save or recompute: which forward contractions a backward graph reads from memory, by the cost model.
+
+``ir.grad.derive`` saves what is free or nearly so (the forward outputs, a softmax's log-sum-exp, the
+contraction of the D identity) and recomputes the rest from the inputs. Recomputing a contraction
+costs its GEMM again in the backward; saving it costs the forward a write and the backward a read
+(attention's scores, t_q x t_kv per head, are far dearer to store than to recompute; a GLU's two
+projections usually the reverse). The choice is the planner's: each contraction the backward
+recomputes (``Backward.recomputed``) is saved when the searched forward-plus-backward plans predict
+less time with it saved, one at a time in graph order (greedy, deterministic: no clock decides).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pyrunner.ir.grad import Backward, derive
+from pyrunner.ir.graph import Graph, Term
+from pyrunner.planner.search import search
+
+
+def predicted_us(bwd: Backward, dtype: str, calibration: Path | None = None) -> float:
+    """Predicted time of the best forward-with-saves plan plus the best backward plan."""
+    fwd = search(bwd.forward, dtype, top=1, calibration=calibration)[0]
+    back = search(bwd.graph, dtype, top=1, calibration=calibration)[0]
+    return fwd.cost.total_us + back.cost.total_us
+
+
+def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None) -> Backward:
+    """The backward of ``graph`` whose saved contractions the cost model prefers (see the module doc)."""
+    best = derive(graph)
+    if not best.recomputed:
+        return best
+    cost = predicted_us(best, dtype, calibration)
+    kept: tuple[Term, ...] = ()
+    for t in best.recomputed:
+        trial = derive(graph, save=kept + (t,))
+        c = predicted_us(trial, dtype, calibration)
+        if c < cost:
+            best, cost, kept = trial, c, kept + (t,)
+    return best

@@ -1,0 +1,107 @@
+"""Checks a derived backward graph against PyTorch float64 autograd of the forward graph.
+
+The backward graph (``ir.grad``) is evaluated by the float64 reference interpreter with the saved
+tensors the forward writes and random output cotangents; autograd differentiates the forward's
+eager PyTorch form (``run.baselines.torch_fn``, float64) with the same cotangents. Independent
+derivations agreeing to float64 rounding is the evidence the VJP table is right; a gradient the
+backward graph leaves out must be zero under autograd too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from pyrunner.ir.grad import Backward
+from pyrunner.ir.graph import Graph
+from pyrunner.ir.reference import align, evaluate, random_inputs
+
+
+@dataclass(frozen=True)
+class GradCheck:
+    """Per forward input: the largest gradient error, relative to the largest autograd gradient."""
+
+    errors: dict[str, float]
+    seed: int
+
+    def worst(self) -> float:
+        return max(self.errors.values(), default=0.0)
+
+
+def _relative(out: np.ndarray, ref: np.ndarray) -> float:
+    if not np.all(np.isfinite(ref)):
+        same = np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+        if not same:
+            return float("inf")
+        keep = np.isfinite(ref)
+        out, ref = out[keep], ref[keep]
+    if ref.size == 0:
+        return 0.0
+    return float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-300))
+
+
+def float64_torch(graph: Graph) -> Callable[..., dict[str, torch.Tensor]]:
+    """The graph's eager PyTorch form with its indices in the inputs' dtype: the baseline builds them
+    in float32, and a 0-dim float64 value plus a float32 index (a scalar output's unit axis) would
+    be float32 under PyTorch's promotion, hiding float64 autograd behind float32 rounding."""
+    from pyrunner.run.baselines import _load, torch_source
+
+    return _load(torch_source(graph).replace("device=_dev, dtype=torch.float32)", "device=_dev, dtype=_dt)"))
+
+
+def check_gradients(forward: Graph, bwd: Backward, seed: int = 0,
+                    inputs: Mapping[str, np.ndarray] | None = None) -> GradCheck:
+    """Compare ``bwd`` (derived from ``forward``) with torch float64 autograd at ``forward``'s sizes,
+    on ``inputs`` (default: ``random_inputs(forward, seed)``) and random output cotangents."""
+    rng = np.random.default_rng(seed + 1)
+    inputs = dict(random_inputs(forward, seed) if inputs is None else inputs)
+    fwd_values = evaluate(bwd.forward, inputs)
+    out_axes = {n: bwd.forward.axes_of(t) for n, t in bwd.forward.outputs}
+    cot_axes = {name: out_axes[out] for name, out in bwd.cotangents.items()}
+    cot = {name: rng.standard_normal(fwd_values[out].shape) * 0.5 for name, out in bwd.cotangents.items()}
+    feed = {t.name: (inputs[t.name] if t.name in inputs else fwd_values[t.name] if t.name in bwd.saved
+                     else cot[t.name]) for t in bwd.graph.inputs()}
+    got = evaluate(bwd.graph, feed)
+
+    leaves = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in inputs.items()}
+    outs = float64_torch(forward)(**leaves)
+    by_out = {out: name for name, out in bwd.cotangents.items()}
+    pairs = [(outs[o], torch.from_numpy(cot[by_out[o]])) for o in by_out]
+    grads = torch.autograd.grad([p for p, _ in pairs], list(leaves.values()), [c for _, c in pairs],
+                                allow_unused=True) if pairs else [None] * len(leaves)
+    want = dict(zip(leaves, grads, strict=True))
+    in_axes = {t.name: t.axes for t in forward.inputs()}
+    out_term = dict(bwd.graph.outputs)
+    errors: dict[str, float] = {}
+    for name in bwd.wrt:
+        ref = want[name]
+        ref_np = np.zeros(inputs[name].shape) if ref is None else ref.detach().numpy()
+        gname = next((g for g, i in bwd.gradients.items() if i == name), None)
+        if gname is None:
+            errors[name] = _relative(np.zeros_like(ref_np), ref_np) if np.any(ref_np) else 0.0
+            continue
+        if gname in bwd.aliases:
+            alias = bwd.aliases[gname]
+            axes, value = cot_axes[alias], cot[alias]
+        else:
+            axes, value = bwd.graph.axes_of(out_term[gname]), got[gname]
+        extra = [a for a in axes if a not in in_axes[name]]  # a scalar input's gradient gains a unit axis
+        if extra:
+            value = value.reshape([n for a, n in zip(axes, value.shape, strict=True) if a not in extra])
+            axes = tuple(a for a in axes if a not in extra)
+        errors[name] = _relative(np.asarray(align(value, axes, in_axes[name])).reshape(ref_np.shape), ref_np)
+    return GradCheck(errors, seed)
+
+
+def backward_inputs(bwd: Backward, graph: Graph, seed: int) -> dict[str, np.ndarray]:
+    """Inputs of the backward graph ``graph`` (``bwd.graph`` at some sizes) that belong together:
+    random forward inputs, the saved tensors the forward computes from them, random cotangents
+    (random saved values would make ``exp(S - LSE)`` overflow where the scores are large)."""
+    fwd = bwd.forward.with_sizes({a: n for a, n in graph.sizes.items() if a in bwd.forward.sizes})
+    values = random_inputs(fwd, seed)
+    values.update({n: v for n, v in evaluate(fwd, values).items() if n in bwd.saved})
+    rest = random_inputs(graph, seed + 1)
+    return {t.name: values[t.name] if t.name in values else rest[t.name] for t in graph.inputs()}

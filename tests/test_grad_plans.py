@@ -1,0 +1,134 @@
+"""Backward graphs (``ir.grad``) are planned by the same search and pass the CPU executor against the
+float64 reference of the backward graph, fed saved tensors computed by the forward (``run.grad_check``).
+
+The backward graph itself is checked against PyTorch float64 autograd in tests/test_grad.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pyrunner.cli import main
+from pyrunner.ir import catalog
+from pyrunner.ir.grad import derive
+from pyrunner.ir.graph import Graph
+from pyrunner.ir.graph_json import load_graph_file
+from pyrunner.plan.schema import Plan
+from pyrunner.planner import search
+from pyrunner.planner.saves import choose_saves, predicted_us
+from pyrunner.run.executor import cpu_check_plan, execute, scale_down
+from pyrunner.run.grad_check import backward_inputs
+from pyrunner.run.runner import graph_of
+from pyrunner.run.verify import verify_executor
+
+DATA = Path(__file__).resolve().parent / "data"
+SMALL = {"h": 2, "t_q": 128, "t_kv": 128, "d": 64, "m": 128, "n": 128, "kv_h": 2, "group": 2}
+"""Tile-friendly small shapes for the catalog (the planner's tiles are multiples of 16)."""
+QUICK = ("Matmul", "SwiGLU", "RMSNorm", "Attention", "CausalAttention")
+"""Catalog workloads planned in the default suite; every one is planned under ``slow``."""
+
+
+def _small(name: str) -> Graph:
+    g = catalog.get(name)
+    return g.with_sizes({a: SMALL[a] for a in g.sizes if a in SMALL})
+
+
+def _elements(plan: Plan) -> int:
+    return sum(math.prod(t.shape) for t in plan.tensors)
+
+
+def _check_backward_plan(forward: Graph, shrink: bool, seed: int = 5) -> None:
+    bwd = derive(forward)
+    plans = search(bwd.graph, "bf16", top=1)
+    assert plans and plans[0].workload == bwd.graph.name
+    small = cpu_check_plan(plans[0])
+    if shrink:  # scale_down gives every tiled axis 32..256: a 5-axis gradient may grow, not shrink
+        scaled = scale_down(plans[0])
+        small = scaled if _elements(scaled) <= _elements(plans[0]) else plans[0]
+    graph = graph_of(small)
+    res = verify_executor(small, graph, execute, seed=seed, inputs=backward_inputs(bwd, graph, seed))
+    assert res.ok, f"{forward.name} backward plan {plans[0].provenance.plan_hash}: {res.message}"
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_catalog_backward_plans_pass_cpu_executor(name: str) -> None:
+    _check_backward_plan(_small(name), shrink=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in catalog.CATALOG if n not in QUICK])
+def test_more_catalog_backward_plans_pass_cpu_executor(name: str) -> None:
+    _check_backward_plan(_small(name), shrink=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", sorted(DATA.glob("*.json")), ids=lambda p: p.stem)
+def test_corpus_backward_plans_pass_cpu_executor(path: Path) -> None:
+    _check_backward_plan(load_graph_file(path), shrink=True)
+
+
+def test_forward_with_saves_plans_and_writes_lse() -> None:
+    """The forward a backward needs writes O and the row log-sum-exp (a multi-output kernel)."""
+    bwd = derive(catalog.get("Attention", {"h": 1, "t_q": 64, "t_kv": 64, "d": 32}))
+    (plan,) = search(bwd.forward, "bf16", top=1)
+    outs = {t.name for t in plan.tensors if t.role == "output"}
+    assert outs == {"O", "LSE_P"} == set(bwd.saved)
+    small = cpu_check_plan(plan)
+    res = verify_executor(small, graph_of(small), execute, seed=2)
+    assert res.ok, res.message
+
+
+def _superopt(argv: list[str], capsys) -> tuple[int, dict, str]:
+    code = main(["superopt", *argv, "--no-lower-check"])
+    out = capsys.readouterr()
+    return code, json.loads(out.out) if code == 0 else {}, out.err
+
+
+def test_cli_backward(capsys) -> None:
+    shape = ["--shape", "m=64", "--shape", "d=32", "--shape", "n=48"]
+    code, plan, err = _superopt(["Matmul", *shape, "--backward"], capsys)
+    assert code == 0 and plan["workload"] == "MatmulBackward"
+    assert {t["name"] for t in plan["tensors"] if t["role"] == "output"} == {"d_X", "d_W"}
+    assert {t["name"] for t in plan["tensors"] if t["role"] == "input"} == {"X", "W", "d_Y"}
+    assert "cotangents d_Y" in err
+    assert main(["superopt", "Matmul", "--backward", "--with-saves"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_saved_contractions_are_chosen_by_the_cost_model() -> None:
+    """SwiGLU's backward recomputes X W_gate and X W_up unless saving one is predicted cheaper: the
+    choice is never dearer than recomputing everything, and saves only recomputed contractions."""
+    g = _small("SwiGLU")
+    base = derive(g)
+    assert len(base.recomputed) == 2
+    chosen = choose_saves(g, "bfloat16")
+    assert predicted_us(chosen, "bfloat16") <= predicted_us(base, "bfloat16")
+    labels = {n: t for n, t in chosen.forward.outputs}
+    extra = [labels[n] for n in chosen.saved if n not in dict(g.outputs)]
+    assert all(t in base.recomputed for t in extra)
+    assert all(t not in chosen.recomputed for t in extra)  # a saved contraction is read, not recomputed
+
+
+def test_cli_backward_reads_what_with_saves_writes(capsys) -> None:
+    shape = ["--shape", "m=32", "--shape", "d=32", "--shape", "n=32"]
+    code, back, _ = _superopt(["SwiGLU", *shape, "--backward"], capsys)
+    assert code == 0
+    code, fwd, _ = _superopt(["SwiGLU", *shape, "--with-saves"], capsys)
+    assert code == 0
+    fwd_out = {t["name"] for t in fwd["tensors"] if t["role"] == "output"}
+    back_in = {t["name"] for t in back["tensors"] if t["role"] == "input"}
+    assert "Y" in fwd_out and back_in - {"X", "W_gate", "W_up", "d_Y"} == fwd_out - {"Y"}
+
+
+@pytest.mark.slow
+def test_attention_scores_are_recomputed_at_scale() -> None:
+    """At h16 t4096 d128 storing the scores (t_q x t_kv per head) is predicted dearer than recomputing
+    them (at toy sizes, where every kernel is latency-bound, the model may save them)."""
+    g = catalog.get("Attention")
+    chosen = choose_saves(g, "bfloat16")
+    assert set(chosen.saved) == {"O", "LSE_P"} and len(chosen.recomputed) == 1
