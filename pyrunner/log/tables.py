@@ -28,7 +28,7 @@ TABLES_FILE = "RESULTS.md"
 SEEDS = ("Attention", "SwiGLU", "Matmul", "RMSNorm", "RMSNormMLP")
 """The five seed workloads; at their catalog shapes they form README's short table."""
 NAMES = {"torch_compile": "torch.compile", "max_autotune": "max-autotune", "sdpa": "SDPA", "cublas": "cuBLAS",
-         "flex": "FlexAttention", "eager": "eager"}
+         "flex": "FlexAttention", "flex_attention": "FlexAttention", "eager": "eager"}
 DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 _RUN = re.compile(r"run(\d+[a-z]?)")
 
