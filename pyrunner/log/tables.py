@@ -21,11 +21,12 @@ from pathlib import Path
 
 from pyrunner.errors import UserError
 from pyrunner.files import check_output_file, output_dir, write_text_atomic
+from pyrunner.ir import catalog
 from pyrunner.log.results import PRIMARY_BASELINE, RunRecord, read_log_counted, speedups
 
 RESULTS_DIR = Path("benchmarks/results")
 TABLES_FILE = "RESULTS.md"
-SEEDS = ("Attention", "SwiGLU", "Matmul", "RMSNorm", "RMSNormMLP")
+SEEDS = catalog.SEED_WORKLOADS
 """The five seed workloads; at their catalog shapes they form README's short table."""
 NAMES = {"torch_compile": "torch.compile", "max_autotune": "max-autotune", "sdpa": "SDPA", "cublas": "cuBLAS",
          "flex": "FlexAttention", "flex_attention": "FlexAttention", "eager": "eager"}
@@ -123,8 +124,6 @@ def table(rows: list[Row]) -> str:
 
 
 def _is_seed(row: Row) -> bool:
-    from pyrunner.ir import catalog
-
     r = row.record
     return r.workload in SEEDS and dict(r.shapes) == dict(catalog.get(r.workload).sizes)
 
