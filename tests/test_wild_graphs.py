@@ -51,6 +51,7 @@ def _plan_and_check(doc: dict) -> None:
     assert res.ok, f"{res.message} for graph {json.dumps(doc)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(COUNT))
 def test_wild_graph_plans_validly_and_passes_cpu_executor(seed: int) -> None:
     _plan_and_check(seeded_wild_doc(seed))
