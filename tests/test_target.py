@@ -51,6 +51,7 @@ def test_planner_and_fit_check_share_one_device() -> None:
     assert MACHINE.as_dict()["tc_flops"] == H200.tc_flops
 
 
+@pytest.mark.slow
 def test_a_reduction_over_a_tile_that_is_not_a_power_of_two_is_refused() -> None:
     """TileLang 0.1.15 reduces across threads with an XOR butterfly over a power-of-two lane count:
     a max over a whole axis of 5 failed to lower at every block and thread count, and `superopt`
