@@ -223,6 +223,10 @@ def _say(note) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.tables:  # measured tables from the committed records (pyrunner.log.tables)
+        from pyrunner.log.tables import write_tables
+
+        return write_tables(args.log, args.out)
     from pyrunner.log.report import main as report_main
 
     argv: list[str] = []
@@ -347,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log", metavar="FILE", help="results log to read")
     p.add_argument("--out", metavar="DIR", help="folder for report.md and speedups.png (required)")
     p.add_argument("--all", action="store_true", help="every record, not only the latest per workload")
+    p.add_argument("--tables", action="store_true", help="write RESULTS.md from a folder of logs "
+                   "(--log, default benchmarks/results; --out, default the folder above it)")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("schema", help="export the plan JSON Schema")

@@ -196,6 +196,7 @@ def test_lowered_check_flags_a_release_under_a_wgmma_in_flight() -> None:
     assert releases_in_flight(bad) == ["line 2: K_s_empty"]
 
 
+@pytest.mark.slow
 def test_rendered_attention_and_matmul_lower_without_a_release_in_flight() -> None:
     pytest.importorskip("tilelang")
     from pyrunner.backend.tilelang.compile import lower_to_cuda
@@ -257,6 +258,7 @@ def test_the_emulator_catches_a_broken_masked_chain(mutation: str) -> None:
     _assert_caught(_masked_case("SlidingWindowAttention", False), *MASKED_MUTATIONS[mutation], mutation)
 
 
+@pytest.mark.slow
 def test_masked_attention_lowers_without_a_release_in_flight() -> None:
     pytest.importorskip("tilelang")
     from pyrunner.backend.tilelang.compile import lower_to_cuda

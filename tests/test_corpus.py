@@ -53,6 +53,7 @@ def test_corpus_is_big_and_varied() -> None:
         assert all(n % 64 == 0 or n <= 16 for n in g.sizes.values()), (g.name, g.sizes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", _params())
 def test_corpus_plans_pass_cpu_executor(path: Path) -> None:
     graph = load_graph_file(path)

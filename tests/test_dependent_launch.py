@@ -137,6 +137,7 @@ def test_a_kernel_without_a_wait_is_launched_normally_and_may_touch_anything() -
     assert _run(plan, src).ok
 
 
+@pytest.mark.slow
 def test_tilelang_lowers_the_trigger_and_the_wait_before_its_own_warp_specialisation() -> None:
     pytest.importorskip("tilelang")
     from pyrunner.backend.tilelang.compile import lower_to_cuda

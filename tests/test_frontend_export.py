@@ -35,6 +35,7 @@ def _imports(tree: ast.Module) -> set[str]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workload", list(catalog.CATALOG))
 def test_export_standalone_and_lowers(workload: str, tmp_path: Path) -> None:
     import tilelang

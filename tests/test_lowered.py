@@ -74,6 +74,7 @@ def test_finds_per_thread_arrays_no_register_file_holds() -> None:
     assert local_words(fits)[0] <= MAX_LOCAL_WORDS and oversized_fragments(fits) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("graph", ["attention_qk_norm", "norm_rmsnorm_weight_matmul", "mlp_relu_squared"])
 def test_rendered_kernels_have_no_tma_hazards(graph: str) -> None:
     """A prologue tile that thread code reads (Q's RMS statistics) is loaded without the racing TMA path,
@@ -95,6 +96,7 @@ def test_rendered_kernels_have_no_tma_hazards(graph: str) -> None:
         assert oversized_fragments(src) is None, name
 
 
+@pytest.mark.slow
 def test_superopt_skips_a_plan_whose_kernel_keeps_oversized_arrays(monkeypatch) -> None:
     pytest.importorskip("tilelang")
     from pyrunner.backend.tilelang import compile as tl_compile

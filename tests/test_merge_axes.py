@@ -101,6 +101,7 @@ def test_merge_rejects_a_taken_name() -> None:
 
 # --- the planner offers it and the cost model chooses ----------------------------------------
 
+@pytest.mark.slow
 def test_short_query_gqa_plans_with_the_group_in_the_gemm_rows() -> None:
     graph = load_graph_file(DATA / "attention_gqa_decode.json")
     (plan,) = search(graph, "bf16", tuning=False)
@@ -118,6 +119,7 @@ def test_short_query_gqa_plans_with_the_group_in_the_gemm_rows() -> None:
     assert res.ok, res.message
 
 
+@pytest.mark.slow
 def test_merged_plan_runs_at_real_shapes_on_the_cpu() -> None:
     graph = _gqa(t_q=16, group=4, kv_h=2, t_kv=128, d=64)
     plans = [p for p in search(graph, "bf16", top=4, tuning=False) if p.axis_merges]
@@ -128,6 +130,7 @@ def test_merged_plan_runs_at_real_shapes_on_the_cpu() -> None:
         assert res.ok, res.message
 
 
+@pytest.mark.slow
 def test_long_query_gqa_keeps_the_unmerged_plan_on_a_tie() -> None:
     """At t_q = 4096 a 128-row tile of one head reads K/V as often as one spread over the group:
     the costs tie and the plan as written wins."""
@@ -160,6 +163,7 @@ def _merged_plan() -> Plan:
     return plan
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("change", "error"), [
     ({"sizes": [4, 32]}, "have extents \\[8, 16\\] in the graph, the plan says \\[4, 32\\]"),
     ({"parts": ["t_q", "group"], "sizes": [16, 8]}, "not adjacent in order"),
@@ -185,6 +189,7 @@ def test_plans_without_merges_keep_their_document_and_hash() -> None:
 
 # --- every caller converts at the boundary -----------------------------------------------------
 
+@pytest.mark.slow
 def test_layout_round_trip_numpy_and_torch() -> None:
     import torch
 
@@ -201,6 +206,7 @@ def test_layout_round_trip_numpy_and_torch() -> None:
         to_plan_layout(x, src, ("kv_h", "t_q", "d"), merges)
 
 
+@pytest.mark.slow
 def test_signature_takes_and_returns_the_authors_shapes() -> None:
     import torch
 
@@ -215,6 +221,7 @@ def test_signature_takes_and_returns_the_authors_shapes() -> None:
                        torch.arange(float(np.prod(o.shape))).reshape(o.shape))
 
 
+@pytest.mark.slow
 def test_export_of_a_merged_plan_reshapes_at_the_boundary() -> None:
     from pyrunner.frontend.export import export_source
 
@@ -223,6 +230,7 @@ def test_export_of_a_merged_plan_reshapes_at_the_boundary() -> None:
     assert ".reshape(TENSORS[name][0])" in text and "tensors[n].reshape(flat)" in text
 
 
+@pytest.mark.slow
 def test_kernel_graph_is_the_merged_graph() -> None:
     plan = _merged_plan()
     kg = kernel_graph(plan)

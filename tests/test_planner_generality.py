@@ -340,6 +340,7 @@ def _attention_head_dim(e: int, s: int = 200, t: int = 328) -> Graph:
     return g.build()
 
 
+@pytest.mark.slow
 def test_a_head_dim_of_72_is_padded_to_whole_mma_steps_in_one_flash_kernel() -> None:
     """Before: a contraction held whole was padded only where its axis had no other use, so head dim
     72 (also V's and O's column axis) fell back to scores written to memory and read again (two or

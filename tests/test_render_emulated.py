@@ -31,6 +31,7 @@ def _graph(case):
     return catalog.get(x) if kind == "catalog" else load_graph_file(Path(x))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_rendered_source_computes_the_graph_and_follows_the_plan(case) -> None:
     top = 3 if case[0] == "catalog" and case[1] in catalog.SEED_WORKLOADS else 1

@@ -44,3 +44,28 @@ def test_schema_version_documented() -> None:
 
     schema = (ROOT / "pyrunner" / "schema" / "plan.schema.json").read_text()
     assert re.search(rf'"const":\s*{SCHEMA_VERSION}', schema) or f'"default": {SCHEMA_VERSION}' in schema
+
+
+def _readme_commands(heading: str) -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    section = text.split(f"## {heading}", 1)[1].split("\n## ", 1)[0]
+    return [ln.strip() for ln in section.splitlines() if ln.startswith("    ")]
+
+
+def test_ci_runs_every_test_tier_the_readme_names() -> None:
+    ci = [ln.strip() for ln in (ROOT / ".ci" / "run").read_text().splitlines()]
+    tiers = [c for c in _readme_commands("Test") if "pytest" in c]
+    assert len(tiers) >= 2, "README's Test section names the fast tier and the slow tier"
+    for cmd in tiers:
+        assert cmd in ci, f".ci/run does not run README's {cmd!r}"
+
+
+def test_user_docs_stay_short_and_their_links_resolve() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+    assert len((ROOT / "CONTRIBUTING.md").read_text().splitlines()) <= 100
+    docs = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md",
+            *sorted((ROOT / "docs").glob("*.md"))]
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" not in target:
+                assert (doc.parent / target).exists(), f"{doc.relative_to(ROOT)} links to missing {target}"

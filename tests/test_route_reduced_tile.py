@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from pyrunner.backend.tilelang.buildable import lowering_problem
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Buffer, Call, Gemm, Load, Map, Reduce, Ref
@@ -50,6 +52,7 @@ def test_left_alone_without_a_wgmma_operand_in_the_maps_layout() -> None:
     assert route_reduced_tile(_buffers(), body, {"S_s", "V_s"}) == body
 
 
+@pytest.mark.slow
 def test_short_query_gqa_plans_build_and_compute_the_graph() -> None:
     graph = load_graph_file(DATA / "attention_gqa_decode.json")
     for plan in search(graph, "bf16", top=2):

@@ -60,6 +60,7 @@ def test_an_unknown_device_is_one_clear_error() -> None:
         device_named("a100")
 
 
+@pytest.mark.slow
 def test_a_reduction_over_a_tile_that_is_not_a_power_of_two_is_refused() -> None:
     """TileLang 0.1.15 reduces across threads with an XOR butterfly over a power-of-two lane count:
     a max over a whole axis of 5 failed to lower at every block and thread count, and `superopt`

@@ -51,6 +51,7 @@ def _plan_and_check(doc: dict) -> None:
     assert res.ok, f"{res.message} for graph {json.dumps(doc)}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(COUNT))
 def test_wild_graph_plans_validly_and_passes_cpu_executor(seed: int) -> None:
     _plan_and_check(seeded_wild_doc(seed))
@@ -107,6 +108,7 @@ def test_search_skips_a_plan_that_fails_the_checks(monkeypatch: pytest.MonkeyPat
         search(graph, "bf16", top=1)
 
 
+@pytest.mark.slow
 def test_a_contraction_major_operand_goes_through_shared_memory() -> None:
     """``(W1 @f0 X) @f1 W2`` with ``W1`` written first leaves the first product as ``[f1, m]``: as the
     second GEMM's A operand it is contraction-major, which has no register layout; TileLang lowers it
@@ -148,6 +150,7 @@ PROJECTED_ATTENTION = {
 accumulator as ``[d, t_q]``, whose columns the scores' row statistics must scale."""
 
 
+@pytest.mark.slow
 def test_row_statistics_bridge_to_an_accumulator_held_the_other_way_round() -> None:
     """GEMM accumulators share a row layout only where their row axes agree: ``max[t_q]`` of the
     scores ``[t_q, t_kv]`` scaling an output accumulator ``[d, t_q]`` goes through shared memory
@@ -169,6 +172,7 @@ def test_row_statistics_bridge_to_an_accumulator_held_the_other_way_round() -> N
     assert lower_to_cuda(plan)
 
 
+@pytest.mark.slow
 def test_a_loop_of_run_time_length_keeps_its_bound_in_the_lowered_cuda() -> None:
     """Capped causal attention at a shape where four query blocks see one or two key steps: the
     loop over the visible steps must run ``hi`` steps in every block. TileLang 0.1.15 pipelined it

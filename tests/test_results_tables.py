@@ -1,0 +1,94 @@
+"""The measured tables are generated from the committed records, and README quotes them verbatim."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pyrunner.errors import UserError
+from pyrunner.log.results import RunRecord
+from pyrunner.log.tables import newest_rows, render, seed_table, side_by_side
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+MAX_RESULT_FILES = 60
+
+
+def _rec(workload: str = "G", plan: float = 10.0, tc: float | None = 20.0, rounds: tuple = ("plan", "torch_compile"),
+         status: str = "ok", ts: str = "2026-12-01T00:00:00", **baselines: float) -> dict:
+    base = {"torch_compile": tc, **baselines}
+    return RunRecord(plan_hash="p", workload=workload, graph_hash="g", shapes={"m": 64}, dtype="bfloat16",
+                     device="NVIDIA H200", status=status, plan_us=plan, baselines_us=base, timestamp=ts,
+                     speedups={"torch_compile": 99.0}, extra={"timing": {"rounds_us": {k: [1.0] for k in rounds}}}
+                     ).model_dump(mode="json")
+
+
+def _write(folder: Path, name: str, *records: dict) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_committed_results_md_is_what_the_records_generate() -> None:
+    committed = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    assert committed == render(newest_rows(RESULTS)), \
+        "benchmarks/RESULTS.md is stale: run `python -m pyrunner report --tables` and commit it"
+
+
+def test_readme_table_is_the_seed_slice_of_results_md() -> None:
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- results:seeds -->", 1)[1].split("<!-- /results:seeds -->", 1)[0].strip()
+    assert block == seed_table(newest_rows(RESULTS))
+    assert block in (ROOT / "benchmarks" / "RESULTS.md").read_text()
+
+
+def test_results_folder_is_small_and_indexed() -> None:
+    files = sorted(p.name for p in RESULTS.iterdir())
+    assert len(files) <= MAX_RESULT_FILES, f"benchmarks/results holds {len(files)} files (at most {MAX_RESULT_FILES})"
+    index = (RESULTS / "INDEX.md").read_text()
+    named = set(re.findall(r"`([^`\s]+)`", index))
+    missing = [f for f in files if f != "INDEX.md" and f not in named]
+    assert not missing, f"INDEX.md does not say what these are for: {missing}"
+    for row in newest_rows(RESULTS):  # every table row's log is kept
+        assert (RESULTS / row.file).is_file()
+
+
+def test_only_side_by_side_records_make_rows(tmp_path: Path) -> None:
+    ok = RunRecord.model_validate(_rec())
+    assert side_by_side(ok)
+    assert not side_by_side(RunRecord.model_validate(_rec(tc=None)))  # an alternative: no baselines
+    assert not side_by_side(RunRecord.model_validate(_rec(rounds=("plan",))))  # baseline timed apart
+    assert not side_by_side(RunRecord.model_validate(_rec(rounds=("plan", "torch_compile"), eager=5.0)))
+    assert not side_by_side(RunRecord.model_validate(_rec(status="failed-launch")))
+    assert not side_by_side(RunRecord.model_validate(_rec(plan=None)))
+
+
+def test_newest_record_per_case_wins_and_speedups_come_from_times(tmp_path: Path) -> None:
+    _write(tmp_path, "h200-run5-a.jsonl", _rec(plan=10.0, ts="2026-12-01T00:00:00"),
+           _rec(workload="H", plan=4.0, tc=2.0))
+    _write(tmp_path, "h200-run7-b.jsonl", _rec(plan=8.0, ts="2026-12-02T00:00:00"),
+           _rec(workload="H", plan=1.0, rounds=("plan",)))  # newer, but timed apart: not a row
+    (tmp_path / "sweep-cases.jsonl").write_text('{"id": "x", "status": "verified"}\n')
+    rows = {r.record.workload: r for r in newest_rows(tmp_path)}
+    assert rows["G"].record.plan_us == 8.0 and rows["G"].run == "7"
+    assert rows["G"].record.speedups["torch_compile"] == pytest.approx(2.5)  # 20 / 8, not the stored 99
+    assert rows["H"].run == "5" and rows["H"].record.speedup_vs_best == pytest.approx(0.5)
+    text = render(list(rows.values()))
+    assert "| H | bf16 | m=64 | 4.0 | 2.0 | 2.0 (torch.compile) | 0.50x | 0.50x | 5 (`h200-run5-a.jsonl`) |" in text
+
+
+def test_report_tables_command(tmp_path: Path) -> None:
+    logs, out = tmp_path / "logs", tmp_path / "out"
+    _write(logs, "h200-run3-x.jsonl", _rec())
+    cmd = [sys.executable, "-m", "pyrunner", "report", "--tables", "--log", str(logs), "--out", str(out)]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (out / "RESULTS.md").read_text() == render(newest_rows(logs))
+    bad = subprocess.run(cmd[:6] + [str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a folder" in bad.stderr
+    with pytest.raises(UserError):
+        newest_rows(tmp_path / "nope")
