@@ -27,6 +27,7 @@ from pyrunner.plan.analysis import numbered_ops, walk
 from pyrunner.plan.kernel_checks import check_kernel, check_kernel_static
 from pyrunner.plan.schema import SCHEMA_VERSION, AxisSize, GlobalTensor, Kernel, Map, Op, Plan, Ref, plan_hash
 from pyrunner.plan.views import kernel_graph, plan_graph  # noqa: F401 - plan_graph re-exported
+from pyrunner.rules.replay_plan import check_certificate
 
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
 
@@ -143,6 +144,7 @@ def check_plan(plan: Plan) -> None:
         check_kernel_static(ki, k)
         check_kernel(plan, ki, k, dict(k.defaults), graph.sizes, tensors)
     _check_dataflow(plan, tensors)
+    check_certificate(plan, tensors)
     checked_hash(plan)
 
 
