@@ -229,3 +229,23 @@ def test_mutated_certificates_are_rejected(caplog) -> None:
 def test_a_thousand_mutated_certificates_are_rejected(caplog) -> None:
     total, wrong = _mutation_count(list(catalog.CATALOG), caplog)
     assert total >= 1000 and not wrong, (total, wrong[:5])
+
+
+def test_lean_replay_rules_are_algebraic_rules() -> None:
+    """The Lean replay (Superopt/Replay.lean, Superopt/Certificate.lean) names only algebraic rules of
+    the registry, and the certificate fields it reads are the schema's."""
+    import re
+
+    replay_src = (ROOT / "Superopt" / "Replay.lean").read_text()
+    cert_src = (ROOT / "Superopt" / "Certificate.lean").read_text()
+    names = set(re.findall(r'=> "(\w+)"', replay_src.split("def Rule.name")[1].split("/-!")[0]))
+    parsed = set(re.findall(r'\|\s+"(\w+)", \[', cert_src.split("def parseRule")[1].split("def parseStep")[0]))
+    assert names and names <= set(ALGEBRAIC_RULE_NAMES) and parsed == names
+    fields = set(re.findall(r'getObjValD "(\w+)"', cert_src)) | set(re.findall(r'j[A-Z]\w* \w+ "(\w+)"', cert_src))
+    from pyrunner.plan.certificate import Certificate, Instance, KernelTerms, Position, TermNode
+    from pyrunner.plan.schema import Kernel, Plan, Step
+
+    known = set()
+    for model in (Certificate, Instance, KernelTerms, Position, TermNode, Kernel, Plan, Step):
+        known |= set(model.model_fields)
+    assert fields <= known, sorted(fields - known)
