@@ -100,7 +100,7 @@ def _step_mutations(doc: dict, plan: Plan) -> Iterator[tuple[str, dict]]:
         del removed["derivation"][i]
         yield f"step {i}: removed", removed
         nxt = i + 1
-        if nxt in states and doc["derivation"][nxt] != st:
+        if nxt in states and doc["derivation"][nxt] != st and not _commute(g, st, doc["derivation"][nxt], terms):
             swapped = copy.deepcopy(doc)
             d = swapped["derivation"]
             d[i], d[nxt] = d[nxt], d[i]
@@ -110,6 +110,17 @@ def _step_mutations(doc: dict, plan: Plan) -> Iterator[tuple[str, dict]]:
             if d[i]["rule"] != d[nxt]["rule"]:
                 d[i]["rule"], d[nxt]["rule"] = d[nxt]["rule"], d[i]["rule"]
                 yield f"steps {i}, {nxt}: rules swapped", rules
+
+
+def _commute(g, first: dict, second: dict, terms: list) -> bool:
+    """Whether the two steps also apply in the other order, each giving its recorded term (two
+    rewrites of disjoint sub-terms): swapped, they certify the same derivation."""
+    for st in (second, first):
+        t = _follow(g, st["position"]["output"], st["position"]["path"])
+        if _wrong(st["rule"], t, st["instance"], terms, terms[st["term"]]):
+            return False
+        g = replace_in_graph(g, t, terms[st["term"]])
+    return True
 
 
 def _choices(choice: list[int]) -> list[list[int]]:

@@ -132,7 +132,8 @@ def format_validation_error(e: pydantic.ValidationError, data: object) -> str:
 # --- semantics ------------------------------------------------------------------
 
 def check_plan(plan: Plan) -> None:
-    """Every rule of plan_semantics for the defaults of each kernel's parameters, then the hash."""
+    """Every rule of plan_semantics for the defaults of each kernel's parameters, the hash, then the
+    derivation's certificate replayed (``rules.replay_plan``)."""
     check_plan_names(plan)
     graph = kernel_graph(plan)
     tensors = _check_tensors(plan, graph)
@@ -144,8 +145,8 @@ def check_plan(plan: Plan) -> None:
         check_kernel_static(ki, k)
         check_kernel(plan, ki, k, dict(k.defaults), graph.sizes, tensors)
     _check_dataflow(plan, tensors)
-    check_certificate(plan, tensors)
     checked_hash(plan)
+    check_certificate(plan, tensors)  # after the hash: an edited plan that keeps its hash is told so first
 
 
 def plan_names(plan: Plan) -> Iterator[tuple[str, object, int]]:
