@@ -179,7 +179,7 @@ from `m`, is not `m` and has no axis `a` (Python's conditions; the equality hold
 def applyExpShiftToMax (a : Axis) (c : Term) : Term → Option Term
   | .unary .exp (.binary .mul (.binary .sub x n) c') =>
     if c' = c ∧ c.resultAxes = [] ∧ c.positive = true ∧ a ∈ x.resultAxes ∧ a ∉ n.resultAxes ∧
-        n ≠ .reduce .max x a ∧ n.contains (.reduce .max x a) = true then
+        n ≠ .reduce .max x a ∧ Term.contains (.reduce .max x a) n = true then
       some (.binary .mul (.unary .exp (.binary .mul (.binary .sub x (.reduce .max x a)) c))
         (.unary .exp (.binary .mul (.binary .sub (.reduce .max x a) n) c)))
     else none
