@@ -137,7 +137,7 @@ inductive Term where
   | reduce (fn : ReduceOp) (arg : Term) (axis : Axis)
   /-- The product of `lhs` and `rhs` contracting the axis `contract` both carry. -/
   | matmul (lhs rhs : Term) (contract : Axis)
-  deriving Repr, Inhabited, BEq
+  deriving Repr, Inhabited, BEq, DecidableEq
 
 /-- Named axes of a term's value, in canonical memory order (Python `result_axes`). -/
 def Term.resultAxes : Term → List Axis

@@ -3,6 +3,7 @@ import Superopt.Graph
 import Superopt.Rules
 import Superopt.Json
 import Superopt.Workloads
+import Superopt.Certificate
 
 /-!
 # The `superopt` command line: Lean is the front, Python the search engine
@@ -15,7 +16,8 @@ import Superopt.Workloads
 3. runs the Python engine on it as a subprocess: the interpreter named by `SUPEROPT_PYTHON`, else
    `python3`, with `engineArgs` (`-m pyrunner superopt --graph FILE` plus the options given);
 4. parses the plan(s) it prints and checks each one: every derivation step names a rule that has
-   a theorem (`ruleCatalog`), and the plan's embedded graph is the Lean graph;
+   a theorem (`ruleCatalog`), the plan's embedded graph is the Lean graph, and its certificate
+   replays from the Lean graph (`Superopt/Certificate.lean`, where the Lean rules cover it);
 5. prints the engine's output unchanged, so it is byte for byte what
    `python -m pyrunner superopt W ...` prints (the engine's notes, such as `--explain`, go to
    stderr as they came).
@@ -149,10 +151,14 @@ def lastLine (text : String) : String :=
   | l :: _ => l
   | [] => "(no message)"
 
-/-- Checks one plan against the Lean graph (as parsed JSON) and the rule catalog. -/
-def checkPlan (graph : Lean.Json) (plan : Lean.Json) : Except String Unit := do
+/-- Checks one plan against the Lean graph (`g`, and as parsed JSON), the rule catalog and, where
+the Lean rules cover its derivation, the replay of its certificate (`checkCertificate`). -/
+def checkPlan (g : Graph) (graph : Lean.Json) (plan : Lean.Json) : Except String Unit := do
   if (plan.getObjValD "graph").compress != graph.compress then
     throw "the plan's embedded graph is not the Lean graph"
+  match checkCertificate g plan with
+  | .error e => throw s!"the plan's certificate does not replay: {e}"
+  | .ok _ => pure ()
   match plan.getObjValD "derivation" with
   | .arr steps =>
     for step in steps do
@@ -164,8 +170,8 @@ def checkPlan (graph : Lean.Json) (plan : Lean.Json) : Except String Unit := do
   | _ => throw "the plan has no derivation list"
 
 /-- Checks the engine's output: one plan, or a list of plans (`--top K`, K > 1). -/
-def checkOutput (graphText : String) (output : String) : Except String Unit := do
-  let graph ← match Lean.Json.parse graphText with
+def checkOutput (g : Graph) (output : String) : Except String Unit := do
+  let graph ← match Lean.Json.parse g.jsonText with
     | .ok j => pure j
     | .error e => throw s!"internal error: the Lean graph JSON does not parse: {e}"
   let parsed ← match Lean.Json.parse output with
@@ -175,8 +181,8 @@ def checkOutput (graphText : String) (output : String) : Except String Unit := d
   | .arr plans =>
     if plans.size = 0 then throw "the engine returned no plan"
     for p in plans do
-      checkPlan graph p
-  | p => checkPlan graph p
+      checkPlan g graph p
+  | p => checkPlan g graph p
 
 /-- Prints one error line; the exit code for bad input. -/
 def fail (msg : String) : IO UInt32 := do
@@ -256,7 +262,7 @@ def runCli (args : List String) : IO UInt32 := do
           match (← runEngine g o) with
           | .error e => fail e
           | .ok (output, notes) =>
-            match checkOutput g.jsonText output with
+            match checkOutput g output with
             | .error e => fail e
             | .ok _ =>
               IO.eprint notes

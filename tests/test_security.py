@@ -242,7 +242,9 @@ def test_swapped_axis_in_a_size_expression_fails_the_cpu_check(tmp_path: Path) -
                 stack.extend(x)
         assert hits
 
-    bad = validate_plan(edited(plan, swap))  # passes validation: both axes exist
+    with pytest.raises(PlanError, match=r"kernels\[\d+\] .*size"):  # the certificate: its terms divide by |d|
+        validate_plan(edited(plan, swap))
+    bad = Plan.model_validate(edited(plan, swap))  # the CPU check, on its own, catches it too
     small = cpu_check_plan(bad)
     sizes = [t.shape for t in small.tensors]
     assert small is not bad and len(set(dict(zip(t.axes, t.shape)).values() for t in small.tensors)) >= 1

@@ -20,10 +20,11 @@ import json
 import math
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE, TILE_REDUCTIONS
+from pyrunner.plan.certificate import Certificate, Instance, Position
 
 SCHEMA_VERSION = 1
 
@@ -228,11 +229,21 @@ class Kernel(_Strict):
 
 
 class Step(_Strict):
-    """One rule application of the derivation; ``rule`` is the Lean theorem's name."""
+    """One rule application of the derivation; ``rule`` is the Lean theorem's name.
+
+    An algebraic step of a certified plan also has its ``position``, ``instance`` and ``term`` (the
+    ``Certificate.nodes`` index of the rewritten sub-term): ``validate`` replays it. A graph-view step
+    (``unit_axis``, ``merge_axes``, ``split_reduction``) replays the plan's axis lists; a schedule rule
+    cites the kernel in ``at``."""
 
     rule: str
     at: str
     result: str = ""
+    position: Position | None = None
+    instance: Instance | None = None
+    term: Annotated[int, Field(ge=0)] | None = None
+    _rewrite: object = PrivateAttr(default=None)
+    """While planning: the rewrite made (``rules.certify.Rewrite``), from which ``to_plan`` certifies it."""
 
 
 class KernelCost(_Strict):
@@ -304,15 +315,23 @@ class Plan(_Strict):
     axis_merges: list[AxisMergeSpec] = Field(default_factory=list)
     axis_splits: list[AxisSplitSpec] = Field(default_factory=list)
     axis_units: list[AxisUnitSpec] = Field(default_factory=list)
+    certificate: Certificate | None = None
+
+
+STEP_CERTIFICATE_FIELDS = ("position", "instance", "term")
 
 
 def plan_document(plan: Plan) -> dict:
-    """The plan's JSON document; ``axis_merges``, ``axis_splits`` and ``axis_units`` only where there are
-    any (older plans stay byte-identical)."""
+    """The plan's JSON document; ``axis_merges``, ``axis_splits``, ``axis_units``, the ``certificate``
+    and each step's certificate fields only where there are any (older plans stay byte-identical)."""
     data = plan.model_dump(mode="json")
-    for key in ("axis_merges", "axis_splits", "axis_units"):
+    for key in ("axis_merges", "axis_splits", "axis_units", "certificate"):
         if not data.get(key):
             data.pop(key, None)
+    for step in data.get("derivation", []):
+        for key in STEP_CERTIFICATE_FIELDS:
+            if step.get(key) is None:
+                step.pop(key, None)
     return data
 
 

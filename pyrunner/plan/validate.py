@@ -27,6 +27,7 @@ from pyrunner.plan.analysis import numbered_ops, walk
 from pyrunner.plan.kernel_checks import check_kernel, check_kernel_static
 from pyrunner.plan.schema import SCHEMA_VERSION, AxisSize, GlobalTensor, Kernel, Map, Op, Plan, Ref, plan_hash
 from pyrunner.plan.views import kernel_graph, plan_graph  # noqa: F401 - plan_graph re-exported
+from pyrunner.rules.replay_plan import check_certificate
 
 SUPPORTED_SCHEMA_VERSIONS = (SCHEMA_VERSION,)
 
@@ -131,7 +132,8 @@ def format_validation_error(e: pydantic.ValidationError, data: object) -> str:
 # --- semantics ------------------------------------------------------------------
 
 def check_plan(plan: Plan) -> None:
-    """Every rule of plan_semantics for the defaults of each kernel's parameters, then the hash."""
+    """Every rule of plan_semantics for the defaults of each kernel's parameters, the hash, then the
+    derivation's certificate replayed (``rules.replay_plan``)."""
     check_plan_names(plan)
     graph = kernel_graph(plan)
     tensors = _check_tensors(plan, graph)
@@ -144,6 +146,7 @@ def check_plan(plan: Plan) -> None:
         check_kernel(plan, ki, k, dict(k.defaults), graph.sizes, tensors)
     _check_dataflow(plan, tensors)
     checked_hash(plan)
+    check_certificate(plan, tensors)  # after the hash: an edited plan that keeps its hash is told so first
 
 
 def plan_names(plan: Plan) -> Iterator[tuple[str, object, int]]:

@@ -40,6 +40,7 @@ from pyrunner.ir.graph import Graph, Term, result_axes
 from pyrunner.ir.merge_axes import AxisMerge, merge_all
 from pyrunner.ir.split_axes import AxisSplit, apply_split, chunk_counts, split_names, split_problem
 from pyrunner.ir.unit_axes import AxisUnit, add_unit, unit_candidate
+from pyrunner.plan.certificate import Certificate
 from pyrunner.plan.schema import (
     AxisMergeSpec,
     AxisSplitSpec,
@@ -173,6 +174,7 @@ def _scales_pulled_out(g: Graph, limit: int = 16) -> Variant | None:
     """g with every scale that can leave a GEMM operand moved onto its result (the rules applied to a
     fixed point): seeded beside the breadth-first variants, which a bounded search may not reach
     (two normalised operands take two more steps than the plain graph; ``scaled_gemm_operands``)."""
+    from pyrunner.rules.certify import rewrite_step
     from pyrunner.rules.registry import RULES, iter_rewrites
 
     rules = [RULES["matmul_row_scale_commute"], RULES["matmul_div_commute"]]
@@ -181,7 +183,7 @@ def _scales_pulled_out(g: Graph, limit: int = 16) -> Variant | None:
         step = next(((g2, r, m) for r in rules for g2, m in iter_rewrites(v.graph, r)), None)
         if step is None:
             break
-        v = Variant(step[0], v.steps + [Step(rule=step[1].name, at=brief(step[2]))])
+        v = Variant(step[0], v.steps + [rewrite_step(step[1].name, step[2], step[1].apply(step[2]))])
     return v if v.steps else None
 
 
@@ -191,6 +193,7 @@ def max_variants(g: Graph) -> int:
 
 def derive(g: Graph, limit: int | None = None) -> list[Variant]:
     """Graphs reachable by the algebraic rules (bounded), shortest derivation first."""
+    from pyrunner.rules.certify import rewrite_step
     from pyrunner.rules.products import canonical_products
     from pyrunner.rules.registry import RULES, iter_rewrites
 
@@ -217,7 +220,7 @@ def derive(g: Graph, limit: int | None = None) -> list[Variant]:
                     if g2.key() in seen:
                         continue
                     seen.add(g2.key())
-                    nv = Variant(g2, v.steps + [Step(rule=rule.name, at=brief(matched))])
+                    nv = Variant(g2, v.steps + [rewrite_step(rule.name, matched, rule.apply(matched))])
                     variants.append(nv)
                     nxt.append(nv)
         frontier = nxt
@@ -680,8 +683,9 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
         kernels.append(kc.kernel.model_copy(update={"name": name, "params": params, "defaults": defaults}))
         costs.append(KernelCost(kernel=name, flops=kc.est.flops, bytes=kc.est.bytes, time_us=round(kc.est.time_us, 3),
                                 bound=kc.est.bound))
+    derivation, cert = _certified(planner, c, kernels)
     steps = ([Step(rule="unit_axis", at=u.describe()) for u in planner.units]
-             + [Step(rule="merge_axes", at=m.describe()) for m in planner.merges] + list(c.variant.steps))
+             + [Step(rule="merge_axes", at=m.describe()) for m in planner.merges] + derivation)
     for k in kernels:
         for r in k.fused_rules:
             steps.append(Step(rule=r, at=k.name))
@@ -697,8 +701,26 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
                      for s in ([planner.split] if planner.split else [])],
         axis_units=[AxisUnitSpec(axis=u.axis, inputs=[n for n, _ in u.inputs], positions=[p for _, p in u.inputs])
                     for u in planner.units],
+        certificate=cert,
     )
     return with_hash(plan)
+
+
+def _certified(planner: Planner, c: Candidate, kernels: list[Kernel]) -> tuple[list[Step], Certificate]:
+    """The candidate's derivation steps with their certificate fields, and the plan's certificate
+    (``rules.certify``): replayed from the graph the derivation started at to the candidate's graph."""
+    from pyrunner.rules.certify import certificate, certify_steps
+    from pyrunner.rules.terms_table import TermTable
+
+    table = TermTable()
+    split = planner.split
+    steps, derived = certify_steps(planner.unsplit, c.variant.steps,
+                                   (lambda g: apply_split(g, split)) if split is not None else None, table)
+    if derived.key() != c.variant.graph.key():
+        raise AssertionError(f"certify: the derivation of {planner.graph.name!r} does not give the planned graph")
+    cert = certificate(c.variant.graph, [(k.name, kc.low.roots, k.writes) for k, kc in zip(kernels, c.kernels,
+                                                                                       strict=True)], table)
+    return steps, cert
 
 
 def _no_plan(planner: Planner, graph: Graph) -> GraphError:

@@ -13,8 +13,10 @@ import hashlib
 
 from pyrunner.ir.axes import axes_of
 from pyrunner.ir.brief import brief
-from pyrunner.ir.graph import Graph, Term, binary
+from pyrunner.ir.graph import Graph, Term
 from pyrunner.plan.schema import Step
+from pyrunner.rules.certify import rewrite_step
+from pyrunner.rules.replay import Inst, left_product
 
 
 def _is_binary(t: Term, fn: str) -> bool:
@@ -38,22 +40,60 @@ def _uses(g: Graph, terms: list[Term]) -> dict[Term, list[Term]]:
     return users
 
 
-def _factors(root: Term, inner: set[Term]) -> tuple[list[Term], bool]:
+def _factors(root: Term, inner: set[Term]) -> tuple[list[Term], bool, list[tuple[int, ...]]]:
     """The factors of a product tree, left to right, through single-use inner products;
-    and whether the tree was left-nested (((f1 * f2) * f3) ...)."""
+    whether the tree was left-nested (((f1 * f2) * f3) ...); and each factor's path below root."""
     out: list[Term] = []
+    paths: list[tuple[int, ...]] = []
     left_nested = True
-    stack = [root]
+    stack: list[tuple[Term, tuple[int, ...]]] = [(root, ())]
     while stack:
-        t = stack.pop()
+        t, path = stack.pop()
         if t is root or t in inner:
             a, b = t.args
             if b in inner:
                 left_nested = False
-            stack.extend((b, a))
+            stack.extend(((b, path + (1,)), (a, path + (0,))))
         else:
             out.append(t)
-    return out, left_nested
+            paths.append(path)
+    return out, left_nested, paths
+
+
+def _permutation(order: list[Term], factors: list[Term]) -> tuple[int, ...]:
+    """Indices into ``factors`` giving ``order`` (equal factors matched left to right)."""
+    used: set[int] = set()
+    out: list[int] = []
+    for f in order:
+        k = next(i for i, g in enumerate(factors) if i not in used and g == f)
+        used.add(k)
+        out.append(k)
+    return tuple(out)
+
+
+def _left_paths(n: int) -> tuple[tuple[int, ...], ...]:
+    """The factor paths of a left-nested product of n factors (((f0 * f1) * f2) ...)."""
+    return ((0,) * (n - 1),) + tuple((0,) * (n - 1 - k) + (1,) for k in range(1, n))
+
+
+def _rebuild_steps(at: str, old: Term, factors: list[Term], paths: list[tuple[int, ...]], perm: tuple[int, ...],
+                   left_nested: bool) -> tuple[Term, list[Step]]:
+    """old's product tree rebuilt left-nested in the order ``perm``: regrouped first where it was not
+    left-nested (``elementwise_mul_assoc``), then its factors reordered (``elementwise_mul_comm``)."""
+    steps: list[Step] = []
+    cur = old
+    if not left_nested:
+        mid = left_product(factors)
+        if mid != cur:
+            steps.append(rewrite_step("elementwise_mul_assoc", cur, mid, Inst(factors=tuple(paths)), at))
+            cur = mid
+    if perm != tuple(range(len(factors))):
+        new = left_product([factors[k] for k in perm])
+        if new != cur:
+            inst = Inst(factors=_left_paths(len(factors)) if cur is not old else tuple(paths), choice=perm)
+            steps.append(rewrite_step("elementwise_mul_comm", cur, new, inst, at))
+            cur = new
+    return cur, steps
 
 
 def _ordered(factors: list[Term], axes: tuple[str, ...], ctx: str | None, key: dict[Term, str]) -> list[Term] | None:
@@ -103,20 +143,15 @@ def canonical_products(g: Graph) -> tuple[Graph, list[Step]] | None:
         args = tuple(mapping[a] for a in t.args)
         new = t if args == t.args else t.replace_args(args)
         if _is_binary(t, "mul") and t not in inner:
-            factors, left_nested = _factors(t, inner)
+            factors, left_nested, paths = _factors(t, inner)
             ctx = {u.axis for u in users[t] if u.op in ("matmul", "reduce")}
             order = _ordered(factors, axes_of(t), next(iter(ctx)) if len(ctx) == 1 else None, key)
             if order is not None and (order != factors or not left_nested):
-                rebuilt = mapping[order[0]]
-                for f in order[1:]:
-                    rebuilt = binary("mul", rebuilt, mapping[f])
+                rebuilt, rebuild = _rebuild_steps(brief(t), new, [mapping[f] for f in factors], paths,
+                                                  _permutation(order, factors), left_nested)
                 if rebuilt != new:
                     new = rebuilt
-                    at = brief(t)
-                    if not left_nested:
-                        steps.append(Step(rule="elementwise_mul_assoc", at=at))
-                    if order != factors:
-                        steps.append(Step(rule="elementwise_mul_comm", at=at))
+                    steps.extend(rebuild)
         mapping[t] = new
     if not steps:
         return None

@@ -4,8 +4,8 @@ import Superopt.Basic
 # Lean-side tests (`lake test`)
 
 Runtime checks of the executable parts of the package: the op vocabularies, `resultAxes`, the
-catalog, resizing, option parsing, the rule catalog, the exact number printer and the graph JSON
-writer. The theorems themselves are checked by `lake build` (the kernel).
+catalog, resizing, option parsing, the rule catalog, the exact number printer, the graph JSON
+writer and the derivation replay (`Rule.apply`, positions, `replay`). The theorems themselves are checked by `lake build` (the kernel).
 
 `goldenGraphs` holds, for every catalog workload, the text of `json.dumps(graph_to_json(g))` as
 Python prints it; `tests/test_lean_protocol.py` checks that these strings are still what Python
@@ -94,6 +94,35 @@ def roundTrip (d : Decimal) : Option String :=
   | .ok (.num n) => some (Decimal.pyRepr ⟨n.mantissa, n.exponent⟩)
   | _ => none
 
+/-- A row-scaled GEMM `(X * s) @_d W` and its rewrite `(X @_d W) * s`. -/
+def scaledGemm (s : Term) : Term :=
+  Term.matmul (Term.binary .mul (Term.input "X" ["m", "d"]) s) (Term.input "W" ["d", "n"]) "d"
+
+/-- The replay's rules: each applies where its side conditions hold and nowhere else. -/
+def replayChecks : List (String × Bool) :=
+  let s := Term.input "S" ["m"]
+  let x := Term.input "X" ["m", "d"]
+  let sm := Term.softmax x "d"
+  [("row scale applies", (Rule.rowScaleXS s false).apply (scaledGemm s) ==
+      some (Term.binary .mul (Term.matmul x (Term.input "W" ["d", "n"]) "d") s)),
+    ("row scale refuses a scale along the contraction",
+      ((Rule.rowScaleXS x false).apply (scaledGemm x)).isNone),
+    ("row scale refuses another scale term", ((Rule.rowScaleXS x false).apply (scaledGemm s)).isNone),
+    ("softmax shift applies", ((Rule.softmaxMaxShift .exp "d").apply sm).isSome),
+    ("softmax shift needs the summed axis", ((Rule.softmaxMaxShift .exp "m").apply sm).isNone),
+    ("mean to sum", (Rule.meanToSumDiv "d").apply (Term.reduce .mean x "d") ==
+      some (Term.binary .div (Term.reduce .sum x "d") (Term.axisSize "d"))),
+    ("exp to exp2 uses LOG2E", (Rule.expToExp2.apply (Term.unary .exp x)) ==
+      some (Term.unary .exp2 (Term.binary .mul x (Term.const 1.4426950408889634)))),
+    ("a path into a term", Term.at? (scaledGemm s) [0, 1] == some s),
+    ("a path out of a term", (Term.at? (scaledGemm s) [0, 2]).isNone),
+    ("replace rewrites every occurrence", Term.replace x s (Term.binary .add x x) == Term.binary .add s s),
+    ("replay of two steps", replay [Term.reduce .mean (scaledGemm s) "n"]
+        [⟨Rule.rowScaleXS s false, 0, [0]⟩, ⟨Rule.meanToSumDiv "n", 0, []⟩] ==
+      some [Term.binary .div (Term.reduce .sum (Term.binary .mul
+        (Term.matmul x (Term.input "W" ["d", "n"]) "d") s) "n") (Term.axisSize "n")]),
+    ("decimals compare as numbers", Term.same (Term.const 1024.0) (Term.const 1024))]
+
 /-- Each check: a label and whether it holds. -/
 def checks : List (String × Bool) := [
   ("15 unary, 8 binary, 3 reduce functions",
@@ -146,6 +175,7 @@ def checks : List (String × Bool) := [
     ("integral constant in a graph", (2 : Decimal).graphText == "2"),
     ("integral decimal constant in a graph", (2.50e1 : Decimal).graphText == "25")]
   ++ (goldenGraphs.map fun p => (s!"graph JSON of {p.1}", graphText p.1 [] == p.2))
+  ++ replayChecks
 
 /-- Runs every check; exit code 1 when any fails. -/
 def main : IO UInt32 := do
