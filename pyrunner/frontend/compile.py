@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.errors import UserError
+from pyrunner.frontend.flops import node_flops
 from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
 from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.runtime import Impl, assemble, plan_impl, reference_impl
@@ -28,29 +29,55 @@ KERNEL_DTYPES = ("float16", "bfloat16")
 
 @dataclass
 class RegionChoice:
-    """A region that runs as Superopt kernels."""
+    """A region and what became of it: Superopt kernels, or planned but left to PyTorch, and why."""
 
     region: RegionGraph
     plan: Plan | None
     naive_us: float | None = None
     check: str = ""
+    decision: str = "superopt"
+    """``superopt`` (its kernels run), ``reference`` (the float64 interpreter runs it) or ``planned`` (a plan
+    exists and passed its CPU check, but no GPU is here: PyTorch runs the ops)."""
+    reason: str = ""
+    flops: int = 0
 
 
 @dataclass
 class Report:
-    """What happened to a graph: the regions replaced by kernels and what stayed with PyTorch, with why."""
+    """What happened to a graph: the regions replaced by kernels and what stayed with PyTorch, with why.
+
+    ``str(report)`` is a table of the regions (ops, kernels, modelled us, decision, reason) and the
+    fallbacks; ``flop_share`` is the part of the graph's operations inside planned regions."""
 
     regions: list[RegionChoice] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)
+    flops_total: int = 0
+    notes: list[str] = field(default_factory=list)
 
     def fallback(self, nodes: list[Any], why: str) -> None:
-        why = " ".join(str(why).split())[:600]
+        why = " ".join(str(why).split())
         what = ", ".join(f"{op_name(n)} ({where(n)})" for n in nodes[:3]) + (" ..." if len(nodes) > 3 else "")
         self.fallbacks.append((what, why))
-        log.warning("superopt: left to PyTorch: %s: %s", what, why)
+        log.warning("superopt: left to PyTorch: %s", why if why.startswith("cannot map") else f"{what}: {why}")
+
+    def merge(self, other: Report) -> None:
+        self.regions += other.regions
+        self.fallbacks += other.fallbacks
+        self.flops_total += other.flops_total
+        self.notes += other.notes
+
+    @property
+    def flops_in_regions(self) -> int:
+        return sum(c.flops for c in self.regions)
+
+    @property
+    def flop_share(self) -> float:
+        """Operations inside regions that have a plan, over all the graph's operations (0 if none)."""
+        return self.flops_in_regions / self.flops_total if self.flops_total else 0.0
 
     def summary(self) -> str:
-        lines = [f"{len(self.regions)} region(s) as Superopt kernels, {len(self.fallbacks)} fallback(s)"]
+        lines = [f"{len(self.regions)} region(s) as Superopt kernels, {len(self.fallbacks)} fallback(s), "
+                 f"{100 * self.flop_share:.1f}% of FLOPs in regions"]
         for c in self.regions:
             label = c.region.label
             est = f"{c.plan.cost.total_us:g} us est. (unfused {c.naive_us:g} us)" if c.plan and c.naive_us else ""
@@ -60,12 +87,30 @@ class Report:
                   for what, why in self.fallbacks]
         return "\n".join(lines)
 
+    def table(self) -> str:
+        """One row per region (ops, kernels, modelled us, decision, reason), then the fallbacks."""
+        rows = [("region", "ops", "kernels", "model us", "decision", "reason")]
+        for c in self.regions:
+            rows.append((c.region.label, str(len(c.region.nodes)), str(len(c.plan.kernels)) if c.plan else "-",
+                         f"{c.plan.cost.total_us:.2f}" if c.plan else "-", c.decision, c.reason or c.check or "-"))
+        width = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = ["  ".join(x.ljust(w) for x, w in zip(r[:5], width, strict=True)) + "  " + r[5] for r in rows]
+        lines.append(f"{len(self.regions)} region(s), {len(self.fallbacks)} op(s) left to PyTorch; "
+                     f"{100 * self.flop_share:.1f}% of {self.flops_total:,} FLOPs inside planned regions")
+        lines += [f"  left to PyTorch: {why if why.startswith('cannot map') else f'{what}: {why}'}"
+                  for what, why in self.fallbacks]
+        lines += [f"  note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()
+
 
 @dataclass
 class Options:
     executor: str = "gpu"
     """``gpu``: plan, compile and verify kernels; ``reference``: float64 interpreter per region (CPU checks);
-    ``plan``: plan only, change nothing (to know the plans ahead, e.g. to compile them in parallel)."""
+    ``plan``: plan and CPU-check each region, change nothing (no GPU: PyTorch runs the ops)."""
     dtype: str | None = None
     verify: bool = True
     must_beat_unfused: bool = False
@@ -79,15 +124,43 @@ class Options:
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
+    """The kernels' dtype: ``forced``, else the one floating dtype of the region's inputs (masks aside)."""
     if forced:
         if forced not in KERNEL_DTYPES:
             raise UserError(f"dtype {forced!r}: kernels are planned in {' or '.join(KERNEL_DTYPES)}")
         return forced
-    dts = {str(meta(src).dtype).removeprefix("torch.") for _, src, _ in rg.inputs}
+    dts = {str(meta(src).dtype).removeprefix("torch.") for _, src, _ in rg.inputs} - {"bool"}
     if len(dts) == 1 and next(iter(dts)) in KERNEL_DTYPES:
         return next(iter(dts))
     raise UserError(f"region inputs are {sorted(dts)}; kernels are planned in one of {', '.join(KERNEL_DTYPES)} "
                     f"(pass dtype= to cast)")
+
+
+def plan_region(graph: Any, dtype: str) -> Plan:
+    """The one place the frontend asks for a plan (search; the lowering gate and fallbacks live behind it)."""
+    from pyrunner.planner import search
+
+    return search(graph, dtype)[0]
+
+
+def naive_plan(graph: Any, dtype: str) -> Plan:
+    """The unfused plan (one kernel per op) that a region must beat in the backend."""
+    from pyrunner.planner import search
+
+    return search(graph, dtype, naive=True)[0]
+
+
+def cpu_check(plan: Plan) -> str:
+    """The plan's tiled algorithm on the CPU executor against float64, at reduced shapes; raises on a miss."""
+    from pyrunner.run.executor import cpu_check_plan, execute
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.verify import verify_executor
+
+    small = cpu_check_plan(plan)
+    res = verify_executor(small, graph_of(small), execute, seed=0)
+    if not res.ok:
+        raise UserError(f"CPU check failed: {res.message}")
+    return f"CPU-checked at {dict(graph_of(small).sizes)}"
 
 
 def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options, report: Report,
@@ -98,16 +171,16 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     if rg is None:
         return []
     say = opts.progress or (lambda s: None)
+    flops = sum(node_flops(n, meta) for n in nodes)
     if opts.executor == "reference":
-        report.regions.append(RegionChoice(rg, None))
+        report.regions.append(RegionChoice(rg, None, decision="reference", reason="float64 interpreter",
+                                           flops=flops))
         return [(rg, reference_impl(rg))]
-    from pyrunner.planner import search
-
     try:
         dtype = region_dtype(rg, meta, opts.dtype)
         t0 = time.perf_counter()
         say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}")
-        plan = search(rg.graph, dtype)[0]
+        plan = plan_region(rg.graph, dtype)
         say(f"  plan {plan.provenance.plan_hash}: {len(plan.kernels)} kernel(s), {plan.cost.total_us:g} us est., "
             f"{time.perf_counter() - t0:.2f} s")
     except Exception as e:  # noqa: BLE001 - a planner failure (or bug) leaves the ops to PyTorch, never wrong
@@ -122,7 +195,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     naive = None
     if opts.must_beat_unfused:
         try:
-            naive = search(rg.graph, dtype, naive=True)[0].cost.total_us
+            naive = naive_plan(rg.graph, dtype).cost.total_us
         except Exception:  # noqa: BLE001 - the ops have no unfused plan either: nothing to compare with
             naive = None
         if naive is not None and plan.cost.total_us >= naive:
@@ -130,7 +203,16 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                                    f"vs {naive:g} us)")
             return []
     if opts.executor == "plan":
-        report.regions.append(RegionChoice(rg, plan, naive))
+        check = ""
+        if opts.verify:
+            try:
+                check = cpu_check(plan)
+            except Exception as e:  # noqa: BLE001 - a plan that fails its check is not counted as mapped
+                report.fallback(nodes, str(e) if isinstance(e, UserError) else f"CPU check: {type(e).__name__}: {e}")
+                return []
+        report.regions.append(RegionChoice(rg, plan, naive, check, decision="planned",
+                                           reason="no GPU: PyTorch runs these ops" + (f"; {check}" if check else ""),
+                                           flops=flops))
         return []
     impl = plan_impl(plan, verify=False)
     try:
@@ -146,7 +228,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     except Exception as e:  # noqa: BLE001 - compile or check failed: the ops stay with PyTorch
         report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
-    report.regions.append(RegionChoice(rg, plan, naive, check))
+    report.regions.append(RegionChoice(rg, plan, naive, check, reason=check or "kernels compiled", flops=flops))
     if opts.log is not None:
         _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
@@ -171,6 +253,7 @@ def _record(opts: Options, rg: RegionGraph, plan: Plan, loaded: Any, nodes: list
 def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bool) -> tuple[Any, Report]:
     """Partition ``gm``, compile its regions, splice them in (in place); returns gm and the report."""
     report = Report()
+    report.flops_total = sum(node_flops(n, meta) for n in gm.graph.nodes)
     part: Partition = partition(gm, meta, strict=strict)
     for node, why in part.fallbacks:
         report.fallback([node], why)

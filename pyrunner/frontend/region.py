@@ -107,12 +107,18 @@ def _merge_uses(rt: RegionTrace) -> None:
         first[u.node].append(u)
 
 
+def _user_names(node_name: str) -> list[str]:
+    """Names a user may give an input by: the node's, and the argument's under dynamo (``l_x_`` is ``x``)."""
+    m = re.fullmatch(r"[lL]_(?:kwargs_)?(\w+?)_", node_name)
+    return [node_name, ident(node_name)] + ([m.group(1)] if m else [])
+
+
 def _name_axes(rt: RegionTrace, axis_names: dict[str, tuple[str, ...]]) -> dict[str, str]:
     """Class root -> axis name: the user's names for an input's dims first, then i, j, k, ..."""
     names: dict[str, str] = {}
     used: set[str] = set()
     for u in rt.uses:
-        given = axis_names.get(u.node.name) or axis_names.get(ident(u.node.name))
+        given = next((axis_names[k] for k in _user_names(u.node.name) if k in axis_names), None)
         if not given:
             continue
         if len(given) != len(u.dims):

@@ -95,7 +95,17 @@ def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int,
 
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"superopt::{name}", fake, lib=_LIB)
+    torch.library.register_autograd(f"superopt::{name}", _no_backward, lib=_LIB)
     return getattr(torch.ops.superopt, name).default
+
+
+def _no_backward(ctx: Any, *grads: Any) -> tuple:  # noqa: ARG001
+    """Superopt kernels are forward-only. The backend never puts a region where autograd records (it
+    leaves such graphs to PyTorch), so reaching this is a misuse: say so rather than return no gradient."""
+    from pyrunner.frontend.errors import FrontendError
+
+    raise FrontendError("a Superopt region has no backward; run it under torch.no_grad() or let the backend "
+                        "compile the graph again with autograd on (it then leaves the graph to PyTorch)")
 
 
 def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[Any], Any]) -> Any:
@@ -132,19 +142,29 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
 
 
 def _fold_python_values(gm: Any, meta: Callable[[Any], Any]) -> None:
-    """Shape arithmetic (``x.shape[-1] ** -0.5``) becomes literals: shapes are static here."""
-    import torch
+    """Shape arithmetic (``x.shape[-1] ** -0.5``) becomes literals: shapes are static here.
+
+    Only plain Python values fold: a tuple that holds tensors (``x.split(...)``, ``x.chunk(2)``) is a
+    computation whose parts its users index, never a constant.
+    """
     import torch.fx
 
     for node in list(gm.graph.nodes):
-        if node.op not in ("call_function", "call_method") or isinstance(meta(node), torch.Tensor):
+        if node.op not in ("call_function", "call_method"):
             continue
         value = meta(node)
         if isinstance(value, torch.Size):
             value = tuple(value)
-        if not isinstance(value, (int, float, bool, tuple, list, torch.Size)) or isinstance(value, torch.Tensor):
+        if not _plain(value):
             continue
         for user in list(node.users):
             user.args = torch.fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
             user.kwargs = torch.fx.node.map_arg(user.kwargs,
                                                 lambda n, node=node, value=value: value if n is node else n)
+
+
+def _plain(value: Any) -> bool:
+    """A Python number, or a tuple/list of them (no tensor, no symbolic size, nothing else)."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (int, float, bool)) and not isinstance(value, type(None))
