@@ -66,8 +66,8 @@ def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> 
     def run(*xs: Any) -> tuple:
         feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
         outs = impl(feed)
-        return tuple(o.permute(perm).reshape(shape).to(dt).contiguous()
-                     for o, (_, _, perm, shape), dt in zip(outs, rg.outputs, dtypes, strict=True))
+        return tuple(o.permute(perm).reshape(ones).expand(full).reshape(shape).to(dt).contiguous()
+                     for o, (_, _, (perm, ones, full), shape), dt in zip(outs, rg.outputs, dtypes, strict=True))
 
     return run
 
