@@ -96,7 +96,7 @@ class Report:
         width = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = ["  ".join(x.ljust(w) for x, w in zip(r[:5], width, strict=True)) + "  " + r[5] for r in rows]
         lines.append(f"{len(self.regions)} region(s), {len(self.fallbacks)} op(s) left to PyTorch; "
-                     f"{100 * self.flop_share:.1f}% of {self.flops_total:,} FLOPs inside planned regions")
+                     f"{100 * self.flop_share:.1f}% of {self.flops_total:,} FLOPs inside Superopt regions")
         lines += [f"  left to PyTorch: {why if why.startswith('cannot map') else f'{what}: {why}'}"
                   for what, why in self.fallbacks]
         lines += [f"  note: {n}" for n in self.notes]
