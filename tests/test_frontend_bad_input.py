@@ -1,0 +1,112 @@
+"""Input Superopt does not take goes to PyTorch for the affected part, with one log line, never a traceback:
+an unsupported op, dynamic shapes, autograd, CPU tensors for GPU kernels, non-contiguous inputs, mixed
+dtypes; and ``dtype=`` on the backend plans a float32 model's regions in bfloat16 when asked."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import pyrunner
+import pyrunner.frontend  # noqa: F401 - registers the backend
+from pyrunner.frontend.backend import LAST_REPORTS
+
+
+def r(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    recs = [x for x in caplog.records if x.name == "pyrunner.frontend" and x.levelno >= logging.WARNING]
+    for x in recs:
+        assert x.exc_info is None and "\n" not in x.getMessage() and "Traceback" not in x.getMessage()
+    return recs
+
+
+def _compiled(fn, caplog, *inputs, dynamic: bool = False, **options):
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"), torch.no_grad():
+        c = torch.compile(fn, backend="superopt", dynamic=dynamic, options={"fallback": "eager", **options})
+        return c(*inputs)
+
+
+def test_unsupported_op_is_one_line_per_op(caplog: pytest.LogCaptureFixture) -> None:
+    def f(x, w):
+        return torch.cumsum(torch.exp(x @ w), 0) + torch.cummax(x, 1).values.sum(-1, keepdim=True)
+
+    x, w = r(8, 16), r(16, 16, seed=1)
+    assert torch.allclose(_compiled(f, caplog, x, w, executor="reference"), f(x, w))
+    rep = LAST_REPORTS[-1]
+    assert rep.regions and len(rep.fallbacks) == 2
+    assert len(_lines(caplog)) == len(rep.fallbacks)
+    assert "torch.cumsum" in rep.fallbacks[0][1] and "test_frontend_bad_input.py" in rep.fallbacks[0][1]
+
+
+def test_dynamic_shapes_go_to_pytorch(caplog: pytest.LogCaptureFixture) -> None:
+    def f(x):
+        return torch.softmax(x, -1) * 2
+
+    for n in (8, 12):
+        x = r(n, 16)
+        assert torch.allclose(_compiled(f, caplog, x, dynamic=True, executor="reference"), f(x))
+        assert "dynamic" in LAST_REPORTS[-1].fallbacks[0][1] and not LAST_REPORTS[-1].regions
+    assert _lines(caplog)
+
+
+def test_autograd_on_goes_to_pytorch(caplog: pytest.LogCaptureFixture) -> None:
+    w = r(16, 4, seed=1).requires_grad_()
+    torch._dynamo.reset()
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"):
+        c = torch.compile(lambda x: torch.tanh(x @ w), backend="superopt",
+                          options={"fallback": "eager", "executor": "reference"})
+        c(r(8, 16)).sum().backward()
+    assert w.grad is not None and torch.allclose(w.grad, torch.autograd.grad(torch.tanh(r(8, 16) @ w).sum(), w)[0])
+    assert "autograd" in LAST_REPORTS[-1].fallbacks[0][1] and len(_lines(caplog)) == 1
+
+
+def test_cpu_tensors_for_gpu_kernels_go_to_pytorch(caplog: pytest.LogCaptureFixture,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyrunner.run.timing as timing
+
+    monkeypatch.setattr(timing, "gpu_available", lambda: True)  # as if a GPU were here; the tensors are not on it
+    x = r(8, 16)
+    assert torch.allclose(_compiled(lambda x: torch.exp(x) + 1, caplog, x, executor="gpu"), torch.exp(x) + 1)
+    assert "CPU tensors" in LAST_REPORTS[-1].fallbacks[0][1] and len(_lines(caplog)) == 1
+
+
+def test_non_contiguous_inputs_are_read_as_they_are() -> None:
+    def f(x, w):
+        return torch.softmax(x @ w, -1)
+
+    x, w = r(16, 8).T, r(32, 16, seed=1)[::2]  # a transpose and a strided slice
+    opt = pyrunner.optimize(f, x, w, executor="reference", progress=False)
+    assert opt.report.regions and not opt.report.fallbacks
+    assert torch.allclose(opt(x, w), f(x, w), rtol=0, atol=1e-12)
+
+
+def test_mixed_dtypes_leave_the_region_to_pytorch(caplog: pytest.LogCaptureFixture) -> None:
+    def f(x, y):
+        return torch.exp(x.float() * y)
+
+    x, y = r(8, 16, dtype=torch.bfloat16), r(8, 16, seed=1, dtype=torch.float32)
+    got = _compiled(f, caplog, x, y, executor="plan")
+    assert torch.equal(got, f(x, y))
+    rep = LAST_REPORTS[-1]
+    assert not rep.regions and "bfloat16" in rep.fallbacks[0][1] and "dtype=" in rep.fallbacks[0][1]
+    assert len(_lines(caplog)) == len(rep.fallbacks)
+
+
+def test_backend_dtype_option_plans_a_float32_model_in_bfloat16(caplog: pytest.LogCaptureFixture) -> None:
+    def f(x, w):
+        return torch.nn.functional.silu(x @ w) * 2
+
+    x, w = r(64, 64, dtype=torch.float32), r(64, 64, seed=1, dtype=torch.float32)
+    _compiled(f, caplog, x, w, executor="plan", verify=False)
+    assert not LAST_REPORTS[-1].regions and "float32" in LAST_REPORTS[-1].fallbacks[0][1]
+    got = _compiled(f, caplog, x, w, executor="plan", verify=False, dtype="bfloat16")
+    rep = LAST_REPORTS[-1]
+    assert torch.equal(got, f(x, w))
+    assert rep.regions and rep.regions[0].plan.dtype == "bfloat16" and not rep.fallbacks
+    assert any("bfloat16" in n for n in rep.notes)
