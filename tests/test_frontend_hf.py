@@ -77,3 +77,45 @@ def test_block_plans_on_the_cpu_path(block: str, capsys: pytest.CaptureFixture) 
 def test_other_blocks_plan_on_the_cpu_path(block: str, capsys: pytest.CaptureFixture) -> None:
     """As above for GPT-2 and Gemma2 (~35 s each of planning on a small CPU: marked slow)."""
     _planned(block, capsys)
+
+
+def test_decode_step_with_kv_cache() -> None:
+    """One decode step (one query token, ``past_key_values``): the layer maps but for the cache's own appends
+    (``torch.cat`` of the past and the new token: left to PyTorch, one line each), and matches eager."""
+    import copy
+
+    from frontend_models import llama_layer
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    m, (x,), kw = llama_layer()
+    cfg = m.self_attn.config
+    cache = DynamicCache(config=cfg)
+    with torch.no_grad():
+        m(x, past_key_values=cache, use_cache=True, **kw)  # prefill fills the cache
+    x1 = torch.randn(1, 1, x.shape[-1], generator=torch.Generator().manual_seed(7))
+    step = {"attention_mask": None, "use_cache": True,
+            "position_embeddings": LlamaRotaryEmbedding(cfg)(x1, torch.tensor([[x.shape[1]]]))}
+    opt = pyrunner.optimize(m, x1, executor="reference", progress=False, past_key_values=copy.deepcopy(cache), **step)
+    assert opt.report.regions and opt.report.flop_share >= MIN_SHARE
+    assert len(opt.report.fallbacks) == 2 and all("torch.cat" in why for _, why in opt.report.fallbacks)
+    with torch.no_grad():
+        want = _first(m(x1, past_key_values=copy.deepcopy(cache), **step))
+        got = _first(opt(x1, past_key_values=copy.deepcopy(cache), **step))
+    assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64
+
+
+def test_new_shape_is_captured_again_and_dtype_kept() -> None:
+    """A second sequence length is captured and mapped again (static shapes, one capture each); a bf16 input
+    gives a bf16 output."""
+    m, (x,), kw = HF_BLOCKS["llama"](seq=16)
+    opt = pyrunner.optimize(m, x, executor="reference", progress=False, **kw)
+    m8, (x8,), kw8 = HF_BLOCKS["llama"](seq=8)
+    with torch.no_grad():
+        got, want = _first(opt(x8, **kw8)), _first(m(x8, **kw8))
+    assert got.shape == (1, 8, x.shape[-1])
+    assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64
+    assert opt.later_reports and opt.later_reports[-1].regions and not opt.later_reports[-1].fallbacks
+    xb = torch.randn(8, 16, dtype=torch.bfloat16)
+    ob = pyrunner.optimize(lambda t: torch.exp(t) * 2, xb, executor="reference", progress=False)
+    assert ob(xb).dtype == torch.bfloat16

@@ -2,7 +2,7 @@
 
 Contractions count two operations per multiply-add (``2 * outputs * contracted``); attention counts
 its two products (a causal mask does not halve them here: the share is of the work as written);
-everything else counts one operation per output element. Views, copies and shape arithmetic count 0.
+everything else counts one operation per output element. Views, copies (cat too) and shape arithmetic count 0.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import Any
 
 FREE = {"view", "reshape", "transpose", "permute", "contiguous", "unsqueeze", "squeeze", "expand", "expand_as",
         "flatten", "unflatten", "getitem", "split", "chunk", "t", "to", "type_as", "float", "half", "bfloat16",
-        "clone", "detach", "identity", "dropout", "view_as", "reshape_as", "getattr", "size", "narrow"}
+        "clone", "detach", "identity", "dropout", "view_as", "reshape_as", "getattr", "size", "narrow", "cat",
+        "concat", "stack"}
 
 
 def node_flops(node: Any, meta: Callable[[Any], Any]) -> int:
