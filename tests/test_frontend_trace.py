@@ -54,6 +54,33 @@ CASES = {
     "gram_of_computed": (lambda x: torch.exp(x) @ torch.exp(x).T + 1, (r(8, 8),)),
     "sdpa_cross": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v),
                    (r(2, 8, 16), r(2, 12, 16, seed=1), r(2, 12, 4, seed=2))),
+    # real model code (issue 40): views that split and merge axes, rotary embeddings, masks, GQA, fused splits
+    "heads_split_merge": (lambda x, w, o: F.linear((x @ w).view(2, 8, 4, 8).transpose(1, 2).exp()
+                                                   .transpose(1, 2).reshape(16, 32), o),
+                          (r(2, 8, 16), r(16, 32, seed=1), r(16, 32, seed=2))),
+    "rotate_half": (lambda x, c, s: x * c + torch.cat((-x[..., 4:], x[..., :4]), dim=-1) * s,
+                    (r(2, 8, 8), r(8, 8, seed=1), r(8, 8, seed=2))),
+    "chunk_swiglu": (lambda x, w: F.silu((x @ w).chunk(2, -1)[0]) * (x @ w).chunk(2, -1)[1],
+                     (r(8, 16), r(16, 24, seed=1))),
+    "addmm_split": (lambda x, b, w: torch.addmm(b, x, w).split(8, dim=1)[2] + 1,
+                    (r(8, 16), r(24, seed=1), r(16, 24, seed=2))),
+    "where_mask": (lambda x, m: torch.softmax(torch.where(m, x, float("-inf")), -1),
+                   (r(8, 8), torch.ones(8, 8, dtype=torch.bool).tril())),
+    "masked_fill": (lambda x, m: torch.softmax(x.masked_fill(~m, -1e9), -1),
+                    (r(8, 8), torch.ones(8, 8, dtype=torch.bool).tril())),
+    "repeat_kv_matmul": (lambda q, k: q @ k[:, None].expand(2, 3, 8, 4).reshape(6, 8, 4).transpose(1, 2),
+                         (r(6, 5, 4), r(2, 8, 4, seed=1))),
+    "sdpa_causal_gqa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                        (r(4, 8, 16), r(2, 8, 16, seed=1), r(2, 8, 16, seed=2))),
+    "sdpa_bool_mask": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                       (r(2, 8, 16), r(2, 8, 16, seed=1), r(2, 8, 16, seed=2),
+                        torch.ones(8, 8, dtype=torch.bool).tril(-1).logical_not().T)),
+    "sdpa_float_mask_softcap": (lambda q, k, m: torch.softmax(torch.tanh((q @ k.transpose(-1, -2)) / 5) * 5 + m, -1),
+                                (r(2, 8, 16), r(2, 8, 16, seed=1), torch.zeros(8, 8).triu(1) * -1e4)),
+    "comparison_masks": (lambda x, y: torch.exp(x) * ((x > y) & (y >= 0)) + (x < 0) * 2.0,
+                         (r(8, 16), r(8, 16, seed=1))),
+    "gelu_new_pow3": (lambda x: 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * torch.pow(x, 3.0)))),
+                      (r(8, 16),)),
 }
 
 

@@ -104,7 +104,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                             f"stays outside them")
     try:
         values = example_values(gm, tuple(example_inputs))
-        opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=executor == "gpu",
+        beat = executor == "gpu" and source == "backend"  # optimize keeps every planned region, as asked
+        opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=beat,
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)

@@ -53,6 +53,8 @@ REDUCE = {m.group(1): r.name for r in ops.REDUCTIONS.values()
           if (m := re.fullmatch(r"\{0\}\.(\w+)\(dim=\{1\}\)", r.torch))}
 """Tensor method name -> IR reduction (``amax`` -> ``max``), from the op table's PyTorch forms."""
 REVERSED = {"rsub", "rtruediv", "rdiv"}
+COMPARE = {"lt": ("lt", False), "le": ("le", False), "gt": ("lt", True), "ge": ("le", True)}
+"""Comparisons (a boolean mask, 0/1 in the IR): IR op and whether the operands swap (a > b is b < a)."""
 IDENTITY = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as", "identity"}
 POW = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "recip"}
 MODULES = {
@@ -237,6 +239,16 @@ def _dispatch(rt: RegionTrace, node: Any, name: str, a: _Args) -> Value:  # noqa
         return _getitem(rt, node, a)
     if name == "cat" or name == "concat" or name == "concatenate":
         return _cat(rt, node, a)
+    if name in ("invert", "logical_not", "bitwise_not") and str(rt.meta(node).dtype) == "torch.bool":
+        return rt.binary("sub", 1.0, _tv(rt, node, x0))  # masks are 0/1 values in the IR
+    if name in ("logical_and", "and_", "iand", "logical_or", "or_", "ior") and \
+            str(rt.meta(node).dtype) == "torch.bool":
+        fn = "min" if "and" in name else "max"
+        return rt.binary(fn, rt.tensor(x0, node), rt.tensor(a.get(1, "other"), node))
+    if name in COMPARE:
+        fn, swap = COMPARE[name]
+        lhs, rhs = rt.tensor(x0, node), rt.tensor(a.get(1, "other"), node)
+        return rt.binary(fn, rhs, lhs) if swap else rt.binary(fn, lhs, rhs)
     if name == "where":
         c, x, y = (rt.lift(rt.tensor(a.get(i, k), node)) for i, k in enumerate(("condition", "input", "other")))
         dims = rt.broadcast(rt.broadcast(c.dims, x.dims), y.dims)
