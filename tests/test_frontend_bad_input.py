@@ -110,3 +110,24 @@ def test_backend_dtype_option_plans_a_float32_model_in_bfloat16(caplog: pytest.L
     assert torch.equal(got, f(x, w))
     assert rep.regions and rep.regions[0].plan.dtype == "bfloat16" and not rep.fallbacks
     assert any("bfloat16" in n for n in rep.notes)
+
+
+def test_equal_regions_are_planned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two identical layers give one region graph: one search, one CPU check, the same plan for both."""
+    import pyrunner.frontend.compile as comp
+
+    calls: list[str] = []
+    real = comp.plan_region
+    monkeypatch.setattr(comp, "_PLANS", {})
+    monkeypatch.setattr(comp, "plan_region", lambda g, dt: calls.append(dt) or real(g, dt))
+
+    def two_layers(x, w1, w2):
+        h = torch.exp(torch.nn.functional.rms_norm(x, (64,)) * w1)
+        h = torch.cumsum(h, 0)  # left to PyTorch: it cuts the two layers apart
+        return torch.exp(torch.nn.functional.rms_norm(h, (64,)) * w2)
+
+    x, w1, w2 = (r(32, 64, seed=i, dtype=torch.bfloat16) for i in range(3))
+    opt = pyrunner.optimize(two_layers, x, w1[0], w2[0], executor="plan", progress=False)
+    assert len(opt.report.regions) == 2 and len(opt.report.fallbacks) == 1
+    a, b = opt.report.regions
+    assert a.plan is b.plan and len(calls) == 1

@@ -143,6 +143,25 @@ def plan_region(graph: Any, dtype: str) -> Plan:
     return search(graph, dtype)[0]
 
 
+_PLANS: dict[tuple[str, str], Plan] = {}
+_CHECKS: dict[str, str] = {}
+
+
+def cached_plan(graph: Any, dtype: str) -> tuple[Plan, bool]:
+    """``plan_region`` once per distinct region graph and dtype in this process, and whether it was cached.
+
+    Regions are named canonically (``region``, ``in<k>``, ``out<k>``), so the layers of a model, or a
+    shape seen again, are one graph: planned once. Planning is deterministic, so the cache changes no plan."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import canonical_json
+
+    key = (canonical_json(graph_to_json(graph)), dtype)
+    hit = key in _PLANS
+    if not hit:
+        _PLANS[key] = plan_region(graph, dtype)
+    return _PLANS[key], hit
+
+
 def naive_plan(graph: Any, dtype: str) -> Plan:
     """The unfused plan (one kernel per op) that a region must beat in the backend."""
     from pyrunner.planner import search
@@ -152,15 +171,19 @@ def naive_plan(graph: Any, dtype: str) -> Plan:
 
 def cpu_check(plan: Plan) -> str:
     """The plan's tiled algorithm on the CPU executor against float64, at reduced shapes; raises on a miss."""
+    from pyrunner.plan.schema import plan_hash
     from pyrunner.run.executor import cpu_check_plan, execute
     from pyrunner.run.runner import graph_of
     from pyrunner.run.verify import verify_executor
 
-    small = cpu_check_plan(plan)
-    res = verify_executor(small, graph_of(small), execute, seed=0)
-    if not res.ok:
-        raise UserError(f"CPU check failed: {res.message}")
-    return f"CPU-checked at {dict(graph_of(small).sizes)}"
+    key = plan_hash(plan)
+    if key not in _CHECKS:
+        small = cpu_check_plan(plan)
+        res = verify_executor(small, graph_of(small), execute, seed=0)
+        if not res.ok:
+            raise UserError(f"CPU check failed: {res.message}")
+        _CHECKS[key] = f"CPU-checked at {dict(graph_of(small).sizes)}"
+    return _CHECKS[key]
 
 
 def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options, report: Report,
@@ -180,9 +203,9 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         dtype = region_dtype(rg, meta, opts.dtype)
         t0 = time.perf_counter()
         say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}")
-        plan = plan_region(rg.graph, dtype)
+        plan, hit = cached_plan(rg.graph, dtype)
         say(f"  plan {plan.provenance.plan_hash}: {len(plan.kernels)} kernel(s), {plan.cost.total_us:g} us est., "
-            f"{time.perf_counter() - t0:.2f} s")
+            + ("planned before (same region graph)" if hit else f"{time.perf_counter() - t0:.2f} s"))
     except Exception as e:  # noqa: BLE001 - a planner failure (or bug) leaves the ops to PyTorch, never wrong
         if not isinstance(e, UserError):
             e = UserError(f"planner failed: {type(e).__name__}: {e}")
