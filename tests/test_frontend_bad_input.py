@@ -131,3 +131,12 @@ def test_equal_regions_are_planned_once(monkeypatch: pytest.MonkeyPatch) -> None
     assert len(opt.report.regions) == 2 and len(opt.report.fallbacks) == 1
     a, b = opt.report.regions
     assert a.plan is b.plan and len(calls) == 1
+
+
+def test_wrong_axis_names_are_one_error_line() -> None:
+    from pyrunner.frontend.errors import FrontendError
+
+    with pytest.raises(FrontendError, match="axes for") as e:
+        pyrunner.optimize(lambda x, w: x @ w, r(8, 16), r(16, 4, seed=1), executor="reference", progress=False,
+                          axes={"x": "tdz"})
+    assert "\n" not in str(e.value)

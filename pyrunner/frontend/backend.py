@@ -109,6 +109,11 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
+    except FrontendError:
+        if source == "optimize":
+            raise  # a wrong optimize() argument (axes= names, say): the caller's error, in one line
+        report.fallback([], "the superopt backend was given a bad option; the whole graph goes to " + fallback)
+        return finish(gm, example_inputs)
     except Exception as e:  # noqa: BLE001 - a frontend failure must never fail the model
         report.fallback([], f"the superopt backend failed on this graph ({type(e).__name__}: {e}); "
                             f"the whole graph goes to {fallback}")

@@ -190,7 +190,16 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                     counter: list[int]) -> list[tuple[RegionGraph, Impl]]:
     """Kernels for one segment, splitting it where the planner finds no plan."""
     counter[0] += 1
-    rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names)
+    try:
+        rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names)
+    except Exception as e:  # noqa: BLE001 - a piece that does not translate alone: smaller pieces, else PyTorch
+        if isinstance(e, UserError) and "axes for" in str(e):
+            raise  # the user's axes= names are wrong: say so
+        if len(nodes) > 1:
+            a, b = split(nodes)
+            return compile_segment(a, meta, opts, report, counter) + compile_segment(b, meta, opts, report, counter)
+        report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
+        return []
     if rg is None:
         return []
     say = opts.progress or (lambda s: None)

@@ -53,9 +53,14 @@ class Optimized:
 
 
 def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Callable:
-    """``fn`` compiled by dynamo with static shapes and ``backend``; run once on the examples to capture."""
+    """``fn`` compiled by dynamo with static shapes and ``backend``; run once on the examples to capture.
+
+    Dynamo's caches are reset first: a model's ``forward`` compiled before (another ``optimize``, another
+    backend) must not be reused here, nor count towards dynamo's recompile limit, past which it would
+    run the frame eagerly without a word. Functions compiled earlier compile again on their next call."""
     import torch
 
+    torch._dynamo.reset()
     compiled = torch.compile(fn, backend=backend, dynamic=False)
     try:
         with torch.no_grad():
@@ -63,6 +68,11 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Calla
     except FrontendError:
         raise
     except Exception as e:  # noqa: BLE001 - the user's function itself failed on the examples
+        inner = e
+        while inner.__cause__ is not None or inner.__context__ is not None:
+            inner = inner.__cause__ or inner.__context__
+        if isinstance(inner, FrontendError):  # raised in the backend, wrapped by dynamo
+            raise FrontendError(str(inner)) from None
         msg = " ".join(str(e).split())
         raise FrontendError(f"running {getattr(fn, '__name__', type(fn).__name__)} on the example inputs "
                             f"failed: {type(e).__name__}: {msg}") from None

@@ -167,4 +167,4 @@ def _plain(value: Any) -> bool:
     """A Python number, or a tuple/list of them (no tensor, no symbolic size, nothing else)."""
     if isinstance(value, (list, tuple)):
         return all(_plain(v) for v in value)
-    return isinstance(value, (int, float, bool)) and not isinstance(value, type(None))
+    return isinstance(value, (int, float, bool))

@@ -101,11 +101,11 @@ def _resolve(rt: RegionTrace, x: Any) -> Any:
 
 
 def _plain(x: Any) -> bool:
-    """A Python value with no tensor in it (shape arithmetic), which folds to a literal."""
+    """A Python value with no tensor in it (shape arithmetic, a dtype), which folds to a literal; the parts
+    of ``split``/``chunk`` are a computation and stay a node."""
     if isinstance(x, (list, tuple)):
         return all(_plain(v) for v in x)
-    return not is_tensor(x) and x is not None and not isinstance(x, type(...)) and \
-        isinstance(x, (int, float, bool, str, slice)) or x is None
+    return not is_tensor(x)
 
 
 def _ints(x: Any) -> list[int]:
@@ -566,10 +566,14 @@ def _split_part(rt: RegionTrace, node: Any, tup: Any, i: int) -> Value:
     sizes = [int(p.shape[int(dim) % len(x.dims)]) for p in parts]
     if len(set(sizes)) != 1:
         raise um(node, f"{name} into unequal parts {sizes}")
+    if len(sizes) == 1:
+        return x
     lo = i * sizes[0]
-    v = _select_chunk(rt, node, x, d, lo, lo + sizes[0]) if len(sizes) > 1 else Value(x.term, (d,))
+    v = _select_chunk(rt, node, x, d, lo, lo + sizes[0])
     pos = int(dim) % len(x.dims)
-    return rt.made(Value(v.term, x.dims[:pos] + v.dims + x.dims[pos + 1:])) if n else v
+    if sizes[0] * len(sizes) != n:
+        raise um(node, f"{name} parts {sizes} do not cover the axis of {n}")
+    return rt.made(Value(v.term, x.dims[:pos] + v.dims + x.dims[pos + 1:]))
 
 
 def _cat(rt: RegionTrace, node: Any, a: _Args) -> Value:
