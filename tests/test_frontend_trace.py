@@ -77,6 +77,9 @@ CASES = {
                         torch.ones(8, 8, dtype=torch.bool).tril(-1).logical_not().T)),
     "sdpa_float_mask_softcap": (lambda q, k, m: torch.softmax(torch.tanh((q @ k.transpose(-1, -2)) / 5) * 5 + m, -1),
                                 (r(2, 8, 16), r(2, 8, 16, seed=1), torch.zeros(8, 8).triu(1) * -1e4)),
+    "slice_of_masked_scores": (lambda x, m: torch.softmax((x + m)[:, :4], -1) + torch.cat((m, m), -1)[:, 8:12].exp(),
+                               (r(8, 8), torch.zeros(8, 8, dtype=torch.float64).masked_fill(
+                                   torch.ones(8, 8).triu(1).bool(), float("-inf")))),
     "comparison_masks": (lambda x, y: torch.exp(x) * ((x > y) & (y >= 0)) + (x < 0) * 2.0,
                          (r(8, 16), r(8, 16, seed=1))),
     "gelu_new_pow3": (lambda x: 0.5 * x * (1 + torch.tanh(0.79788456 * (x + 0.044715 * torch.pow(x, 3.0)))),

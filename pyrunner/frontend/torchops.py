@@ -537,7 +537,7 @@ def _select_chunk(rt: RegionTrace, node: Any, x: Value, d: str | None, lo: int, 
     outer, inner = _split_axis(rt, d, n // part, part)
     keep = ir.binary("mul", ir.binary("le", ir.iota(outer), ir.const(float(lo // part))),
                      ir.binary("le", ir.const(float(lo // part)), ir.iota(outer)))
-    term = ir.reduce("sum", ir.binary("mul", keep, x.term), outer)
+    term = ir.reduce("sum", ir.where(keep, x.term, ir.const(0.0)), outer)  # where: a masked -inf stays out
     return Value(term, (inner,))
 
 
@@ -545,7 +545,7 @@ def _split_axis(rt: RegionTrace, d: str, chunks: int, part: int) -> tuple[str, s
     """Axis d as (chunks, part), refining it (or its leaves) as needed."""
     comp = rt.axes.compose([rt.axes.fresh(chunks), rt.axes.fresh(part)])
     rt.axes.unify(comp, d)
-    a, b = rt.axes.parts[rt.axes.find(comp)] if rt.axes.find(comp) in rt.axes.parts else rt.axes.parts[comp]
+    a, b = rt.axes.parts[comp]
     return a, b
 
 
@@ -599,7 +599,7 @@ def _cat(rt: RegionTrace, node: Any, a: _Args) -> Value:
     for j, x in enumerate(xs):
         keep = ir.binary("mul", ir.binary("le", ir.iota(outer), ir.const(float(j))),
                          ir.binary("le", ir.const(float(j)), ir.iota(outer)))
-        piece = ir.binary("mul", keep, x.term)
+        piece = ir.where(keep, x.term, ir.const(0.0))
         term = piece if term is None else ir.binary("add", term, piece)
     whole = rt.axes.compose([outer, part])
     return rt.made(Value(term, others[:pos] + (whole,) + others[pos:]))
