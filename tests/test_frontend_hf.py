@@ -119,3 +119,38 @@ def test_new_shape_is_captured_again_and_dtype_kept() -> None:
     xb = torch.randn(8, 16, dtype=torch.bfloat16)
     ob = pyrunner.optimize(lambda t: torch.exp(t) * 2, xb, executor="reference", progress=False)
     assert ob(xb).dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_two_layer_llama_greedy_decode_matches_generate() -> None:
+    """A 2-layer LlamaForCausalLM from config under ``torch.compile(backend="superopt")`` (regions in the
+    float64 interpreter): prefill and 5 decode steps with a KV cache give ``generate``'s greedy tokens; the
+    layers map, the embedding, rotary tables and cache appends stay with PyTorch (~30 s: marked slow).
+    Each step is a new shape, compiled again (static shapes): dynamo's recompile limit (8 by default)
+    bounds how many steps keep their regions."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.cache_utils import DynamicCache
+
+    from pyrunner.frontend.backend import LAST_REPORTS
+
+    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                      head_dim=16, num_hidden_layers=2, vocab_size=128)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(3))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        want = m.generate(ids, max_new_tokens=6, do_sample=False)[0, 8:].tolist()
+        c = torch.compile(m, backend="superopt", options={"fallback": "eager", "executor": "reference"},
+                          dynamic=False)
+        cache = DynamicCache(config=cfg)
+        tok = c(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+        got = [int(tok)]
+        first = len(LAST_REPORTS)
+        for _ in range(5):
+            tok = c(input_ids=tok[:, None], past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1)
+            got.append(int(tok))
+    assert got == want
+    steps = LAST_REPORTS[first - 1:]
+    assert all(r.regions and r.flop_share >= MIN_SHARE for r in steps), [r.summary() for r in steps]
