@@ -121,7 +121,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     report.merge(rep)
     if executor == "plan" and NO_GPU_NOTE not in report.notes:
         report.notes.append(NO_GPU_NOTE)
-    _log.info("superopt backend: %s", rep.summary())
+    _log.info("superopt backend: %s", rep.summary().splitlines()[0])
     return finish(gm, example_inputs)
 
 

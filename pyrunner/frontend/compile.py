@@ -54,6 +54,14 @@ class Report:
     flops_total: int = 0
     notes: list[str] = field(default_factory=list)
 
+    def chose(self, choice: RegionChoice) -> None:
+        """Record a region and say in one log line what was chosen for it and why."""
+        self.regions.append(choice)
+        plan = choice.plan
+        what = f"{len(plan.kernels)} kernel(s), {plan.cost.total_us:.2f} us modelled" if plan else "no plan"
+        log.info("superopt: %s: %d op(s) -> %s: %s (%s)", choice.region.label, len(choice.region.nodes), what,
+                 choice.decision, choice.reason or choice.check or "-")
+
     def fallback(self, nodes: list[Any], why: str) -> None:
         why = " ".join(str(why).split())
         what = ", ".join(f"{op_name(n)} ({where(n)})" for n in nodes[:3]) + (" ..." if len(nodes) > 3 else "")
@@ -205,7 +213,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     say = opts.progress or (lambda s: None)
     flops = sum(node_flops(n, meta) for n in nodes)
     if opts.executor == "reference":
-        report.regions.append(RegionChoice(rg, None, decision="reference", reason="float64 interpreter",
+        report.chose(RegionChoice(rg, None, decision="reference", reason="float64 interpreter",
                                            flops=flops))
         return [(rg, reference_impl(rg))]
     try:
@@ -242,7 +250,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
             except Exception as e:  # noqa: BLE001 - a plan that fails its check is not counted as mapped
                 report.fallback(nodes, str(e) if isinstance(e, UserError) else f"CPU check: {type(e).__name__}: {e}")
                 return []
-        report.regions.append(RegionChoice(rg, plan, naive, check, decision="planned",
+        report.chose(RegionChoice(rg, plan, naive, check, decision="planned",
                                            reason="no GPU: PyTorch runs these ops" + (f"; {check}" if check else ""),
                                            flops=flops))
         return []
@@ -260,7 +268,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     except Exception as e:  # noqa: BLE001 - compile or check failed: the ops stay with PyTorch
         report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
-    report.regions.append(RegionChoice(rg, plan, naive, check, reason=check or "kernels compiled", flops=flops))
+    report.chose(RegionChoice(rg, plan, naive, check, reason=check or "kernels compiled", flops=flops))
     if opts.log is not None:
         _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
