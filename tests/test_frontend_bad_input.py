@@ -44,15 +44,45 @@ def test_unsupported_op_is_one_line_per_op(caplog: pytest.LogCaptureFixture) -> 
     assert "torch.cumsum" in rep.fallbacks[0][1] and "test_frontend_bad_input.py" in rep.fallbacks[0][1]
 
 
-def test_dynamic_shapes_go_to_pytorch(caplog: pytest.LogCaptureFixture) -> None:
+def test_dynamic_shapes_are_specialised_per_shape(caplog: pytest.LogCaptureFixture) -> None:
+    """``dynamic=True`` hands over symbolic sizes: each concrete shape gets its own static regions."""
     def f(x):
         return torch.softmax(x, -1) * 2
 
-    for n in (8, 12):
-        x = r(n, 16)
-        assert torch.allclose(_compiled(f, caplog, x, dynamic=True, executor="reference"), f(x))
-        assert "dynamic" in LAST_REPORTS[-1].fallbacks[0][1] and not LAST_REPORTS[-1].regions
-    assert _lines(caplog)
+    torch._dynamo.reset()
+    before = len(LAST_REPORTS)
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"), torch.no_grad():
+        c = torch.compile(f, backend="superopt", dynamic=True, options={"fallback": "eager", "executor": "reference"})
+        for n in (8, 12, 8):
+            x = r(n, 16)
+            assert torch.allclose(c(x), f(x))
+    new = LAST_REPORTS[before:]
+    assert len(new) == 2 and all(rep.regions and not rep.fallbacks for rep in new)  # 8 again: compiled once
+    assert [rep.regions[0].region.graph.sizes for rep in new][0] != new[1].regions[0].region.graph.sizes
+
+
+def test_decode_loop_keeps_its_regions_at_every_step() -> None:
+    """A KV-cache decode loop (q length 1, kv length growing) under ``torch.compile``'s default
+    ``dynamic=None``: the second shape goes symbolic, yet every step runs its attention as a region --
+    past dynamo's recompile limit, where a per-shape recompile would have run the frame eagerly."""
+    def step(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v) * 2
+
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit, old = 2, torch._dynamo.config.recompile_limit
+    try:
+        before = len(LAST_REPORTS)
+        c = torch.compile(step, backend="superopt", options={"fallback": "eager", "executor": "reference"})
+        q = r(1, 2, 1, 8)
+        with torch.no_grad():
+            for n in range(3, 9):
+                k, v = r(1, 2, n, 8, seed=n), r(1, 2, n, 8, seed=n + 50)
+                assert torch.allclose(c(q, k, v), step(q, k, v))
+        reps = LAST_REPORTS[before:]
+        assert len(reps) == 6 and all(len(rep.regions) == 1 and not rep.fallbacks for rep in reps)
+        assert len({tuple(sorted(rep.regions[0].region.graph.sizes.values())) for rep in reps}) == 6
+    finally:
+        torch._dynamo.config.recompile_limit = old
 
 
 def test_autograd_on_goes_to_pytorch(caplog: pytest.LogCaptureFixture) -> None:

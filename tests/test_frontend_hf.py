@@ -106,8 +106,8 @@ def test_decode_step_with_kv_cache() -> None:
 
 
 def test_new_shape_is_captured_again_and_dtype_kept() -> None:
-    """A second sequence length is captured and mapped again (static shapes, one capture each); a bf16 input
-    gives a bf16 output."""
+    """A second sequence length is mapped again (dynamo goes symbolic; one static specialisation per
+    shape); a bf16 input gives a bf16 output."""
     m, (x,), kw = HF_BLOCKS["llama"](seq=16)
     opt = pyrunner.optimize(m, x, executor="reference", progress=False, **kw)
     m8, (x8,), kw8 = HF_BLOCKS["llama"](seq=8)
@@ -126,8 +126,8 @@ def test_two_layer_llama_greedy_decode_matches_generate() -> None:
     """A 2-layer LlamaForCausalLM from config under ``torch.compile(backend="superopt")`` (regions in the
     float64 interpreter): prefill and 5 decode steps with a KV cache give ``generate``'s greedy tokens; the
     layers map, the embedding, rotary tables and cache appends stay with PyTorch (~30 s: marked slow).
-    Each step is a new shape, compiled again (static shapes): dynamo's recompile limit (8 by default)
-    bounds how many steps keep their regions."""
+    Each step is a new shape, compiled again (dynamic=False here: dynamo's recompile limit, 8 by default,
+    bounds how many steps keep their regions; with dynamic=None the backend specialises per shape)."""
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.cache_utils import DynamicCache
 

@@ -65,13 +65,12 @@ def _whole_graph_reason(gm: Any, example_inputs: list, executor: str) -> str | N
 
     if executor == "gpu" and not gpu_available():
         return "no CUDA GPU: the whole graph goes to the fallback compiler"
-    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
-        return "symbolic (dynamic) shapes: Superopt plans static shapes (compile with dynamic=False)"
-    if any(isinstance(s, torch.SymInt) for x in example_inputs for s in x.shape):
-        return "symbolic (dynamic) shapes: Superopt plans static shapes (compile with dynamic=False)"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+    if not all(isinstance(x, (torch.Tensor, int, float, bool)) for x in example_inputs):
+        return "inputs other than tensors and numbers: Superopt plans tensor graphs of static shape"
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return "autograd is on and inputs require grad: Superopt kernels are forward-only (use torch.no_grad())"
-    if executor == "gpu" and any(x.device.type != "cuda" for x in example_inputs if x.is_floating_point()):
+    if executor == "gpu" and any(x.device.type != "cuda" for x in tensors if x.is_floating_point()):
         return "CPU tensors: Superopt kernels run on a CUDA GPU (move the model and inputs with .cuda())"
     return None
 
@@ -80,17 +79,29 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                      verify: bool = True, log: str | None = None, dtype: str | None = None,
                      report: Report | None = None, progress: Callable[[str], None] | None = None,
                      axis_names: dict[str, tuple[str, ...]] | None = None, name: str = "graph",
-                     source: str = "backend") -> Callable:
+                     source: str = "backend", new_report: Callable[[], Report] | None = None) -> Callable:
     """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``).
 
     ``dtype`` (``bfloat16``/``float16``) plans regions of a float32 model in that dtype (and says so);
     ``report`` (default: a new one in ``LAST_REPORTS``) receives what happened. Whatever goes wrong
-    here leaves the graph to ``fallback`` with one log line, never a traceback."""
+    here leaves the graph to ``fallback`` with one log line, never a traceback. A graph with symbolic
+    shapes is compiled once per concrete shape at run time (``specialize``), each shape's report from
+    ``new_report`` (default: a new one in ``LAST_REPORTS``)."""
     from pyrunner.frontend.partition import example_values
+    from pyrunner.frontend.specialize import Specialized, is_symbolic
 
     if fallback not in FALLBACKS:
         raise FrontendError(f"fallback {fallback!r}: choose one of {', '.join(FALLBACKS)}")
     finish = FALLBACKS[fallback]
+    if is_symbolic(example_inputs):
+        _log.info("superopt backend: symbolic shapes: compiling %s once per concrete shape at run time", name)
+
+        def static(g: Any, args: list) -> Callable:
+            return compile_fx_graph(g, args, fallback=fallback, executor=executor, verify=verify, log=log,
+                                    dtype=dtype, report=new_report() if new_report else None, progress=progress,
+                                    axis_names=axis_names, name=name, source=source)
+
+        return Specialized(gm, static)
     if report is None:
         report = Report()
         LAST_REPORTS.append(report)

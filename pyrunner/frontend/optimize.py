@@ -10,7 +10,8 @@ cannot express stays a PyTorch op, with one log line naming it and its source
 line. The result is a callable with ``fn``'s signature; ``.report`` is a table of
 what runs where. Capture runs under ``torch.no_grad()``; called with autograd on,
 the graph is captured again and left to PyTorch, so gradients are PyTorch's own.
-A new input shape is captured and planned again (shapes are static).
+A new input shape is planned again (shapes are static): dynamo goes symbolic once and the backend
+compiles one specialisation per concrete shape, so regions stay at every shape (no recompile limit).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ class Optimized:
 
 
 def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Callable:
-    """``fn`` compiled by dynamo with static shapes and ``backend``; run once on the examples to capture.
+    """``fn`` compiled by dynamo and ``backend``; run once on the examples to capture (static shapes).
+    A later new shape makes dynamo go symbolic once; the backend then specialises per concrete shape.
 
     Dynamo's caches are reset first: a model's ``forward`` compiled before (another ``optimize``, another
     backend) must not be reused here, nor count towards dynamo's recompile limit, past which it would
@@ -61,7 +63,7 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Calla
     import torch
 
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=backend, dynamic=False)
+    compiled = torch.compile(fn, backend=backend, dynamic=None)  # a second shape: symbolic, specialised per shape
     try:
         with torch.no_grad():
             compiled(*args, **kwargs)
@@ -113,7 +115,7 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
         return compile_fx_graph(gm, example_inputs, fallback=fallback, executor=resolved, verify=verify,
                                 log=str(log) if log else None, dtype=dtype, report=later[-1] if captured else report,
                                 progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}",
-                                source="optimize")
+                                source="optimize", new_report=lambda: (later.append(Report()), later[-1])[1])
 
     captured = False
     compiled = capture(fn, example_args, example_kwargs, backend)
