@@ -12,7 +12,9 @@ Every variant runs under ``torch.no_grad()`` and is timed alike (``run.timing.si
 replay when all variants can be captured, interleaved rounds, median of ``--rounds`` >= 5). Outputs are
 compared with the float32 eager layer (max error over the largest value). One JSON line per layer and
 variant goes to ``--out``, with the superopt backend's region table (ops, kernels, modelled us, decision,
-reason) and the command that made it.
+reason) and the command that made it. On the GPU the backend's first call times every region against
+inductor's code for the same ops and keeps the faster (``pyrunner.frontend.decide``): the table's decision
+column says which and the reason gives both times; decisions are cached under ``$SUPEROPT_CACHE_DIR``.
 
 On the GPU machine::
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.frontend.compile import Options, Report, compile_graph
+from pyrunner.frontend.decide import Measure, gpu_measure
 from pyrunner.frontend.errors import FrontendError
 
 _log = logging.getLogger("pyrunner.frontend")
@@ -79,14 +80,18 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                      verify: bool = True, log: str | None = None, dtype: str | None = None,
                      report: Report | None = None, progress: Callable[[str], None] | None = None,
                      axis_names: dict[str, tuple[str, ...]] | None = None, name: str = "graph",
-                     source: str = "backend", new_report: Callable[[], Report] | None = None) -> Callable:
+                     source: str = "backend", new_report: Callable[[], Report] | None = None,
+                     measure: Measure | bool | None = None) -> Callable:
     """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``).
 
     ``dtype`` (``bfloat16``/``float16``) plans regions of a float32 model in that dtype (and says so);
     ``report`` (default: a new one in ``LAST_REPORTS``) receives what happened. Whatever goes wrong
     here leaves the graph to ``fallback`` with one log line, never a traceback. A graph with symbolic
     shapes is compiled once per concrete shape at run time (``specialize``), each shape's report from
-    ``new_report`` (default: a new one in ``LAST_REPORTS``)."""
+    ``new_report`` (default: a new one in ``LAST_REPORTS``). ``measure`` (a ``decide.Measure``) times each
+    region against ``fallback``'s code for its ops at first call and keeps the faster (decision cached under
+    ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none otherwise
+    (``False``: never measure)."""
     from pyrunner.frontend.partition import example_values
     from pyrunner.frontend.specialize import Specialized, is_symbolic
 
@@ -99,7 +104,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         def static(g: Any, args: list) -> Callable:
             return compile_fx_graph(g, args, fallback=fallback, executor=executor, verify=verify, log=log,
                                     dtype=dtype, report=new_report() if new_report else None, progress=progress,
-                                    axis_names=axis_names, name=name, source=source)
+                                    axis_names=axis_names, name=name, source=source, measure=measure)
 
         return Specialized(gm, static)
     if report is None:
@@ -115,10 +120,14 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                             f"stays outside them")
     try:
         values = example_values(gm, tuple(example_inputs))
-        beat = executor == "gpu" and source == "backend"  # optimize keeps every planned region, as asked
+        if measure is None:  # optimize keeps every planned region, as asked; the backend keeps what wins
+            measure = gpu_measure if executor == "gpu" and source == "backend" else None
+        measure = gpu_measure if measure is True else measure or None
+        beat = executor == "gpu" and source == "backend" and measure is None  # no measure: the cost model's word
         opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=beat,
                        progress=progress or _log.info, name=name, axis_names=axis_names,
-                       log=Path(log) if log else None, source=source)
+                       log=Path(log) if log else None, source=source, measure=measure,
+                       fallback_compile=finish)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     except FrontendError:
         if source == "optimize":

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.errors import UserError
+from pyrunner.frontend.decide import Chooser, DecisionCache, Measure, decision_key
 from pyrunner.frontend.flops import node_flops
 from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
 from pyrunner.frontend.region import RegionGraph
@@ -129,6 +130,11 @@ class Options:
     log: Path | None = None
     """Results log (JSON Lines) that gets one record per region kept as kernels (the chosen plan)."""
     source: str = "optimize"
+    measure: Measure | None = None
+    """Times a region's kernels against ``fallback_compile``'s code for its ops at first call
+    (``decide``); the faster is kept. None: no measurement (every planned region is kept)."""
+    fallback_compile: Callable[[Any, list], Callable] | None = None
+    """The fallback compiler (``gm, example_inputs -> callable``) a region is measured against."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -251,7 +257,8 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                 report.fallback(nodes, str(e) if isinstance(e, UserError) else f"CPU check: {type(e).__name__}: {e}")
                 return []
         report.chose(RegionChoice(rg, plan, naive, check, decision="planned",
-                                           reason="no GPU: PyTorch runs these ops" + (f"; {check}" if check else ""),
+                                           reason="planned, not measured (no GPU): PyTorch runs these ops"
+                                                  + (f"; {check}" if check else ""),
                                            flops=flops))
         return []
     impl = plan_impl(plan, verify=False)
@@ -302,4 +309,33 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
     for seg in part.segments:
         for piece in (stages(seg) if opts.executor != "reference" else [seg]):
             chosen += compile_segment(piece, meta, opts, report, counter)
-    return assemble(gm, chosen, meta), report
+    wrap = _chooser(opts, report, meta) if opts.measure is not None and opts.fallback_compile else None
+    return assemble(gm, chosen, meta, wrap), report
+
+
+def _chooser(opts: Options, report: Report, meta: Callable[[Any], Any]) -> Callable:
+    """Wraps each region's run function in a ``Chooser``: measured against the fallback compiler's code for
+    the region's own ops (``sub``, its FX nodes as a module) at first call, the decision cached on disk."""
+    import copy
+
+    from pyrunner.frontend.cache import device_key
+
+    device = device_key() if opts.executor == "gpu" else "cpu"
+    cache = DecisionCache()
+    assert opts.measure is not None and opts.fallback_compile is not None
+    measure, compile_fallback = opts.measure, opts.fallback_compile
+
+    def wrap(rg: RegionGraph, fn: Callable[..., tuple], sub: Any) -> Callable[..., tuple]:
+        choice = next((c for c in report.regions if c.region is rg), None)
+        if sub is None or choice is None:
+            return fn
+        dtype = choice.plan.dtype if choice.plan else str(meta(rg.inputs[0][1]).dtype).removeprefix("torch.")
+
+        def decided(d: Any) -> None:
+            choice.decision = "superopt" if d.choice == "superopt" else "fallback"
+            choice.reason = d.why
+
+        return Chooser(rg.label, decision_key(rg.graph, dtype, device), fn,
+                       lambda xs: compile_fallback(copy.deepcopy(sub), xs), measure, cache, decided)
+
+    return wrap
