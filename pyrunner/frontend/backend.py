@@ -24,6 +24,7 @@ from typing import Any
 from pyrunner.frontend.compile import Options, Report, compile_graph
 from pyrunner.frontend.decide import Measure, gpu_measure
 from pyrunner.frontend.errors import FrontendError
+from pyrunner.frontend.progress import NullTracker, Tracker
 
 _log = logging.getLogger("pyrunner.frontend")
 LAST_REPORTS: list[Report] = []
@@ -81,7 +82,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                      report: Report | None = None, progress: Callable[[str], None] | None = None,
                      axis_names: dict[str, tuple[str, ...]] | None = None, name: str = "graph",
                      source: str = "backend", new_report: Callable[[], Report] | None = None,
-                     measure: Measure | bool | None = None) -> Callable:
+                     measure: Measure | bool | None = None, tracker: Tracker | None = None) -> Callable:
     """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``).
 
     ``dtype`` (``bfloat16``/``float16``) plans regions of a float32 model in that dtype (and says so);
@@ -104,7 +105,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         def static(g: Any, args: list) -> Callable:
             return compile_fx_graph(g, args, fallback=fallback, executor=executor, verify=verify, log=log,
                                     dtype=dtype, report=new_report() if new_report else None, progress=progress,
-                                    axis_names=axis_names, name=name, source=source, measure=measure)
+                                    axis_names=axis_names, name=name, source=source, measure=measure,
+                                    tracker=tracker)
 
         return Specialized(gm, static)
     if report is None:
@@ -127,7 +129,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=beat,
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source, measure=measure,
-                       fallback_compile=finish)
+                       fallback_compile=finish, tracker=tracker or NullTracker())
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     except FrontendError:
         if source == "optimize":

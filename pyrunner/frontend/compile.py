@@ -19,6 +19,7 @@ from pyrunner.errors import UserError
 from pyrunner.frontend.decide import Chooser, DecisionCache, Measure, decision_key
 from pyrunner.frontend.flops import node_flops
 from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
+from pyrunner.frontend.progress import NullTracker, Tracker
 from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.runtime import Impl, assemble, plan_impl, reference_impl
 from pyrunner.frontend.trace import op_name, where
@@ -96,20 +97,47 @@ class Report:
                   for what, why in self.fallbacks]
         return "\n".join(lines)
 
+    HEADER = ("region", "ops", "kernels", "model us", "decision", "reason")
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """One row per region: label, ops, kernels, modelled us, decision, reason (``HEADER``)."""
+        return [(c.region.label, str(len(c.region.nodes)), str(len(c.plan.kernels)) if c.plan else "-",
+                 f"{c.plan.cost.total_us:.2f}" if c.plan else "-", c.decision, c.reason or c.check or "-")
+                for c in self.regions]
+
+    def footer(self) -> list[str]:
+        """The totals line, then one line per fallback and per note."""
+        lines = [f"{len(self.regions)} region(s), {len(self.fallbacks)} op(s) left to PyTorch; "
+                 f"{100 * self.flop_share:.1f}% of {self.flops_total:,} FLOPs inside Superopt regions"]
+        lines += [f"left to PyTorch: {why if why.startswith('cannot map') else f'{what}: {why}'}"
+                  for what, why in self.fallbacks]
+        return lines + [f"note: {n}" for n in self.notes]
+
     def table(self) -> str:
         """One row per region (ops, kernels, modelled us, decision, reason), then the fallbacks."""
-        rows = [("region", "ops", "kernels", "model us", "decision", "reason")]
-        for c in self.regions:
-            rows.append((c.region.label, str(len(c.region.nodes)), str(len(c.plan.kernels)) if c.plan else "-",
-                         f"{c.plan.cost.total_us:.2f}" if c.plan else "-", c.decision, c.reason or c.check or "-"))
+        rows = [self.HEADER, *self.rows()]
         width = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = ["  ".join(x.ljust(w) for x, w in zip(r[:5], width, strict=True)) + "  " + r[5] for r in rows]
-        lines.append(f"{len(self.regions)} region(s), {len(self.fallbacks)} op(s) left to PyTorch; "
-                     f"{100 * self.flop_share:.1f}% of {self.flops_total:,} FLOPs inside Superopt regions")
-        lines += [f"  left to PyTorch: {why if why.startswith('cannot map') else f'{what}: {why}'}"
-                  for what, why in self.fallbacks]
-        lines += [f"  note: {n}" for n in self.notes]
-        return "\n".join(lines)
+        foot = self.footer()
+        return "\n".join(lines + foot[:1] + [f"  {x}" for x in foot[1:]])
+
+    def markdown(self) -> str:
+        """The table as Markdown (pipes in cells escaped), then the footer as a list."""
+        def cell(x: str) -> str:
+            return x.replace("|", "\\|")
+
+        lines = ["| " + " | ".join(self.HEADER) + " |", "|" + "---|" * len(self.HEADER)]
+        lines += ["| " + " | ".join(cell(x) for x in r) + " |" for r in self.rows()]
+        return "\n".join(lines + [""] + [f"- {cell(x)}" for x in self.footer()])
+
+    def __rich__(self) -> Any:
+        """A ``rich`` table (``rich.print(report)``; ``optimize`` prints it on a terminal)."""
+        from rich.table import Table
+
+        t = Table(*self.HEADER, title="Superopt regions", caption="\n".join(self.footer()), caption_justify="left")
+        for r in self.rows():
+            t.add_row(*r)
+        return t
 
     def __str__(self) -> str:
         return self.table()
@@ -135,6 +163,8 @@ class Options:
     (``decide``); the faster is kept. None: no measurement (every planned region is kept)."""
     fallback_compile: Callable[[Any, list], Callable] | None = None
     """The fallback compiler (``gm, example_inputs -> callable``) a region is measured against."""
+    tracker: Tracker = field(default_factory=NullTracker)
+    """Progress display: one item per region in the plan, check, compile and measure stages."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -225,8 +255,12 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     try:
         dtype = region_dtype(rg, meta, opts.dtype)
         t0 = time.perf_counter()
+        opts.tracker.start("plan")
         say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}")
-        plan, hit = cached_plan(rg.graph, dtype)
+        try:
+            plan, hit = cached_plan(rg.graph, dtype)
+        finally:
+            opts.tracker.done("plan")
         say(f"  plan {plan.provenance.plan_hash}: {len(plan.kernels)} kernel(s), {plan.cost.total_us:g} us est., "
             + ("planned before (same region graph)" if hit else f"{time.perf_counter() - t0:.2f} s"))
     except Exception as e:  # noqa: BLE001 - a planner failure (or bug) leaves the ops to PyTorch, never wrong
@@ -251,28 +285,38 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     if opts.executor == "plan":
         check = ""
         if opts.verify:
+            opts.tracker.start("check")
             try:
                 check = cpu_check(plan)
             except Exception as e:  # noqa: BLE001 - a plan that fails its check is not counted as mapped
                 report.fallback(nodes, str(e) if isinstance(e, UserError) else f"CPU check: {type(e).__name__}: {e}")
                 return []
+            finally:
+                opts.tracker.done("check")
         report.chose(RegionChoice(rg, plan, naive, check, decision="planned",
                                            reason="planned, not measured (no GPU): PyTorch runs these ops"
                                                   + (f"; {check}" if check else ""),
                                            flops=flops))
         return []
     impl = plan_impl(plan, verify=False)
+    stage = "compile"
     try:
         say(f"  compiling {len(plan.kernels)} kernel(s)")
         loaded = impl.loaded  # type: ignore[attr-defined]
         device = "cuda"
+        opts.tracker.start("compile")
         loaded.compile(device)
+        opts.tracker.done("compile")
         check = ""
         if opts.verify:
+            stage = "check"
+            opts.tracker.start("check")
             res = loaded.check(device)
+            opts.tracker.done("check")
             check = f"verified ({res.message})"
             say(f"  {check}")
     except Exception as e:  # noqa: BLE001 - compile or check failed: the ops stay with PyTorch
+        opts.tracker.done(stage)
         report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
     report.chose(RegionChoice(rg, plan, naive, check, reason=check or "kernels compiled", flops=flops))
@@ -334,6 +378,9 @@ def _chooser(opts: Options, report: Report, meta: Callable[[Any], Any]) -> Calla
         def decided(d: Any) -> None:
             choice.decision = "superopt" if d.choice == "superopt" else "fallback"
             choice.reason = d.why
+            opts.tracker.done("measure")
+
+        opts.tracker.start("measure")  # at the region's first call
 
         return Chooser(rg.label, decision_key(rg.graph, dtype, device), fn,
                        lambda xs: compile_fallback(copy.deepcopy(sub), xs), measure, cache, decided)

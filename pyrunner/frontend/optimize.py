@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import inspect
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from pyrunner.frontend.compile import Report
 from pyrunner.frontend.errors import FrontendError
+from pyrunner.frontend.progress import RichTracker, Tracker, tracker
 
 
 class Optimized:
@@ -82,7 +82,7 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Calla
 
 
 def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
-             verify: bool = True, executor: str = "auto", fallback: str = "eager", progress: bool = True,
+             verify: bool = True, executor: str = "auto", fallback: str = "eager", progress: bool | Tracker = True,
              log: str | os.PathLike | None = None, **example_kwargs: Any) -> Optimized:
     """Capture, plan (compile and verify on a GPU) ``fn`` at the shapes of the example inputs.
 
@@ -92,14 +92,17 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
     region then stays with PyTorch, saying so). ``executor``: ``auto`` (the GPU when there is one,
     else ``plan``: plan and CPU-check only), ``gpu``, ``plan`` or ``reference`` (each region in
     the float64 interpreter; for checking). ``fallback``: ``eager`` or ``inductor`` for what
-    Superopt does not take. ``log`` (a results-log path) records each chosen plan.
+    Superopt does not take. ``log`` (a results-log path) records each chosen plan. ``progress``: one bar per
+    stage (capture, plan, check, compile, measure) and the report table on a terminal's stderr; quiet when
+    stderr is not a terminal or ``progress=False`` (a ``progress.Tracker`` may be given instead).
     """
-    from pyrunner.frontend.backend import NO_GPU_NOTE, compile_fx_graph, resolve_executor
+    from pyrunner.frontend.backend import compile_fx_graph, resolve_executor
     from pyrunner.frontend.region import ident
 
     resolved = resolve_executor(executor)
     names = {k: tuple(v) for k, v in (axes or {}).items()}
-    say = (lambda s: print(f"superopt: {s}", file=sys.stderr, flush=True)) if progress else (lambda s: None)
+    trk = tracker(progress)
+    say = trk.say
     report = Report()
     graphs: list[Any] = []
     later: list[Report] = []
@@ -114,16 +117,19 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
             graphs.append(gm)
         return compile_fx_graph(gm, example_inputs, fallback=fallback, executor=resolved, verify=verify,
                                 log=str(log) if log else None, dtype=dtype, report=later[-1] if captured else report,
-                                progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}",
+                                progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}", tracker=trk,
                                 source="optimize", new_report=lambda: (later.append(Report()), later[-1])[1])
 
     captured = False
-    compiled = capture(fn, example_args, example_kwargs, backend)
+    trk.start("capture")
+    try:
+        compiled = capture(fn, example_args, example_kwargs, backend)
+        trk.done("capture")
+    finally:
+        trk.close()
     captured = True
-    if resolved == "plan":
-        say(NO_GPU_NOTE)
-    if progress:
-        say(report.summary())
+    if isinstance(trk, RichTracker):
+        trk.console.print(report)
     opt = Optimized(fn, compiled, report, graphs)
     opt.later_reports = later
     return opt
