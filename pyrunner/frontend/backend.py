@@ -82,7 +82,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                      report: Report | None = None, progress: Callable[[str], None] | None = None,
                      axis_names: dict[str, tuple[str, ...]] | None = None, name: str = "graph",
                      source: str = "backend", new_report: Callable[[], Report] | None = None,
-                     measure: Measure | bool | None = None, tracker: Tracker | None = None) -> Callable:
+                     measure: Measure | bool | None = None, tracker: Tracker | None = None,
+                     bucket: bool = True) -> Callable:
     """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``).
 
     ``dtype`` (``bfloat16``/``float16``) plans regions of a float32 model in that dtype (and says so);
@@ -92,7 +93,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     ``new_report`` (default: a new one in ``LAST_REPORTS``). ``measure`` (a ``decide.Measure``) times each
     region against ``fallback``'s code for its ops at first call and keeps the faster (decision cached under
     ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none otherwise
-    (``False``: never measure)."""
+    (``False``: never measure). ``bucket`` plans free axes at their bucket size (``buckets``)."""
     from pyrunner.frontend.partition import example_values
     from pyrunner.frontend.specialize import Specialized, is_symbolic
 
@@ -106,7 +107,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
             return compile_fx_graph(g, args, fallback=fallback, executor=executor, verify=verify, log=log,
                                     dtype=dtype, report=new_report() if new_report else None, progress=progress,
                                     axis_names=axis_names, name=name, source=source, measure=measure,
-                                    tracker=tracker)
+                                    tracker=tracker, bucket=bucket)
 
         return Specialized(gm, static)
     if report is None:
@@ -129,7 +130,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=beat,
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source, measure=measure,
-                       fallback_compile=finish, tracker=tracker or NullTracker())
+                       fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     except FrontendError:
         if source == "optimize":

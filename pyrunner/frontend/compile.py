@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.errors import UserError
+from pyrunner.frontend.buckets import bucketed, padded_impl
 from pyrunner.frontend.decide import Chooser, DecisionCache, Measure, decision_key
 from pyrunner.frontend.flops import node_flops
 from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
@@ -163,6 +164,8 @@ class Options:
     (``decide``); the faster is kept. None: no measurement (every planned region is kept)."""
     fallback_compile: Callable[[Any, list], Callable] | None = None
     """The fallback compiler (``gm, example_inputs -> callable``) a region is measured against."""
+    bucket: bool = True
+    """Plan free axes (no reduce/contract over them) at their bucket size (``buckets``): shapes share plans."""
     tracker: Tracker = field(default_factory=NullTracker)
     """Progress display: one item per region in the plan, check, compile and measure stages."""
 
@@ -256,9 +259,11 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         dtype = region_dtype(rg, meta, opts.dtype)
         t0 = time.perf_counter()
         opts.tracker.start("plan")
-        say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}")
+        graph, pads = bucketed(rg.graph) if opts.bucket else (rg.graph, {})
+        say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}"
+            + (f"; bucket {', '.join(f'{a} {n} -> {graph.sizes[a]}' for a, n in pads.items())}" if pads else ""))
         try:
-            plan, hit = cached_plan(rg.graph, dtype)
+            plan, hit = cached_plan(graph, dtype)
         finally:
             opts.tracker.done("plan")
         say(f"  plan {plan.provenance.plan_hash}: {len(plan.kernels)} kernel(s), {plan.cost.total_us:g} us est., "
@@ -275,7 +280,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     naive = None
     if opts.must_beat_unfused:
         try:
-            naive = naive_plan(rg.graph, dtype).cost.total_us
+            naive = naive_plan(graph, dtype).cost.total_us
         except Exception:  # noqa: BLE001 - the ops have no unfused plan either: nothing to compare with
             naive = None
         if naive is not None and plan.cost.total_us >= naive:
@@ -295,10 +300,14 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                 opts.tracker.done("check")
         report.chose(RegionChoice(rg, plan, naive, check, decision="planned",
                                            reason="planned, not measured (no GPU): PyTorch runs these ops"
-                                                  + (f"; {check}" if check else ""),
+                                                  + (f"; {check}" if check else "") + _bucket_note(graph, pads),
                                            flops=flops))
         return []
     impl = plan_impl(plan, verify=False)
+    if pads:  # planned at the bucket size: pad the inputs' free axes, slice the outputs back
+        loaded_impl = impl
+        impl = padded_impl(impl, graph, pads)
+        impl.loaded = loaded_impl.loaded  # type: ignore[attr-defined]
     stage = "compile"
     try:
         say(f"  compiling {len(plan.kernels)} kernel(s)")
@@ -319,10 +328,15 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         opts.tracker.done(stage)
         report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
-    report.chose(RegionChoice(rg, plan, naive, check, reason=check or "kernels compiled", flops=flops))
+    report.chose(RegionChoice(rg, plan, naive, check, reason=(check or "kernels compiled") + _bucket_note(graph, pads),
+                              flops=flops))
     if opts.log is not None:
         _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
+
+
+def _bucket_note(graph: Any, pads: dict[str, int]) -> str:
+    return "; planned at bucket " + ", ".join(f"{a}={graph.sizes[a]} (is {n})" for a, n in pads.items()) if pads else ""
 
 
 def _record(opts: Options, rg: RegionGraph, plan: Plan, loaded: Any, nodes: list[Any]) -> None:
