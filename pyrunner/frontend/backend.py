@@ -1,14 +1,18 @@
 """``torch.compile(model, backend="superopt")``: Superopt kernels where they win, inductor for the rest.
 
 Dynamo hands over an FX graph and example inputs. The graph is partitioned
-into regions the graph IR expresses; each region is planned and kept as a
-Superopt kernel only when the cost model predicts it beats the same ops
-unfused (the naive plan, one kernel per op) and the compiled plan passes the
-float64 check on the GPU. Without a GPU (``executor="auto"``) each region is
-planned and its plan checked on the CPU executor against float64 at reduced
-shapes; the graph itself then runs in PyTorch, with a one-line note.
-Everything else -- ops the IR lacks, regions with no plan, no gain or a failed
-check, and whole graphs when there is no GPU or
+into regions the graph IR expresses; each region is planned (free axes at their
+shape bucket, ``buckets``), compiled and checked against float64 on the GPU, and
+put back as a custom op inside the graph that inductor compiles. At a region's
+first call its kernels are timed against inductor's code for the same ops and
+the faster is kept (``decide``; the decision cached on disk per region graph,
+dtype, device and TileLang version). Symbolic shapes (``dynamic=None`` after a
+second shape, a KV-cache decode loop) are specialised per concrete shape at run
+time (``specialize``), never handed whole to inductor. Without a GPU
+(``executor="auto"``) each region is planned and its plan checked on the CPU
+executor against float64 at reduced shapes ("planned, not measured"); inductor
+then compiles the whole graph, with a one-line note. Everything else -- ops the
+IR lacks, regions with no plan or a failed check, and whole graphs when
 autograd needs gradients -- goes to inductor, each fallback logged (logger
 ``pyrunner.frontend``) with its reason. The last report is kept in
 ``LAST_REPORTS`` for inspection.
