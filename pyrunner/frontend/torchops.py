@@ -3,6 +3,9 @@
 Elementwise ops and reductions are read from the IR's own op table
 (``ir.ops``: their PyTorch forms); contractions, normalisations, attention and
 views are translated here. Everything else raises ``Unmappable``.
+
+Why one module: it is one table, an entry per PyTorch op with its translation;
+split by op family, the lookup and the shared axis helpers would be spread out.
 """
 
 from __future__ import annotations
