@@ -38,3 +38,97 @@ class DecoderBlock(nn.Module):
         x = x + torch.einsum("htk,hkd->td", a, self.wo)
         h = self.norm2(x)
         return x + (F.silu(h @ self.w_gate) * (h @ self.w_up)) @ self.w_down
+
+
+# --- Hugging Face decoder layers, built from config objects with random weights (no downloads) -------------
+
+HF_SEQ = 16
+"""Tokens of the small CI shape (one sequence)."""
+
+
+def _rope(rotary_cls, cfg, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rotary_cls(cfg)(x, torch.arange(x.shape[1])[None])
+
+
+def _seeded(layer: nn.Module, seed: int) -> nn.Module:
+    """Random weights from a fixed seed; norm scales near 1 (zero-centred for Gemma's 1 + w)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in layer.named_parameters():
+            if "norm" in name or "ln_" in name:
+                base = 0.0 if float(p.detach().abs().sum()) == 0 else 1.0
+                p.copy_(base + 0.1 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
+    return layer.eval()
+
+
+def additive_mask(t: int, window: int | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """[1, 1, t, t]: 0 where key <= query (and query - window < key), -inf elsewhere."""
+    q, k = torch.arange(t)[:, None], torch.arange(t)[None, :]
+    keep = (k <= q) if window is None else (k <= q) & (q - window < k)
+    return torch.where(keep, 0.0, float("-inf")).to(dtype)[None, None]
+
+
+def llama_layer(seq: int = HF_SEQ, hidden: int = 64, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
+                ffn: int = 128, seed: int = 0) -> tuple[nn.Module, tuple, dict]:
+    """LlamaDecoderLayer: RMSNorm, GQA, RoPE, SwiGLU; sdpa attention (is_causal, enable_gqa)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=head_dim, num_hidden_layers=1, vocab_size=128)
+    cfg._attn_implementation = "sdpa"
+    x = torch.randn(1, seq, hidden, generator=torch.Generator().manual_seed(seed + 1))
+    return (_seeded(LlamaDecoderLayer(cfg, 0), seed), (x,),
+            {"attention_mask": None, "position_embeddings": _rope(LlamaRotaryEmbedding, cfg, x)})
+
+
+def qwen2_layer(seq: int = HF_SEQ, hidden: int = 64, heads: int = 4, kv_heads: int = 2, ffn: int = 128,
+                seed: int = 0) -> tuple[nn.Module, tuple, dict]:
+    """Qwen2DecoderLayer: Llama's structure with biases on the Q/K/V projections; sdpa attention."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer, Qwen2RotaryEmbedding
+
+    cfg = Qwen2Config(hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, num_hidden_layers=1, vocab_size=128)
+    cfg._attn_implementation = "sdpa"
+    x = torch.randn(1, seq, hidden, generator=torch.Generator().manual_seed(seed + 1))
+    return (_seeded(Qwen2DecoderLayer(cfg, 0), seed), (x,),
+            {"attention_mask": None, "position_embeddings": _rope(Qwen2RotaryEmbedding, cfg, x)})
+
+
+def gpt2_block(seq: int = HF_SEQ, hidden: int = 64, heads: int = 4, seed: int = 0) -> tuple[nn.Module, tuple, dict]:
+    """GPT2Block: LayerNorm with bias, fused c_attn (addmm) split into Q/K/V, causal sdpa, GELU-tanh
+    written out (``gelu_new``: x ** 3 and tanh)."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    cfg = GPT2Config(n_embd=hidden, n_head=heads, n_layer=1, n_positions=max(64, seq), vocab_size=128,
+                     activation_function="gelu_new", bos_token_id=0, eos_token_id=0, attn_pdrop=0.0,
+                     resid_pdrop=0.0, embd_pdrop=0.0)
+    cfg._attn_implementation = "sdpa"
+    x = torch.randn(1, seq, hidden, generator=torch.Generator().manual_seed(seed + 1))
+    return _seeded(GPT2Block(cfg, layer_idx=0), seed), (x,), {}
+
+
+def gemma2_layer(seq: int = HF_SEQ, hidden: int = 64, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
+                 ffn: int = 128, window: int = 8, seed: int = 0) -> tuple[nn.Module, tuple, dict]:
+    """Gemma2DecoderLayer (a sliding-window layer): logit softcapping (tanh), GELU-tanh GLU, pre and post
+    norms, repeat_kv in eager attention, the sliding-window causal mask given as an additive tensor."""
+    from transformers import Gemma2Config
+    from transformers.models.gemma2.modeling_gemma2 import Gemma2DecoderLayer, Gemma2RotaryEmbedding
+
+    cfg = Gemma2Config(hidden_size=hidden, intermediate_size=ffn, num_attention_heads=heads,
+                       num_key_value_heads=kv_heads, head_dim=head_dim, num_hidden_layers=2, vocab_size=128,
+                       sliding_window=window, attn_logit_softcapping=50.0, query_pre_attn_scalar=head_dim)
+    cfg._attn_implementation = "eager"
+    x = torch.randn(1, seq, hidden, generator=torch.Generator().manual_seed(seed + 1))
+    layer = Gemma2DecoderLayer(cfg, 0)
+    win = window if getattr(layer, "is_sliding", False) or getattr(layer.self_attn, "sliding_window", None) \
+        else None
+    return (_seeded(layer, seed), (x,),
+            {"attention_mask": additive_mask(seq, win), "position_embeddings": _rope(Gemma2RotaryEmbedding, cfg, x)})
+
+
+HF_BLOCKS = {"llama": llama_layer, "qwen2": qwen2_layer, "gpt2": gpt2_block, "gemma2": gemma2_layer}

@@ -1,11 +1,18 @@
 """``torch.compile(model, backend="superopt")``: Superopt kernels where they win, inductor for the rest.
 
 Dynamo hands over an FX graph and example inputs. The graph is partitioned
-into regions the graph IR expresses; each region is planned and kept as a
-Superopt kernel only when the cost model predicts it beats the same ops
-unfused (the naive plan, one kernel per op) and the compiled plan passes the
-float64 check on the GPU. Everything else -- ops the IR lacks, regions with no
-plan, no gain or a failed check, and whole graphs when there is no GPU or
+into regions the graph IR expresses; each region is planned (free axes at their
+shape bucket, ``buckets``), compiled and checked against float64 on the GPU, and
+put back as a custom op inside the graph that inductor compiles. At a region's
+first call its kernels are timed against inductor's code for the same ops and
+the faster is kept (``decide``; the decision cached on disk per region graph,
+dtype, device and TileLang version). Symbolic shapes (``dynamic=None`` after a
+second shape, a KV-cache decode loop) are specialised per concrete shape at run
+time (``specialize``), never handed whole to inductor. Without a GPU
+(``executor="auto"``) each region is planned and its plan checked on the CPU
+executor against float64 at reduced shapes ("planned, not measured"); inductor
+then compiles the whole graph, with a one-line note. Everything else -- ops the
+IR lacks, regions with no plan or a failed check, and whole graphs when
 autograd needs gradients -- goes to inductor, each fallback logged (logger
 ``pyrunner.frontend``) with its reason. The last report is kept in
 ``LAST_REPORTS`` for inspection.
@@ -19,6 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.frontend.compile import Options, Report, compile_graph
+from pyrunner.frontend.decide import Measure, gpu_measure
+from pyrunner.frontend.errors import FrontendError
+from pyrunner.frontend.progress import NullTracker, Tracker
 
 _log = logging.getLogger("pyrunner.frontend")
 LAST_REPORTS: list[Report] = []
@@ -38,6 +48,22 @@ def _eager(gm: Any, example_inputs: list) -> Callable:  # noqa: ARG001
 FALLBACKS = {"inductor": _inductor, "eager": _eager}
 
 
+def resolve_executor(executor: str) -> str:
+    """``auto``: the GPU's kernels when a CUDA GPU is here, else plan and CPU-check only (``plan``)."""
+    from pyrunner.run.timing import gpu_available
+
+    if executor not in EXECUTORS:
+        raise FrontendError(f"executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    if executor == "auto":
+        return "gpu" if gpu_available() else "plan"
+    return executor
+
+
+EXECUTORS = ("auto", "gpu", "plan", "reference")
+NO_GPU_NOTE = ("no CUDA GPU: regions are planned and CPU-checked only; PyTorch runs the model "
+               "(see .report for what would run as Superopt kernels)")
+
+
 def _whole_graph_reason(gm: Any, example_inputs: list, executor: str) -> str | None:
     import torch
 
@@ -45,37 +71,90 @@ def _whole_graph_reason(gm: Any, example_inputs: list, executor: str) -> str | N
 
     if executor == "gpu" and not gpu_available():
         return "no CUDA GPU: the whole graph goes to the fallback compiler"
-    if not all(isinstance(x, torch.Tensor) for x in example_inputs):
-        return "symbolic (dynamic) shapes: Superopt plans static shapes"
-    if torch.is_grad_enabled() and any(x.requires_grad for x in example_inputs):
+    if not all(isinstance(x, (torch.Tensor, int, float, bool)) for x in example_inputs):
+        return "inputs other than tensors and numbers: Superopt plans tensor graphs of static shape"
+    tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
         return "autograd is on and inputs require grad: Superopt kernels are forward-only (use torch.no_grad())"
+    if executor == "gpu" and any(x.device.type != "cuda" for x in tensors if x.is_floating_point()):
+        return "CPU tensors: Superopt kernels run on a CUDA GPU (move the model and inputs with .cuda())"
     return None
 
 
-def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor", executor: str = "gpu",
-                     verify: bool = True, log: str | None = None) -> Callable:
-    """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``)."""
-    from pyrunner.frontend.partition import example_values
+def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor", executor: str = "auto",
+                     verify: bool = True, log: str | None = None, dtype: str | None = None,
+                     report: Report | None = None, progress: Callable[[str], None] | None = None,
+                     axis_names: dict[str, tuple[str, ...]] | None = None, name: str = "graph",
+                     source: str = "backend", new_report: Callable[[], Report] | None = None,
+                     measure: Measure | bool | None = None, tracker: Tracker | None = None,
+                     bucket: bool = True) -> Callable:
+    """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``).
 
+    ``dtype`` (``bfloat16``/``float16``) plans regions of a float32 model in that dtype (and says so);
+    ``report`` (default: a new one in ``LAST_REPORTS``) receives what happened. Whatever goes wrong
+    here leaves the graph to ``fallback`` with one log line, never a traceback. A graph with symbolic
+    shapes is compiled once per concrete shape at run time (``specialize``), each shape's report from
+    ``new_report`` (default: a new one in ``LAST_REPORTS``). ``measure`` (a ``decide.Measure``) times each
+    region against ``fallback``'s code for its ops at first call and keeps the faster (decision cached under
+    ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none otherwise
+    (``False``: never measure). ``bucket`` plans free axes at their bucket size (``buckets``)."""
+    from pyrunner.frontend.partition import example_values
+    from pyrunner.frontend.specialize import Specialized, is_symbolic
+
+    if fallback not in FALLBACKS:
+        raise FrontendError(f"fallback {fallback!r}: choose one of {', '.join(FALLBACKS)}")
     finish = FALLBACKS[fallback]
-    report = Report()
-    LAST_REPORTS.append(report)
+    if is_symbolic(example_inputs):
+        _log.info("superopt backend: symbolic shapes: compiling %s once per concrete shape at run time", name)
+
+        def static(g: Any, args: list) -> Callable:
+            return compile_fx_graph(g, args, fallback=fallback, executor=executor, verify=verify, log=log,
+                                    dtype=dtype, report=new_report() if new_report else None, progress=progress,
+                                    axis_names=axis_names, name=name, source=source, measure=measure,
+                                    tracker=tracker, bucket=bucket)
+
+        return Specialized(gm, static)
+    if report is None:
+        report = Report()
+        LAST_REPORTS.append(report)
+    executor = resolve_executor(executor)
     why = _whole_graph_reason(gm, example_inputs, executor)
     if why:
         report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1] or [], why)
         return finish(gm, example_inputs)
-    values = example_values(gm, tuple(example_inputs))
-    opts = Options(executor=executor, verify=verify, must_beat_unfused=executor == "gpu",
-                   progress=_log.info, name="graph", log=Path(log) if log else None, source="backend")
-    gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
-    report.regions, report.fallbacks = rep.regions, rep.fallbacks
-    _log.info("superopt backend: %s", report.summary())
+    if dtype:
+        report.notes.append(f"regions planned in {dtype} as asked (dtype={dtype!r}); the model's own dtype "
+                            f"stays outside them")
+    try:
+        values = example_values(gm, tuple(example_inputs))
+        if measure is None:  # optimize keeps every planned region, as asked; the backend keeps what wins
+            measure = gpu_measure if executor == "gpu" and source == "backend" else None
+        measure = gpu_measure if measure is True else measure or None
+        beat = executor == "gpu" and source == "backend" and measure is None  # no measure: the cost model's word
+        opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=beat,
+                       progress=progress or _log.info, name=name, axis_names=axis_names,
+                       log=Path(log) if log else None, source=source, measure=measure,
+                       fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket)
+        gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
+    except FrontendError:
+        if source == "optimize":
+            raise  # a wrong optimize() argument (axes= names, say): the caller's error, in one line
+        report.fallback([], "the superopt backend was given a bad option; the whole graph goes to " + fallback)
+        return finish(gm, example_inputs)
+    except Exception as e:  # noqa: BLE001 - a frontend failure must never fail the model
+        report.fallback([], f"the superopt backend failed on this graph ({type(e).__name__}: {e}); "
+                            f"the whole graph goes to {fallback}")
+        return finish(gm, example_inputs)
+    report.merge(rep)
+    if executor == "plan" and NO_GPU_NOTE not in report.notes:
+        report.notes.append(NO_GPU_NOTE)
+    _log.info("superopt backend: %s", rep.summary().splitlines()[0])
     return finish(gm, example_inputs)
 
 
 def superopt(gm: Any, example_inputs: list, options: dict | None = None) -> Callable:
     """The function registered as ``backend="superopt"``; ``torch.compile(options=...)`` keys are
-    ``compile_fx_graph``'s keywords (``fallback``, ``executor``, ``verify``, ``log``)."""
+    ``compile_fx_graph``'s keywords (``fallback``, ``executor``, ``verify``, ``log``, ``dtype``)."""
     return compile_fx_graph(gm, example_inputs, **(options or {}))
 
 

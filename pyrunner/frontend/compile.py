@@ -16,10 +16,15 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.errors import UserError
+from pyrunner.frontend.buckets import bucketed, padded_impl
+from pyrunner.frontend.decide import Chooser, DecisionCache, Measure, decision_key
+from pyrunner.frontend.flops import node_flops
 from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
+from pyrunner.frontend.progress import NullTracker, Tracker
 from pyrunner.frontend.region import RegionGraph
+from pyrunner.frontend.report import RegionChoice, Report
 from pyrunner.frontend.runtime import Impl, assemble, plan_impl, reference_impl
-from pyrunner.frontend.trace import op_name, where
+from pyrunner.frontend.trace import op_name
 from pyrunner.plan.schema import Plan
 
 log = logging.getLogger("pyrunner.frontend")
@@ -27,45 +32,10 @@ KERNEL_DTYPES = ("float16", "bfloat16")
 
 
 @dataclass
-class RegionChoice:
-    """A region that runs as Superopt kernels."""
-
-    region: RegionGraph
-    plan: Plan | None
-    naive_us: float | None = None
-    check: str = ""
-
-
-@dataclass
-class Report:
-    """What happened to a graph: the regions replaced by kernels and what stayed with PyTorch, with why."""
-
-    regions: list[RegionChoice] = field(default_factory=list)
-    fallbacks: list[tuple[str, str]] = field(default_factory=list)
-
-    def fallback(self, nodes: list[Any], why: str) -> None:
-        why = " ".join(str(why).split())[:600]
-        what = ", ".join(f"{op_name(n)} ({where(n)})" for n in nodes[:3]) + (" ..." if len(nodes) > 3 else "")
-        self.fallbacks.append((what, why))
-        log.warning("superopt: left to PyTorch: %s: %s", what, why)
-
-    def summary(self) -> str:
-        lines = [f"{len(self.regions)} region(s) as Superopt kernels, {len(self.fallbacks)} fallback(s)"]
-        for c in self.regions:
-            label = c.region.label
-            est = f"{c.plan.cost.total_us:g} us est. (unfused {c.naive_us:g} us)" if c.plan and c.naive_us else ""
-            k = f"{len(c.plan.kernels)} kernel(s) plan {c.plan.provenance.plan_hash}" if c.plan else "reference"
-            lines.append(f"  {label}: {len(c.region.nodes)} op(s) -> {k} {est} {c.check}".rstrip())
-        lines += [f"  fallback: {why if why.startswith('cannot map') else f'{what}: {why}'}"
-                  for what, why in self.fallbacks]
-        return "\n".join(lines)
-
-
-@dataclass
 class Options:
     executor: str = "gpu"
     """``gpu``: plan, compile and verify kernels; ``reference``: float64 interpreter per region (CPU checks);
-    ``plan``: plan only, change nothing (to know the plans ahead, e.g. to compile them in parallel)."""
+    ``plan``: plan and CPU-check each region, change nothing (no GPU: PyTorch runs the ops)."""
     dtype: str | None = None
     verify: bool = True
     must_beat_unfused: bool = False
@@ -76,40 +46,115 @@ class Options:
     log: Path | None = None
     """Results log (JSON Lines) that gets one record per region kept as kernels (the chosen plan)."""
     source: str = "optimize"
+    measure: Measure | None = None
+    """Times a region's kernels against ``fallback_compile``'s code for its ops at first call
+    (``decide``); the faster is kept. None: no measurement (every planned region is kept)."""
+    fallback_compile: Callable[[Any, list], Callable] | None = None
+    """The fallback compiler (``gm, example_inputs -> callable``) a region is measured against."""
+    bucket: bool = True
+    """Plan free axes (no reduce/contract over them) at their bucket size (``buckets``): shapes share plans."""
+    tracker: Tracker = field(default_factory=NullTracker)
+    """Progress display: one item per region in the plan, check, compile and measure stages."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
+    """The kernels' dtype: ``forced``, else the one floating dtype of the region's inputs (masks aside)."""
     if forced:
         if forced not in KERNEL_DTYPES:
             raise UserError(f"dtype {forced!r}: kernels are planned in {' or '.join(KERNEL_DTYPES)}")
         return forced
-    dts = {str(meta(src).dtype).removeprefix("torch.") for _, src, _ in rg.inputs}
+    dts = {str(meta(src).dtype).removeprefix("torch.") for _, src, _ in rg.inputs} - {"bool"}
     if len(dts) == 1 and next(iter(dts)) in KERNEL_DTYPES:
         return next(iter(dts))
     raise UserError(f"region inputs are {sorted(dts)}; kernels are planned in one of {', '.join(KERNEL_DTYPES)} "
                     f"(pass dtype= to cast)")
 
 
+def plan_region(graph: Any, dtype: str) -> Plan:
+    """The one place the frontend asks for a plan (search; the lowering gate and fallbacks live behind it)."""
+    from pyrunner.planner import search
+
+    return search(graph, dtype)[0]
+
+
+_PLANS: dict[tuple[str, str], Plan] = {}
+_CHECKS: dict[str, str] = {}
+
+
+def cached_plan(graph: Any, dtype: str) -> tuple[Plan, bool]:
+    """``plan_region`` once per distinct region graph and dtype in this process, and whether it was cached.
+
+    Regions are named canonically (``region``, ``in<k>``, ``out<k>``), so the layers of a model, or a
+    shape seen again, are one graph: planned once. Planning is deterministic, so the cache changes no plan."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import canonical_json
+
+    key = (canonical_json(graph_to_json(graph)), dtype)
+    hit = key in _PLANS
+    if not hit:
+        _PLANS[key] = plan_region(graph, dtype)
+    return _PLANS[key], hit
+
+
+def naive_plan(graph: Any, dtype: str) -> Plan:
+    """The unfused plan (one kernel per op) that a region must beat in the backend."""
+    from pyrunner.planner import search
+
+    return search(graph, dtype, naive=True)[0]
+
+
+def cpu_check(plan: Plan) -> str:
+    """The plan's tiled algorithm on the CPU executor against float64, at reduced shapes; raises on a miss."""
+    from pyrunner.plan.schema import plan_hash
+    from pyrunner.run.executor import cpu_check_plan, execute
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.verify import verify_executor
+
+    key = plan_hash(plan)
+    if key not in _CHECKS:
+        small = cpu_check_plan(plan)
+        res = verify_executor(small, graph_of(small), execute, seed=0)
+        if not res.ok:
+            raise UserError(f"CPU check failed: {res.message}")
+        _CHECKS[key] = f"CPU-checked at {dict(graph_of(small).sizes)}"
+    return _CHECKS[key]
+
+
 def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options, report: Report,
                     counter: list[int]) -> list[tuple[RegionGraph, Impl]]:
     """Kernels for one segment, splitting it where the planner finds no plan."""
     counter[0] += 1
-    rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names)
+    try:
+        rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names)
+    except Exception as e:  # noqa: BLE001 - a piece that does not translate alone: smaller pieces, else PyTorch
+        if isinstance(e, UserError) and "axes for" in str(e):
+            raise  # the user's axes= names are wrong: say so
+        if len(nodes) > 1:
+            a, b = split(nodes)
+            return compile_segment(a, meta, opts, report, counter) + compile_segment(b, meta, opts, report, counter)
+        report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
+        return []
     if rg is None:
         return []
     say = opts.progress or (lambda s: None)
+    flops = sum(node_flops(n, meta) for n in nodes)
     if opts.executor == "reference":
-        report.regions.append(RegionChoice(rg, None))
+        report.chose(RegionChoice(rg, None, decision="reference", reason="float64 interpreter",
+                                           flops=flops))
         return [(rg, reference_impl(rg))]
-    from pyrunner.planner import search
-
     try:
         dtype = region_dtype(rg, meta, opts.dtype)
         t0 = time.perf_counter()
-        say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}")
-        plan = search(rg.graph, dtype)[0]
+        opts.tracker.start("plan")
+        graph, pads = bucketed(rg.graph) if opts.bucket else (rg.graph, {})
+        say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}"
+            + (f"; bucket {', '.join(f'{a} {n} -> {graph.sizes[a]}' for a, n in pads.items())}" if pads else ""))
+        try:
+            plan, hit = cached_plan(graph, dtype)
+        finally:
+            opts.tracker.done("plan")
         say(f"  plan {plan.provenance.plan_hash}: {len(plan.kernels)} kernel(s), {plan.cost.total_us:g} us est., "
-            f"{time.perf_counter() - t0:.2f} s")
+            + ("planned before (same region graph)" if hit else f"{time.perf_counter() - t0:.2f} s"))
     except Exception as e:  # noqa: BLE001 - a planner failure (or bug) leaves the ops to PyTorch, never wrong
         if not isinstance(e, UserError):
             e = UserError(f"planner failed: {type(e).__name__}: {e}")
@@ -122,7 +167,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     naive = None
     if opts.must_beat_unfused:
         try:
-            naive = search(rg.graph, dtype, naive=True)[0].cost.total_us
+            naive = naive_plan(graph, dtype).cost.total_us
         except Exception:  # noqa: BLE001 - the ops have no unfused plan either: nothing to compare with
             naive = None
         if naive is not None and plan.cost.total_us >= naive:
@@ -130,26 +175,55 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                                    f"vs {naive:g} us)")
             return []
     if opts.executor == "plan":
-        report.regions.append(RegionChoice(rg, plan, naive))
+        check = ""
+        if opts.verify:
+            opts.tracker.start("check")
+            try:
+                check = cpu_check(plan)
+            except Exception as e:  # noqa: BLE001 - a plan that fails its check is not counted as mapped
+                report.fallback(nodes, str(e) if isinstance(e, UserError) else f"CPU check: {type(e).__name__}: {e}")
+                return []
+            finally:
+                opts.tracker.done("check")
+        report.chose(RegionChoice(rg, plan, naive, check, decision="planned",
+                                           reason="planned, not measured (no GPU): PyTorch runs these ops"
+                                                  + (f"; {check}" if check else "") + _bucket_note(graph, pads),
+                                           flops=flops))
         return []
     impl = plan_impl(plan, verify=False)
+    if pads:  # planned at the bucket size: pad the inputs' free axes, slice the outputs back
+        loaded_impl = impl
+        impl = padded_impl(impl, graph, pads)
+        impl.loaded = loaded_impl.loaded  # type: ignore[attr-defined]
+    stage = "compile"
     try:
         say(f"  compiling {len(plan.kernels)} kernel(s)")
         loaded = impl.loaded  # type: ignore[attr-defined]
         device = "cuda"
+        opts.tracker.start("compile")
         loaded.compile(device)
+        opts.tracker.done("compile")
         check = ""
         if opts.verify:
+            stage = "check"
+            opts.tracker.start("check")
             res = loaded.check(device)
+            opts.tracker.done("check")
             check = f"verified ({res.message})"
             say(f"  {check}")
     except Exception as e:  # noqa: BLE001 - compile or check failed: the ops stay with PyTorch
+        opts.tracker.done(stage)
         report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
-    report.regions.append(RegionChoice(rg, plan, naive, check))
+    report.chose(RegionChoice(rg, plan, naive, check, reason=(check or "kernels compiled") + _bucket_note(graph, pads),
+                              flops=flops))
     if opts.log is not None:
         _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
+
+
+def _bucket_note(graph: Any, pads: dict[str, int]) -> str:
+    return "; planned at bucket " + ", ".join(f"{a}={graph.sizes[a]} (is {n})" for a, n in pads.items()) if pads else ""
 
 
 def _record(opts: Options, rg: RegionGraph, plan: Plan, loaded: Any, nodes: list[Any]) -> None:
@@ -171,6 +245,7 @@ def _record(opts: Options, rg: RegionGraph, plan: Plan, loaded: Any, nodes: list
 def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bool) -> tuple[Any, Report]:
     """Partition ``gm``, compile its regions, splice them in (in place); returns gm and the report."""
     report = Report()
+    report.flops_total = sum(node_flops(n, meta) for n in gm.graph.nodes)
     part: Partition = partition(gm, meta, strict=strict)
     for node, why in part.fallbacks:
         report.fallback([node], why)
@@ -179,4 +254,36 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
     for seg in part.segments:
         for piece in (stages(seg) if opts.executor != "reference" else [seg]):
             chosen += compile_segment(piece, meta, opts, report, counter)
-    return assemble(gm, chosen, meta), report
+    wrap = _chooser(opts, report, meta) if opts.measure is not None and opts.fallback_compile else None
+    return assemble(gm, chosen, meta, wrap), report
+
+
+def _chooser(opts: Options, report: Report, meta: Callable[[Any], Any]) -> Callable:
+    """Wraps each region's run function in a ``Chooser``: measured against the fallback compiler's code for
+    the region's own ops (``sub``, its FX nodes as a module) at first call, the decision cached on disk."""
+    import copy
+
+    from pyrunner.frontend.cache import device_key
+
+    device = device_key() if opts.executor == "gpu" else "cpu"
+    cache = DecisionCache()
+    assert opts.measure is not None and opts.fallback_compile is not None
+    measure, compile_fallback = opts.measure, opts.fallback_compile
+
+    def wrap(rg: RegionGraph, fn: Callable[..., tuple], sub: Any) -> Callable[..., tuple]:
+        choice = next((c for c in report.regions if c.region is rg), None)
+        if sub is None or choice is None:
+            return fn
+        dtype = choice.plan.dtype if choice.plan else str(meta(rg.inputs[0][1]).dtype).removeprefix("torch.")
+
+        def decided(d: Any) -> None:
+            choice.decision = "superopt" if d.choice == "superopt" else "fallback"
+            choice.reason = d.why
+            opts.tracker.done("measure")
+
+        opts.tracker.start("measure")  # at the region's first call
+
+        return Chooser(rg.label, decision_key(rg.graph, dtype, device), fn,
+                       lambda xs: compile_fallback(copy.deepcopy(sub), xs), measure, cache, decided)
+
+    return wrap

@@ -1,103 +1,153 @@
-"""``pyrunner.optimize(fn, *example_inputs)``: a PyTorch function through the superoptimizer.
+"""``pyrunner.optimize(fn, *example_args, **example_kwargs)``: a PyTorch function through the superoptimizer.
 
-``fn`` (a function or an ``nn.Module``) is traced with ``torch.fx`` (into
-``nn`` modules too, so ``nn.Linear`` is seen as ``F.linear``), its shapes taken
-from the example inputs, cut into regions the graph IR expresses, and each
-region planned, compiled and verified against float64; the result is a
-callable with ``fn``'s signature. An op with no IR meaning is an error naming
-the op and its source line; a region the planner cannot plan even when split
-down to single ops stays a PyTorch op, with a warning.
+``fn`` (a function or an ``nn.Module``) is captured by dynamo -- the same capture
+as ``torch.compile(backend="superopt")``, so real model code (decorators,
+``*shape`` unpacking, modules called from functions, data-dependent branches as
+graph breaks) is taken as PyTorch runs it. Each captured graph is cut into regions
+the graph IR expresses, each region planned (and compiled and verified on a GPU;
+without one, CPU-checked against float64 and left to PyTorch); an op the IR
+cannot express stays a PyTorch op, with one log line naming it and its source
+line. The result is a callable with ``fn``'s signature; ``.report`` is a table of
+what runs where. Capture runs under ``torch.no_grad()``; called with autograd on,
+the graph is captured again and left to PyTorch, so gradients are PyTorch's own.
+A new input shape is planned again (shapes are static): dynamo goes symbolic once and the backend
+compiles one specialisation per concrete shape, so regions stay at every shape (no recompile limit).
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from pyrunner.frontend.compile import Options, Report, compile_graph
+from pyrunner.frontend.compile import Report
 from pyrunner.frontend.errors import FrontendError
-from pyrunner.frontend.partition import example_values
-
-
-def fx_trace(fn: Callable) -> Any:
-    """``torch.fx`` symbolic trace that enters ``nn`` modules and records source lines."""
-    import torch
-    import torch.fx
-
-    class Tracer(torch.fx.Tracer):
-        def is_leaf_module(self, m: torch.nn.Module, qualname: str) -> bool:  # noqa: ARG002
-            return False
-
-        def _filter_traceback_frames(self, summary):  # type: ignore[override]
-            import traceback
-
-            user = [f for f in summary if "/torch/" not in f.filename and "/pyrunner/frontend/" not in f.filename]
-            return traceback.StackSummary.from_list(user[-1:])
-
-    tracer = Tracer()
-    tracer.record_stack_traces = True
-    root = fn if isinstance(fn, torch.nn.Module) else torch.nn.Module()
-    try:
-        graph = tracer.trace(fn)
-    except Exception as e:  # noqa: BLE001 - data-dependent control flow and the like
-        msg = " ".join(str(e).split())[:300]
-        raise FrontendError(f"torch.fx cannot trace {getattr(fn, '__name__', type(fn).__name__)}: "
-                            f"{type(e).__name__}: {msg}") from None
-    return torch.fx.GraphModule(root, graph)
+from pyrunner.frontend.progress import RichTracker, Tracker, tracker
 
 
 class Optimized:
     """The optimized function: same signature as ``fn``; ``report`` says what runs where."""
 
-    def __init__(self, fn: Callable, gm: Any, report: Report) -> None:
-        self.fn, self.graph_module, self.report = fn, gm, report
+    def __init__(self, fn: Callable, compiled: Callable, report: Report, graphs: list[Any]) -> None:
+        self.fn, self.compiled, self.report, self.graph_modules = fn, compiled, report, graphs
+        self.later_reports: list[Report] = []
+        """Reports of graphs compiled after the capture (a new shape; autograd on: left to PyTorch)."""
         target = fn.forward if hasattr(fn, "forward") and not inspect.isfunction(fn) else fn
-        self.__signature__ = inspect.signature(target)
+        try:
+            self.__signature__ = inspect.signature(target)
+        except (TypeError, ValueError):  # a builtin: no signature to copy
+            pass
         self.__name__ = getattr(fn, "__name__", type(fn).__name__)
         self.__doc__ = getattr(fn, "__doc__", None)
 
+    @property
+    def graph_module(self) -> Any:
+        """The first captured graph, with its regions spliced in (a graph break gives more)."""
+        return self.graph_modules[0] if self.graph_modules else None
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        bound = self.__signature__.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return self.graph_module(*bound.arguments.values())
+        return self.compiled(*args, **kwargs)
 
     def __repr__(self) -> str:
         return f"<superopt-optimized {self.__name__}: {self.report.summary().splitlines()[0]}>"
 
 
-def optimize(fn: Callable, *example_inputs: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
-             verify: bool = True, executor: str = "gpu", progress: bool = True,
-             log: str | os.PathLike | None = None) -> Optimized:
-    """Trace, plan, compile and verify ``fn`` at the shapes of ``example_inputs``; returns a callable.
+def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Callable:
+    """``fn`` compiled by dynamo and ``backend``; run once on the examples to capture (static shapes).
+    A later new shape makes dynamo go symbolic once; the backend then specialises per concrete shape.
 
-    ``axes`` names the axes of inputs (``{"x": "td"}`` or ``{"x": ("t", "d")}``); others get letters.
-    ``dtype`` forces the kernels' dtype (``float16``/``bfloat16``; default: the inputs').
-    ``executor="reference"`` runs each region in the float64 interpreter instead (no GPU needed).
-    ``log`` (a results-log path) records each chosen plan.
+    Dynamo's caches are reset first: a model's ``forward`` compiled before (another ``optimize``, another
+    backend) must not be reused here, nor count towards dynamo's recompile limit, past which it would
+    run the frame eagerly without a word. Functions compiled earlier compile again on their next call."""
+    import torch
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=backend, dynamic=None)  # a second shape: symbolic, specialised per shape
+    try:
+        with torch.no_grad():
+            compiled(*args, **kwargs)
+    except FrontendError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's function itself failed on the examples
+        inner = e
+        while inner.__cause__ is not None or inner.__context__ is not None:
+            inner = inner.__cause__ or inner.__context__
+        if isinstance(inner, FrontendError):  # raised in the backend, wrapped by dynamo
+            raise FrontendError(str(inner)) from None
+        msg = " ".join(str(e).split())
+        raise FrontendError(f"running {getattr(fn, '__name__', type(fn).__name__)} on the example inputs "
+                            f"failed: {type(e).__name__}: {msg}") from None
+    return compiled
+
+
+def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
+             verify: bool = True, executor: str = "auto", fallback: str = "eager", progress: bool | Tracker = True,
+             log: str | os.PathLike | None = None, **example_kwargs: Any) -> Optimized:
+    """Capture, plan (compile and verify on a GPU) ``fn`` at the shapes of the example inputs.
+
+    Example inputs are given as ``fn`` takes them, by position and keyword (any keyword not named
+    below goes to ``fn``). ``axes`` names the axes of inputs (``{"x": "td"}``); others get letters.
+    ``dtype`` plans regions in ``float16``/``bfloat16`` (default: the inputs' own dtype; a float32
+    region then stays with PyTorch, saying so). ``executor``: ``auto`` (the GPU when there is one,
+    else ``plan``: plan and CPU-check only), ``gpu``, ``plan`` or ``reference`` (each region in
+    the float64 interpreter; for checking). ``fallback``: ``eager`` or ``inductor`` for what
+    Superopt does not take. ``log`` (a results-log path) records each chosen plan. ``progress``: one bar per
+    stage (capture, plan, check, compile, measure) and the report table on a terminal's stderr; quiet when
+    stderr is not a terminal or ``progress=False`` (a ``progress.Tracker`` may be given instead).
     """
-    if executor not in ("gpu", "reference"):
-        raise FrontendError(f"executor {executor!r}: choose 'gpu' or 'reference'")
-    if executor == "gpu":
-        from pyrunner.frontend.load import require_gpu
-
-        require_gpu()
-    gm = fx_trace(fn)
-    values = example_values(gm, example_inputs)
-    names = {k: tuple(v) for k, v in (axes or {}).items()}
-    say = (lambda s: print(f"superopt: {s}", file=sys.stderr, flush=True)) if progress else None
-    opts = Options(executor=executor, dtype=dtype, verify=verify, axis_names=names, progress=say,
-                   name=_ident(getattr(fn, "__name__", type(fn).__name__)), log=Path(log) if log else None)
-    gm, report = compile_graph(gm, values.__getitem__, opts, strict=True)
-    if say:
-        say(report.summary())
-    return Optimized(fn, gm, report)
-
-
-def _ident(name: str) -> str:
+    from pyrunner.frontend.backend import compile_fx_graph, resolve_executor
     from pyrunner.frontend.region import ident
 
-    return ident(name)
+    resolved = resolve_executor(executor)
+    names = {k: tuple(v) for k, v in (axes or {}).items()}
+    trk = tracker(progress)
+    say = trk.say
+    report = Report()
+    graphs: list[Any] = []
+    later: list[Report] = []
+    name = ident(getattr(fn, "__name__", type(fn).__name__))
+
+    def backend(gm: Any, example_inputs: list) -> Callable:
+        """During capture every graph reports into ``report``; a later compile (a new shape, autograd
+        turned on) into a report of its own in ``.later_reports``."""
+        if captured:
+            later.append(Report())
+        else:
+            graphs.append(gm)
+        return compile_fx_graph(gm, example_inputs, fallback=fallback, executor=resolved, verify=verify,
+                                log=str(log) if log else None, dtype=dtype, report=later[-1] if captured else report,
+                                progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}", tracker=trk,
+                                source="optimize", new_report=lambda: (later.append(Report()), later[-1])[1])
+
+    captured = False
+    trk.start("capture")
+    try:
+        compiled = capture(fn, example_args, example_kwargs, backend)
+        trk.done("capture")
+    finally:
+        trk.close()
+    captured = True
+    if isinstance(trk, RichTracker):
+        trk.console.print(report)
+    opt = Optimized(fn, compiled, report, graphs)
+    opt.later_reports = later
+    return opt
+
+
+def capture_graph(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, list]:
+    """The first FX graph dynamo captures from ``fn(*args, **kwargs)`` and its example inputs (parameters
+    included), untouched: what the backend is handed, for tools and tests that look at the partition."""
+    import torch
+
+    got: list[tuple[Any, list]] = []
+
+    def record(gm: Any, example_inputs: list) -> Callable:
+        got.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    capture(fn, args, kwargs, record)
+    if not got:
+        raise FrontendError(f"dynamo captured no graph from {getattr(fn, '__name__', type(fn).__name__)}")
+    return got[0]

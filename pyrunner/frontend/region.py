@@ -23,8 +23,10 @@ class RegionGraph:
     nodes: list[Any]
     inputs: list[tuple[str, Any, tuple[int, ...]]]
     """IR input name, the FX node that feeds it, the shape it is viewed as (size-1 dims dropped)."""
-    outputs: list[tuple[str, Any, list[int], tuple[int, ...]]]
-    """IR output name, the FX node it replaces, the permutation from IR order, the node's shape."""
+    outputs: list[tuple[str, Any, tuple[list[int], tuple[int, ...], tuple[int, ...]], tuple[int, ...]]]
+    """IR output name, the FX node it replaces, its layout (the permutation from IR order to the value's
+    leaf axes, the leaf shape with 1 where the value only broadcasts an axis, the full leaf shape), and the
+    node's shape."""
     label: str = ""
     """For messages; the graph itself is named ``region`` with inputs ``in<k>`` and outputs ``out<k>``,
     so equal regions (the layers of a model, or two traces of one function) give one plan and one
@@ -38,36 +40,46 @@ def ident(name: str) -> str:
 
 def finish(rt: RegionTrace, outputs: list[Any], name: str,
            axis_names: dict[str, tuple[str, ...]] | None = None) -> RegionGraph:
-    """Name the axes, merge input uses that ended up alike, and build the checked IR graph."""
+    """Name the axes, merge input uses that ended up alike, and build the checked IR graph.
+
+    Terms are built over axis variables; here each variable becomes its leaves' names: an input's
+    split or merged dimension is read as the row-major view of its leaves, a reduction over a
+    refined variable reduces each leaf, a contraction over one contracts its largest leaf and sums
+    the rest, an index (``iota``) is the row-major combination of the leaves' indices."""
     _merge_uses(rt)
     names = _name_axes(rt, axis_names or {})
-    final: dict[str, str] = {v: names[rt.axes.find(v)] for v in rt.axes.parent}
+    ax = rt.axes
+
+    def leaf_names(v: str) -> list[str]:
+        return [names[leaf] for leaf in ax.leaves(v)]
+
     # input uses: one IR input per (node, final axes)
     use_name: dict[int, str] = {}
     by_key: dict[tuple, str] = {}
-    taken: set[str] = set()
     inputs: list[tuple[str, Any, tuple[int, ...]]] = []
     for i, u in enumerate(rt.uses):
-        axes = tuple(final[d] for d in u.dims if d)
+        axes = tuple(n for d in u.dims if d for n in leaf_names(d))
         key = (u.node, axes)
         if key not in by_key:
-            nm = f"in{len(by_key)}"
-            taken.add(nm)
-            by_key[key] = nm
-            inputs.append((nm, u.node, tuple(rt.extent(d) for d in u.dims if d)))
+            by_key[key] = f"in{len(by_key)}"
+            inputs.append((by_key[key], u.node, tuple(ax.size[leaf] for d in u.dims if d for leaf in ax.leaves(d))))
         use_name[i] = by_key[key]
-    use_axes = {f"__use{i}": (use_name[i], tuple(final[d] for d in u.dims if d)) for i, u in enumerate(rt.uses)}
+    use_axes = {f"__use{i}": (use_name[i], tuple(n for d in u.dims if d for n in leaf_names(d)))
+                for i, u in enumerate(rt.uses)}
     memo: dict[Term, Term] = {}
+    size_of = {names[leaf]: ax.size[leaf] for leaf in names}
 
     def rename(t: Term) -> Term:
         if t in memo:
             return memo[t]
+        args = tuple(rename(x) for x in t.args)
         if t.op == "input":
             nm, axes = use_axes[t.name]
             out = ir.inp(nm, axes)
+        elif t.op in ("reduce", "matmul", "iota", "axis_size"):
+            out = _expand_axis(t, args, leaf_names(t.axis), size_of)
         else:
-            out = Term(t.op, tuple(rename(x) for x in t.args), t.fn, final.get(t.axis, t.axis), t.name,
-                       t.axes, t.value)
+            out = Term(t.op, args, t.fn, t.axis, t.name, t.axes, t.value)
         memo[t] = out
         return out
 
@@ -78,16 +90,53 @@ def finish(rt: RegionTrace, outputs: list[Any], name: str,
         term = rename(v.term)
         nm = f"out{len(outs)}"
         have = ir.result_axes(term)
-        want = tuple(final[d] for d in v.dims if d)
-        if sorted(have) != sorted(want) or not have:
+        want = tuple(n for d in v.dims if d for n in leaf_names(d))
+        if not set(have) <= set(want) or not have:
             raise unmappable(node, f"internal: output axes {have} but the value has {want}")
         outs.append((nm, term))
-        out_specs.append((nm, node, [have.index(a) for a in want], tuple(rt.meta(node).shape)))
-    sizes = {names[r]: rt.axes.size[r] for r in {rt.axes.find(v) for v in rt.axes.parent}}
+        layout = ([have.index(a) for a in want if a in have],
+                  tuple(size_of[a] if a in have else 1 for a in want), tuple(size_of[a] for a in want))
+        out_specs.append((nm, node, layout, tuple(rt.meta(node).shape)))
     labels = {t: nm for nm, t in outs}
-    g = Graph("region", sizes, tuple(outs), labels)
+    used = {a for t in ir.subterms([t for _, t in outs]) for a in _term_axes(t)}
+    g = Graph("region", {a: size_of[a] for a in sorted(used, key=list(size_of).index)}, tuple(outs), labels)
     check(g)
     return RegionGraph(g, list(rt.nodes), inputs, out_specs, name)
+
+
+def _term_axes(t: Term) -> tuple[str, ...]:
+    if t.op == "input":
+        return tuple(t.axes)
+    return (t.axis,) if t.axis else ()
+
+
+def _expand_axis(t: Term, args: tuple[Term, ...], leaves: list[str], size_of: dict[str, int]) -> Term:
+    """A term over one axis variable, over its leaves instead."""
+    if t.op == "reduce":
+        out = args[0]
+        for leaf in reversed(leaves):
+            out = ir.reduce(t.fn, out, leaf)
+        return out
+    if t.op == "matmul":
+        big = max(leaves, key=lambda a: size_of[a])
+        out = ir.matmul(args[0], args[1], big)
+        for leaf in leaves:
+            if leaf != big:
+                out = ir.reduce("sum", out, leaf)
+        return out
+    if t.op == "iota":
+        out: Term | None = None
+        stride = 1
+        for leaf in reversed(leaves):
+            part = ir.iota(leaf) if stride == 1 else ir.binary("mul", ir.iota(leaf), ir.const(float(stride)))
+            out = part if out is None else ir.binary("add", part, out)
+            stride *= size_of[leaf]
+        assert out is not None
+        return out
+    out = ir.axis_size(leaves[0])
+    for leaf in leaves[1:]:
+        out = ir.binary("mul", out, ir.axis_size(leaf))
+    return out
 
 
 def _merge_uses(rt: RegionTrace) -> None:
@@ -107,18 +156,24 @@ def _merge_uses(rt: RegionTrace) -> None:
         first[u.node].append(u)
 
 
+def _user_names(node_name: str) -> list[str]:
+    """Names a user may give an input by: the node's, and the argument's under dynamo (``l_x_`` is ``x``)."""
+    m = re.fullmatch(r"[lL]_(?:kwargs_)?(\w+?)_", node_name)
+    return [node_name, ident(node_name)] + ([m.group(1)] if m else [])
+
+
 def _name_axes(rt: RegionTrace, axis_names: dict[str, tuple[str, ...]]) -> dict[str, str]:
     """Class root -> axis name: the user's names for an input's dims first, then i, j, k, ..."""
     names: dict[str, str] = {}
     used: set[str] = set()
     for u in rt.uses:
-        given = axis_names.get(u.node.name) or axis_names.get(ident(u.node.name))
+        given = next((axis_names[k] for k in _user_names(u.node.name) if k in axis_names), None)
         if not given:
             continue
         if len(given) != len(u.dims):
             raise FrontendError(f"axes for {u.node.name!r}: {len(given)} names for {len(u.dims)} dimensions")
         for d, n in zip(u.dims, given, strict=True):
-            if d is None:
+            if d is None or len(rt.axes.leaves(d)) != 1:
                 continue
             r = rt.axes.find(d)
             if r not in names and n not in used:
@@ -128,8 +183,9 @@ def _name_axes(rt: RegionTrace, axis_names: dict[str, tuple[str, ...]]) -> dict[
                 used.add(str(n))
     letters = iter([c for c in LETTERS if c not in used] + [f"a{i}" for i in range(1000)])
     order = [d for u in rt.uses for d in u.dims if d] + [d for v in rt.values.values() for d in v.dims if d]
+    order += [d for dims in rt.inner for d in dims if d] + list(rt.axes.parent)
     for d in order:
-        r = rt.axes.find(d)
-        if r not in names:
-            names[r] = next(letters)
+        for r in rt.axes.leaves(d):
+            if r not in names:
+                names[r] = next(letters)
     return names

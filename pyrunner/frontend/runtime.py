@@ -66,8 +66,8 @@ def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> 
     def run(*xs: Any) -> tuple:
         feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
         outs = impl(feed)
-        return tuple(o.permute(perm).reshape(shape).to(dt).contiguous()
-                     for o, (_, _, perm, shape), dt in zip(outs, rg.outputs, dtypes, strict=True))
+        return tuple(o.permute(perm).reshape(ones).expand(full).reshape(shape).to(dt).contiguous()
+                     for o, (_, _, (perm, ones, full), shape), dt in zip(outs, rg.outputs, dtypes, strict=True))
 
     return run
 
@@ -95,11 +95,46 @@ def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int,
 
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
     torch.library.register_fake(f"superopt::{name}", fake, lib=_LIB)
+    torch.library.register_autograd(f"superopt::{name}", _no_backward, lib=_LIB)
     return getattr(torch.ops.superopt, name).default
 
 
-def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[Any], Any]) -> Any:
-    """Replace each region's nodes in ``gm`` (in place) by a call of its op; returns gm, recompiled."""
+def _no_backward(ctx: Any, *grads: Any) -> tuple:  # noqa: ARG001
+    """Superopt kernels are forward-only. The backend never puts a region where autograd records (it
+    leaves such graphs to PyTorch), so reaching this is a misuse: say so rather than return no gradient."""
+    from pyrunner.frontend.errors import FrontendError
+
+    raise FrontendError("a Superopt region has no backward; run it under torch.no_grad() or let the backend "
+                        "compile the graph again with autograd on (it then leaves the graph to PyTorch)")
+
+
+Wrap = Callable[[RegionGraph, Callable[..., tuple], Any], Callable[..., tuple]]
+"""(region, its run function, its FX nodes as a module or None) -> the run function the op calls."""
+
+
+def region_module(gm: Any, rg: RegionGraph, args: tuple) -> Any:
+    """The region's own FX nodes as a module taking the region op's inputs ``args`` (nodes of ``gm`` now),
+    what the fallback compiler would run for them; None when a node reads anything else."""
+    import torch.fx
+
+    g = torch.fx.Graph()
+    env: dict[Any, Any] = {}
+    for i, src in enumerate(args):
+        ph = g.placeholder(f"x{i}")
+        env.setdefault(src, ph)
+    try:
+        for node in rg.nodes:
+            env[node] = g.node_copy(node, lambda n: env[n])
+    except KeyError:
+        return None
+    g.output(tuple(env[node] for _, node, _, _ in rg.outputs))
+    return torch.fx.GraphModule(gm, g)
+
+
+def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[Any], Any],
+             wrap: Wrap | None = None) -> Any:
+    """Replace each region's nodes in ``gm`` (in place) by a call of its op; returns gm, recompiled.
+    ``wrap`` (``compile._chooser``) may put a measured choice around each region's run function."""
     import operator
 
     import torch
@@ -109,8 +144,10 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
     replaced: dict[Any, Any] = {}
     for rg, impl in regions:
         fn = region_callable(rg, impl, meta)
-        op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
         args = tuple(replaced.get(src, src) for _, src, _ in rg.inputs)
+        if wrap is not None:
+            fn = wrap(rg, fn, region_module(gm, rg, args))
+        op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
         with graph.inserting_after(rg.nodes[-1]):  # every input is defined by then, no outside user yet
             call = graph.call_function(op, args)
         prev = call
@@ -132,19 +169,29 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
 
 
 def _fold_python_values(gm: Any, meta: Callable[[Any], Any]) -> None:
-    """Shape arithmetic (``x.shape[-1] ** -0.5``) becomes literals: shapes are static here."""
-    import torch
+    """Shape arithmetic (``x.shape[-1] ** -0.5``) becomes literals: shapes are static here.
+
+    Only plain Python values fold: a tuple that holds tensors (``x.split(...)``, ``x.chunk(2)``) is a
+    computation whose parts its users index, never a constant.
+    """
     import torch.fx
 
     for node in list(gm.graph.nodes):
-        if node.op not in ("call_function", "call_method") or isinstance(meta(node), torch.Tensor):
+        if node.op not in ("call_function", "call_method"):
             continue
         value = meta(node)
         if isinstance(value, torch.Size):
             value = tuple(value)
-        if not isinstance(value, (int, float, bool, tuple, list, torch.Size)) or isinstance(value, torch.Tensor):
+        if not _plain(value):
             continue
         for user in list(node.users):
             user.args = torch.fx.node.map_arg(user.args, lambda n, node=node, value=value: value if n is node else n)
             user.kwargs = torch.fx.node.map_arg(user.kwargs,
                                                 lambda n, node=node, value=value: value if n is node else n)
+
+
+def _plain(value: Any) -> bool:
+    """A Python number, or a tuple/list of them (no tensor, no symbolic size, nothing else)."""
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return isinstance(value, (int, float, bool))

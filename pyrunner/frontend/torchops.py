@@ -3,6 +3,9 @@
 Elementwise ops and reductions are read from the IR's own op table
 (``ir.ops``: their PyTorch forms); contractions, normalisations, attention and
 views are translated here. Everything else raises ``Unmappable``.
+
+Why one module: it is one table, an entry per PyTorch op with its translation;
+split by op family, the lookup and the shared axis helpers would be spread out.
 """
 
 from __future__ import annotations
@@ -53,6 +56,8 @@ REDUCE = {m.group(1): r.name for r in ops.REDUCTIONS.values()
           if (m := re.fullmatch(r"\{0\}\.(\w+)\(dim=\{1\}\)", r.torch))}
 """Tensor method name -> IR reduction (``amax`` -> ``max``), from the op table's PyTorch forms."""
 REVERSED = {"rsub", "rtruediv", "rdiv"}
+COMPARE = {"lt": ("lt", False), "le": ("le", False), "gt": ("lt", True), "ge": ("le", True)}
+"""Comparisons (a boolean mask, 0/1 in the IR): IR op and whether the operands swap (a > b is b < a)."""
 IDENTITY = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as", "identity"}
 POW = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "recip"}
 MODULES = {
@@ -90,12 +95,20 @@ def _resolve(rt: RegionTrace, x: Any) -> Any:
         if x in rt.values:
             return x
         ex = rt.meta(x)
-        return x if is_tensor(ex) else ex
+        return ex if _plain(ex) else x
     if isinstance(x, (list, tuple)):
         return type(x)(_resolve(rt, y) for y in x)
     if isinstance(x, dict):
         return {k: _resolve(rt, v) for k, v in x.items()}
     return x
+
+
+def _plain(x: Any) -> bool:
+    """A Python value with no tensor in it (shape arithmetic, a dtype), which folds to a literal; the parts
+    of ``split``/``chunk`` are a computation and stay a node."""
+    if isinstance(x, (list, tuple)):
+        return all(_plain(v) for v in x)
+    return not is_tensor(x)
 
 
 def _ints(x: Any) -> list[int]:
@@ -161,8 +174,14 @@ def _dispatch(rt: RegionTrace, node: Any, name: str, a: _Args) -> Value:  # noqa
         return _tv(rt, node, x0)
     if name == "pow":
         base, e = rt.tensor(x0, node), a.get(1, "exponent")
-        if not isinstance(base, Value) or not isinstance(e, (int, float)) or float(e) not in POW and e != 1:
-            raise unmappable(node, f"only x ** {sorted(POW)} (and 1) with a number exponent map to the op table")
+        if not isinstance(base, Value) or not isinstance(e, (int, float)) or \
+                float(e) not in POW and float(e) not in (1.0, 3.0, 4.0):
+            raise unmappable(node, f"only x ** {sorted({*POW, 1.0, 3.0, 4.0})} with a number exponent map to "
+                                   f"the op table")
+        if float(e) == 3.0:
+            return rt.binary("mul", base, rt.unary("square", base))
+        if float(e) == 4.0:
+            return rt.unary("square", rt.unary("square", base))
         return base if e == 1 else rt.unary(POW[float(e)], base)
     if name in ("clamp", "clamp_min", "clamp_max"):
         x = _tv(rt, node, x0)
@@ -215,9 +234,39 @@ def _dispatch(rt: RegionTrace, node: Any, name: str, a: _Args) -> Value:  # noqa
         x = _tv(rt, node, x0)
         dims = tuple(reversed(x.dims)) if a.args[1] == "T" else x.dims[:-2] + (x.dims[-1], x.dims[-2])
         return Value(x.term, dims)
-    if name in ("view", "reshape", "flatten", "unsqueeze", "squeeze", "expand", "expand_as", "view_as",
-                "reshape_as", "unflatten"):
+    if name in ("view", "reshape", "flatten", "unsqueeze", "squeeze", "view_as", "reshape_as", "unflatten"):
         return _reshape(rt, node, _tv(rt, node, x0), tuple(rt.meta(node).shape))
+    if name in ("expand", "expand_as", "broadcast_to"):
+        return _expand(rt, node, _tv(rt, node, x0), tuple(rt.meta(node).shape))
+    if name == "getitem":
+        return _getitem(rt, node, a)
+    if name == "cat" or name == "concat" or name == "concatenate":
+        return _cat(rt, node, a)
+    if name in ("invert", "logical_not", "bitwise_not") and str(rt.meta(node).dtype) == "torch.bool":
+        return rt.binary("sub", 1.0, _tv(rt, node, x0))  # masks are 0/1 values in the IR
+    if name in ("logical_and", "and_", "iand", "logical_or", "or_", "ior") and \
+            str(rt.meta(node).dtype) == "torch.bool":
+        fn = "min" if "and" in name else "max"
+        return rt.binary(fn, rt.tensor(x0, node), rt.tensor(a.get(1, "other"), node))
+    if name in COMPARE:
+        fn, swap = COMPARE[name]
+        lhs, rhs = rt.tensor(x0, node), rt.tensor(a.get(1, "other"), node)
+        return rt.binary(fn, rhs, lhs) if swap else rt.binary(fn, lhs, rhs)
+    if name == "where":
+        c, x, y = (rt.lift(rt.tensor(a.get(i, k), node)) for i, k in enumerate(("condition", "input", "other")))
+        dims = rt.broadcast(rt.broadcast(c.dims, x.dims), y.dims)
+        return rt.made(Value(ir.where(c.term, x.term, y.term), dims))
+    if name == "masked_fill":
+        x, m = _tv(rt, node, x0), rt.lift(rt.tensor(a.get(1, "mask"), node))
+        fill = rt.lift(rt.tensor(a.get(2, "value"), node))
+        return rt.made(Value(ir.where(m.term, fill.term, x.term), rt.broadcast(rt.broadcast(x.dims, m.dims),
+                                                                              fill.dims)))
+    if name in ("addmm", "baddbmm"):
+        if a.kwargs.get("beta", 1) != 1 or a.kwargs.get("alpha", 1) != 1:
+            raise unmappable(node, "addmm with beta/alpha other than 1")
+        y = _matmul(rt, _tv(rt, node, a.get(1, "mat1", a.get(1, "batch1"))),
+                    _tv(rt, node, a.get(2, "mat2", a.get(2, "batch2"))))
+        return rt.binary("add", y, rt.tensor(x0, node))
     raise unmappable(node, "no such op in the graph IR's op table")
 
 
@@ -285,22 +334,50 @@ def _norm(rt: RegionTrace, node: Any, a: _Args, layer: bool) -> Value:
 
 
 def _sdpa(rt: RegionTrace, node: Any, a: _Args) -> Value:
+    """softmax(mask(q k^T * scale)) v. ``is_causal`` is the IR's index predicate (key <= query, top-left
+    aligned as PyTorch's); a boolean ``attn_mask`` selects scores (-inf elsewhere), a float one is added;
+    ``enable_gqa`` reads each K/V head for its group of query heads (a broadcast axis, never a copy)."""
     q, k, v = (_tv(rt, node, a.get(i, n)) for i, n in enumerate(("query", "key", "value")))
-    if a.get(3, "attn_mask") is not None or a.get(5, "is_causal", False):
-        raise unmappable(node, "masks are not in the graph IR yet (causal attention is not expressible)")
+    mask = a.get(3, "attn_mask")
     if a.get(4, "dropout_p", 0.0):
         raise unmappable(node, "attention dropout is random")
-    if a.kwargs.get("enable_gqa"):
-        raise unmappable(node, "enable_gqa: write grouped heads as their own axis instead")
+    causal = bool(a.get(5, "is_causal", False))
+    if a.get(7, "enable_gqa", False) and len(q.dims) >= 3 and rt.extent(q.dims[-3]) != rt.extent(k.dims[-3]):
+        k, v = _shared_heads(rt, node, q, k), _shared_heads(rt, node, q, v)
     scale = a.get(6, "scale")
     e = rt.extent(q.dims[-1])
     scale = 1.0 / math.sqrt(e) if scale is None else float(scale)
     batch = rt.broadcast(q.dims[:-2], k.dims[:-2])
     s = rt.contract(q, k, q.dims[-1], k.dims[-1], batch + (q.dims[-2], k.dims[-2]))
     s = rt.binary("mul", s, scale)
+    if causal:
+        tq, tk = s.dims[-2], s.dims[-1]
+        if tq is None or tk is None:
+            if rt.extent(tk) > 1:  # one query row sees only key 0
+                raise unmappable(node, "is_causal with one query row and several keys")
+        else:
+            keep = ir.binary("le", ir.iota(tk), ir.iota(tq))
+            s = rt.made(Value(ir.where(keep, s.term, ir.const(-math.inf)), s.dims))
+    if mask is not None:
+        m = rt.lift(rt.tensor(mask, node))
+        dims = rt.broadcast(s.dims, m.dims)
+        if str(rt.meta(mask).dtype) == "torch.bool":
+            s = rt.made(Value(ir.where(m.term, s.term, ir.const(-math.inf)), dims))
+        else:
+            s = rt.made(Value(ir.binary("add", s.term, m.term), dims))
     p = _softmax(rt, node, s, -1)
     batch = rt.broadcast(p.dims[:-2], v.dims[:-2])
     return rt.contract(p, v, p.dims[-1], v.dims[-2], batch + (p.dims[-2], v.dims[-1]))
+
+
+def _shared_heads(rt: RegionTrace, node: Any, q: Value, kv: Value) -> Value:
+    """K or V seen with the query heads' axis: that axis is (kv heads, group), and K/V lack the group."""
+    hq, hk = q.dims[-3], kv.dims[-3]
+    nq, nk = rt.extent(hq), rt.extent(hk)
+    if hq is None or hk is None or nq % nk:
+        raise unmappable(node, f"enable_gqa with {nq} query heads and {nk} key/value heads")
+    group = rt.axes.fresh(nq // nk)
+    return Value(kv.term, kv.dims[:-3] + (rt.axes.compose([hk, group]),) + kv.dims[-2:])
 
 
 def _einsum(rt: RegionTrace, node: Any, a: _Args) -> Value:
@@ -361,13 +438,171 @@ def _dim_of(rt: RegionTrace, v: Value, var: str | None) -> str | None:
 
 
 def _reshape(rt: RegionTrace, node: Any, x: Value, shape: tuple[int, ...]) -> Value:
-    """A view/reshape/squeeze/unsqueeze/expand that only adds or drops size-1 dimensions."""
-    have = [d for d in x.dims if d is not None]
-    want = [n for n in shape if n != 1]
-    if [rt.extent(d) for d in have] != want:
-        raise unmappable(node, f"reshapes {tuple(rt.extent(d) for d in x.dims)} to {shape}: only views that "
-                               f"add or drop size-1 dimensions rename axes; write split axes as inputs of their "
-                               f"own shape (einsum over a [d, heads, head_dim] weight, say)")
-    it = iter(have)
-    return Value(x.term, tuple(None if n == 1 else next(it) for n in shape))
+    """A view/reshape: the value's axes (row-major) regrouped into ``shape``. An axis the new shape cuts
+    is split into parts (heads, head_dim); dims the new shape joins become one variable standing for
+    them (batch x tokens); size-1 dims come and go. No data moves: the IR sees the same leaves."""
+    src = rt.leaf_axes(x.dims)
+    out: list[str | None] = []
+    i = 0
+    for n in shape:
+        if n == 1:
+            out.append(None)
+            continue
+        group: list[str] = []
+        prod = 1
+        while prod < n:
+            if i >= len(src):
+                raise unmappable(node, f"reshape to {shape} does not follow the value's axes")
+            leaf = rt.axes.find(src[i])
+            e = rt.axes.size[leaf]
+            if n % (prod * e) == 0:
+                group.append(leaf)
+                prod *= e
+                i += 1
+            elif e % (n // prod) == 0 and n % prod == 0:
+                first, rest = rt.axes.refine(leaf, (n // prod, e // (n // prod)))
+                src[i:i + 1] = [first, rest]
+            else:
+                raise unmappable(node, f"reshape {tuple(rt.extent(d) for d in x.dims)} to {shape} mixes axes "
+                                       f"whose extents do not nest")
+        out.append(rt.axes.compose(group))
+    if i != len(src):
+        raise unmappable(node, f"reshape to {shape} does not follow the value's axes")
+    return Value(x.term, tuple(out))
 
+
+def _expand(rt: RegionTrace, node: Any, x: Value, shape: tuple[int, ...]) -> Value:
+    """Broadcasting size-1 dims to ``shape``: new axes the term does not carry (a shared operand, as
+    ``repeat_kv``'s K/V heads: read once per group, never copied)."""
+    dims = (None,) * (len(shape) - len(x.dims)) + x.dims
+    out: list[str | None] = []
+    for d, n in zip(dims, shape, strict=True):
+        if d is not None:
+            out.append(d)
+        else:
+            out.append(None if n == 1 else rt.axes.fresh(n))
+    return rt.made(Value(x.term, tuple(out)))
+
+
+def _index_parts(x: Value, idx: Any) -> list[Any]:
+    """``x[idx]``'s index as one entry per dim of x (``slice``, ``int``) with ``None`` entries for new dims."""
+    idx = list(idx) if isinstance(idx, tuple) else [idx]
+    used = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if Ellipsis in idx:
+        at = idx.index(Ellipsis)
+        idx[at:at + 1] = [slice(None)] * (len(x.dims) - used)
+    return idx + [slice(None)] * (len(x.dims) - sum(1 for i in idx if i is not None))
+
+
+def _getitem(rt: RegionTrace, node: Any, a: _Args) -> Value:
+    """``x[..., i:j, None]`` and the parts of ``split``/``chunk``: full slices keep a dim, ``None`` adds one,
+    an aligned part (``i`` a multiple of ``j - i``, dividing the extent) selects one chunk of the dim split
+    into (chunks, part). Selection is an index predicate summed over the chunk axis."""
+    src, idx = a.args[0], a.args[1]
+    fx_node = fx_node_type()
+    if isinstance(src, fx_node) and src not in rt.values and not is_tensor(rt.meta(src)):
+        return _split_part(rt, node, src, int(idx))
+    x = _tv(rt, node, src)
+    if isinstance(idx, fx_node) or any(isinstance(i, fx_node) or is_tensor(i) for i in
+                                       (idx if isinstance(idx, tuple) else (idx,))):
+        raise unmappable(node, "indexing by a tensor (a gather) has no graph-IR meaning")
+    dims: list[str | None] = []
+    term = x.term
+    it = iter(x.dims)
+    for part in _index_parts(x, idx):
+        if part is None:
+            dims.append(None)
+            continue
+        d = next(it)
+        n = rt.extent(d)
+        if isinstance(part, int):
+            if n != 1:
+                raise unmappable(node, "indexing one position of an axis: slice it or keep the axis")
+            continue
+        if not isinstance(part, slice) or part.step not in (None, 1):
+            raise unmappable(node, f"index {part!r}: only slices with step 1, None and ... map")
+        lo, hi, _ = part.indices(n)
+        if (lo, hi) == (0, n):
+            dims.append(d)
+            continue
+        v = _select_chunk(rt, node, Value(term, x.dims), d, lo, hi)
+        term = v.term
+        dims.append(v.dims[0])
+    return rt.made(Value(term, tuple(dims)))
+
+
+def _select_chunk(rt: RegionTrace, node: Any, x: Value, d: str | None, lo: int, hi: int) -> Value:
+    """Elements lo..hi-1 of axis d: d split into (chunks, part) and the chunk lo // part selected."""
+    n, part = rt.extent(d), hi - lo
+    if d is None or part <= 0 or lo % part or n % part:
+        raise unmappable(node, f"slice {lo}:{hi} of an axis of {n}: only aligned equal parts map "
+                               f"(x[..., :n/2], split, chunk)")
+    outer, inner = _split_axis(rt, d, n // part, part)
+    keep = ir.binary("mul", ir.binary("le", ir.iota(outer), ir.const(float(lo // part))),
+                     ir.binary("le", ir.const(float(lo // part)), ir.iota(outer)))
+    term = ir.reduce("sum", ir.where(keep, x.term, ir.const(0.0)), outer)  # where: a masked -inf stays out
+    return Value(term, (inner,))
+
+
+def _split_axis(rt: RegionTrace, d: str, chunks: int, part: int) -> tuple[str, str]:
+    """Axis d as (chunks, part), refining it (or its leaves) as needed."""
+    comp = rt.axes.compose([rt.axes.fresh(chunks), rt.axes.fresh(part)])
+    rt.axes.unify(comp, d)
+    a, b = rt.axes.parts[comp]
+    return a, b
+
+
+def _split_part(rt: RegionTrace, node: Any, tup: Any, i: int) -> Value:
+    """Part ``i`` of ``x.split(size, dim)`` / ``x.chunk(n, dim)`` (equal parts only)."""
+    from pyrunner.frontend.trace import unmappable as um
+
+    name = target_name(tup)
+    if name not in ("split", "chunk", "tensor_split"):
+        raise um(node, f"part of {name}, which is not a split")
+    args = _resolve(rt, tup.args)
+    kw = _resolve(rt, tup.kwargs)
+    x = _tv(rt, node, args[0])
+    dim = args[2] if len(args) > 2 else kw.get("dim", 0)
+    d = x.dims[int(dim) % len(x.dims)]
+    n = rt.extent(d)
+    parts = rt.meta(tup)
+    sizes = [int(p.shape[int(dim) % len(x.dims)]) for p in parts]
+    if len(set(sizes)) != 1:
+        raise um(node, f"{name} into unequal parts {sizes}")
+    if len(sizes) == 1:
+        return x
+    lo = i * sizes[0]
+    v = _select_chunk(rt, node, x, d, lo, lo + sizes[0])
+    pos = int(dim) % len(x.dims)
+    if sizes[0] * len(sizes) != n:
+        raise um(node, f"{name} parts {sizes} do not cover the axis of {n}")
+    return rt.made(Value(v.term, x.dims[:pos] + v.dims + x.dims[pos + 1:]))
+
+
+def _cat(rt: RegionTrace, node: Any, a: _Args) -> Value:
+    """``torch.cat`` of equal parts along a dim: the dim becomes (parts, part), each part placed by an index
+    predicate (rotary embeddings' ``rotate_half`` is ``cat((-x2, x1))``)."""
+    xs = [_tv(rt, node, t) for t in a.get(0, "tensors")]
+    dim = int(a.get(1, "dim", 0))
+    nd = len(xs[0].dims)
+    pos = dim % nd
+    if any(len(x.dims) != nd for x in xs):
+        raise unmappable(node, "cat of tensors of different ranks")
+    ds = [x.dims[pos] for x in xs]
+    if any(d is None for d in ds) or len({rt.extent(d) for d in ds}) != 1:
+        raise unmappable(node, "cat of parts of different sizes along the dim")
+    others = xs[0].dims[:pos] + xs[0].dims[pos + 1:]
+    for x in xs[1:]:
+        others = rt.broadcast(others, x.dims[:pos] + x.dims[pos + 1:])
+    part = ds[0]
+    for d in ds[1:]:
+        part = rt.axes.unify(part, d)
+    outer = rt.axes.fresh(len(xs))
+    term = None
+    for j, x in enumerate(xs):
+        keep = ir.binary("mul", ir.binary("le", ir.iota(outer), ir.const(float(j))),
+                         ir.binary("le", ir.const(float(j)), ir.iota(outer)))
+        piece = ir.where(keep, x.term, ir.const(0.0))
+        term = piece if term is None else ir.binary("add", term, piece)
+    whole = rt.axes.compose([outer, part])
+    return rt.made(Value(term, others[:pos] + (whole,) + others[pos:]))

@@ -21,6 +21,7 @@ building the checked graph of a region is ``region``.
 from __future__ import annotations
 
 import copy
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -86,10 +87,18 @@ def unmappable(node: Any, why: str) -> Unmappable:
 
 @dataclass
 class Axes:
-    """Union-find over axis variables, each with its extent."""
+    """Union-find over axis variables, each with its extent.
+
+    A class may be *refined* into parts (``parts``): a view that splits ``[t, heads * head_dim]`` into
+    ``[t, heads, head_dim]`` gives the hidden axis the parts (heads, head_dim), row-major; a view that
+    merges axes gives the merged dimension a new variable whose parts are those axes. Unifying two
+    classes aligns their parts (splitting a part where the other side is finer), so the graph IR,
+    which names only unrefined axes (the *leaves*), sees one consistent set of axes per region.
+    """
 
     parent: dict[str, str] = field(default_factory=dict)
     size: dict[str, int] = field(default_factory=dict)
+    parts: dict[str, tuple[str, ...]] = field(default_factory=dict)
     count: int = 0
 
     def fresh(self, n: int) -> str:
@@ -105,13 +114,68 @@ class Axes:
             v = self.parent[v]
         return v
 
+    def leaves(self, v: str) -> list[str]:
+        """The unrefined classes ``v`` stands for, outermost first."""
+        r = self.find(v)
+        if r in self.parts:
+            return [leaf for p in self.parts[r] for leaf in self.leaves(p)]
+        return [r]
+
+    def refine(self, v: str, extents: tuple[int, ...]) -> tuple[str, ...]:
+        """Split the unrefined class of ``v`` into parts of these extents (row-major)."""
+        r = self.find(v)
+        if r in self.parts or math.prod(extents) != self.size[r] or any(n < 2 for n in extents):
+            raise AxisConflict(f"cannot split an axis of {self.size[r]} into {extents}")
+        ch = tuple(self.fresh(n) for n in extents)
+        self.parts[r] = ch
+        return ch
+
+    def compose(self, vs: list[str]) -> str:
+        """A new variable standing for the axes ``vs`` merged (row-major)."""
+        if len(vs) == 1:
+            return vs[0]
+        v = self.fresh(math.prod(self.size[self.find(x)] for x in vs))
+        self.parts[v] = tuple(vs)
+        return v
+
     def unify(self, a: str, b: str) -> str:
         ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            if self.size[ra] != self.size[rb]:
-                raise AxisConflict(f"extents {self.size[ra]} and {self.size[rb]} meet")
-            self.parent[rb] = ra
+        if ra == rb:
+            return ra
+        if self.size[ra] != self.size[rb]:
+            raise AxisConflict(f"extents {self.size[ra]} and {self.size[rb]} meet")
+        if ra in self.parts or rb in self.parts:
+            self._align(self.leaves(ra), self.leaves(rb))
+            ra, rb = self.find(ra), self.find(rb)
+            if ra == rb:
+                return ra
+            if rb in self.parts and ra not in self.parts:
+                ra, rb = rb, ra
+        self.parent[rb] = ra
         return ra
+
+    def _align(self, la: list[str], lb: list[str]) -> None:
+        """Unify two sequences of leaves of equal total extent, splitting leaves to a common refinement."""
+        la, lb = list(la), list(lb)
+        while la and lb:
+            x, y = self.find(la[0]), self.find(lb[0])
+            if x == y:
+                la.pop(0)
+                lb.pop(0)
+                continue
+            sx, sy = self.size[x], self.size[y]
+            if sx == sy:
+                self.parent[y] = x
+                la.pop(0)
+                lb.pop(0)
+            elif sx > sy and sx % sy == 0:
+                la[0:1] = list(self.refine(x, (sy, sx // sy)))
+            elif sy > sx and sy % sx == 0:
+                lb[0:1] = list(self.refine(y, (sx, sy // sx)))
+            else:
+                raise AxisConflict(f"axes of {sx} and {sy} do not nest")
+        if la or lb:
+            raise AxisConflict("axes of different total extent")
 
 
 # --- one region's translation ---------------------------------------------------------
@@ -182,9 +246,13 @@ class RegionTrace:
     def check_distinct(self) -> None:
         dims_lists = [v.dims for v in self.values.values()] + [u.dims for u in self.uses] + self.inner
         for dims in dims_lists:
-            roots = [self.axes.find(d) for d in dims if d]
+            roots = self.leaf_axes(dims)
             if len(set(roots)) != len(roots):
                 raise AxisConflict("a value would hold one axis twice")
+
+    def leaf_axes(self, dims: Dims) -> list[str]:
+        """The unrefined axes of a value's dims, in order (size-1 dims have none)."""
+        return [leaf for d in dims if d for leaf in self.axes.leaves(d)]
 
     # value helpers
     def lift(self, x: Value | float) -> Value:
@@ -211,7 +279,7 @@ class RegionTrace:
     def made(self, v: Value) -> Value:
         """Record a new value's dims and refuse it at once if it holds one axis twice."""
         self.inner.append(v.dims)
-        roots = [self.axes.find(d) for d in v.dims if d]
+        roots = self.leaf_axes(v.dims)
         if len(set(roots)) != len(roots):
             raise AxisConflict("a value would hold one axis twice")
         return v

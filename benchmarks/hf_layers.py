@@ -1,0 +1,178 @@
+"""Unmodified Hugging Face decoder layers: eager, torch.compile, max-autotune and the superopt backend on one GPU.
+
+Layers are built from config objects with random weights (``tests/frontend_models.py``; no downloads) at real
+shapes, bf16, batch 1, prefill:
+
+* ``llama3-8b``: hidden 4096, 32 heads, 8 KV heads, head 128, FFN 14336, 2048 tokens (sdpa: causal, GQA);
+* ``gpt2-medium``: hidden 1024, 16 heads, 1024 tokens (fused c_attn split, LayerNorm, GELU-tanh);
+* ``gemma2-2b``: hidden 2304, 8 heads, 4 KV heads, head 256, FFN 9216, 2048 tokens (eager attention:
+  softcapping, repeat_kv, a sliding-window mask of 4096 as an additive tensor).
+
+Every variant runs under ``torch.no_grad()`` and is timed alike (``run.timing.side_by_side_us``: CUDA-graph
+replay when all variants can be captured, interleaved rounds, median of ``--rounds`` >= 5). Outputs are
+compared with the float32 eager layer (max error over the largest value). One JSON line per layer and
+variant goes to ``--out``, with the superopt backend's region table (ops, kernels, modelled us, decision,
+reason) and the command that made it. On the GPU the backend's first call times every region against
+inductor's code for the same ops and keeps the faster (``pyrunner.frontend.decide``): the table's decision
+column says which and the reason gives both times; decisions are cached under ``$SUPEROPT_CACHE_DIR``.
+
+On the GPU machine::
+
+    SCRIPT=benchmarks/hf_layers.py TOTAL_S=560 bash benchmarks/gpu_run.sh
+
+``--small`` is the CPU smoke test of the script itself: tiny layers, the backend's no-GPU path (regions
+planned in bf16 and CPU-checked, PyTorch runs the layer), no inductor, wall-clock times only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+for p in (ROOT, ROOT / "tests"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+LAYERS = {
+    "llama3-8b": ("llama", {"seq": 2048, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
+                            "ffn": 14336}),
+    "gpt2-medium": ("gpt2", {"seq": 1024, "hidden": 1024, "heads": 16}),
+    "gemma2-2b": ("gemma2", {"seq": 2048, "hidden": 2304, "heads": 8, "kv_heads": 4, "head_dim": 256,
+                             "ffn": 9216, "window": 4096}),
+}
+SMALL = {
+    "llama3-8b": {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128},
+    "gpt2-medium": {"seq": 32, "hidden": 64, "heads": 4},
+    "gemma2-2b": {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128, "window": 16},
+}
+BOUND = 3e-2
+"""bf16 through a layer against the float32 eager layer (normalised max error)."""
+
+
+def build(name: str, small: bool, device: str, dtype):
+    """The layer, its positional and keyword inputs, on ``device`` in ``dtype`` (masks and rotary tables too)."""
+    import torch
+    from frontend_models import HF_BLOCKS
+
+    kind, shape = LAYERS[name]
+    m, args, kwargs = HF_BLOCKS[kind](**(SMALL[name] if small else shape))
+
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+        if isinstance(v, tuple):
+            return tuple(move(x) for x in v)
+        return v
+
+    return (m.to(device=device, dtype=dtype).requires_grad_(False), tuple(move(a) for a in args),
+            {k: move(v) for k, v in kwargs.items()})
+
+
+def first(y):
+    return y[0] if isinstance(y, tuple) else y
+
+
+def err(y, ref) -> float:
+    return float((first(y).double() - ref).abs().max() / ref.abs().max())
+
+
+def variants(m, small: bool) -> dict:
+    """Name -> compiled callable (compiled lazily on first call)."""
+    import torch
+
+    import pyrunner.frontend  # noqa: F401 - registers the backend
+
+    out = {"eager": m}
+    if not small:
+        out["torch.compile"] = torch.compile(m)
+        out["max-autotune"] = torch.compile(m, mode="max-autotune")
+    opts = {"fallback": "eager" if small else "inductor"}
+    if small:
+        opts["dtype"] = "bfloat16"  # the smoke test's float32 layer, planned as the GPU run would
+    out["superopt"] = torch.compile(m, backend="superopt", options=opts, dynamic=False)
+    return out
+
+
+def run_layer(name: str, args: argparse.Namespace, out) -> None:
+    import torch
+
+    from pyrunner.frontend.backend import LAST_REPORTS
+    from pyrunner.run.timing import device_name, side_by_side_us
+
+    device = "cpu" if args.small else "cuda"
+    dtype = torch.float32 if args.small else torch.bfloat16
+    m, a, kw = build(name, args.small, device, dtype)
+    with torch.no_grad():
+        m32 = build(name, args.small, device, torch.float32)[0]
+        a32 = tuple(x.float() if isinstance(x, torch.Tensor) else x for x in a)
+        kw32 = {k: (tuple(t.float() for t in v) if isinstance(v, tuple) else
+                    v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
+        ref = first(m32(*a32, **kw32)).double()
+        del m32
+        fns, errors, notes = {}, {}, {}
+        for vname, f in variants(m, args.small).items():
+            torch._dynamo.reset() if vname != "eager" else None
+            t0 = time.perf_counter()
+            try:
+                y = f(*a, **kw)
+                errors[vname] = err(y, ref)
+                notes[vname] = f"first call {time.perf_counter() - t0:.1f} s"
+                fns[vname] = (lambda f=f: f(*a, **kw))
+            except Exception as e:  # noqa: BLE001 - one variant failing is a row, not the end of the run
+                traceback.print_exc()
+                notes[vname] = f"FAIL {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            if vname == "superopt" and LAST_REPORTS:
+                table = str(LAST_REPORTS[-1])
+                print(f"[{name}] superopt regions:\n{table}", flush=True)
+                notes["superopt_table"] = table
+                notes["flop_share"] = LAST_REPORTS[-1].flop_share
+        times, method, per_round = side_by_side_us(fns, rounds=args.rounds)
+    base = times.get("torch.compile")
+    for vname in fns:
+        rec = {"layer": name, "variant": vname, "us": times.get(vname), "method": method.get(vname),
+               "rounds_us": per_round.get(vname), "err_vs_fp32": errors.get(vname), "bound": BOUND,
+               "vs_torch_compile": (base / times[vname]) if base and times.get(vname) else None,
+               "note": notes.get(vname), "device": device_name() if not args.small else "cpu",
+               "small": args.small, "command": " ".join(sys.argv)}
+        if vname == "superopt":
+            rec["regions"] = notes.get("superopt_table")
+            rec["flop_share"] = notes.get("flop_share")
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+        us = times.get(vname)
+        print(f"[{name}] {vname:14s} {us if us is None else f'{us:10.1f} us'}  err {errors.get(vname)}  "
+              f"{'' if not base or not us else f'{base / us:.2f}x torch.compile'}  {notes.get(vname)}",
+              flush=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", nargs="*", default=list(LAYERS), choices=list(LAYERS))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hf-layers.jsonl"))
+    ap.add_argument("--small", action="store_true", help="CPU smoke test of the script (tiny layers, no timing "
+                                                         "that means anything)")
+    args = ap.parse_args()
+    if not args.small:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("hf_layers: no CUDA GPU here; use --small for the CPU smoke test", file=sys.stderr)
+            return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "a") as out:
+        for name in args.layers:
+            try:
+                run_layer(name, args, out)
+            except Exception:  # noqa: BLE001 - the next layer still runs
+                traceback.print_exc()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Keep a Superopt region only where it is measured faster than the fallback compiler's code for the same ops.
+
+The cost model ranks plans; only a measurement says whether a region beats
+inductor's code for it at that shape. At a region's first call the two are timed
+once on the real inputs (``Measure``: CUDA-event medians on the GPU), the faster
+runs from then on, and the decision is written to
+``$SUPEROPT_CACHE_DIR/decisions/<tilelang>/<device>/<dtype>/<graph hash>.json``
+(the region graph fixes the ops and the shape bucket), so a second process, or
+another layer with the same graph, measures nothing. One log line per region
+says what was chosen and why. Without a GPU nothing is measured: the region is
+"planned, not measured" and PyTorch runs it.
+
+``Measure`` is the seam: anything callable as ``measure(label, superopt, fallback)``
+returning the two times in microseconds (tests inject a fake one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+log = logging.getLogger("pyrunner.frontend")
+
+
+class Measure(Protocol):
+    """Times ``superopt()`` and ``fallback()`` (each runs the region once on its inputs); microseconds each."""
+
+    def __call__(self, label: str, superopt: Callable[[], object],
+                 fallback: Callable[[], object]) -> tuple[float, float]: ...
+
+
+def gpu_measure(label: str, superopt: Callable[[], object],  # noqa: ARG001 - label: for other measures' logs
+                fallback: Callable[[], object]) -> tuple[float, float]:
+    """Median of CUDA-event timings of each (``run.timing.median_us``), warm-up excluded."""
+    from pyrunner.run.timing import median_us
+
+    return median_us(superopt), median_us(fallback)
+
+
+@dataclass(frozen=True)
+class DecisionKey:
+    """Everything a measured decision depends on: the region graph (ops and sizes: the shape bucket), the
+    kernels' dtype, the device and the TileLang version."""
+
+    graph_hash: str
+    sizes: tuple[tuple[str, int], ...]
+    dtype: str
+    device: str
+    tilelang: str
+
+    def path(self, root: Path) -> Path:
+        slug = [re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "unknown" for s in (self.tilelang, self.device,
+                                                                                       self.dtype)]
+        return root / "decisions" / slug[0] / slug[1] / slug[2] / f"{self.graph_hash}.json"
+
+
+def decision_key(graph: Any, dtype: str, device: str, tilelang: str | None = None) -> DecisionKey:
+    """The key of a region graph (IR) planned in ``dtype`` on ``device`` (``cpu`` or a CUDA device name)."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import canonical_json
+    from pyrunner.target.tuning import tilelang_version
+
+    h = hashlib.sha256(canonical_json(graph_to_json(graph)).encode()).hexdigest()[:24]
+    return DecisionKey(h, tuple(sorted(graph.sizes.items())), dtype, device, tilelang or tilelang_version())
+
+
+@dataclass
+class Decision:
+    choice: str
+    """``superopt`` or ``fallback``."""
+    superopt_us: float
+    fallback_us: float
+    sizes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def why(self) -> str:
+        return f"measured {self.superopt_us:.2f} us (Superopt) vs {self.fallback_us:.2f} us (fallback compiler)"
+
+
+def decide(superopt_us: float, fallback_us: float, sizes: tuple = ()) -> Decision:
+    """Superopt only when strictly faster; a tie keeps the fallback compiler's code."""
+    return Decision("superopt" if superopt_us < fallback_us else "fallback", superopt_us, fallback_us, sizes)
+
+
+class DecisionCache:
+    """Decisions on disk under ``root`` (default ``$SUPEROPT_CACHE_DIR``), one small JSON file each, written
+    whole or not at all."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        from pyrunner.frontend.cache import cache_root
+
+        self.root = Path(root) if root is not None else cache_root()
+
+    def get(self, key: DecisionKey) -> Decision | None:
+        p = key.path(self.root)
+        try:
+            d = json.loads(p.read_text())
+            out = Decision(str(d["choice"]), float(d["superopt_us"]), float(d["fallback_us"]),
+                           tuple((str(a), int(n)) for a, n in d.get("sizes", ())))
+        except (OSError, ValueError, KeyError, TypeError):  # absent or unreadable: measure again
+            return None
+        return out if out.choice in ("superopt", "fallback") and out.sizes == key.sizes else None
+
+    def put(self, key: DecisionKey, decision: Decision) -> None:
+        from pyrunner.files import output_dir, write_text_atomic
+
+        p = key.path(self.root)
+        output_dir(p.parent, "decision cache folder")
+        body = {**asdict(decision), "key": asdict(key)}
+        write_text_atomic(p, json.dumps(body, indent=1, sort_keys=True) + "\n", "decision cache file")
+
+
+class Chooser:
+    """A region's run function: at the first call, Superopt's or the fallback's code for it, whichever is
+    faster (cached decision, else measured once); that one runs from then on."""
+
+    def __init__(self, label: str, key: DecisionKey, superopt: Callable[..., tuple],
+                 fallback: Callable[[list], Callable[..., Any]], measure: Measure, cache: DecisionCache,
+                 on_decision: Callable[[Decision], None] | None = None) -> None:
+        self.label, self.key, self.superopt, self.make_fallback = label, key, superopt, fallback
+        self.measure, self.cache, self.on_decision = measure, cache, on_decision
+        self.decision: Decision | None = None
+        self._fallback: Callable[..., Any] | None = None
+        self._run: Callable[..., tuple] | None = None
+
+    def fallback(self, *xs: Any) -> tuple:
+        if self._fallback is None:
+            self._fallback = self.make_fallback(list(xs))
+        out = self._fallback(*xs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+    def __call__(self, *xs: Any) -> tuple:
+        if self._run is None:
+            cached = self.cache.get(self.key)
+            if cached is not None:
+                d, how = cached, "from the decision cache"
+            else:
+                s_us, f_us = self.measure(self.label, lambda: self.superopt(*xs), lambda: self.fallback(*xs))
+                d, how = decide(s_us, f_us, self.key.sizes), "measured now"
+                try:
+                    self.cache.put(self.key, d)
+                except Exception as e:  # noqa: BLE001 - an unwritable cache costs a re-measure, not the model
+                    how += f" (not cached: {e})"
+            self.decision = d
+            self._run = self.superopt if d.choice == "superopt" else self.fallback
+            log.info("superopt: %s at %s: %s (%s, %s)", self.label, dict(self.key.sizes),
+                     "Superopt kernels" if d.choice == "superopt" else "the fallback compiler's code", d.why, how)
+            if self.on_decision is not None:
+                self.on_decision(d)
+        return self._run(*xs)

@@ -1,0 +1,135 @@
+"""Failures real model code hit in the PyTorch entry points (issue 40), each pinned by a test that failed
+before its fix: tuple-valued ops (``split``/``chunk``) in the backend, gradients lost through
+``optimize``, and model code that ``torch.fx`` symbolic tracing could not take."""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import pyrunner
+import pyrunner.frontend  # noqa: F401 - registers the backend
+from pyrunner.frontend.backend import LAST_REPORTS
+
+
+def r(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def swiglu_fused(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    gate, up = (x @ w).chunk(2, dim=-1)  # one GEMM for gate and up, as fused SwiGLU layers do
+    return F.silu(gate) * up
+
+
+def qkv_split(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    q, k, v = (x @ w).split(16, dim=1)  # GPT-2's fused c_attn
+    return torch.softmax(q @ k.T, dim=-1) @ v
+
+
+@pytest.mark.parametrize("fn", [swiglu_fused, qkv_split])
+@pytest.mark.parametrize("fallback", ["eager", "inductor"])
+def test_backend_takes_split_and_chunk(fn, fallback: str) -> None:
+    """A tuple of tensors is a computation, not a constant: before the fix the backend baked the example
+    tensors into the graph (inductor: 'convert all Tensors to FakeTensors'; eager: NameError 'float64')."""
+    x, w = r(8, 16), r(16, 48, seed=1)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        c = torch.compile(fn, backend="superopt", options={"fallback": fallback, "executor": "reference"})
+        got = c(x, w)
+        assert torch.allclose(got, fn(x, w), rtol=0, atol=1e-10)
+        x2 = r(8, 16, seed=5)  # other values, same shapes: nothing of the first call was baked in
+        assert torch.allclose(c(x2, w), fn(x2, w), rtol=0, atol=1e-10)
+    assert LAST_REPORTS[-1].regions
+
+
+class TwoLayer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.tanh(self.a(x)))
+
+
+def test_training_through_optimize_gets_eager_gradients(caplog: pytest.LogCaptureFixture) -> None:
+    """Two SGD steps through ``optimize`` give eager's gradients and weights. Before the fix every
+    ``.grad`` was None: the regions had no backward and PyTorch only warned."""
+    ref, m = TwoLayer().double(), TwoLayer().double()
+    x, y = r(8, 16), r(8, 4, seed=1)
+    opt = pyrunner.optimize(m, x, executor="reference", progress=False)
+    assert opt.report.regions  # under no_grad the regions run
+    with torch.no_grad():
+        assert torch.allclose(opt(x), ref(x), rtol=0, atol=1e-12)
+    for model, f in ((ref, ref), (m, opt)):
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            sgd.zero_grad()
+            with caplog.at_level(logging.WARNING, logger="pyrunner.frontend"):
+                F.mse_loss(f(x), y).backward()
+            sgd.step()
+    for p, q in zip(ref.parameters(), m.parameters(), strict=True):
+        assert q.grad is not None
+        assert torch.allclose(p.grad, q.grad, rtol=0, atol=1e-12)
+        assert torch.allclose(p, q, rtol=0, atol=1e-12)
+    assert "autograd" in caplog.text  # one line says why the graph went to PyTorch
+
+
+def test_region_without_backward_raises_one_clear_error() -> None:
+    """A region op reached by autograd anyway (called directly) raises, never returns no gradient."""
+    from pyrunner.frontend.runtime import register_op
+
+    op = register_op(lambda x: (x * 2,), 1, [((4,), torch.float64)])
+    x = r(4).requires_grad_()
+    with pytest.raises(Exception, match="no backward"):
+        op(x).sum().backward()
+
+
+def _deprecated(fn):
+    """A kwargs-renaming decorator in the style of transformers' ``deprecate_kwarg`` (fx: 'co_varnames is too
+    small')."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        if "hidden" in kwargs:
+            kwargs["x"] = kwargs.pop("hidden")
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+class HeadsModel(nn.Module):
+    """``(*input_shape, -1, head_dim)`` views (fx: 'Proxy object cannot be iterated'), a decorated forward,
+    and a keyword-only extra input."""
+
+    def __init__(self, d: int = 32, head_dim: int = 8) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.q, self.o, self.head_dim = nn.Linear(d, d, bias=False), nn.Linear(d, d, bias=False), head_dim
+
+    @_deprecated
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape[:-1]
+        h = self.q(x).view(*shape, -1, self.head_dim).transpose(1, 2)
+        h = torch.exp(h) if scale is None else torch.exp(h) * scale
+        return self.o(h.transpose(1, 2).reshape(*shape, -1))
+
+
+def layer_from_function(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return m(x) + 1  # a module called from a plain function (fx: the module was invisible)
+
+
+def test_model_code_fx_could_not_trace() -> None:
+    m = HeadsModel().double()
+    x, s = r(2, 8, 32), r(1, 4, 1, 1, seed=3).abs()
+    opt = pyrunner.optimize(m, x, executor="reference", progress=False, scale=s)  # an example by keyword
+    with torch.no_grad():
+        assert torch.allclose(opt(x, scale=s), m(x, scale=s), rtol=0, atol=1e-12)
+    assert opt.report.regions
+    fn = pyrunner.optimize(layer_from_function, m, x, executor="reference", progress=False)
+    with torch.no_grad():
+        assert torch.allclose(fn(m, x), layer_from_function(m, x), rtol=0, atol=1e-12)
+    assert fn.report.regions
