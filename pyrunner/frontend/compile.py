@@ -71,10 +71,19 @@ def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None
 
 
 def plan_region(graph: Any, dtype: str) -> Plan:
-    """The one place the frontend asks for a plan (search; the lowering gate and fallbacks live behind it)."""
-    from pyrunner.planner import search
+    """The one place the frontend asks for a plan: ``pipeline.best_plan``, as the ``superopt`` command does
+    (the committed tuning database of the default device, so both doors hand out the same plan). The
+    lowering gate runs where the kernels will be built (a GPU); without one the plan is only CPU-checked,
+    and TileLang lowering there would cost seconds per region for nothing the check uses."""
+    import torch
 
-    return search(graph, dtype)[0]
+    from pyrunner.backend.tilelang.backend import backend_for
+    from pyrunner.pipeline import best_plan
+    from pyrunner.target.tuning import committed_tuning
+
+    backend = backend_for()
+    return best_plan(graph, dtype, backend=backend, tuning=committed_tuning(backend.device.name),
+                     lower_check=torch.cuda.is_available())[0]
 
 
 _PLANS: dict[tuple[str, str], Plan] = {}
