@@ -11,13 +11,13 @@ overwrite the committed ``benchmarks/results/report.md``).
 from __future__ import annotations
 
 import argparse
+import io
 import math
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from pyrunner.errors import UserError
-from pyrunner.files import check_output_file, output_dir, write_text_atomic
+from pyrunner.files import check_output_file, output_dir, write_bytes_atomic, write_text_atomic
 from pyrunner.log.results import PRIMARY_BASELINE, RunRecord, read_log_counted, speedups
 
 DEFAULT_LOG = Path("results/results.jsonl")
@@ -146,13 +146,12 @@ def plot(records: list[RunRecord], path: Path) -> Path | None:
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
+    png = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
+        fig.savefig(png, format="png", dpi=120)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    write_bytes_atomic(path, png.getvalue(), "plot file")
     return path
 
 

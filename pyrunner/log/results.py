@@ -13,14 +13,13 @@ import datetime as _dt
 import json
 import math
 import os
-import stat
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pyrunner.errors import UserError
-from pyrunner.files import read_bounded
+from pyrunner.files import open_append, read_bounded
 
 RECORD_VERSION = 1
 TOOL_VERSION = "0.1.0"
@@ -139,12 +138,10 @@ def append_record(path: str | os.PathLike, record: RunRecord) -> None:
     line = (json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n").encode()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise LogError(f"cannot write results log {str(p)!r}: {e.strerror or e}") from None
+    fd = open_append(p, "results log", LogError)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise LogError(f"results log {str(p)!r} is not a regular file (a device, FIFO or socket)")
         if _needs_newline(fd):
             line = b"\n" + line  # end the torn line so it stays one bad line, not two
         written = os.write(fd, line)

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from pyrunner.backend.tilelang.diagnose import detail, one_line
 from pyrunner.errors import DeviceFitError, UserError
-from pyrunner.files import check_output_file, inside, output_dir
+from pyrunner.files import check_output_file, inside, output_dir, write_text_atomic
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
 from pyrunner.plan.analysis import resolve_config
@@ -229,9 +229,7 @@ def write_source(plan: Plan, out_dir: Path) -> Path:
     folder = inside(output_dir(out_dir, "--out folder"), hash_of(plan))
     folder.mkdir(exist_ok=True)
     path = inside(folder, f"{_safe_name(plan.workload)}.py")
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise UserError(f"refusing to write rendered source to {str(path)!r}: not a regular file")
-    path.write_text(src)
+    write_text_atomic(path, src, "rendered source")
     return path
 
 
@@ -298,9 +296,7 @@ class _Run:
         if self.opts.checkpoint is None:
             return
         data = dict(self.fields, message="; ".join(self.notes))
-        tmp = Path(str(self.opts.checkpoint) + ".tmp")
-        tmp.write_text(json.dumps(data, default=str))
-        os.replace(tmp, self.opts.checkpoint)
+        write_text_atomic(self.opts.checkpoint, json.dumps(data, default=str), "run checkpoint")
 
     def finish(self, status: str, message: str = "") -> RunRecord:
         msg = "; ".join([m for m in [message, *self.notes] if m])
@@ -365,7 +361,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
         with run.step("lowering to CUDA source"):
             cuda = lower_to_cuda(plan, cfg)
         for name, text in cuda.items():
-            inside(out, f"{_safe_name(name)}.cu").write_text(text)
+            write_text_atomic(inside(out, f"{_safe_name(name)}.cu"), text, "CUDA source")
         done.append(f"lowered {len(cuda)} kernel(s) to CUDA source")
         if shutil.which("nvcc"):
             with run.step("compiling cubin with nvcc"):
