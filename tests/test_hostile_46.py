@@ -7,7 +7,6 @@ Each test failed on the tree before the fix it names (issue 46).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -73,8 +72,8 @@ def test_report_refuses_a_planted_link_at_its_outputs(kind: str, tmp_path: Path,
 
 def test_run_out_refuses_a_hard_link_planted_at_the_rendered_module(tmp_path: Path) -> None:
     """Before: ``write_source`` used ``write_text``, which writes through a hard link."""
-    from pyrunner.planner import search
     from pyrunner.plan.schema import plan_hash
+    from pyrunner.planner import search
     from pyrunner.run.runner import write_source
 
     plan = search(workloads.get("Matmul", {"m": 64, "d": 64, "n": 64}), "fp16", tuning=False)[0]

@@ -255,6 +255,9 @@ class Provenance(_Strict):
     version: str
     graph_hash: str
     plan_hash: str = ""
+    search_cut: list[str] = Field(default_factory=list)
+    """What the planner's work budgets left unexplored (empty: the search ran to completion). Budgets
+    count work, never seconds, so the same graph gives the same plan, cut or not, on any machine."""
 
 
 class AxisMergeSpec(_Strict):
@@ -313,6 +316,8 @@ def plan_document(plan: Plan) -> dict:
     for key in ("axis_merges", "axis_splits", "axis_units"):
         if not data.get(key):
             data.pop(key, None)
+    if not data["provenance"].get("search_cut"):
+        data["provenance"].pop("search_cut", None)
     return data
 
 

@@ -35,6 +35,10 @@ def explain(plan: Plan) -> str:
     if plan.provenance.planner.endswith("-naive"):
         out.append("the naive plan: every op its own kernel, no rewrites (asked for with --naive, or the "
                    "search found no fused plan within its budget)")
+    if plan.provenance.search_cut:
+        out.append("search cut short by its work budgets (deterministic; a larger budget may find a better plan); "
+                   "not explored:")
+        out.extend(f"  - {note}" for note in plan.provenance.search_cut)
     out.append("derivation:")
     if not plan.derivation:
         out.append("  (none: the graph as written)")
