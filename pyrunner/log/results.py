@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pyrunner.errors import UserError
 from pyrunner.files import open_append, read_bounded
@@ -65,6 +65,21 @@ class RunRecord(BaseModel):
     error: float | None = None
     error_bound: float | None = None
     extra: dict = {}
+
+    @model_validator(mode="after")
+    def _no_negative_measures(self) -> "RunRecord":
+        """Times, errors and extents are never negative (a log line saying so is not a valid record)."""
+        singles = {"plan_us": self.plan_us, "predicted_us": self.predicted_us, "error": self.error,
+                   "error_bound": self.error_bound}
+        singles |= {f"kernel_times_us[{k!r}]": v for k, v in self.kernel_times_us.items()}
+        singles |= {f"baselines_us[{k!r}]": v for k, v in self.baselines_us.items()}
+        for name, v in singles.items():
+            if v is not None and v < 0:
+                raise ValueError(f"{name} is negative ({v})")
+        for a, n in self.shapes.items():
+            if n < 0:
+                raise ValueError(f"shapes[{a!r}] is negative ({n})")
+        return self
 
 
 def speedups(plan_us: float | None, baselines_us: dict[str, float | None]) -> tuple[

@@ -32,7 +32,9 @@ Scope = Literal["shared", "fragment"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """No unknown fields, immutable, finite numbers (``plan.validate.parse_plan`` also validates strictly)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GlobalTensor(_Strict):
