@@ -4,6 +4,10 @@ Device numbers come from ``pyrunner.target`` (one ``Device`` per GPU); ``Machine
 model's own calibrated efficiencies and per-structure scales, which ``planner.calibration`` fits
 from measured results (the JSON Lines results log), so the planner ranks by what was seen. Which
 configs fit the device is the target's fit check (``pyrunner.target.fit``), never decided here.
+
+Why one module: ``estimate`` and the config searches that call it (``best_config``, ``ranked_configs``)
+share the per-lowering facts and the per-tile-extents terms they cache (``LoweringFacts``,
+``_BlockTerms``); split, the cache would cross a module boundary on the planner's hottest path.
 """
 
 from __future__ import annotations
