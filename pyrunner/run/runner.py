@@ -26,6 +26,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -233,6 +234,14 @@ def write_source(plan: Plan, out_dir: Path) -> Path:
     return path
 
 
+def model_prediction(plan: Plan) -> float | None:
+    """The cost model's predicted time of a plan, or None: where the plan's total is a tuning-database
+    measurement, its model total (``cost.model["model_total_us"]``), never the measurement itself."""
+    if plan.cost.model.get("measured"):
+        return plan.cost.model.get("model_total_us") or None
+    return plan.cost.total_us or None
+
+
 def check_log_path(path: Path) -> None:
     """Refuse a results log the run could not append to, before the run (not after it, losing it)."""
     p = Path(path)
@@ -278,9 +287,11 @@ class _Run:
         self.fields = {
             "plan_hash": self.phash, "workload": self.plan.workload, "graph_hash": self.plan.provenance.graph_hash,
             "shapes": dict(self.graph.sizes), "dtype": self.plan.dtype, "device": "", "status": "skipped",
-            "predicted_us": self.plan.cost.total_us or None, "bound": dominant_bound(self.plan),
+            "predicted_us": model_prediction(self.plan), "bound": dominant_bound(self.plan),
             "baselines_us": {}, "extra": {"renderer": GENERATION},
         }
+        if self.plan.cost.model.get("measured"):  # the plan's total is a copied measurement: kept apart
+            self.fields["extra"]["tuning_db_us"] = self.plan.cost.total_us
 
     def step(self, what: str):
         """A spinner while a stage runs (nothing when quiet or not a terminal)."""
@@ -380,7 +391,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
             gsmall = graph_of(small)
         except Exception as e:  # noqa: BLE001
             return run.finish("failed-verification", f"the CPU check could not shape the plan: {_err(e)}")
-        res = verify_executor(small, gsmall, execute, seed=run.fields["seed"])
+        res = verify_executor(small, gsmall, partial(execute, audit=True), seed=run.fields["seed"])
     run.fields.update(error=res.error, error_bound=res.bound)
     run.fields["extra"]["executor_shapes"] = dict(gsmall.sizes)
     skipped = "skipped (no GPU): GPU compile, GPU verification, timing, baselines"
