@@ -907,6 +907,11 @@ def split_candidates(g: Graph, machine: Machine = H200) -> list[AxisSplit]:
     return out
 
 
+MODEL_TOTAL = "model_total_us"
+"""Key of ``cost.model`` holding the cost model's own total where ``total_us`` is a tuning-database
+measurement (``cost.model["measured"]``): a prediction and a measurement are never one number."""
+
+
 def prefer_measured(plan: Plan, db=None) -> Plan:
     """The plan at its tuned config with its measured time as the estimate, where the database has it."""
     from pyrunner.target.tuning import TuningDB, apply_tuned
@@ -917,7 +922,8 @@ def prefer_measured(plan: Plan, db=None) -> Plan:
         return plan
     tuned = apply_tuned(plan, entry)
     cost = tuned.cost.model_copy(update={"total_us": round(entry.time_us, 3),
-                                         "model": {**tuned.cost.model, "measured": 1.0}})
+                                         "model": {**tuned.cost.model, "measured": 1.0,
+                                                   MODEL_TOTAL: plan.cost.total_us}})
     return with_hash(tuned.model_copy(update={"cost": cost}))
 
 
