@@ -93,3 +93,19 @@ def test_a_matmul_with_its_rows_past_a_bound_zeroed_fails() -> None:
     res, small = _checked(_rehashed(json.dumps(d)))
     assert graph_of(small).sizes["m"] > 2000
     assert not res.ok, res.message
+
+
+def test_a_partial_last_tile_at_the_real_shape_stays_partial_when_scaled() -> None:
+    """Issue 46: the LM head (n = 50257) was checked at n = 64, so its partial last tile never ran."""
+    from pyrunner.run.executor import scale_down
+
+    plan = search(catalog.get("Matmul", {"m": 4096, "d": 256, "n": 50257}), "fp16", tuning=False)[0]
+    (k,) = plan.kernels
+    assert 50257 % k.defaults["block_n"] and 4096 % k.defaults["block_m"] == 0
+    small = scale_down(plan)
+    sizes = dict(graph_of(small).sizes)
+    (ks,) = small.kernels
+    assert sizes["n"] % ks.defaults["block_n"] != 0 and sizes["n"] > 2 * ks.defaults["block_n"]
+    assert sizes["m"] % ks.defaults["block_m"] == 0
+    res = verify_executor(small, graph_of(small), partial(execute, audit=True), seed=5)
+    assert res.ok, res.message

@@ -349,6 +349,17 @@ def compared_constants(plan: Plan) -> dict[str, float]:
     return out
 
 
+def _tail_axes(plan: Plan, sizes: dict[str, int]) -> set[str]:
+    """Axes some kernel tiles, at its default config, with a partial last tile (a tail) at the real shape."""
+    out: set[str] = set()
+    for k in plan.kernels:
+        tiled = [(g.axis, g.block) for g in k.grid] + ([(k.loop.axis, k.loop.block)] if k.loop is not None else [])
+        for a, b in tiled:
+            if isinstance(b, str) and sizes[a] % k.defaults[b]:
+                out.add(a)
+    return out
+
+
 def _longer_than(n: int, constant: float, used: set[int]) -> int:
     """``n``, or the smallest multiple of 16 past 1.5 x ``constant`` that no other axis has: half as many
     rows again see past the constant, so a window changed or dropped moves many outputs, not a few."""
@@ -399,6 +410,15 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         if a in new_sizes and a not in units and roles[a] != {"padded"}:
             new_sizes[a] = _longer_than(new_sizes[a], c, used)
             used.add(new_sizes[a])
+    tails = _tail_axes(plan, sizes) - units - parts
+    for a in sorted(tails):  # a partial last tile at the real shape stays partial: a remainder of 1..15 on 16
+        if a in new_sizes and roles[a] != {"padded"}:
+            r = sizes[a] % 16 or 7
+            n = new_sizes[a] - new_sizes[a] % 16 + r
+            while n in used:
+                n += 16
+            new_sizes[a] = n
+            used.add(n)
     kernels = []
     for k in plan.kernels:
         params = dict(k.params)
@@ -423,8 +443,13 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
                 defaults[p] = min(defaults[p], tile_cap)
                 params[p] = [defaults[p]]
                 continue
-            common = math.gcd(*(new_sizes[a] for a in axes))
             cap = max(tile_cap, max(new_sizes[a] for a in axes) // 16)  # an axis kept long: about 16 tiles
+            if tails & set(axes):  # a tile of 16 (or the plan's, if smaller) leaves the remainder partial
+                v = min(defaults[p], 16)
+                defaults[p] = v
+                params[p] = sorted({x for x in params[p] if x <= v} | {v})
+                continue
+            common = math.gcd(*(new_sizes[a] for a in axes))
             v = _divisor_at_most(common, min(defaults[p], cap))
             defaults[p] = v
             params[p] = sorted({x for x in params[p] if common % x == 0} | {v})
