@@ -360,6 +360,11 @@ def _tail_axes(plan: Plan, sizes: dict[str, int]) -> set[str]:
     return out
 
 
+MAX_MASKED_EXTENT = 4096
+"""Longest extent ``scale_down`` keeps for an axis a mask compares with a constant (never past the real
+extent either): a window wider than about 2700 is exercised only in part, bounding the check's time."""
+
+
 def _longer_than(n: int, constant: float, used: set[int]) -> int:
     """``n``, or the smallest multiple of 16 past 1.5 x ``constant`` that no other axis has: half as many
     rows again see past the constant, so a window changed or dropped moves many outputs, not a few."""
@@ -408,8 +413,11 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     used = set(new_sizes.values())
     for a, c in sorted(compared_constants(plan).items()):  # a mask's constants must still bite
         if a in new_sizes and a not in units and roles[a] != {"padded"}:
-            new_sizes[a] = _longer_than(new_sizes[a], c, used)
-            used.add(new_sizes[a])
+            n = max(new_sizes[a], min(_longer_than(new_sizes[a], c, used), sizes[a], MAX_MASKED_EXTENT))
+            while n != new_sizes[a] and n in used:
+                n += 16
+            new_sizes[a] = n
+            used.add(n)
     tails = _tail_axes(plan, sizes) - units - parts
     for a in sorted(tails):  # a partial last tile at the real shape stays partial: a remainder of 1..15 on 16
         if a in new_sizes and roles[a] != {"padded"}:
