@@ -376,6 +376,30 @@ def _longer_than(n: int, constant: float, used: set[int]) -> int:
     return m
 
 
+def _keep_constants_and_tails(plan: Plan, sizes: dict[str, int], new_sizes: dict[str, int],
+                              fixed: set[str]) -> set[str]:
+    """Lengthen, in ``new_sizes``, every axis a mask compares with a constant (``compared_constants``)
+    and give every axis with a tail at the real shape a remainder on 16 (axes in ``fixed`` keep their
+    sizes); returns the tail axes, whose tiles ``scale_down`` then keeps at 16 or less."""
+    used = set(new_sizes.values())
+    for a, c in sorted(compared_constants(plan).items()):  # a mask's constants must still bite
+        if a in new_sizes and a not in fixed:
+            n = max(new_sizes[a], min(_longer_than(new_sizes[a], c, used), sizes[a], MAX_MASKED_EXTENT))
+            while n != new_sizes[a] and n in used:
+                n += 16
+            new_sizes[a] = n
+            used.add(n)
+    tails = _tail_axes(plan, sizes) - fixed
+    for a in sorted(tails):  # a partial last tile at the real shape stays partial: a remainder of 1..15 on 16
+        if a in new_sizes:
+            n = new_sizes[a] - new_sizes[a] % 16 + (sizes[a] % 16 or 7)
+            while n in used:
+                n += 16
+            new_sizes[a] = n
+            used.add(n)
+    return tails
+
+
 def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     """The same plan (kernels, ops, loop structure) at small shapes, every axis a distinct size.
 
@@ -410,23 +434,8 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         except StopIteration:
             raise PlanError(f"plan has more than {len(TILED_SIZES)} axes; the CPU check cannot give each "
                             f"a distinct small size") from None
-    used = set(new_sizes.values())
-    for a, c in sorted(compared_constants(plan).items()):  # a mask's constants must still bite
-        if a in new_sizes and a not in units and roles[a] != {"padded"}:
-            n = max(new_sizes[a], min(_longer_than(new_sizes[a], c, used), sizes[a], MAX_MASKED_EXTENT))
-            while n != new_sizes[a] and n in used:
-                n += 16
-            new_sizes[a] = n
-            used.add(n)
-    tails = _tail_axes(plan, sizes) - units - parts
-    for a in sorted(tails):  # a partial last tile at the real shape stays partial: a remainder of 1..15 on 16
-        if a in new_sizes and roles[a] != {"padded"}:
-            r = sizes[a] % 16 or 7
-            n = new_sizes[a] - new_sizes[a] % 16 + r
-            while n in used:
-                n += 16
-            new_sizes[a] = n
-            used.add(n)
+    tails = _keep_constants_and_tails(plan, sizes, new_sizes, {a for a, r in roles.items() if r == {"padded"}}
+                                      | units | parts)
     kernels = []
     for k in plan.kernels:
         params = dict(k.params)
