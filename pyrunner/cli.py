@@ -251,10 +251,13 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pyrunner.backend.tilelang.compile import check_fits
     from pyrunner.frontend.export import export_source
     from pyrunner.plan.validate import load_plan
 
-    write_text_atomic(args.out, export_source(load_plan(args.plan)))
+    plan = load_plan(args.plan)
+    check_fits(plan)  # the checks `run` applies before rendering: a kernel that cannot fit is not exported
+    write_text_atomic(args.out, export_source(plan))
     _note(f"wrote a standalone TileLang + torch module to {args.out} (call its forward(...))")
     return 0
 

@@ -75,20 +75,27 @@ def read_text_bounded(path: str | os.PathLike, what: str, error: type[Exception]
 
 
 def check_output_file(path: str | os.PathLike, what: str) -> Path:
-    """``path`` if it may be written as a regular file: absent or regular, in an existing folder."""
+    """``path`` if it may be written as a regular file: absent, or a regular file that is neither a
+    symbolic link nor hard-linked elsewhere (writing would reach a file outside the output), in an
+    existing folder."""
     p = Path(path)
     try:
-        st = os.stat(p)
+        st = os.lstat(p)
     except FileNotFoundError:
         st = None
     except OSError as e:
         raise UserError(f"{what} {str(p)!r}: {e.strerror or e}") from None
     if st is not None:
+        if stat.S_ISLNK(st.st_mode):
+            raise UserError(f"{what} {str(p)!r} is a symbolic link; refusing to write through it")
         if stat.S_ISDIR(st.st_mode):
             raise UserError(f"{what} {str(p)!r} is a directory")
         if not stat.S_ISREG(st.st_mode):
             raise UserError(f"{what} {str(p)!r} is not a regular file (a device, FIFO or socket); "
                             "refusing to write to it")
+        if st.st_nlink > 1:
+            raise UserError(f"{what} {str(p)!r} has {st.st_nlink} hard links; refusing to write to a file "
+                            "shared with another path")
     parent = p.parent if str(p.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{what} {str(p)!r}: folder {str(parent)!r} does not exist")
@@ -96,7 +103,20 @@ def check_output_file(path: str | os.PathLike, what: str) -> Path:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, what: str = "output path") -> None:
-    """Write a whole regular file or nothing: a temp file in the same folder, then rename."""
+    """Write a whole regular text file or nothing (``write_bytes_atomic``)."""
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UserError(f"cannot write {what} {str(path)!r}: the text holds {e.object[e.start:e.end]!a}, "
+                        "which UTF-8 cannot encode") from None
+    write_bytes_atomic(path, data, what)
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "output path") -> None:
+    """The one writer of whole files: a fresh temp file (random name, created exclusively) in the same
+    folder, then renamed over ``path``. A symbolic link or hard link planted at ``path`` is refused
+    (``check_output_file``); the rename would replace it, never write through it, but a planted link
+    is an attack or a mistake the user should hear about."""
     p = check_output_file(path, what)
     parent = p.parent if str(p.parent) else Path(".")
     try:
@@ -104,8 +124,8 @@ def write_text_atomic(path: str | os.PathLike, text: str, what: str = "output pa
     except OSError as e:
         raise UserError(f"cannot write {what} {str(p)!r}: {e.strerror or e}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, p)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
@@ -113,6 +133,27 @@ def write_text_atomic(path: str | os.PathLike, text: str, what: str = "output pa
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def open_append(path: str | os.PathLike, what: str, error: type[Exception] = UserError) -> int:
+    """A descriptor appending to ``path`` (created if missing): never through a symbolic link
+    (O_NOFOLLOW) nor into a file hard-linked elsewhere, never a device or FIFO; ``error`` otherwise."""
+    p = str(path)
+    try:
+        fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOFOLLOW
+                     | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise error(f"{what} {p!r} is a symbolic link; refusing to write through it") from None
+        raise error(f"cannot write {what} {p!r}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    problem = ("is not a regular file (a device, FIFO or socket)" if not stat.S_ISREG(st.st_mode)
+               else f"has {st.st_nlink} hard links; refusing to write to a file shared with another path"
+               if st.st_nlink > 1 else "")
+    if problem:
+        os.close(fd)
+        raise error(f"{what} {p!r} {problem}")
+    return fd
 
 
 def output_dir(path: str | os.PathLike, what: str) -> Path:

@@ -52,8 +52,11 @@ def matmul_plan():
 
     def make(m: int = 64, d: int = 64, n: int = 64, dtype: str = "float16"):
         p = gemm_plan(m, d, n, dtype)
-        g = graph_to_json(workloads.get("Matmul", {"m": m, "d": d, "n": n}))
-        return with_hash(p.model_copy(update={"graph": g}))
+        from pyrunner.planner.aliases import graph_hash
+
+        graph = workloads.get("Matmul", {"m": m, "d": d, "n": n})
+        prov = p.provenance.model_copy(update={"graph_hash": graph_hash(graph)})
+        return with_hash(p.model_copy(update={"graph": graph_to_json(graph), "provenance": prov}))
 
     return make
 

@@ -24,9 +24,11 @@ from pyrunner.rules.registry import RULE_NAMES
 ROOT = Path(__file__).resolve().parents[1]
 LAKE = shutil.which("lake")
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.lean, pytest.mark.skipif(
     LAKE is None,
-    reason="lake (the Lean 4 build tool) is not on PATH; no Lean toolchain here (DESIGN section 3)")
+    reason="lake (the Lean 4 build tool) is not on PATH; no Lean toolchain here (DESIGN section 3)")]
+"""Every test here carries the ``lean`` marker (``-m lean`` selects them, ``-m 'not lean'`` leaves them
+out) and, without ``lake``, is reported as skipped with the reason above: never as passed."""
 
 
 def lake(*args: str, timeout: float = 600, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -30,7 +30,7 @@ def fake_executor(monkeypatch):
         return with_hash(plan.model_copy(update={"graph": graph_to_json(small), "tensors": tensors}))
 
     mod = types.ModuleType("pyrunner.run.executor")
-    mod.execute = lambda plan, inputs: evaluate(plan_graph(plan), inputs)
+    mod.execute = lambda plan, inputs, audit=False: evaluate(plan_graph(plan), inputs)
     mod.scale_down = scale_down
     mod.cpu_check_plan = scale_down
     monkeypatch.setitem(sys.modules, "pyrunner.run.executor", mod)

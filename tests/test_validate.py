@@ -35,6 +35,7 @@ from pyrunner.plan.schema import (
     StreamLoop,
 )
 from pyrunner.plan.validate import check_config, load_plan, validate_plan
+from pyrunner.planner.aliases import graph_hash
 
 F16 = "float16"
 
@@ -45,7 +46,7 @@ def _plan(graph, kernels: list[Kernel], tensors: list[GlobalTensor], steps: list
                                  for k in kernels])
     return Plan(workload=graph.name, dtype=F16, graph=graph_to_json(graph), derivation=list(steps),
                 tensors=tensors, kernels=kernels, cost=cost,
-                provenance=Provenance(planner="hand", version="0", graph_hash="-"))
+                provenance=Provenance(planner="hand", version="0", graph_hash=graph_hash(graph)))
 
 
 def _tensor(graph, name: str, axes: list[str], role: str, dtype: str = F16) -> GlobalTensor:
@@ -101,7 +102,7 @@ def attention_plan() -> Plan:
         writes=["O"],
         params={"block_t_q": [16, 32], "block_t_kv": [8, 16, 32], "stages": [1, 2], "threads": [128, 256]},
         defaults={"block_t_q": 16, "block_t_kv": 16, "stages": 2, "threads": 128},
-        fused_rules=["online_softmax"],
+        fused_rules=["online_softmax_rescale"],
     )
     tensors = [_tensor(g, "Q", ["h", "t_q", "d"], "input"), _tensor(g, "K", ["h", "t_kv", "d"], "input"),
                _tensor(g, "V", ["h", "t_kv", "d"], "input"), _tensor(g, "O", ["h", "t_q", "d"], "output")]

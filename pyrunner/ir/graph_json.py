@@ -88,6 +88,8 @@ NODE_OPS = tuple(dict.fromkeys(UNARY_OPS + BINARY_OPS + TERNARY_OPS + REDUCE_OPS
 INFINITE = {"-inf": -math.inf, "inf": math.inf}
 """Infinite constants are written as these strings (JSON has no infinity)."""
 MAX_NODES = 5000
+MAX_AXES = 24
+"""Most axes a graph may name (numpy and torch stop at 64 dimensions; a plan adds at most a few)."""
 """Most nodes a graph file may list (a helper such as layernorm expands to a handful of terms)."""
 _TOP_FIELDS = ("name", "axes", "inputs", "nodes", "outputs")
 _GENERATED = re.compile(r"t[0-9]+")
@@ -139,6 +141,8 @@ def _sizes(data: object) -> dict[str, int]:
         raise GraphError(f"graph field 'axes': expected an object axis -> size, got {_json_type(data)}")
     if not data:
         raise GraphError("graph field 'axes': a graph needs at least one axis")
+    if len(data) > MAX_AXES:
+        raise GraphError(f"graph field 'axes': {len(data)} axes; the limit is {MAX_AXES}")
     sizes: dict[str, int] = {}
     for axis, n in data.items():
         _name(axis, "graph field 'axes'")
@@ -382,7 +386,10 @@ def graph_from_json(data: object) -> Graph:
 
 MAX_JSON_DEPTH = 512
 """Deepest JSON nesting read (a Map expression nests two levels per call; pydantic stops near 250 calls)."""
-_JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')
+_JSON_STRING = re.compile(r'"(?:[^"\\]++|\\[\s\S])*+"?')
+"""A JSON string, matched in linear time: possessive repeats never backtrack, and an unterminated
+string runs to the end of the text instead of being retried from every later quote (quadratic: 100 KB
+of ``\\"`` took minutes). JSON text has no string left open, so the closing quote is optional here."""
 _OPEN = (ord("["), ord("{"))
 _CLOSE = (ord("]"), ord("}"))
 

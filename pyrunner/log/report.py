@@ -11,13 +11,13 @@ overwrite the committed ``benchmarks/results/report.md``).
 from __future__ import annotations
 
 import argparse
+import io
 import math
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 from pyrunner.errors import UserError
-from pyrunner.files import check_output_file, output_dir, write_text_atomic
+from pyrunner.files import check_output_file, output_dir, write_bytes_atomic, write_text_atomic
 from pyrunner.log.results import PRIMARY_BASELINE, RunRecord, read_log_counted, speedups
 
 DEFAULT_LOG = Path("results/results.jsonl")
@@ -30,10 +30,23 @@ def recomputed(r: RunRecord) -> RunRecord:
     return r.model_copy(update={"speedups": per, "best_baseline": best, "speedup_vs_best": vs_best})
 
 
-def cell(x: object) -> str:
-    """Text safe inside a markdown table cell: one line, ``|`` escaped, no HTML."""
-    text = " ".join("".join(c if c.isprintable() else " " for c in str(x)).split())
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+MAX_CELL = 120
+"""Longest text a report cell shows (a workload name or message is cut there, with an ellipsis)."""
+MAX_TABLE_ROWS = 2000
+"""Records the table lists; the rest are counted (geomeans still cover every record)."""
+MAX_PLOT_BARS = 60
+"""Records the bar plot shows (a plot 1.1 inches per bar: 20,000 bars took gigabytes)."""
+
+
+def cell(x: object, limit: int = MAX_CELL) -> str:
+    """Text safe inside a markdown table cell: one line, at most ``limit`` characters, ``|`` and link
+    or image brackets escaped, no HTML."""
+    raw = str(x)
+    raw = raw[:limit] + "..." if len(raw) > limit else raw
+    text = " ".join("".join(c if c.isprintable() else " " for c in raw).split())
+    for ch in "\\|[]":
+        text = text.replace(ch, "\\" + ch)
+    return text.replace("<", "&lt;").replace(">", "&gt;")
 
 
 def latest(records: Iterable[RunRecord]) -> list[RunRecord]:
@@ -83,7 +96,7 @@ def markdown(records: list[RunRecord]) -> str:
     head = ["workload", "dtype", "shape", "plan (us)", "eager", "torch.compile", "max-autotune", "vendor",
             "vs torch.compile", "vs best", "error", "status"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in records:
+    for r in records[:MAX_TABLE_ROWS]:
         v = _vendor(r)
         vendor = "-" if v is None else f"{_us(v[1])} ({v[0]})"
         err = "-" if r.error is None else f"{r.error:.1e}"
@@ -101,6 +114,9 @@ def markdown(records: list[RunRecord]) -> str:
                "baseline time / plan time (higher is better).")
     out.append("")
     out += lines
+    if len(records) > MAX_TABLE_ROWS:
+        out += ["", f"{len(records) - MAX_TABLE_ROWS} more record(s) not listed (the table shows the first "
+                    f"{MAX_TABLE_ROWS}); the geomeans below cover all {len(records)}."]
     out.append("")
     out.append("## Geomean speedups (records with status ok)")
     out.append("")
@@ -112,17 +128,18 @@ def markdown(records: list[RunRecord]) -> str:
     failed = [r for r in records if r.status not in ("ok", "skipped")]
     if slower:
         out += ["", "Slower than the best baseline: " + ", ".join(
-            f"{cell(r.workload)} {cell(r.dtype)} ({_x(r.speedup_vs_best)} vs {cell(r.best_baseline)})" for r in slower)]
+            f"{cell(r.workload)} {cell(r.dtype)} ({_x(r.speedup_vs_best)} vs {cell(r.best_baseline)})"
+            for r in slower[:MAX_TABLE_ROWS])]
     if failed:
         out += ["", "## Failures", ""]
         out += [f"- {cell(r.workload)} {cell(r.dtype)} plan {cell(r.plan_hash)}: {r.status}: {cell(r.message)}"
-                for r in failed]
+                for r in failed[:MAX_TABLE_ROWS]]
     return "\n".join(out) + "\n"
 
 
 def plot(records: list[RunRecord], path: Path) -> Path | None:
     """Bar plot of speedup vs torch.compile and vs the best baseline per workload/dtype."""
-    rows = [r for r in records if r.status == "ok" and r.plan_us]
+    rows = [r for r in records if r.status == "ok" and r.plan_us][:MAX_PLOT_BARS]
     if not rows:
         return None
     import matplotlib
@@ -146,13 +163,12 @@ def plot(records: list[RunRecord], path: Path) -> Path | None:
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
+    png = io.BytesIO()
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
+        fig.savefig(png, format="png", dpi=120)
     finally:
         plt.close(fig)
-        tmp.unlink(missing_ok=True)
+    write_bytes_atomic(path, png.getvalue(), "plot file")
     return path
 
 
@@ -198,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if skipped:
         print(f"skipped {skipped} line(s) of {args.log} that are not valid records")
     if records:
-        print(short_table(records))
+        print(short_table(records[:MAX_TABLE_ROWS]))
     else:
         print(f"no records in {args.log}")
     return 0

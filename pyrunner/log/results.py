@@ -13,14 +13,13 @@ import datetime as _dt
 import json
 import math
 import os
-import stat
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pyrunner.errors import UserError
-from pyrunner.files import read_bounded
+from pyrunner.files import open_append, read_bounded
 
 RECORD_VERSION = 1
 TOOL_VERSION = "0.1.0"
@@ -66,6 +65,21 @@ class RunRecord(BaseModel):
     error: float | None = None
     error_bound: float | None = None
     extra: dict = {}
+
+    @model_validator(mode="after")
+    def _no_negative_measures(self) -> "RunRecord":
+        """Times, errors and extents are never negative (a log line saying so is not a valid record)."""
+        singles = {"plan_us": self.plan_us, "predicted_us": self.predicted_us, "error": self.error,
+                   "error_bound": self.error_bound}
+        singles |= {f"kernel_times_us[{k!r}]": v for k, v in self.kernel_times_us.items()}
+        singles |= {f"baselines_us[{k!r}]": v for k, v in self.baselines_us.items()}
+        for name, v in singles.items():
+            if v is not None and v < 0:
+                raise ValueError(f"{name} is negative ({v})")
+        for a, n in self.shapes.items():
+            if n < 0:
+                raise ValueError(f"shapes[{a!r}] is negative ({n})")
+        return self
 
 
 def speedups(plan_us: float | None, baselines_us: dict[str, float | None]) -> tuple[
@@ -139,12 +153,10 @@ def append_record(path: str | os.PathLike, record: RunRecord) -> None:
     line = (json.dumps(data, separators=(",", ":"), allow_nan=False) + "\n").encode()
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(p, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o644)
     except OSError as e:
         raise LogError(f"cannot write results log {str(p)!r}: {e.strerror or e}") from None
+    fd = open_append(p, "results log", LogError)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise LogError(f"results log {str(p)!r} is not a regular file (a device, FIFO or socket)")
         if _needs_newline(fd):
             line = b"\n" + line  # end the torn line so it stays one bad line, not two
         written = os.write(fd, line)

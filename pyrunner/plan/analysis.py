@@ -157,6 +157,22 @@ def kernel_args(plan: Plan, kernel: Kernel) -> list[str]:
 
 # --- parameter values ------------------------------------------------------------------
 
+def safe_repr(x: object, limit: int = 60) -> str:
+    """A short repr of a user's value that cannot fail: no 5,000-digit integer conversion (a
+    ValueError), no recursion into 100,000-deep nesting, at most ``limit`` characters."""
+    import reprlib
+
+    if isinstance(x, int) and not isinstance(x, bool) and x.bit_length() > 64:
+        return f"an integer of {x.bit_length()} bits"
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother = 3, limit, limit
+    try:
+        s = r.repr(x)
+    except (ValueError, RecursionError):
+        s = f"a {type(x).__name__}"
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
 def resolve(block: Block, values: Mapping[str, int]) -> int:
     """A block, stage count or thread count under parameter values (literal or parameter name)."""
     return block if isinstance(block, int) else values[block]
@@ -172,18 +188,20 @@ def resolve_config(plan: Plan, config: Mapping[str, Mapping[str, int]] | None = 
     """
     by_name = {k.name: k for k in plan.kernels}
     merged = {k.name: dict(k.defaults) for k in plan.kernels}
+    if config is not None and not isinstance(config, Mapping):
+        raise PlanError(f"config must map kernel names to {{parameter: value}}, got {safe_repr(config)}")
     for kname, params in (config or {}).items():
         if kname not in by_name:
-            raise PlanError(f"config names unknown kernel {kname!r}; kernels are {list(by_name)}")
+            raise PlanError(f"config names unknown kernel {safe_repr(kname)}; kernels are {list(by_name)}")
         if not isinstance(params, Mapping):
             raise PlanError(f"config for kernel {kname!r} must map parameter names to values")
         space = by_name[kname].params
         for p, v in params.items():
             if p not in space:
-                raise PlanError(f"config for kernel {kname!r} names unknown parameter {p!r}; "
+                raise PlanError(f"config for kernel {kname!r} names unknown parameter {safe_repr(p)}; "
                                 f"parameters are {sorted(space)}")
             if not isinstance(v, int) or isinstance(v, bool) or (in_space and v not in space[p]):
-                raise PlanError(f"config for kernel {kname!r}: {p}={v!r} is not in its space {space[p]}")
+                raise PlanError(f"config for kernel {kname!r}: {p}={safe_repr(v)} is not in its space {space[p]}")
             merged[kname][p] = v
     return merged
 

@@ -33,7 +33,9 @@ Scope = Literal["shared", "fragment"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """No unknown fields, immutable, finite numbers (``plan.validate.parse_plan`` also validates strictly)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class GlobalTensor(_Strict):
@@ -266,6 +268,9 @@ class Provenance(_Strict):
     version: str
     graph_hash: str
     plan_hash: str = ""
+    search_cut: list[str] = Field(default_factory=list)
+    """What the planner's work budgets left unexplored (empty: the search ran to completion). Budgets
+    count work, never seconds, so the same graph gives the same plan, cut or not, on any machine."""
 
 
 class AxisMergeSpec(_Strict):
@@ -332,6 +337,8 @@ def plan_document(plan: Plan) -> dict:
         for key in STEP_CERTIFICATE_FIELDS:
             if step.get(key) is None:
                 step.pop(key, None)
+    if not data["provenance"].get("search_cut"):
+        data["provenance"].pop("search_cut", None)
     return data
 
 

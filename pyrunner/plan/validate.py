@@ -24,6 +24,7 @@ from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.graph_json import read_json_file
 from pyrunner.ir.names import MAX_GRAPH_NAME, MAX_PLAN_NAME, hash_problem, name_problem
 from pyrunner.plan.analysis import numbered_ops, walk
+from pyrunner.plan.claims import check_bounds, check_costs, check_provenance
 from pyrunner.plan.kernel_checks import check_kernel, check_kernel_static
 from pyrunner.plan.schema import SCHEMA_VERSION, AxisSize, GlobalTensor, Kernel, Map, Op, Plan, Ref, plan_hash
 from pyrunner.plan.views import kernel_graph, plan_graph  # noqa: F401 - plan_graph re-exported
@@ -51,7 +52,11 @@ def validate_plan(data: object) -> Plan:
 
 
 def parse_plan(data: object) -> Plan:
-    """Schema-level validation only (fields, types, schema_version); a Plan passes through."""
+    """Schema-level validation only (fields, types, schema_version); a Plan passes through.
+
+    Strict: a JSON plan's numbers must be JSON numbers and its strings JSON strings ("1_0", true,
+    " 2.5 " or a string shape are errors, not 10.0, 1.0, 2.5 or a list), and no number is infinite
+    (``1e400`` parses to inf; the schema forbids it)."""
     if isinstance(data, Plan):
         return data
     if not isinstance(data, dict):
@@ -63,7 +68,7 @@ def parse_plan(data: object) -> Plan:
             raise PlanError(f"schema_version: {_short(v)} is not supported; this runner reads "
                             f"schema_version {supported}")
     try:
-        return Plan.model_validate(data)
+        return Plan.model_validate(data, strict=True)  # numbers are numbers, strings strings: no coercion
     except pydantic.ValidationError as e:
         raise PlanError(format_validation_error(e, data)) from None
     except RecursionError:
@@ -77,8 +82,9 @@ def _json_type(x: object) -> str:
 
 
 def _short(x: object, limit: int = 60) -> str:
-    s = repr(x)
-    return s if len(s) <= limit else s[: limit - 3] + "..."
+    from pyrunner.plan.analysis import safe_repr
+
+    return safe_repr(x, limit)
 
 
 def _clean_loc(loc: tuple, data: object, kind: str) -> str:
@@ -135,6 +141,7 @@ def check_plan(plan: Plan) -> None:
     """Every rule of plan_semantics for the defaults of each kernel's parameters, the hash, then the
     derivation's certificate replayed (``rules.replay_plan``)."""
     check_plan_names(plan)
+    check_bounds(plan)
     graph = kernel_graph(plan)
     tensors = _check_tensors(plan, graph)
     kernel_names: dict[str, int] = {}
@@ -145,6 +152,8 @@ def check_plan(plan: Plan) -> None:
         check_kernel_static(ki, k)
         check_kernel(plan, ki, k, dict(k.defaults), graph.sizes, tensors)
     _check_dataflow(plan, tensors)
+    check_costs(plan)
+    check_provenance(plan)
     checked_hash(plan)
     check_certificate(plan, tensors)  # after the hash: an edited plan that keeps its hash is told so first
 

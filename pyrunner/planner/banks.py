@@ -46,10 +46,16 @@ def conflict_ways(src: Buffer, fast: str, blocks: dict[str, int]) -> int:
     return min(math.gcd(words, BANKS), max(1, blocks.get(fast, 1)))
 
 
-def extra_wavefronts(low: Lowered, blocks: dict[str, int]) -> tuple[float, float]:
-    """Shared-memory passes beyond one per warp read, per block: (per loop step, once per block)."""
+SharedReads = list[tuple[bool, tuple[str, ...], list[Buffer]]]
+"""Per map into a fragment that reads shared tiles: (once per loop step?, its fragment's axes, the
+shared tiles it reads)."""
+
+
+def shared_reads(low: Lowered) -> SharedReads:
+    """The maps of a lowering that read shared tiles (no config changes them: computed once per
+    config search, ``cost.LoweringFacts``)."""
     buffers = {b.name: b for b in low.buffers}
-    per_step = once = 0.0
+    out: SharedReads = []
     for section, ops in (("body", low.body), ("prologue", low.prologue), ("epilogue", low.epilogue)):
         for op in ops:
             if not isinstance(op, Map):
@@ -57,15 +63,24 @@ def extra_wavefronts(low: Lowered, blocks: dict[str, int]) -> tuple[float, float
             dst = buffers.get(op.dst)
             if dst is None or dst.scope != "fragment" or not dst.axes:
                 continue
-            fast = dst.axes[-1]
-            reads = math.prod(blocks.get(a, 1) for a in dst.axes) / BANKS  # warp reads of each operand
-            for name in set(_refs(op.expr)):
-                src = buffers.get(name)
-                if src is None or src.scope != "shared":
-                    continue
-                extra = reads * (conflict_ways(src, fast, blocks) - 1)
-                if section == "body" and low.stream is not None:
-                    per_step += extra
-                else:
-                    once += extra
+            srcs = [buffers[n] for n in dict.fromkeys(_refs(op.expr))
+                    if n in buffers and buffers[n].scope == "shared"]
+            if srcs:
+                out.append((section == "body" and low.stream is not None, tuple(dst.axes), srcs))
+    return out
+
+
+def extra_wavefronts(low: Lowered, blocks: dict[str, int], reads: SharedReads | None = None) -> tuple[float, float]:
+    """Shared-memory passes beyond one per warp read, per block: (per loop step, once per block).
+    ``reads``: ``shared_reads(low)`` where the caller prices many configs."""
+    per_step = once = 0.0
+    for step, axes, srcs in shared_reads(low) if reads is None else reads:
+        fast = axes[-1]
+        n = math.prod(blocks.get(a, 1) for a in axes) / BANKS  # warp reads of each operand
+        for src in srcs:
+            extra = n * (conflict_ways(src, fast, blocks) - 1)
+            if step:
+                per_step += extra
+            else:
+                once += extra
     return per_step, once

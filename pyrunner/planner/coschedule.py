@@ -33,7 +33,7 @@ from pyrunner.plan.dependent_launch import DependentLaunch
 from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import async_schedule
 from pyrunner.plan.schema import GlobalTensor, Kernel
-from pyrunner.planner.cost import DTYPE_BYTES, Estimate, Machine, estimate, grid_blocks
+from pyrunner.planner.cost import DTYPE_BYTES, Estimate, LoweringFacts, Machine, estimate, grid_blocks
 from pyrunner.planner.lower import Lowered
 from pyrunner.target.fit import FitModel
 
@@ -81,6 +81,7 @@ def best_on_blocks(low: Lowered, space: Mapping[str, list[int]], fit: FitModel, 
     """The cheapest fitting config of ``space`` whose grid has at most ``max_blocks`` blocks, or None."""
     names = sorted(space)
     best: Estimate | None = None
+    facts = LoweringFacts.of(low, tensor_bytes, machine)
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values, strict=True))
         if grid_blocks(low, cfg, sizes) > max_blocks:
@@ -88,7 +89,7 @@ def best_on_blocks(low: Lowered, space: Mapping[str, list[int]], fit: FitModel, 
         why, fp = fit.check(cfg)
         if why is not None:
             continue
-        est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, machine, None, fp.regs_per_thread)
+        est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, machine, facts, fp.regs_per_thread)
         if best is None or est.time_us < best.time_us:
             best = est
     return best

@@ -4,6 +4,10 @@ Device numbers come from ``pyrunner.target`` (one ``Device`` per GPU); ``Machine
 model's own calibrated efficiencies and per-structure scales, which ``planner.calibration`` fits
 from measured results (the JSON Lines results log), so the planner ranks by what was seen. Which
 configs fit the device is the target's fit check (``pyrunner.target.fit``), never decided here.
+
+Why one module: ``estimate`` and the config searches that call it (``best_config``, ``ranked_configs``)
+share the per-lowering facts and the per-tile-extents terms they cache (``LoweringFacts``,
+``_BlockTerms``); split, the cache would cross a module boundary on the planner's hottest path.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from dataclasses import dataclass, field, fields
 
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
-from pyrunner.planner.banks import extra_wavefronts
+from pyrunner.planner.banks import SharedReads, extra_wavefronts, shared_reads
 from pyrunner.planner.lower import Lowered
 from pyrunner.planner.space import long_rows_whole, param_space, short_reduction_grid, synchronous_loop
-from pyrunner.planner.traffic import FLAT_BLOCK_REACH, STREAM_BLOCK_REACH, sectored_bytes
+from pyrunner.planner.traffic import FLAT_BLOCK_REACH, STREAM_BLOCK_REACH, moved_tensors, sectored_bytes
 from pyrunner.target.device import DEFAULT_TARGET, DTYPE_BYTES, Device
 from pyrunner.target.fit import FitModel, fitting_space, staged_tiles_fit
 
@@ -177,6 +181,10 @@ class LoweringFacts:
     unique_bytes: float
     written_bytes: float
     long_rows: bool
+    shared_reads: SharedReads | None = None
+    moved: list[tuple[str, tuple[str, ...]]] | None = None
+    blocks_seen: dict = field(default_factory=dict, compare=False, repr=False)
+    """``_BlockTerms`` by tile extents: one config search prices many configs of the same tiles."""
 
     @staticmethod
     def of(low: Lowered, tensor_bytes: dict[str, int], m: Machine) -> LoweringFacts:
@@ -187,18 +195,37 @@ class LoweringFacts:
             merged_gemms=merged_gemms(low), loop_reductions=len(reduces) if low.gemms else 0,
             linear_sums=sum(1 for op in reduces if op.fn == "sum" and op.accumulate),
             unique_bytes=float(sum(tensor_bytes[ld.tensor] for ld in low.loads)),
-            written_bytes=float(sum(tensor_bytes[w] for w in low.writes)), long_rows=long_rows_whole(low))
+            written_bytes=float(sum(tensor_bytes[w] for w in low.writes)), long_rows=long_rows_whole(low),
+            shared_reads=shared_reads(low), moved=moved_tensors(low))
 
 
-def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
-             smem: int, m: Machine = DEFAULT_MACHINE, facts: LoweringFacts | None = None, regs: int = 0) -> Estimate:
-    """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block and ``regs``
-    its registers per thread (occupancy; registers are counted only for a kernel holding long rows
-    whole, whose blocks each load, reduce and store once, with a register-heavy tile: run 64); ``facts``:
-    ``LoweringFacts.of(low, tensor_bytes, m)`` where the caller prices many configs."""
-    dev = m.device
-    facts = facts or LoweringFacts.of(low, tensor_bytes, m)
+@dataclass(frozen=True)
+class _BlockTerms:
+    """What ``estimate`` derives from a config's tile extents alone (threads and stages aside):
+    shared by every config with the same tiles (``LoweringFacts.blocks_seen``)."""
+
+    blocks: dict[str, int]
+    n_blocks: int
+    n_iter: int
+    run: float
+    reread: float
+    dram: float
+    flops: float
+    gemm_terms: list[tuple[float, float, float]]  # per GEMM: work, k efficiency, m efficiency
+    ew: float
+    trans: float
+    loop_elements: int  # elements of the tiles the loop loads (``staged_loads_fit``)
+    step_passes: float
+    once_passes: float
+
+
+def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
+                 facts: LoweringFacts) -> _BlockTerms:
     blocks = _blocks(low, cfg, sizes)
+    key = tuple(blocks.values())
+    seen = facts.blocks_seen.get(key)
+    if seen is not None:
+        return seen
     n_blocks = grid_blocks(low, cfg, sizes)
     n_iter = -(-sizes[low.stream] // blocks[low.stream]) if low.stream else 1
     run = visible_fraction(low, blocks, sizes)  # loop steps left after masked tiles are skipped
@@ -212,7 +239,47 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
             tile = tile / sizes[a] * blocks.get(a, 1)
         total = tile * n_blocks * (n_iter * run if ld.in_loop else 1)
         reread += max(0.0, total - whole)
-    dram = sectored_bytes(low, blocks, sizes, tensor_bytes)
+    dram = sectored_bytes(low, blocks, sizes, tensor_bytes, facts.moved)
+
+    def padded(a: str) -> float:  # work on a partial last tile is done in full
+        return -(-sizes[a] // blocks[a]) * blocks[a] / sizes[a] if a in blocks else 1.0
+
+    flops = sum(g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis) * padded(g.k_axis)
+                for g in low.gemms)
+    gemm_terms = []
+    for g in low.gemms:
+        bm = blocks[g.m_axis]
+        k_eff = min(1.0, 0.55 + blocks[g.k_axis] / 128) if g.k_axis in blocks else 1.0
+        m_eff = min(1.0, bm / 128) ** 0.5  # a 64-row tile keeps one warpgroup busy, not two
+        work = g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis)
+        gemm_terms.append((work, k_eff, m_eff))
+    # a value is computed once per block of each grid axis it lacks
+    split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
+    again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
+    ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
+    trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
+    loop_elements = sum(math.prod(blocks.get(a, 1) for a in ld.axes) for ld in low.loads if ld.in_loop)
+    # maps that read a shared tile across its rows replay each warp read once per bank conflict
+    # (``planner.banks``); the replays stall the warps that issue the loads, so they add
+    step_passes, once_passes = extra_wavefronts(low, blocks, facts.shared_reads)
+    out = _BlockTerms(blocks, n_blocks, n_iter, run, reread, dram, flops, gemm_terms, ew, trans, loop_elements,
+                      step_passes, once_passes)
+    facts.blocks_seen[key] = out
+    return out
+
+
+def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
+             smem: int, m: Machine = DEFAULT_MACHINE, facts: LoweringFacts | None = None, regs: int = 0) -> Estimate:
+    """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block and ``regs``
+    its registers per thread (occupancy; registers are counted only for a kernel holding long rows
+    whole, whose blocks each load, reduce and store once, with a register-heavy tile: run 64); ``facts``:
+    ``LoweringFacts.of(low, tensor_bytes, m)`` where the caller prices many configs (the terms that
+    depend on tile extents alone are then computed once per set of extents)."""
+    dev = m.device
+    facts = facts or LoweringFacts.of(low, tensor_bytes, m)
+    bt = _block_terms(low, cfg, sizes, tensor_bytes, facts)
+    blocks, n_blocks, n_iter, run = bt.blocks, bt.n_blocks, bt.n_iter, bt.run
+    reread, dram = bt.reread, bt.dram
 
     threads = cfg[THREADS_PARAM]
     per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
@@ -226,29 +293,19 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     # a grid smaller than the machine leaves SMs idle regardless of occupancy
     util = min(1.0, n_blocks / dev.sms) if n_blocks < dev.sms else wave_eff
 
-    def padded(a: str) -> float:  # work on a partial last tile is done in full
-        return -(-sizes[a] // blocks[a]) * blocks[a] / sizes[a] if a in blocks else 1.0
-
-    flops = sum(g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis) * padded(g.k_axis)
-                for g in low.gemms)
+    flops = bt.flops
     t_tc = 0.0
-    for g, n_inst in zip(low.gemms, mma_widths(low, blocks, threads, facts.merged_gemms), strict=True):
-        bm = blocks[g.m_axis]
-        k_eff = min(1.0, 0.55 + blocks[g.k_axis] / 128) if g.k_axis in blocks else 1.0
-        m_eff = min(1.0, bm / 128) ** 0.5  # a 64-row tile keeps one warpgroup busy, not two
-        work = g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis)
+    for (work, k_eff, m_eff), n_inst in zip(bt.gemm_terms, mma_widths(low, blocks, threads, facts.merged_gemms),
+                                            strict=True):
         t_tc += work / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst) * k_eff * m_eff)
+    staged = staged_tiles_fit(bt.loop_elements, threads)
     pipe = 1.0
     if low.stream is not None:
         pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
         if facts.synchronous and low.gemms:
-            pipe = SYNC_STAGED_PIPE if staged_loads_fit(low, blocks, threads) else SYNC_GEMM_PIPE
+            pipe = SYNC_STAGED_PIPE if staged else SYNC_GEMM_PIPE
     t_tc /= max(util, 1e-3) * pipe
-    # a value is computed once per block of each grid axis it lacks
-    split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
-    again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
-    ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
-    trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
+    ew, trans = bt.ew, bt.trans
     t_cc = run * (ew / dev.cc_flops + trans / dev.sfu_ops) / max(util, 1e-3)
     # fewer blocks than SMs: each draws FLAT_BLOCK_REACH or STREAM_BLOCK_REACH SM shares of bandwidth
     reach = FLAT_BLOCK_REACH if low.stream is None and not low.gemms and n_blocks < dev.sms else STREAM_BLOCK_REACH
@@ -271,12 +328,10 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         # in registers one step ahead, two steps' loads are in flight
         sync = facts.synchronous
         latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
-        in_flight = (2 if staged_loads_fit(low, blocks, threads) else 1) if sync else max(1, cfg.get(STAGES_PARAM, 1))
+        in_flight = (2 if staged else 1) if sync else max(1, cfg.get(STAGES_PARAM, 1))
         t_lat = waves * n_iter * run * latency / in_flight
     t_mem = max(t_mem, t_lat)
-    # maps that read a shared tile across its rows replay each warp read once per bank conflict
-    # (``planner.banks``); the replays stall the warps that issue the loads, so they add
-    step_passes, once_passes = extra_wavefronts(low, blocks)
+    step_passes, once_passes = bt.step_passes, bt.once_passes
     t_bank = ((step_passes * n_iter * run + once_passes) * n_blocks
               / (dev.sms * dev.smem_wavefronts_per_s * max(util, 1e-3)))
     body = (max(t_compute, t_mem) + t_bank) * facts.structure_scale

@@ -28,13 +28,27 @@ def _kernel_words(k: Kernel, tensors: dict[str, list[str]]) -> list[str]:
     return lines
 
 
+def time_words(plan: Plan) -> str:
+    """The plan's time, saying whether it is the cost model's prediction or a tuning-database measurement
+    (never a measurement called "predicted")."""
+    if not plan.cost.model.get("measured"):
+        return f"predicted {plan.cost.total_us:.1f} us by the cost model"
+    model = plan.cost.model.get("model_total_us")
+    return (f"measured {plan.cost.total_us:.1f} us (tuning database, at its tuned config)"
+            + (f"; the cost model predicted {model:.1f} us" if model is not None else ""))
+
+
 def explain(plan: Plan) -> str:
     """Readable summary: derivation steps, kernels, materialized tensors, predicted cost."""
     out = [f"plan {plan.provenance.plan_hash} for {plan.workload} ({plan.dtype}), "
-           f"{len(plan.kernels)} kernel(s), predicted {plan.cost.total_us:.1f} us"]
+           f"{len(plan.kernels)} kernel(s), {time_words(plan)}"]
     if plan.provenance.planner.endswith("-naive"):
         out.append("the naive plan: every op its own kernel, no rewrites (asked for with --naive, or the "
                    "search found no fused plan within its budget)")
+    if plan.provenance.search_cut:
+        out.append("search cut short by its work budgets (deterministic; a larger budget may find a better plan); "
+                   "not explored:")
+        out.extend(f"  - {note}" for note in plan.provenance.search_cut)
     out.append("derivation:")
     if not plan.derivation:
         out.append("  (none: the graph as written)")
@@ -46,7 +60,7 @@ def explain(plan: Plan) -> str:
     tensors = {t.name: t.axes for t in plan.tensors}
     for k in plan.kernels:
         out.extend(_kernel_words(k, tensors))
-    out.append("cost model:")
+    out.append("cost model (predictions per kernel):")
     for kc in plan.cost.kernels:
         out.append(f"  {kc.kernel}: {kc.time_us:.1f} us, {kc.bound}-bound, "
                    f"{kc.flops / 1e9:.2f} GFLOP, {kc.bytes / 1e6:.1f} MB moved")

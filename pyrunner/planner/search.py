@@ -15,7 +15,10 @@
    (``target.fit``); the emitted tuning space keeps only fitting ones. Plans rank by total
    predicted time; ties prefer shorter derivations.
 
-The whole search runs under a budget (partition evaluations and wall time).
+The whole search runs under budgets counted in work (terms of the partitions evaluated and of the
+merges lowered), never in seconds: the same graph, options and tuning file give the same plan on any
+machine and under any load. When a budget cuts the search, the plan says what was not explored
+(``provenance.search_cut``, printed by ``--explain``).
 When it finds nothing, the naive plan (every op its own kernel) is the answer;
 "no feasible plan" means that even the naive plan has a kernel whose smallest
 tile does not fit the device, and the message names the resource.
@@ -28,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,8 +108,6 @@ DEPENDENT_MERGE_WORK = 20_000
 MERGE_WORK = 16
 """Budget a merge attempt costs per term it lowers: unlike a partition, whose kernels mostly come from
 the cache, each merge lowers a new kernel and searches its tiles (tens of milliseconds)."""
-TIME_BUDGET_S = 30.0
-"""Wall-time safety net of the partition search (a loaded machine); the best plan by then wins."""
 VARIANT_TERMS = 6000
 """Variants x graph terms kept below this: large graphs get fewer derivation variants."""
 
@@ -187,12 +187,21 @@ def _scales_pulled_out(g: Graph, limit: int = 16) -> Variant | None:
     return v if v.steps else None
 
 
+def variant_name(v: Variant) -> str:
+    """A derivation variant in words: the rules that produced it (for ``search_cut`` notes)."""
+    if not v.steps:
+        return "the graph as written"
+    rules = [st.rule for st in v.steps]
+    return "the variant by " + ", ".join(rules[:4]) + (f" and {len(rules) - 4} more" if len(rules) > 4 else "")
+
+
 def max_variants(g: Graph) -> int:
     return max(2, min(MAX_VARIANTS, VARIANT_TERMS // max(1, len(g.terms()))))
 
 
-def derive(g: Graph, limit: int | None = None) -> list[Variant]:
-    """Graphs reachable by the algebraic rules (bounded), shortest derivation first."""
+def derive(g: Graph, limit: int | None = None, cut: list[str] | None = None) -> list[Variant]:
+    """Graphs reachable by the algebraic rules (bounded), shortest derivation first. When the bound
+    stops the derivation with new graphs still reachable, a note is appended to ``cut``."""
     from pyrunner.rules.certify import rewrite_step
     from pyrunner.rules.products import canonical_products
     from pyrunner.rules.registry import RULES, iter_rewrites
@@ -215,10 +224,13 @@ def derive(g: Graph, limit: int | None = None) -> list[Variant]:
         for v in frontier:
             for rule in algebraic:
                 for g2, matched in iter_rewrites(v.graph, rule):
-                    if len(variants) >= cap:
-                        return variants + _pulled_variants(variants, seen)
                     if g2.key() in seen:
                         continue
+                    if len(variants) >= cap:
+                        if cut is not None:
+                            cut.append(f"derivation (at most {cap} variants for a graph of {len(g.terms())} "
+                                       f"terms): stopped at depth {len(v.steps) + 1} with rewrites left")
+                        return variants + _pulled_variants(variants, seen)
                     seen.add(g2.key())
                     nv = Variant(g2, v.steps + [rewrite_step(rule.name, matched, rule.apply(matched))])
                     variants.append(nv)
@@ -262,19 +274,28 @@ class _Layout:
 
 
 class Budget:
-    """Partition-search work left and a wall-time deadline; exhausted means: stop exploring."""
+    """Search work left, counted in work units (never seconds, so plans do not depend on the machine
+    or its load), and what the search left unexplored once it ran out (``cut``, for the plan)."""
 
-    def __init__(self, work: int = MAX_WORK, seconds: float = TIME_BUDGET_S) -> None:
+    def __init__(self, work: int = MAX_WORK, name: str = "partition search") -> None:
+        self.work = work
         self.left = work
-        self.deadline = time.monotonic() + seconds
+        self.name = name
+        self.cut: list[str] = []
 
     def spend(self, cost: int = 1) -> bool:
-        """Pay for one partition evaluation; False once the budget is gone."""
+        """Pay for one partition evaluation or merge; False once the budget is gone."""
         self.left -= cost
-        return self.left >= 0 and time.monotonic() < self.deadline
+        return self.left >= 0
 
     def exhausted(self) -> bool:
-        return self.left <= 0 or time.monotonic() >= self.deadline
+        return self.left <= 0
+
+    def skipped(self, what: str) -> None:
+        """Record that ``what`` was not explored because this budget ran out."""
+        note = f"{self.name} (work budget {self.work}): {what}"
+        if note not in self.cut:
+            self.cut.append(note)
 
 
 class Planner:
@@ -300,6 +321,22 @@ class Planner:
         self._why: dict[tuple, list[str]] = {}
         self._coschedule_memo: dict = {}
         self.rejections: dict[str, int] = {}  # why candidate kernels were dropped, for the error message
+        self.cut: list[str] = []  # what a work budget left unexplored (``provenance.search_cut``)
+        self.derive_cut = False  # derivation stopped at ``max_variants`` with rewrites left
+
+    @property
+    def label(self) -> str:
+        """Which graph this planner searches, in words (for ``search_cut`` notes)."""
+        parts = (["a unit axis added"] if self.units else []) + (["axes merged"] if self.merges else []) \
+            + ([f"{self.split.axis} split into chunks"] if self.split else [])
+        return "the graph" + (" with " + ", ".join(parts) if parts else "")
+
+    def _skipped(self, budget: Budget, what: str) -> None:
+        """Note that ``budget`` ran out before ``what`` was explored."""
+        budget.skipped(f"{self.label}: {what}")
+        for note in budget.cut:
+            if note not in self.cut:
+                self.cut.append(note)
 
     def _reject(self, why: str) -> None:
         self.rejections[why] = self.rejections.get(why, 0) + 1
@@ -436,6 +473,7 @@ class Planner:
         def try_merge(a: Group[KernelChoice], b: Group[KernelChoice]) -> Group[KernelChoice] | None:
             la, lb = a.choice.low, b.choice.low
             if budget is not None and not budget.spend(MERGE_WORK * (len(la.terms) + len(lb.terms))):
+                self._skipped(budget, f"kernel merges not tried in partitions of {variant_name(cand.variant)}")
                 return None
             roots, writes = la.roots + lb.roots, (*la.writes, *lb.writes)
             # kernels of different grids (a statistic returned beside what it scales, merge._pairs):
@@ -478,10 +516,14 @@ class Planner:
         if len(anchors) <= MAX_EXHAUSTIVE_CUTS:
             out = []
             cost = len(self.layout(v).terms)
+            total, done = 2 ** len(anchors), 0
             for r in range(len(anchors) + 1):
                 for c in itertools.combinations(anchors, r):
                     if not budget.spend(cost):
+                        self._skipped(budget, f"{total - done} of {total} partitions of {variant_name(v)} "
+                                              "not evaluated")
                         return out
+                    done += 1
                     out.extend(self.partitions(v, c, budget=budget))
             return out
         return self._beam(v, anchors, budget)
@@ -519,6 +561,8 @@ class Planner:
                     if nb in results:
                         continue
                     if not budget.spend(cost):
+                        self._skipped(budget, f"the beam search over partitions of {variant_name(v)} stopped "
+                                              f"after {len(results)} cut sets")
                         return [c for c in results.values() if c is not None] + alternatives
                     c = evaluate(nb)
                     if c is not None:
@@ -533,7 +577,9 @@ class Planner:
     def variants(self) -> list[Variant]:
         """The derivations of the graph; with a split, each derivation split (``ir.split_axes``), as the
         split's rescaled form depends on the max-shifted form the rules reach."""
-        found = derive(self.unsplit)
+        notes: list[str] = []
+        found = derive(self.unsplit, cut=notes)
+        self.cut.extend(n for n in notes if n not in self.cut)
         if self.split is None:
             return found
         out: list[Variant] = []
@@ -552,16 +598,25 @@ class Planner:
             return [c] if c is not None else []
         budget = budget or Budget()
         out: list[Candidate] = []
-        for v in self.variants():
+        variants = self.variants()
+        for i, v in enumerate(variants):
             out.extend(self._explore(v, budget))
             if budget.exhausted():
+                left = variants[i + 1:]
+                if left:
+                    names = ", ".join(variant_name(x) for x in left[:3]) + (", ..." if len(left) > 3 else "")
+                    self._skipped(budget, f"{len(left)} of {len(variants)} derivation variants not explored "
+                                          f"({names})")
                 break
         out.sort(key=Candidate.rank)
         # second pass, with what the first left of the budget: the best variants again, computed GEMM
         # operands also cut (more cut candidates per variant would crowd other variants out of the first)
         seen: list[Variant] = []
         for c in out:
-            if len(seen) >= OPERAND_PASS_VARIANTS or budget.exhausted():
+            if len(seen) >= OPERAND_PASS_VARIANTS:
+                break
+            if budget.exhausted():
+                self._skipped(budget, "computed GEMM operands not tried as cuts of the best variants")
                 break
             if any(c.variant is v for v in seen):
                 continue
@@ -578,11 +633,14 @@ class Planner:
         """The best partitions again, a kernel now also merged with one whose output it reads where a
         third kernel reads that output too (a split reduction's chunk maxima feed the chunk's sums and
         the combine): a last pass on a budget of its own, as such merges are too many to try everywhere."""
-        budget = Budget(DEPENDENT_MERGE_WORK)
+        budget = Budget(DEPENDENT_MERGE_WORK, "dependent-merge pass")
         out: list[Candidate] = []
         seen: set[tuple[int, tuple[Term, ...]]] = set()
         for c in ranked:
-            if len(seen) >= DEPENDENT_MERGE_CANDIDATES or budget.exhausted():
+            if len(seen) >= DEPENDENT_MERGE_CANDIDATES:
+                break
+            if budget.exhausted():
+                self._skipped(budget, "dependent kernel merges not tried for the remaining best partitions")
                 break
             key = (id(c.variant), c.cut)
             if key in seen or len(c.kernels) < 2:
@@ -671,7 +729,7 @@ def _prod(xs: list[int]) -> int:
     return n
 
 
-def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
+def to_plan(planner: Planner, c: Candidate, naive: bool, cut: list[str] | None = None) -> Plan:
     from pyrunner.ir.graph_json import graph_to_json
 
     kernels: list[Kernel] = []
@@ -695,7 +753,7 @@ def to_plan(planner: Planner, c: Candidate, naive: bool) -> Plan:
         cost=CostEstimate(total_us=round(c.total_us, 3), kernels=costs, launches=len(kernels),
                           model=planner.machine.as_dict()),
         provenance=Provenance(planner="superopt-python" + ("-naive" if naive else ""), version=__version__,
-                              graph_hash=graph_hash(planner.source)),
+                              graph_hash=graph_hash(planner.source), search_cut=list(cut or [])),
         axis_merges=[AxisMergeSpec(axis=m.axis, parts=list(m.parts), sizes=list(m.sizes)) for m in planner.merges],
         axis_splits=[AxisSplitSpec(axis=s.axis, parts=list(s.parts), sizes=list(s.sizes))
                      for s in ([planner.split] if planner.split else [])],
@@ -776,6 +834,9 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         raise TypeError("search(tuning=True): pass the database, e.g. target.tuning.committed_tuning()")
     tuning = tuning or False
     lookahead = max(top, TUNED_LOOKAHEAD) if tuning is not False and tuning.entries else top
+    cut: list[str] = []
+    for p, _ in searched:
+        cut.extend(n for n in p.cut if n not in cut)
     ranked: list[tuple[tuple[int, int], int, Plan]] = []
     for p, cands in searched:
         seen: set[tuple] = set()
@@ -784,7 +845,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
             if sig in seen:
                 continue
             seen.add(sig)
-            ranked.append(((c.unguarded, c.precision_risks), len(ranked), to_plan(p, c, naive or fallback)))
+            ranked.append(((c.unguarded, c.precision_risks), len(ranked), to_plan(p, c, naive or fallback, cut)))
             if len(seen) >= lookahead:
                 break
     bias = 1.0
@@ -873,6 +934,11 @@ def split_candidates(g: Graph, machine: Machine = DEFAULT_MACHINE) -> list[AxisS
     return out
 
 
+MODEL_TOTAL = "model_total_us"
+"""Key of ``cost.model`` holding the cost model's own total where ``total_us`` is a tuning-database
+measurement (``cost.model["measured"]``): a prediction and a measurement are never one number."""
+
+
 def prefer_measured(plan: Plan, db) -> Plan:
     """The plan at its tuned config with its measured time as the estimate, where ``db`` (a
     ``target.tuning.TuningDB``) has it."""
@@ -883,7 +949,8 @@ def prefer_measured(plan: Plan, db) -> Plan:
         return plan
     tuned = apply_tuned(plan, entry)
     cost = tuned.cost.model_copy(update={"total_us": round(entry.time_us, 3),
-                                         "model": {**tuned.cost.model, "measured": 1.0}})
+                                         "model": {**tuned.cost.model, "measured": 1.0,
+                                                   MODEL_TOTAL: plan.cost.total_us}})
     return with_hash(tuned.model_copy(update={"cost": cost}))
 
 

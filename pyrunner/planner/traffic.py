@@ -55,14 +55,21 @@ def run_cost(run: float, overhead: float) -> float:
     return sectors if run >= FULL_RUN_BYTES else max(sectors, run + overhead)
 
 
+def moved_tensors(low: Lowered) -> list[tuple[str, tuple[str, ...]]]:
+    """(name, axes) of every tensor a kernel loads or stores (computed once per config search)."""
+    tensors = [(ld.tensor, tuple(ld.axes)) for ld in low.loads]
+    tensors += [(name, tuple(axes_of(t))) for name, t in zip(low.writes, low.roots or (low.root,), strict=False)]
+    return tensors
+
+
 def sectored_bytes(low: Lowered, blocks: dict[str, int], sizes: dict[str, int],
-                   tensor_bytes: dict[str, int]) -> float:
+                   tensor_bytes: dict[str, int], tensors: list[tuple[str, tuple[str, ...]]] | None = None) -> float:
     """HBM bytes of a kernel's loads and stores, each tensor once, priced per contiguous run of its
     tiles (``run_cost``): whole sectors everywhere, the per-run overhead where threads move the data
-    (a tensor-core kernel's operands go by TMA, whose boxes the measurement above does not cover)."""
+    (a tensor-core kernel's operands go by TMA, whose boxes the measurement above does not cover).
+    ``tensors``: ``moved_tensors(low)`` where the caller prices many configs."""
     overhead = 0.0 if low.gemms else RUN_OVERHEAD_BYTES
-    tensors = [(ld.tensor, ld.axes) for ld in low.loads]
-    tensors += [(name, axes_of(t)) for name, t in zip(low.writes, low.roots or (low.root,), strict=False)]
+    tensors = moved_tensors(low) if tensors is None else tensors
     total = 0.0
     for name, axes in tensors:
         whole = tensor_bytes[name]

@@ -294,11 +294,119 @@ def cpu_check_plan(plan: Plan) -> Plan:
     return plan if fits_cpu_budget(plan) else scale_down(plan)
 
 
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def _graph_constants(plan: Plan, out: dict[str, float]) -> None:
+    """``compared_constants`` of the plan's source graph (iota axes and constants under a comparison)."""
+    from pyrunner.plan.views import plan_graph
+
+    try:
+        terms = plan_graph(plan).terms()
+    except PlanError:
+        return
+    for t in terms:
+        if not (t.op == "binary" and t.fn in COMPARISONS):
+            continue
+        axes, consts, inner = set(), [0.0], list(t.args)
+        while inner:
+            x = inner.pop()
+            if x.op == "iota":
+                axes.add(x.axis)
+            elif x.op == "const" and math.isfinite(x.value):
+                consts.append(abs(x.value))
+            inner.extend(x.args)
+        for a in axes:
+            out[a] = max(out.get(a, 0.0), max(consts))
+
+
+def compared_constants(plan: Plan) -> dict[str, float]:
+    """For each axis whose index a comparison reads (a mask: a window, a band, a causal offset), the
+    largest constant in any comparison that reads it, in the plan or its source graph: scaled below
+    that, the mask never bites, and a plan with its window dropped or changed would pass the CPU check
+    (issue 46)."""
+    out: dict[str, float] = {}
+    _graph_constants(plan, out)
+    exprs: list[Expr] = [k.loop.visible for k in plan.kernels if k.loop is not None and k.loop.visible is not None]
+    exprs += [op.expr for k in plan.kernels for op in (*k.prologue, *k.body, *k.epilogue) if isinstance(op, Map)]
+    stack = list(exprs)
+    while stack:
+        e = stack.pop()
+        args = getattr(e, "args", None) or []
+        stack.extend(args)
+        if not (isinstance(e, Call) and e.fn in COMPARISONS):
+            continue
+        axes, consts, inner = set(), [0.0], list(args)
+        while inner:
+            x = inner.pop()
+            if isinstance(x, Index):
+                axes.add(x.axis)
+            elif isinstance(x, Const) and isinstance(x.value, float) and math.isfinite(x.value):
+                consts.append(abs(x.value))
+            inner.extend(getattr(x, "args", None) or [])
+        for a in axes:
+            out[a] = max(out.get(a, 0.0), max(consts))
+    return out
+
+
+def _tail_axes(plan: Plan, sizes: dict[str, int]) -> set[str]:
+    """Axes some kernel tiles, at its default config, with a partial last tile (a tail) at the real shape."""
+    out: set[str] = set()
+    for k in plan.kernels:
+        tiled = [(g.axis, g.block) for g in k.grid] + ([(k.loop.axis, k.loop.block)] if k.loop is not None else [])
+        for a, b in tiled:
+            if isinstance(b, str) and sizes[a] % k.defaults[b]:
+                out.add(a)
+    return out
+
+
+MAX_MASKED_EXTENT = 4096
+"""Longest extent ``scale_down`` keeps for an axis a mask compares with a constant (never past the real
+extent either): a window wider than about 2700 is exercised only in part, bounding the check's time."""
+
+
+def _longer_than(n: int, constant: float, used: set[int]) -> int:
+    """``n``, or the smallest multiple of 16 past 1.5 x ``constant`` that no other axis has: half as many
+    rows again see past the constant, so a window changed or dropped moves many outputs, not a few."""
+    if n > 1.5 * constant + 16:
+        return n
+    m = (int(1.5 * constant) // 16 + 2) * 16
+    while m in used:
+        m += 16
+    return m
+
+
+def _keep_constants_and_tails(plan: Plan, sizes: dict[str, int], new_sizes: dict[str, int],
+                              fixed: set[str]) -> set[str]:
+    """Lengthen, in ``new_sizes``, every axis a mask compares with a constant (``compared_constants``)
+    and give every axis with a tail at the real shape a remainder on 16 (axes in ``fixed`` keep their
+    sizes); returns the tail axes, whose tiles ``scale_down`` then keeps at 16 or less."""
+    used = set(new_sizes.values())
+    for a, c in sorted(compared_constants(plan).items()):  # a mask's constants must still bite
+        if a in new_sizes and a not in fixed:
+            n = max(new_sizes[a], min(_longer_than(new_sizes[a], c, used), sizes[a], MAX_MASKED_EXTENT))
+            while n != new_sizes[a] and n in used:
+                n += 16
+            new_sizes[a] = n
+            used.add(n)
+    tails = _tail_axes(plan, sizes) - fixed
+    for a in sorted(tails):  # a partial last tile at the real shape stays partial: a remainder of 1..15 on 16
+        if a in new_sizes:
+            n = new_sizes[a] - new_sizes[a] % 16 + (sizes[a] % 16 or 7)
+            while n in used:
+                n += 16
+            new_sizes[a] = n
+            used.add(n)
+    return tails
+
+
 def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     """The same plan (kernels, ops, loop structure) at small shapes, every axis a distinct size.
 
     Tiled axes get distinct multiples of 16 from 32 up (``TILED_SIZES``), so each keeps at least
-    two tiles and grid and loop logic are exercised; axes only ever indexed (batch-like) get
+    two tiles and grid and loop logic are exercised; an axis a mask compares with a constant (a
+    window, a band) stays two tiles longer than it (``compared_constants``), with tiles of about a
+    sixteenth of it; axes only ever indexed (batch-like) get
     distinct small sizes (``INDEXED_SIZES``). No two axes share a size: a plan that reads the size
     or the data of the wrong axis (``d`` where ``m`` was meant) gives wrong numbers here, where equal
     sizes would hide it. A tile parameter shared by several axes gets a common divisor. The result's
@@ -326,6 +434,8 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         except StopIteration:
             raise PlanError(f"plan has more than {len(TILED_SIZES)} axes; the CPU check cannot give each "
                             f"a distinct small size") from None
+    tails = _keep_constants_and_tails(plan, sizes, new_sizes, {a for a, r in roles.items() if r == {"padded"}}
+                                      | units | parts)
     kernels = []
     for k in plan.kernels:
         params = dict(k.params)
@@ -350,8 +460,14 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
                 defaults[p] = min(defaults[p], tile_cap)
                 params[p] = [defaults[p]]
                 continue
+            cap = max(tile_cap, max(new_sizes[a] for a in axes) // 16)  # an axis kept long: about 16 tiles
+            if tails & set(axes):  # a tile of 16 (or the plan's, if smaller) leaves the remainder partial
+                v = min(defaults[p], 16)
+                defaults[p] = v
+                params[p] = sorted({x for x in params[p] if x <= v} | {v})
+                continue
             common = math.gcd(*(new_sizes[a] for a in axes))
-            v = _divisor_at_most(common, min(defaults[p], tile_cap))
+            v = _divisor_at_most(common, min(defaults[p], cap))
             defaults[p] = v
             params[p] = sorted({x for x in params[p] if common % x == 0} | {v})
         loop = k.loop

@@ -26,6 +26,7 @@ import traceback
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from rich.console import Console
@@ -34,7 +35,7 @@ from rich.table import Table
 
 from pyrunner.backend.tilelang.diagnose import detail, one_line
 from pyrunner.errors import DeviceFitError, UserError
-from pyrunner.files import check_output_file, inside, output_dir
+from pyrunner.files import check_output_file, inside, output_dir, write_text_atomic
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
 from pyrunner.plan.analysis import resolve_config
@@ -229,10 +230,16 @@ def write_source(plan: Plan, out_dir: Path) -> Path:
     folder = inside(output_dir(out_dir, "--out folder"), hash_of(plan))
     folder.mkdir(exist_ok=True)
     path = inside(folder, f"{_safe_name(plan.workload)}.py")
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        raise UserError(f"refusing to write rendered source to {str(path)!r}: not a regular file")
-    path.write_text(src)
+    write_text_atomic(path, src, "rendered source")
     return path
+
+
+def model_prediction(plan: Plan) -> float | None:
+    """The cost model's predicted time of a plan, or None: where the plan's total is a tuning-database
+    measurement, its model total (``cost.model["model_total_us"]``), never the measurement itself."""
+    if plan.cost.model.get("measured"):
+        return plan.cost.model.get("model_total_us") or None
+    return plan.cost.total_us or None
 
 
 def check_log_path(path: Path) -> None:
@@ -280,9 +287,11 @@ class _Run:
         self.fields = {
             "plan_hash": self.phash, "workload": self.plan.workload, "graph_hash": self.plan.provenance.graph_hash,
             "shapes": dict(self.graph.sizes), "dtype": self.plan.dtype, "device": "", "status": "skipped",
-            "predicted_us": self.plan.cost.total_us or None, "bound": dominant_bound(self.plan),
+            "predicted_us": model_prediction(self.plan), "bound": dominant_bound(self.plan),
             "baselines_us": {}, "extra": {"renderer": GENERATION},
         }
+        if self.plan.cost.model.get("measured"):  # the plan's total is a copied measurement: kept apart
+            self.fields["extra"]["tuning_db_us"] = self.plan.cost.total_us
 
     def step(self, what: str):
         """A spinner while a stage runs (nothing when quiet or not a terminal)."""
@@ -298,9 +307,7 @@ class _Run:
         if self.opts.checkpoint is None:
             return
         data = dict(self.fields, message="; ".join(self.notes))
-        tmp = Path(str(self.opts.checkpoint) + ".tmp")
-        tmp.write_text(json.dumps(data, default=str))
-        os.replace(tmp, self.opts.checkpoint)
+        write_text_atomic(self.opts.checkpoint, json.dumps(data, default=str), "run checkpoint")
 
     def finish(self, status: str, message: str = "") -> RunRecord:
         msg = "; ".join([m for m in [message, *self.notes] if m])
@@ -365,7 +372,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
         with run.step("lowering to CUDA source"):
             cuda = lower_to_cuda(plan, cfg)
         for name, text in cuda.items():
-            inside(out, f"{_safe_name(name)}.cu").write_text(text)
+            write_text_atomic(inside(out, f"{_safe_name(name)}.cu"), text, "CUDA source")
         done.append(f"lowered {len(cuda)} kernel(s) to CUDA source")
         if shutil.which("nvcc"):
             with run.step("compiling cubin with nvcc"):
@@ -384,7 +391,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
             gsmall = graph_of(small)
         except Exception as e:  # noqa: BLE001
             return run.finish("failed-verification", f"the CPU check could not shape the plan: {_err(e)}")
-        res = verify_executor(small, gsmall, execute, seed=run.fields["seed"])
+        res = verify_executor(small, gsmall, partial(execute, audit=True), seed=run.fields["seed"])
     run.fields.update(error=res.error, error_bound=res.bound)
     run.fields["extra"]["executor_shapes"] = dict(gsmall.sizes)
     skipped = "skipped (no GPU): GPU compile, GPU verification, timing, baselines"

@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from pyrunner.plan.analysis import KernelGeometry, kernel_axes, kernel_geometry, kernel_ops, op_reads_writes
+from pyrunner.plan.analysis import KernelGeometry, kernel_axes, kernel_ops, op_reads_writes
 from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import ChainSchedule, async_schedule
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce, Store
@@ -126,8 +126,12 @@ class FitModel:
         order = {name: i for i, name in enumerate(frags)}
         self._frag_specs = list(frags.values())
         self._peak_sets = [tuple(order[b] for b in s) for s in live if not any(s < other for other in live)]
-        self._smem_seen: dict[tuple, int] = {}
+        self._tiles_seen: dict[tuple, tuple[int, int, list[int]]] = {}
         self._regs_seen: dict[tuple, int] = {}
+        self._gemm_seen: dict[tuple, str | None] = {}
+        self._role_blocks = [(a, r.block) for a, r in self.roles.items()]
+        self._stages = kernel.loop.stages if kernel.loop is not None else 1
+        self._launch = launch_axes(kernel, self.roles)[1:]
         bufs = {b.name: b for b in kernel.buffers}
         group = layout_groups(kernel)
         gemms = [op for op in kernel_ops(kernel) if isinstance(op, Gemm)]
@@ -161,7 +165,13 @@ class FitModel:
                                 and bufs[op.src].scope == "fragment" and len(bufs[op.src].axes) == 2]
 
     def geometry(self, values: Mapping[str, int]) -> KernelGeometry:
-        return kernel_geometry(self.kernel, values, self.sizes, self.roles)
+        """``kernel_geometry`` of this kernel under ``values`` (its roles resolved once)."""
+        sizes = self.sizes
+        blocks = {a: b if isinstance(b, int) else values[b] for a, b in self._role_blocks}
+        tiles = {a: -(-sizes[a] // b) for a, b in blocks.items()}  # a last, partial tile where b does not divide
+        threads, stages = self.kernel.threads, self._stages
+        return KernelGeometry(self.roles, blocks, tiles, threads if isinstance(threads, int) else values[threads],
+                              stages if isinstance(stages, int) else values[stages])
 
     def footprint(self, values: Mapping[str, int]) -> Footprint:
         """Shared bytes per block and registers per thread under parameter ``values``."""
@@ -171,21 +181,19 @@ class FitModel:
     def _footprint(self, geo: KernelGeometry) -> Footprint:
         blocks = geo.blocks
         tiles = tuple(blocks.values())  # shared bytes hang on tiles and stages, registers on tiles and threads
-        smem = self._smem_seen.get((tiles, geo.stages))
-        if smem is None:
-            smem = self._smem_seen[(tiles, geo.stages)] = sum(
-                math.prod(blocks[a] for a in axes) * size * (max(1, geo.stages) if staged else 1)
-                for axes, size, staged in self.shared)
+        per_tiles = self._tiles_seen.get(tiles)
+        if per_tiles is None:  # (shared bytes not staged, staged per stage, elements of each fragment)
+            per_tiles = self._tiles_seen[tiles] = (
+                sum(math.prod(blocks[a] for a in axes) * size for axes, size, staged in self.shared if not staged),
+                sum(math.prod(blocks[a] for a in axes) * size for axes, size, staged in self.shared if staged),
+                [math.prod(blocks[a] for a in axes) for axes, _ in self._frag_specs])
+        once, staged, elems = per_tiles
+        smem = once + staged * max(1, geo.stages)
         regs = self._regs_seen.get((tiles, geo.threads))
         if regs is None:
             # spread over the block's threads; small (replicated) fragments still take a register each
-            elems: dict[tuple[str, ...], int] = {}
-            per_thread = []
-            for axes, size in self._frag_specs:
-                n = elems.get(axes)
-                if n is None:
-                    n = elems[axes] = math.prod(blocks[a] for a in axes)
-                per_thread.append(max(4, -(-n * size // geo.threads)))
+            threads = geo.threads
+            per_thread = [max(4, -(-n * size // threads)) for n, (_, size) in zip(elems, self._frag_specs, strict=True)]
             peak = max((sum(per_thread[i] for i in live) for live in self._peak_sets), default=0)
             regs = self._regs_seen[(tiles, geo.threads)] = REG_OVERHEAD + -(-peak // 4)
         return Footprint(self.kernel.name, smem, regs, geo.threads)
@@ -243,10 +251,14 @@ class FitModel:
         if fp.regs_per_thread * fp.threads > dev.regs_per_sm:
             return (f"needs about {fp.regs_per_thread * fp.threads} registers per block ({fp.regs_per_thread} x "
                     f"{fp.threads} threads), {dev.name} has {dev.regs_per_sm} per SM")
-        why = self._gemm_warps(geo)
-        if why:
-            return why
-        for dim, axes in zip("yz", launch_axes(self.kernel, geo.roles)[1:], strict=False):
+        if self.gemms:
+            key = (tuple(geo.blocks[x] for _, axes, _, _, _ in self.gemms for x in axes), geo.threads)
+            why = self._gemm_seen.get(key, "")
+            if why == "":
+                why = self._gemm_seen[key] = self._gemm_warps(geo)
+            if why:
+                return why
+        for dim, axes in zip("yz", self._launch, strict=False):
             count = math.prod(geo.tiles[a] for a in axes)
             if count > dev.max_grid_yz:
                 return f"grid axes {axes} launch {count} blocks along gridDim.{dim}; CUDA allows {dev.max_grid_yz}"

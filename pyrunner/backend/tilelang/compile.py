@@ -26,7 +26,7 @@ from types import ModuleType
 from pyrunner.backend.tilelang.hopper import HOPPER, NVCC_FLAGS
 from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET, kernel_pass_configs, render
 from pyrunner.errors import DeviceFitError, PlanError
-from pyrunner.files import inside
+from pyrunner.files import inside, write_text_atomic
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan, axis_sizes
 from pyrunner.target.device import Device
@@ -41,7 +41,7 @@ def load_module(source: str, path: Path) -> ModuleType:
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise PlanError(f"refusing to write rendered source to {str(path)!r}: not a regular file")
     if not path.exists() or path.read_text() != source:
-        path.write_text(source)
+        write_text_atomic(path, source, "rendered source")
     name = f"superopt_rendered_{hashlib.sha256((str(path) + source).encode()).hexdigest()[:16]}"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -161,7 +161,7 @@ def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = HOPPE
     def one(name: str) -> Path:
         stem = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name) or "kernel"
         src, cubin = inside(out_dir, f"{stem}.cu"), inside(out_dir, f"{stem}.cubin")
-        src.write_text(cuda_sources[name])
+        write_text_atomic(src, cuda_sources[name], "CUDA source")
         cmd = [nvcc, *NVCC_FLAGS, *fast_math, "-cubin", "-gencode", f"arch=compute_{number},code={arch}", *includes,
                "-o", str(cubin), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
