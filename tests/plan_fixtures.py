@@ -275,8 +275,9 @@ def assert_scaled_plan_matches_float64(plan: Plan, label: str) -> None:
     float64 reference, at the per-dtype bound of ``run.verify.error_bound`` (a one-kernel plan:
     float16 about 1.1e-3, bfloat16 about 8e-3; each stored intermediate adds a rounding)."""
     from pyrunner.backend.tilelang.emulate import execute_rendered
-    from pyrunner.run.executor import execute, scale_down
+    from pyrunner.run.executor import execute
     from pyrunner.run.runner import graph_of
+    from pyrunner.run.shrink import scale_down
     from pyrunner.run.verify import error_bound, reduction_length, verify_executor
 
     small = scale_down(plan)

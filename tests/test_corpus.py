@@ -18,8 +18,9 @@ from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.planner import search
-from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"

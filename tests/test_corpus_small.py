@@ -17,8 +17,9 @@ from test_corpus import PLANNER_XFAIL, corpus_files
 from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.planner import search
-from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))

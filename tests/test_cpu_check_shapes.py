@@ -3,8 +3,10 @@
 Scaled down to t = 64, a 1024-wide sliding window never bites, so a plan with its window dropped or
 changed passed ``run``. ``scale_down`` now keeps every axis a mask compares with a constant well past
 that constant, and the runner executes with ``audit`` (skipped tiles are run and must change nothing).
-Each mutation below keeps a valid plan (its hash recomputed), so only the CPU check stands between it
-and a pass.
+Each mutation below keeps a well-formed plan (its hash recomputed). Two independent checks stand
+between it and a pass: ``validate`` replays the plan's certificate (the kernel's masks and constants
+must come from the terms it certifies), and, for a plan read past that check (schema only), the
+CPU check at shapes where the edit bites. Both must reject it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from functools import partial
 
 import pytest
 
+from pyrunner.errors import PlanError
 from pyrunner.ir import catalog
 from pyrunner.plan.schema import Plan, plan_document, with_hash
 from pyrunner.plan.validate import validate_plan
 from pyrunner.planner import search
-from pyrunner.run.executor import compared_constants, cpu_check_plan, execute
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import compared_constants, cpu_check_plan
 from pyrunner.run.verify import verify_executor
 
 WINDOW = 96.0
@@ -33,8 +37,10 @@ def _swa_text() -> str:
     return _CACHE["swa"]
 
 
-def _checked(text: str):
-    plan = validate_plan(json.loads(text))
+def _checked(text: str, *, certified: bool = True):
+    """The CPU check of the plan in ``text``; ``certified=False`` reads it schema-only (no certificate
+    replay), so the CPU check is tested on its own."""
+    plan = validate_plan(json.loads(text)) if certified else Plan.model_validate(json.loads(text))
     small = cpu_check_plan(plan)
     return verify_executor(small, graph_of(small), partial(execute, audit=True), seed=3), small
 
@@ -76,7 +82,9 @@ def test_an_edited_mask_fails_the_cpu_check(name: str) -> None:
     text = _swa_text()
     edited = MUTATIONS[name](text)
     assert edited != text, f"mutation {name!r} found nothing to edit"
-    res, _ = _checked(_rehashed(edited))
+    with pytest.raises(PlanError):
+        validate_plan(json.loads(_rehashed(edited)))
+    res, _ = _checked(_rehashed(edited), certified=False)
     assert not res.ok, f"{name}: {res.message}"
 
 
@@ -90,14 +98,16 @@ def test_a_matmul_with_its_rows_past_a_bound_zeroed_fails() -> None:
     k["epilogue"].insert(k["epilogue"].index(store), {"op": "map", "dst": store["src"], "expr": {
         "kind": "call", "fn": "where", "args": [keep, {"kind": "ref", "buf": store["src"]},
                                                 {"kind": "const", "value": 0.0}]}})
-    res, small = _checked(_rehashed(json.dumps(d)))
+    with pytest.raises(PlanError):
+        validate_plan(json.loads(_rehashed(json.dumps(d))))
+    res, small = _checked(_rehashed(json.dumps(d)), certified=False)
     assert graph_of(small).sizes["m"] > 2000
     assert not res.ok, res.message
 
 
 def test_a_partial_last_tile_at_the_real_shape_stays_partial_when_scaled() -> None:
     """Issue 46: the LM head (n = 50257) was checked at n = 64, so its partial last tile never ran."""
-    from pyrunner.run.executor import scale_down
+    from pyrunner.run.shrink import scale_down
 
     plan = search(catalog.get("Matmul", {"m": 4096, "d": 256, "n": 50257}), "fp16", tuning=False)[0]
     (k,) = plan.kernels

@@ -20,9 +20,10 @@ from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Plan
 from pyrunner.planner import search
 from pyrunner.planner.saves import choose_saves, predicted_us
-from pyrunner.run.executor import cpu_check_plan, execute, scale_down
+from pyrunner.run.executor import execute
 from pyrunner.run.grad_check import backward_inputs
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import cpu_check_plan, scale_down
 from pyrunner.run.verify import verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"

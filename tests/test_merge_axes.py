@@ -25,8 +25,9 @@ from pyrunner.plan.schema import Plan, plan_document, with_hash
 from pyrunner.plan.validate import validate_plan
 from pyrunner.plan.views import kernel_graph, to_plan_layout, to_source_layout, view_of
 from pyrunner.planner import search
-from pyrunner.run.executor import cpu_check_plan, execute, fits_cpu_budget
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import cpu_check_plan, fits_cpu_budget
 from pyrunner.run.verify import verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -21,8 +21,9 @@ from pyrunner.planner import search
 from pyrunner.planner.lower import Infeasible, lower
 from pyrunner.planner.merge import Group, merge_siblings, topological
 from pyrunner.planner.search import Planner, derive
-from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"

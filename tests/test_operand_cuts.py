@@ -16,8 +16,9 @@ from pyrunner.plan.analysis import thread_reads_staged
 from pyrunner.planner import search
 from pyrunner.planner.cost import estimate
 from pyrunner.planner.search import Planner, derive
-from pyrunner.run.executor import cpu_check_plan, execute
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import cpu_check_plan
 from pyrunner.run.verify import verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -13,7 +13,8 @@ from pyrunner.ir.graph_json import graph_from_json
 from pyrunner.plan.schema import Gemm, Load, Map, Plan, Reduce
 from pyrunner.planner import explain, search
 from pyrunner.planner.search import PRECISION_PENALTY, Planner
-from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.executor import execute
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import max_error as max_rel_error
 
 # Bounds on the normalised max error max|out-ref|/max|ref| at CPU scale.

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 
 from pyrunner.ir.graph_json import graph_from_json
 from pyrunner.planner import search
-from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor
 
 EXAMPLES = int(os.environ.get("SUPEROPT_RANDOM_GRAPHS", "12"))

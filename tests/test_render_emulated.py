@@ -18,8 +18,9 @@ from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.planner import search
-from pyrunner.run.executor import round_to, scale_down
+from pyrunner.run.executor import round_to
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import compare, executor_bound, verify_executor
 
 CASES = [pytest.param(("catalog", n), id=n) for n in catalog.CATALOG]

@@ -19,7 +19,8 @@ from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.passes import defer_loop_reductions, optimize
 from pyrunner.plan.schema import Map, Reduce, Ref, with_hash
 from pyrunner.planner import search
-from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.executor import execute
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor
 
 _WGMMA = re.compile(r"wgmma_(?:ss|rs)<[^,]+, [^,]+, [^,]+, (\d+), (\d+), (\d+),")

@@ -13,8 +13,9 @@ from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Buffer, Call, Gemm, Load, Map, Reduce, Ref
 from pyrunner.planner import search
 from pyrunner.planner.lower import route_reduced_tile
-from pyrunner.run.executor import execute, scale_down
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -19,7 +19,7 @@ from pyrunner.run.runner import RunOptions, run_plan, run_plan_file, sample_conf
 
 @pytest.fixture
 def fake_executor(monkeypatch):
-    """Stand-in for pyrunner.run.executor: exact float64 evaluation, scale_down halves every axis."""
+    """Stand-in for pyrunner.run.executor and run.shrink: exact float64 evaluation, scale_down halves every axis."""
     from pyrunner.ir.graph_json import graph_to_json
     from pyrunner.plan.schema import with_hash
 
@@ -31,9 +31,11 @@ def fake_executor(monkeypatch):
 
     mod = types.ModuleType("pyrunner.run.executor")
     mod.execute = lambda plan, inputs, audit=False: evaluate(plan_graph(plan), inputs)
-    mod.scale_down = scale_down
-    mod.cpu_check_plan = scale_down
+    shrink = types.ModuleType("pyrunner.run.shrink")
+    shrink.scale_down = scale_down
+    shrink.cpu_check_plan = scale_down
     monkeypatch.setitem(sys.modules, "pyrunner.run.executor", mod)
+    monkeypatch.setitem(sys.modules, "pyrunner.run.shrink", shrink)
     return mod
 
 

@@ -223,7 +223,8 @@ def test_render_scratch_folder_is_private(matmul_plan) -> None:
 
 def test_swapped_axis_in_a_size_expression_fails_the_cpu_check(tmp_path: Path) -> None:
     """mean over d computed as sum / |m|: invisible when every axis is 32, caught at distinct sizes."""
-    from pyrunner.run.executor import cpu_check_plan, execute, scale_down
+    from pyrunner.run.executor import execute
+    from pyrunner.run.shrink import cpu_check_plan, scale_down
     from pyrunner.run.verify import verify_executor
 
     plan = planned("RMSNorm", {"m": 1024, "d": 4096, "n": 4096})
@@ -259,7 +260,7 @@ def test_swapped_axis_in_a_size_expression_fails_the_cpu_check(tmp_path: Path) -
 
 
 def test_cpu_check_runs_at_real_shapes_within_budget() -> None:
-    from pyrunner.run.executor import cpu_check_plan
+    from pyrunner.run.shrink import cpu_check_plan
 
     plan = planned("Matmul", {"m": 64, "d": 32, "n": 48})
     assert cpu_check_plan(plan) is plan

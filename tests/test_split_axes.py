@@ -30,8 +30,9 @@ from pyrunner.plan.validate import validate_plan
 from pyrunner.plan.views import View, kernel_graph, to_plan_layout, to_source_layout
 from pyrunner.planner.merge import Group, merge_siblings
 from pyrunner.planner.search import derive, search, split_candidates
-from pyrunner.run.executor import cpu_check_plan, execute
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import cpu_check_plan
 from pyrunner.run.verify import verify_executor
 
 DATA = Path(__file__).resolve().parent / "data"

@@ -25,8 +25,8 @@ from pyrunner.plan.schema import Reduce
 from pyrunner.planner import search
 from pyrunner.planner.cost import param_space, staged_loads_fit, synchronous_loop
 from pyrunner.planner.tiles import SYNC_STEP_MAX, stream_steps
-from pyrunner.run.executor import scale_down
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor
 from pyrunner.target.device import rows_async
 from pyrunner.target.fit import staged_tiles_fit

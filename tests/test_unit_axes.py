@@ -24,8 +24,9 @@ from pyrunner.plan.schema import Plan, plan_document
 from pyrunner.plan.validate import validate_plan
 from pyrunner.plan.views import to_plan_layout, to_source_layout, view_of
 from pyrunner.planner import search
-from pyrunner.run.executor import cpu_check_plan, execute
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import cpu_check_plan
 from pyrunner.run.verify import verify_executor
 
 ROOT = Path(__file__).resolve().parent.parent

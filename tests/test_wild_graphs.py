@@ -18,8 +18,9 @@ from pyrunner.errors import PlanError
 from pyrunner.ir.graph_json import graph_from_json
 from pyrunner.plan.validate import check_plan
 from pyrunner.planner import search
-from pyrunner.run.executor import cpu_check_plan, execute
+from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
+from pyrunner.run.shrink import cpu_check_plan
 from pyrunner.run.verify import verify_executor
 
 COUNT = int(os.environ.get("SUPEROPT_WILD_GRAPHS", "24"))

@@ -115,8 +115,9 @@ def naive_plan(graph: Any, dtype: str) -> Plan:
 def cpu_check(plan: Plan) -> str:
     """The plan's tiled algorithm on the CPU executor against float64, at reduced shapes; raises on a miss."""
     from pyrunner.plan.schema import plan_hash
-    from pyrunner.run.executor import cpu_check_plan, execute
+    from pyrunner.run.executor import execute
     from pyrunner.run.runner import graph_of
+    from pyrunner.run.shrink import cpu_check_plan
     from pyrunner.run.verify import verify_executor
 
     key = plan_hash(plan)

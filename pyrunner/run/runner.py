@@ -383,7 +383,8 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
             run.notes.append("nvcc not found: cubin not built")
     except Exception as e:  # noqa: BLE001 - any lowering/nvcc failure is a compile failure
         return _fail(run, "failed-compile", e, suffix=f" (after: {', '.join(done)})")
-    from pyrunner.run.executor import cpu_check_plan, execute
+    from pyrunner.run.executor import execute
+    from pyrunner.run.shrink import cpu_check_plan
 
     with run.step("running the tiled algorithm on the CPU"):
         try:
