@@ -10,6 +10,8 @@ import types
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_error as error_line
+from cli_helpers import run
 from test_validate import attention_plan, rmsnorm_plan
 
 from pyrunner import cli
@@ -19,19 +21,6 @@ from pyrunner.ir.graph_json import graph_to_json
 
 ROOT = Path(__file__).resolve().parent.parent
 MIXTURE = Path(__file__).parent / "data" / "gated_mixture.json"
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def error_line(err: str) -> str:
-    lines = [x for x in err.splitlines() if x.startswith("error:")]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 @pytest.fixture

@@ -12,24 +12,11 @@ import os
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_error, run
 
-from pyrunner import cli
 from pyrunner.errors import UserError
 from pyrunner.ir import catalog as workloads
 from pyrunner.log.results import append_record, make_record
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error(err: str) -> str:
-    lines = [x for x in err.splitlines() if x.startswith("error:")]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def _record(**kw):
@@ -40,15 +27,21 @@ def _record(**kw):
 
 # --- writes: one atomic writer that refuses links ------------------------------------------------
 
-def test_report_plot_never_writes_through_a_planted_temp_name(tmp_path: Path, capsys) -> None:
-    """Before: the plot went through the fixed temp name ``.speedups.png.tmp.png``, following a link."""
-    pytest.importorskip("matplotlib")
+def _report_folder(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A one-record log, an empty output folder, and a file outside it that a planted link points at."""
     log = tmp_path / "r.jsonl"
     append_record(log, _record())
     out = tmp_path / "out"
     out.mkdir()
     victim = tmp_path / "victim.txt"
     victim.write_text("precious")
+    return log, out, victim
+
+
+def test_report_plot_never_writes_through_a_planted_temp_name(tmp_path: Path, capsys) -> None:
+    """Before: the plot went through the fixed temp name ``.speedups.png.tmp.png``, following a link."""
+    pytest.importorskip("matplotlib")
+    log, out, victim = _report_folder(tmp_path)
     (out / ".speedups.png.tmp.png").symlink_to(victim)
     code, _, err = run(["report", "--log", str(log), "--out", str(out)], capsys)
     assert code == 0, err
@@ -58,12 +51,7 @@ def test_report_plot_never_writes_through_a_planted_temp_name(tmp_path: Path, ca
 
 @pytest.mark.parametrize("kind", ["symlink", "hardlink"])
 def test_report_refuses_a_planted_link_at_its_outputs(kind: str, tmp_path: Path, capsys) -> None:
-    log = tmp_path / "r.jsonl"
-    append_record(log, _record())
-    out = tmp_path / "out"
-    out.mkdir()
-    victim = tmp_path / "victim.txt"
-    victim.write_text("precious")
+    log, out, victim = _report_folder(tmp_path)
     (out / "report.md").symlink_to(victim) if kind == "symlink" else os.link(victim, out / "report.md")
     code, _, err = run(["report", "--log", str(log), "--out", str(out)], capsys)
     assert code == 2

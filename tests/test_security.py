@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import one_error, run
 
-from pyrunner import cli
 from pyrunner.errors import GraphError, PlanError, UserError
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir.graph import show
@@ -27,19 +27,6 @@ from pyrunner.plan.schema import Plan, plan_hash
 from pyrunner.plan.validate import validate_plan
 
 PAYLOAD = 'x"""; __import__("os").system("touch pwned"); """'
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = cli.main(argv)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error(err: str) -> str:
-    lines = [x for x in err.splitlines() if x.startswith("error:")]
-    assert len(lines) == 1, err
-    assert "Traceback" not in err
-    return lines[0]
 
 
 def small_matmul_graph() -> dict:
