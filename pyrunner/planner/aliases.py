@@ -13,6 +13,7 @@ import hashlib
 
 from pyrunner.ir.graph import Graph, Term
 from pyrunner.ir.graph_json import graph_to_json
+from pyrunner.plan.certificate import Certificate
 from pyrunner.plan.schema import Kernel, Plan, Store, canonical_json, with_hash
 
 
@@ -48,7 +49,27 @@ def with_aliases(plan: Plan, graph: Graph, aliases: dict[str, str]) -> Plan:
     kernels = [_store_aliases(k, aliases) for k in plan.kernels]
     provenance = plan.provenance.model_copy(update={"graph_hash": graph_hash(graph), "plan_hash": ""})
     return with_hash(plan.model_copy(update={"graph": graph_to_json(graph), "tensors": tensors, "kernels": kernels,
-                                             "provenance": provenance}))
+                                             "provenance": provenance,
+                                             "certificate": _certificate_aliases(plan, graph, aliases)}))
+
+
+def _certificate_aliases(plan: Plan, graph: Graph, aliases: dict[str, str]) -> Certificate | None:
+    """The certificate of the plan of ``graph``: a derived term per graph output (an alias has the term
+    of the name kept for its value) and, in each kernel, the kept value's term for each alias it stores,
+    in the order ``_store_aliases`` appends them to the kernel's writes."""
+    cert = plan.certificate
+    if cert is None:
+        return None
+    kept_names = [name for name, _ in graph.outputs if name not in aliases]
+    term_of = dict(zip(kept_names, cert.derived, strict=True))
+    derived = [term_of[aliases.get(name, name)] for name, _ in graph.outputs]
+    writes = {k.name: k.writes for k in plan.kernels}
+    kernels = []
+    for kt in cert.kernels:
+        own = dict(zip(writes[kt.kernel], kt.writes, strict=True))
+        extra = [own[kept] for a, kept in aliases.items() if kept in own]
+        kernels.append(kt.model_copy(update={"writes": [*kt.writes, *extra]}))
+    return cert.model_copy(update={"derived": derived, "kernels": kernels})
 
 
 def _store_aliases(kernel: Kernel, aliases: dict[str, str]) -> Kernel:
