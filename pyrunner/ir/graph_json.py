@@ -88,9 +88,12 @@ NODE_OPS = tuple(dict.fromkeys(UNARY_OPS + BINARY_OPS + TERNARY_OPS + REDUCE_OPS
 INFINITE = {"-inf": -math.inf, "inf": math.inf}
 """Infinite constants are written as these strings (JSON has no infinity)."""
 MAX_NODES = 5000
-MAX_AXES = 24
-"""Most axes a graph may name (numpy and torch stop at 64 dimensions; a plan adds at most a few)."""
 """Most nodes a graph file may list (a helper such as layernorm expands to a handful of terms)."""
+MAX_AXES = MAX_NODES
+"""Most axes a graph may name: a chain of matmuls names an axis per link (a 300-matmul chain has 301),
+so the graph's axis table is bounded as its nodes are; a tensor's rank is bounded by ``MAX_RANK``."""
+MAX_RANK = 24
+"""Most axes one input may have (numpy and torch stop at 64 dimensions; a plan adds at most a few)."""
 _TOP_FIELDS = ("name", "axes", "inputs", "nodes", "outputs")
 _GENERATED = re.compile(r"t[0-9]+")
 
@@ -194,6 +197,8 @@ class _Reader:
                     raise GraphError(f"inputs.{name}: unknown axis {a!r}; graph axes are {sorted(self.sizes)}")
             if len(set(axes)) != len(axes):
                 raise GraphError(f"inputs.{name}: repeats an axis: {axes}")
+            if len(axes) > MAX_RANK:
+                raise GraphError(f"inputs.{name}: {len(axes)} axes; the limit is {MAX_RANK}")
             t = self.b.input(name, **{a: self.sizes[a] for a in axes})
             self.env[name] = t
             self.input_names.add(name)
