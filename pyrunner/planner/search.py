@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -838,6 +839,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     for p, _ in searched:
         cut.extend(n for n in p.cut if n not in cut)
     ranked: list[tuple[tuple[int, int], int, Plan]] = []
+    spare: list[tuple[Planner, Candidate]] = []
     for p, cands in searched:
         seen: set[tuple] = set()
         for c in cands:
@@ -845,9 +847,12 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
             if sig in seen:
                 continue
             seen.add(sig)
-            ranked.append(((c.unguarded, c.precision_risks), len(ranked), to_plan(p, c, naive or fallback, cut)))
-            if len(seen) >= lookahead:
+            if len(seen) > lookahead + SPARE_PLANS:
                 break
+            if len(seen) > lookahead:
+                spare.append((p, c))
+                continue
+            ranked.append(((c.unguarded, c.precision_risks), len(ranked), to_plan(p, c, naive or fallback, cut)))
     bias = 1.0
     if tuning is not False and tuning.entries:
         modelled = [p.cost.total_us for _, _, p in ranked]
@@ -861,7 +866,8 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         return unguarded, round(ranked_us(us, risks), 2), i
 
     ranked.sort(key=key)
-    return valid_first([p for _, _, p in ranked], top, graph)
+    later = (to_plan(p, c, naive or fallback, cut) for p, c in spare)  # built only if a ranked plan is refused
+    return valid_first(itertools.chain((p for _, _, p in ranked), later), top, graph)
 
 
 def model_bias(pairs: list[tuple[float, float]]) -> float:
@@ -876,7 +882,7 @@ def model_bias(pairs: list[tuple[float, float]]) -> float:
     return max(1.0, min(ratios)) if ratios else 1.0
 
 
-def valid_first(plans: list[Plan], top: int, graph: Graph) -> list[Plan]:
+def valid_first(plans: Iterable[Plan], top: int, graph: Graph) -> list[Plan]:
     """The first ``top`` plans that pass the plan checks the runner applies to a plan file.
 
     A plan the checks reject is a planner bug; the user gets the next-ranked plan and a warning
@@ -904,6 +910,10 @@ def valid_first(plans: list[Plan], top: int, graph: Graph) -> list[Plan]:
 
 TUNED_LOOKAHEAD = 12
 """Distinct plans looked up in the tuning database before the top ones are taken."""
+SPARE_PLANS = 4
+"""Distinct candidates per searched graph kept past the ranked ones, made into plans only when a ranked
+plan fails the plan checks (``valid_first`` then hands out the next one; without a tuning database the
+ranked ones are only ``top``, so a refused plan would otherwise leave nothing)."""
 
 SPLIT_WORK = MAX_WORK // 4
 """Partition-search work per split graph (each has its own budget: the unsplit search may spend all of its own)."""
