@@ -42,7 +42,10 @@ QK_NORM = {
 
 @pytest.fixture(scope="module")
 def qk_norm_plan():
-    (plan,) = search(graph_from_json(QK_NORM), "bf16", top=1)
+    """The one-kernel plan the sweep ran. The sweep planned with the committed tuning database, which
+    measured it fastest; the model alone (``search`` without a database) ranks a two-kernel plan
+    first, so the plan is taken as the model's best one-kernel plan, independent of the database."""
+    plan = next(p for p in search(graph_from_json(QK_NORM), "bf16", top=4) if len(p.kernels) == 1)
     (k,) = plan.kernels
     assert k.loop is not None and k.loop.axis == "t_kv"
     return plan
