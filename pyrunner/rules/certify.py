@@ -83,13 +83,19 @@ def certify_steps(start: Graph, steps: Sequence[Step], split: Callable[[Graph], 
     return out, cur
 
 
+INLINED_LEAVES = ("iota", "const", "axis_size")
+"""Leaves the lowering writes as expressions wherever they are used (``lower.Lowering.expr``), even where
+another kernel stores them (a naive plan's index kernels): a kernel computes them, never reads them."""
+
+
 def kernel_terms(roots: Sequence[Term], boundary: dict[Term, str]) -> list[Term]:
     """What a kernel storing ``roots`` computes: each root with every other tensor it reads (a term in
-    ``boundary``, not one of its roots) as an input named as that tensor."""
+    ``boundary``, not one of its roots, nor an index, size or constant, which it computes) as an input
+    named as that tensor."""
     own = set(roots)
 
     def read(x: Term) -> bool:
-        return x in boundary and x not in own
+        return x in boundary and x not in own and x.op not in INLINED_LEAVES
 
     memo: dict[Term, Term] = {}
     for u in subterms(roots, lambda x: () if read(x) else x.args):
