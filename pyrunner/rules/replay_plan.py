@@ -144,8 +144,11 @@ def _check_schedule_steps(plan: Plan, rest: list[tuple[int, Step]]) -> None:
             raise PlanError(f"derivation[{i}]: {st.rule!r} is not a schedule rule")
 
 
-def _compose(t: Term, composed: Mapping[str, Term], where: str, reads: set[str]) -> Term:
-    """t with each input node replaced by the term of the tensor it names."""
+def _compose(t: Term, composed: Mapping[str, Term], where: str, reads: set[str], canon: Mapping[Term, Term]) -> Term:
+    """t with each input node replaced by the term of the tensor it names; each rebuilt node is taken as
+    the derived graph's own object where it is one of its terms (``canon``), so comparing and looking up
+    the composed terms stops at shared operands (rebuilt copies compared whole, node by node: quadratic
+    on a 300-matmul chain)."""
     memo: dict[Term, Term] = {}
     for u in subterms([t]):
         if u.op == "input":
@@ -157,7 +160,8 @@ def _compose(t: Term, composed: Mapping[str, Term], where: str, reads: set[str])
                                 f"{list(axes_of(composed[u.name]))}")
             memo[u] = composed[u.name]
         else:
-            memo[u] = u.replace_args(tuple(memo[a] for a in u.args))
+            new = u.replace_args(tuple(memo[a] for a in u.args))
+            memo[u] = canon.get(new, new)
     return memo[t]
 
 
@@ -167,14 +171,14 @@ def _check_kernels(plan: Plan, g: Graph, terms: Sequence[Term], tensors: Mapping
     if [k.kernel for k in cert.kernels] != [k.name for k in plan.kernels]:
         raise PlanError("certificate.kernels: must list the plan's kernels, in order")
     composed: dict[str, Term] = {t.name: t for t in g.inputs()}
-    known = set(subterms([t for _, t in g.outputs]))
+    known = {t: t for t in subterms([t for _, t in g.outputs])}
     outputs = dict(g.outputs)
     for ki, (k, kt) in enumerate(zip(plan.kernels, cert.kernels, strict=True)):
         if len(kt.writes) != len(k.writes):
             raise PlanError(f"certificate.kernels[{ki}]: {len(kt.writes)} term(s) for {len(k.writes)} write(s)")
         for j, (name, ix) in enumerate(zip(k.writes, kt.writes, strict=True)):
             where = f"certificate.kernels[{ki}].writes[{j}]"
-            value = _compose(node_term(terms, ix, where), composed, where, set(k.reads))
+            value = _compose(node_term(terms, ix, where), composed, where, set(k.reads), known)
             if name in outputs and value != outputs[name]:
                 raise PlanError(f"{where}: kernel {k.name!r} computes output {name!r} as {brief(value, 80)}, the "
                                 f"derivation gives {brief(outputs[name], 80)}")
