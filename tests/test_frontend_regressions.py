@@ -133,3 +133,19 @@ def test_model_code_fx_could_not_trace() -> None:
     with torch.no_grad():
         assert torch.allclose(fn(m, x), layer_from_function(m, x), rtol=0, atol=1e-12)
     assert fn.report.regions
+
+
+def test_region_ops_hand_back_the_contiguous_layout_their_fake_promises() -> None:
+    """H200 torch_demo run: under the backend, inductor's stride assert failed on a region whose code
+    returned a strided view ("expected size 8==8, stride 128==262144"): the fake promises contiguous."""
+    import torch
+
+    from pyrunner.frontend.runtime import register_op
+
+    op = register_op(lambda x: (x.t(),), 1, [((3, 2), torch.float32)])
+    x = torch.arange(6.0).reshape(2, 3)
+    y = op(x)
+    assert y.shape == (3, 2) and y.is_contiguous()
+    assert torch.equal(y, x.t())
+    compiled = torch.compile(lambda a: op(a) * 2, backend="inductor", dynamic=False)
+    assert torch.equal(compiled(x), x.t() * 2)

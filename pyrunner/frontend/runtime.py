@@ -85,7 +85,10 @@ def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int,
     _LIB.define(f"{name}({', '.join(f'Tensor x{i}' for i in range(n_in))}) -> {ret}")
 
     def impl(*xs: Any):
-        r = fn(*xs)
+        # The fake kernel promises contiguous outputs, and inductor asserts the strides it was promised;
+        # whatever ran (the kernels, a padded bucket sliced back, or the fallback's code after a
+        # measured decision) may hand back a strided view, so it is made contiguous here (no copy when it is).
+        r = tuple(x.contiguous() for x in fn(*xs))
         return r[0] if len(outs) == 1 else r
 
     def fake(*xs: Any):
