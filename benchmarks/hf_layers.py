@@ -81,8 +81,8 @@ def err(y, ref) -> float:
     return float((first(y).double() - ref).abs().max() / ref.abs().max())
 
 
-def variants(m, small: bool) -> dict:
-    """Name -> compiled callable (compiled lazily on first call)."""
+def variants(m, small: bool, wanted: list[str]) -> dict:
+    """Name -> compiled callable (compiled lazily on first call), only those in ``wanted``."""
     import torch
 
     import pyrunner.frontend  # noqa: F401 - registers the backend
@@ -90,7 +90,8 @@ def variants(m, small: bool) -> dict:
     out = {"eager": m}
     if not small:
         out["torch.compile"] = torch.compile(m)
-        out["max-autotune"] = torch.compile(m, mode="max-autotune")
+        if "max-autotune" in wanted:
+            out["max-autotune"] = torch.compile(m, mode="max-autotune")
     opts = {"fallback": "eager" if small else "inductor"}
     if small:
         opts["dtype"] = "bfloat16"  # the smoke test's float32 layer, planned as the GPU run would
@@ -115,7 +116,7 @@ def run_layer(name: str, args: argparse.Namespace, out) -> None:
         ref = first(m32(*a32, **kw32)).double()
         del m32
         fns, errors, notes = {}, {}, {}
-        for vname, f in variants(m, args.small).items():
+        for vname, f in variants(m, args.small, args.variants).items():
             torch._dynamo.reset() if vname != "eager" else None
             t0 = time.perf_counter()
             try:
@@ -154,7 +155,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", nargs="*", default=list(LAYERS), choices=list(LAYERS))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hf-layers.jsonl"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "hf-layers.jsonl"),
+                    help="a .jsonl file to append to, or a folder (then FOLDER/hf-layers.jsonl)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="start no new layer after this many seconds (0: no limit); gpu_run.sh passes it")
+    ap.add_argument("--variants", nargs="*", default=["max-autotune"], choices=["max-autotune"],
+                    help="optional variants beside eager, torch.compile and superopt (none: --variants)")
     ap.add_argument("--small", action="store_true", help="CPU smoke test of the script (tiny layers, no timing "
                                                          "that means anything)")
     args = ap.parse_args()
@@ -164,9 +170,16 @@ def main() -> int:
         if not torch.cuda.is_available():
             print("hf_layers: no CUDA GPU here; use --small for the CPU smoke test", file=sys.stderr)
             return 2
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "a") as out:
+    out_path = Path(args.out)
+    if out_path.suffix != ".jsonl":
+        out_path = out_path / "hf-layers.jsonl"
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    with open(out_path, "a") as out:
         for name in args.layers:
+            if args.budget_s and time.monotonic() - start > args.budget_s:
+                print(f"[{name}] SKIPPED: past the {args.budget_s:.0f} s budget", flush=True)
+                continue
             try:
                 run_layer(name, args, out)
             except Exception:  # noqa: BLE001 - the next layer still runs
