@@ -9,6 +9,7 @@ its numbers are never reported as kernel times.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -231,8 +232,11 @@ def side_by_side_us(fns: dict[str, Callable[[], object]], rounds: int = 3, warmu
         try:
             graph_bench_ms(f, rep_ms=min(rep_ms, 10.0))
             method[k] = "graph"
-        except Exception:  # noqa: BLE001 - not capturable: events with L2 flush
+        except Exception as e:  # noqa: BLE001 - not capturable: events with L2 flush
             method[k] = "do_bench"
+            print(f"timing: {k} cannot be replayed from a CUDA graph ({type(e).__name__}: "
+                  f"{' '.join(str(e).split())[:200]}); every function is timed with do_bench",
+                  file=sys.stderr, flush=True)
     if "do_bench" in method.values():  # one method for all, or the comparison is not like for like
         method = {k: "do_bench" for k in fns}
     for _ in range(max(1, rounds)):
