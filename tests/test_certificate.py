@@ -265,3 +265,37 @@ def test_lean_replay_rules_are_algebraic_rules() -> None:
         known |= set(model.model_fields)
     assert fields <= known, sorted(fields - known)
 
+
+# --- masked_tile_skip's side condition, re-checked by validate ---------------------------------
+
+def _masked_row_sum(hidden: float):
+    """out[t_q] = sum over t_kv of X where t_kv <= t_q, else ``hidden``."""
+    from pyrunner.ir.graph import Graph, iota, where
+
+    x = inp("X", ("t_q", "t_kv"))
+    body = where(binary("le", iota("t_kv"), iota("t_q")), x, const(hidden))
+    return Graph("masked_row_sum", {"t_q": 1024, "t_kv": 4096}, (("out", reduce("sum", body, "t_kv")),))
+
+
+def _looped(doc: dict) -> dict:
+    return next(k for k in doc["kernels"] if k.get("loop") and k["loop"]["axis"] == "t_kv")
+
+
+CAUSAL = {"kind": "call", "fn": "le", "args": [{"kind": "index", "axis": "t_kv"}, {"kind": "index", "axis": "t_q"}]}
+
+
+def test_a_loop_skips_only_tiles_whose_masked_elements_add_nothing(caplog) -> None:
+    """Masked with 0 (a sum's identity) the planner skips the all-false tiles and validate accepts it;
+    masked with 1, a plan hand-edited to skip them is refused (the hidden elements still count), by the
+    Python check alone: no Lean involved."""
+    skipping = plan_document(_plans(_masked_row_sum(0.0), caplog)[0])
+    assert _looped(skipping)["loop"].get("visible") is not None
+    validate_plan(skipping)
+
+    doc = plan_document(_plans(_masked_row_sum(1.0), caplog)[0])
+    doc["provenance"]["plan_hash"] = ""
+    validate_plan(copy.deepcopy(doc))
+    assert _looped(doc)["loop"].get("visible") is None
+    _looped(doc)["loop"]["visible"] = CAUSAL
+    with pytest.raises(PlanError, match="masked_tile_skip's side condition"):
+        validate_plan(doc)
