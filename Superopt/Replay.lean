@@ -267,11 +267,6 @@ theorem softmaxOf_congr (ctx : Ctx α) (fn : UnaryOp) (x y : Term) (a : Axis)
     Term.eval ctx (softmaxOf fn x a) i = Term.eval ctx (softmaxOf fn y a) i := by
   simp only [softmaxOf, Term.eval, h]
 
-/-- `exp2 (p + q) = exp2 p * exp2 q`. -/
-theorem exp2_add (p q : α) : ScalarField.exp2 (p + q) = ScalarField.exp2 p * ScalarField.exp2 q := by
-  rw [ScalarField.exp2_eq, ScalarField.exp2_eq, ScalarField.exp2_eq, ScalarField.right_distrib,
-    ScalarField.exp_add]
-
 /-- `exp_shift_to_max` on terms, for `E = exp` or `exp2`, with or without a scale, for any `m`. -/
 theorem term_exp_shift (ctx : Ctx α) (fn : UnaryOp) (hfn : fn = .exp ∨ fn = .exp2) (x n m : Term)
     (c : Option Term) (i : Index) :
