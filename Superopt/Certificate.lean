@@ -160,10 +160,10 @@ def leanRules : List String :=
     "exp_to_exp2", "mean_to_sum_div", "variance_sum_of_squares", "matmul_as_sum", "matmul_assoc",
     "exp_shift_to_max", "sum_scale_commute"]
 
-/-- Whether the instance's scale is the term `t`. -/
+/-- Whether the instance's scale is the term `t` (constants compared as numbers). -/
 def scaleIs (scale : Option Term) (t : Term) : Bool :=
   match scale with
-  | some s => decide (s = t)
+  | some s => Term.same s t
   | none => false
 
 /-- The exponential an instance names (`exp` or `exp2`). -/
@@ -217,7 +217,7 @@ def buildRule (sp : StepSpec) (sub : Term) : Option Rule :=
       match sp.scale, arg with
       | none, .binary .sub x n => some (.expShiftToMax f x n none sp.axis)
       | some c, .binary .mul (.binary .sub x n) c' =>
-        if decide (c = c') then some (.expShiftToMax f x n (some c) sp.axis) else none
+        if Term.same c c' then some (.expShiftToMax f x n (some c') sp.axis) else none
       | _, _ => none
   | "sum_scale_commute", [1, f], .reduce .sum (.binary .mul x s) a =>
     if sp.fn == "mul" && scaleIs sp.scale s then some (.sumScaleRight x s a (flag f)) else none
