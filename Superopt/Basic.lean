@@ -4,6 +4,7 @@ import Superopt.Rules
 import Superopt.Eval
 import Superopt.Replay
 import Superopt.Certificate
+import Superopt.Masks
 import Superopt.Model
 import Superopt.Json
 import Superopt.Workloads
@@ -20,8 +21,10 @@ The library's root module: importing it brings in every part of the Lean package
 * `Superopt.Rules`: one theorem per rewrite rule, named as the plans name the rule.
 * `Superopt.Eval`: `Term.eval` (each term's tensor over the scalar laws) and the algebraic rules
   restated on terms with Python's side conditions.
-* `Superopt.Replay`: each algebraic rule as a computable `Rule.apply` with `Rule.apply_sound`, and
-  `replay` of a derivation with `replay_sound`.
+* `Superopt.Replay`: each algebraic rule instance as a computable `Rule.apply` with
+  `Rule.apply_sound`, and `replay` of a derivation with `replay_sound`.
+* `Superopt.Masks`: index predicates over tiles, the interval reasoning of `masked_tile_skip`
+  (`allFalse_sound`, `skipped_steps_masked`).
 * `Superopt.Certificate`: a plan's certificate read from its JSON and replayed from the Lean graph.
 * `Superopt.Model`: a two-element model of the scalar laws (the laws are consistent).
 * `Superopt.Json`: the graph JSON format of `pyrunner/ir/graph_json.py`, numbers printed exactly.

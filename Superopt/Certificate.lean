@@ -10,16 +10,17 @@ instantiation (`instance`: axis, function, scale node, constant, operand choices
 (`position`: an output and a path), the node of its result (`term`), the derived outputs
 (`certificate.derived`) and each kernel's terms over the tensors it reads (`certificate.kernels`).
 
-`checkCertificate` parses that, builds the steps as `Rule`s (`Superopt/Replay.lean`), runs them
-one by one from the Lean graph's outputs, and requires each step's rewrite to be the recorded
-term, `replay` (the function `replay_sound` is about) to give the derived outputs, and the
+`checkCertificate` parses that and runs the steps one by one from the Lean graph's outputs: each
+step's rule instance (`Rule`, `Superopt/Replay.lean`) is read off the sub-term at its position with its
+instance fields (`buildRule`, not trusted: `Rule.apply` re-checks it), its rewrite must be the
+recorded term, `replay` (the function `replay_sound` is about) to give the derived outputs, and the
 kernels' terms, each tensor they read replaced by what the kernel writing it computes, to give
 the derived outputs too. Terms are compared with their decimals normalised (`1024.0` and `1024`
 are one number), as Python compares floats.
 
 It answers `true` when it replayed the derivation and `false` when the plan is outside what the
-Lean rules cover (axis views: `unit_axis`, `merge_axes`, `split_reduction`; a rule or variant with
-no `Rule` constructor): such a plan is checked by Python's replay (`python -m pyrunner validate`)
+Lean rules cover (axis views: `unit_axis`, `merge_axes`, `split_reduction`; the product rebuilds
+`elementwise_mul_comm` and `elementwise_mul_assoc`, which have no `Rule` constructor): such a plan is checked by Python's replay (`python -m pyrunner validate`)
 and by the rule-name check of `checkPlan` only.
 -/
 
@@ -139,52 +140,116 @@ def parseNodes (nodes : List Lean.Json) : Except String (Array Term) :=
 /-- An operand choice as a flag (Python's 0 or 1). -/
 def flag (n : Nat) : Bool := n == 1
 
-/-- The step's rule with its instantiation; `none` where the Lean rules have no such form. -/
-def parseRule (rule : String) (inst : Lean.Json) (nodes : Array Term) : Except String (Option Rule) := do
+/-- A step's rule and instance fields as the certificate gives them (not yet read against a term). -/
+structure StepSpec where
+  rule : String
+  axis : String
+  fn : String
+  choice : List Nat
+  scale : Option Term
+  /-- Whether the instance's constant is `LOG2E` (only `exp_to_exp2` reads it). -/
+  log2e : Bool
+  output : Nat
+  path : List Nat
+  /-- The node of the step's recorded result. -/
+  result : Nat
+
+/-- The rules whose every form has a `Rule` constructor (the product rebuilds have none). -/
+def leanRules : List String :=
+  ["softmax_max_shift", "softmax_scaled_max_shift", "matmul_div_commute", "matmul_row_scale_commute",
+    "exp_to_exp2", "mean_to_sum_div", "variance_sum_of_squares", "matmul_as_sum", "matmul_assoc",
+    "exp_shift_to_max", "sum_scale_commute"]
+
+/-- Whether the instance's scale is the term `t` (constants compared as numbers). -/
+def scaleIs (scale : Option Term) (t : Term) : Bool :=
+  match scale with
+  | some s => Term.same s t
+  | none => false
+
+/-- The exponential an instance names (`exp` or `exp2`). -/
+def expFn (fn : String) : Option UnaryOp :=
+  if fn == "exp" then some .exp else if fn == "exp2" then some .exp2 else none
+
+/--
+The rule instance a step means, read off the sub-term at its position with the instance fields
+(`none` where the sub-term or the fields do not fit the rule). Not trusted: `Rule.apply` re-checks
+that the sub-term is the instance's left-hand side and that its side condition holds.
+-/
+def buildRule (sp : StepSpec) (sub : Term) : Option Rule :=
+  match sp.rule, sp.choice, sub with
+  | "softmax_max_shift", [], .binary .div (.unary f x) _ =>
+    if expFn sp.fn == some f && sp.scale.isNone then some (.softmaxMaxShift f x sp.axis) else none
+  | "softmax_scaled_max_shift", [side], .binary .div (.unary .exp (.binary .mul p q)) _ =>
+    if sp.fn != "exp" then none
+    else if side == 1 && scaleIs sp.scale q then some (.softmaxScaledMaxShift p q sp.axis false)
+    else if side == 0 && scaleIs sp.scale p then some (.softmaxScaledMaxShift q p sp.axis true)
+    else none
+  | "matmul_div_commute", [0], .matmul (.binary .div p l) v a =>
+    if scaleIs sp.scale l then some (.matmulDivLeft p l v a) else none
+  | "matmul_div_commute", [1], .matmul v (.binary .div p l) a =>
+    if scaleIs sp.scale l then some (.matmulDivRight v p l a) else none
+  | "matmul_row_scale_commute", [0, 1, f], .matmul (.binary .mul x s) w a =>
+    if scaleIs sp.scale s then some (.rowScaleXS x s w a (flag f)) else none
+  | "matmul_row_scale_commute", [0, 0, f], .matmul (.binary .mul s x) w a =>
+    if scaleIs sp.scale s then some (.rowScaleSX s x w a (flag f)) else none
+  | "matmul_row_scale_commute", [1, 1, f], .matmul w (.binary .mul x s) a =>
+    if scaleIs sp.scale s then some (.rowScaleWXS w x s a (flag f)) else none
+  | "matmul_row_scale_commute", [1, 0, f], .matmul w (.binary .mul s x) a =>
+    if scaleIs sp.scale s then some (.rowScaleWSX w s x a (flag f)) else none
+  | "exp_to_exp2", [], .unary .exp x => if sp.log2e then some (.expToExp2 x) else none
+  | "mean_to_sum_div", [], .reduce .mean x a =>
+    if a == sp.axis then some (.meanToSumDiv x a) else none
+  | "variance_sum_of_squares", [], .reduce .mean (.unary .square (.binary .sub x _)) a =>
+    if a == sp.axis then some (.varianceSumOfSquares x a) else none
+  | "matmul_as_sum", [b], .matmul x w a =>
+    if a == sp.axis then some (.matmulAsSum x w a (flag b)) else none
+  | "matmul_assoc", [side, bAt, bcSwap, outSwap], .matmul o₀ o₁ k =>
+    let inner := if side == 0 then o₀ else o₁
+    let other := if side == 0 then o₁ else o₀
+    match inner with
+    | .matmul i₀ i₁ j =>
+      if bAt == 1 then some (.matmulAssoc i₀ i₁ other j k (side == 1) false (flag bcSwap) (flag outSwap))
+      else some (.matmulAssoc i₁ i₀ other j k (side == 1) true (flag bcSwap) (flag outSwap))
+    | _ => none
+  | "exp_shift_to_max", [], .unary f arg =>
+    if expFn sp.fn != some f then none
+    else
+      match sp.scale, arg with
+      | none, .binary .sub x n => some (.expShiftToMax f x n none sp.axis)
+      | some c, .binary .mul (.binary .sub x n) c' =>
+        if Term.same c c' then some (.expShiftToMax f x n (some c') sp.axis) else none
+      | _, _ => none
+  | "sum_scale_commute", [1, f], .reduce .sum (.binary .mul x s) a =>
+    if sp.fn == "mul" && scaleIs sp.scale s then some (.sumScaleRight x s a (flag f)) else none
+  | "sum_scale_commute", [0, f], .reduce .sum (.binary .mul s x) a =>
+    if sp.fn == "mul" && scaleIs sp.scale s then some (.sumScaleLeft s x a (flag f)) else none
+  | "sum_scale_commute", [1, 0], .reduce .sum (.binary .div x s) a =>
+    if sp.fn == "div" && scaleIs sp.scale s then some (.sumScaleDiv x s a) else none
+  | _, _, _ => none
+
+/-- Whether an instance's constant is Python's `LOG2E` (compared as numbers). -/
+def constIsLog2e (j : Lean.Json) : Bool :=
+  match j with
+  | .num n => (Decimal.mk n.mantissa n.exponent).norm == log2eDecimal.norm
+  | _ => false
+
+/-- One algebraic step's fields. -/
+def parseStep (j : Lean.Json) (nodes : Array Term) : Except String StepSpec := do
+  let pos := j.getObjValD "position"
+  let inst := j.getObjValD "instance"
+  let scale : Option Term ← match inst.getObjValD "scale" with
+    | .null => pure none
+    | s => do return some (← nodeAt nodes (← jNat s))
+  let rule ← jStr j "rule"
   let axis ← jStr inst "axis"
   let fn ← jStr inst "fn"
   let choice ← (← jList inst "choice").mapM jNat
-  let scale : Option Term ← match inst.getObjValD "scale" with
-    | .null => pure none
-    | j => do return some (← nodeAt nodes (← jNat j))
-  match rule, choice, scale with
-  | "softmax_max_shift", [], none =>
-    if fn == "exp" then return some (Rule.softmaxMaxShift .exp axis)
-    else if fn == "exp2" then return some (Rule.softmaxMaxShift .exp2 axis)
-    else throw s!"certificate: softmax_max_shift with function '{fn}'"
-  | "matmul_div_commute", [0], some l => return some (Rule.matmulDivLeft l)
-  | "matmul_div_commute", [1], some l => return some (Rule.matmulDivRight l)
-  | "matmul_row_scale_commute", [0, 1, f], some s => return some (Rule.rowScaleXS s (flag f))
-  | "matmul_row_scale_commute", [0, 0, f], some s => return some (Rule.rowScaleSX s (flag f))
-  | "matmul_row_scale_commute", [1, 1, f], some s => return some (Rule.rowScaleWXS s (flag f))
-  | "matmul_row_scale_commute", [1, 0, f], some s => return some (Rule.rowScaleWSX s (flag f))
-  | "exp_to_exp2", [], none =>
-    match inst.getObjValD "constant" with
-    | .num n =>
-      if (Decimal.mk n.mantissa n.exponent).norm = log2eDecimal.norm then return some Rule.expToExp2
-      else throw "certificate: exp_to_exp2 with a constant that is not LOG2E"
-    | _ => throw "certificate: exp_to_exp2 without its constant"
-  | "mean_to_sum_div", [], none => return some (Rule.meanToSumDiv axis)
-  | "matmul_as_sum", [b], none => return some (Rule.matmulAsSum axis (flag b))
-  | "exp_shift_to_max", [], some c => return (if fn == "exp" then some (Rule.expShiftToMax axis c) else none)
-  | "sum_scale_commute", [1, f], some s =>
-    if fn == "mul" then return some (Rule.sumScaleRight axis s (flag f))
-    else if fn == "div" && f == 0 then return some (Rule.sumScaleDiv axis s)
-    else throw "certificate: sum_scale_commute with a bad instance"
-  | "sum_scale_commute", [0, f], some s =>
-    if fn == "mul" then return some (Rule.sumScaleLeft axis s (flag f))
-    else throw "certificate: sum_scale_commute with a bad instance"
-  | _, _, _ => return none
-
-/-- One algebraic step: the step and the node of its recorded result; `none` where Lean has no form
-of its rule. -/
-def parseStep (j : Lean.Json) (nodes : Array Term) : Except String (Option (Step × Nat)) := do
-  let pos := j.getObjValD "position"
-  let rule ← parseRule (← jStr j "rule") (j.getObjValD "instance") nodes
   let output ← jNat (pos.getObjValD "output")
   let path ← (← jList pos "path").mapM jNat
   let result ← jNat (j.getObjValD "term")
-  return rule.map fun r => (Step.mk r output path, result)
+  return { rule := rule, axis := axis, fn := fn, choice := choice, scale := scale,
+    log2e := constIsLog2e (inst.getObjValD "constant"), output := output, path := path,
+    result := result }
 
 /-- Whether a plan field is a non-empty list (an axis view the Lean rules do not replay). -/
 def nonEmptyList (j : Lean.Json) : Bool :=
@@ -194,16 +259,23 @@ def nonEmptyList (j : Lean.Json) : Bool :=
 
 /-! ## The check -/
 
-/-- Each step one by one: its rewrite must be the recorded term. -/
-def checkSteps (nodes : Array Term) : List Term → List (Step × Nat) → Nat → Except String Unit
-  | _, [], _ => pure ()
-  | outs, (s, res) :: rest, k => do
-    match s.run outs with
-    | none => throw s!"derivation step {k} ({s.rule.name}) does not apply in Lean's replay"
-    | some (sub, new) =>
-      if !(Term.same new (← nodeAt nodes res)) then
-        throw s!"derivation step {k} ({s.rule.name}): Lean's replay gives another term than the recorded one"
-      checkSteps nodes (outs.map (Term.replace sub new)) rest (k + 1)
+/-- Each step one by one: its instance is read off the sub-term at its position, its rewrite
+(`Step.run`, the function `replay_sound` is about) must be the recorded term; the steps built. -/
+def checkSteps (nodes : Array Term) : List Term → List StepSpec → Nat → Except String (List Step)
+  | _, [], _ => pure []
+  | outs, sp :: rest, k => do
+    let some sub := ((outs[sp.output]?).bind fun root => Term.at? root sp.path)
+      | throw s!"derivation step {k} ({sp.rule}): its position leaves the terms in Lean's replay"
+    let some rule := buildRule sp sub
+      | throw s!"derivation step {k} ({sp.rule}): its instance does not fit the term at its position"
+    let step : Step := ⟨rule, sp.output, sp.path⟩
+    match step.run outs with
+    | none => throw s!"derivation step {k} ({sp.rule}) does not apply in Lean's replay (side condition)"
+    | some (old, new) =>
+      if !(Term.same new (← nodeAt nodes sp.result)) then
+        throw s!"derivation step {k} ({sp.rule}): Lean's replay gives another term than the recorded one"
+      let built ← checkSteps nodes (outs.map (Term.replace old new)) rest (k + 1)
+      return step :: built
 
 /-- The tensor `name`'s term in `env`. -/
 def envTerm (env : List (String × Term)) (name : String) : Option Term :=
@@ -239,17 +311,17 @@ def checkCertificate (g : Graph) (plan : Lean.Json) : Except String Bool := do
       nonEmptyList (plan.getObjValD "axis_splits") then
     return false
   let nodes ← parseNodes (← jList cert "nodes")
-  let mut algebraic : List (Step × Nat) := []
+  let mut algebraic : List StepSpec := []
   for j in steps do
     match j.getObjValD "position" with
     | .null => pure ()
     | _ =>
-      match (← parseStep j nodes) with
-      | some st => algebraic := algebraic ++ [st]
-      | none => return false
+      let sp ← parseStep j nodes
+      if !(leanRules.contains sp.rule) then return false
+      algebraic := algebraic ++ [sp]
   let outs := g.outputs.map (·.2)
-  checkSteps nodes outs algebraic 0
-  match replay outs (algebraic.map (·.1)) with
+  let built ← checkSteps nodes outs algebraic 0
+  match replay outs built with
   | none => throw "the derivation does not replay in Lean"
   | some final =>
     let derived ← (← jList cert "derived").mapM fun j => do nodeAt nodes (← jNat j)

@@ -357,6 +357,110 @@ theorem term_sum_scale_commute_div (ctx : Ctx α) (x s : Term) (a : Axis)
   simp only [Term.eval, BinaryOp.eval, ReduceOp.eval_sum, hs]
   exact sum_scale_commute_div _ _ _
 
+/-! ## The three rules restated on terms last: scaled shift, variance, matmul association -/
+
+/-- The scaled shift as scalars over any list of keys: `softmax_scaled_max_shift` with the numerator's
+value given separately (the row element `i` of a term is not one of the reduced keys' values). -/
+theorem scaled_shift_scalar (l : List Nat) (f : Nat → α) (yi m cc : α) :
+    ScalarField.exp ((yi - m) * cc) / listSum (l.map fun k => ScalarField.exp ((f k - m) * cc)) =
+      ScalarField.exp (yi * cc) / listSum (l.map fun k => ScalarField.exp (f k * cc)) := by
+  have h1 : listSum (l.map fun k => ScalarField.exp ((f k - m) * cc)) =
+      listSum (l.map fun k => ScalarField.exp (f k * cc)) * ScalarField.exp (-(m * cc)) := by
+    rw [listSum_map_ext l (fun k => ScalarField.exp ((f k - m) * cc))
+      (fun k => ScalarField.exp (f k * cc - m * cc)) (fun k => congrArg ScalarField.exp (sub_mul_distrib (f k) m cc))]
+    exact listSum_exp_sub l (fun k => f k * cc) (m * cc)
+  rw [h1, sub_mul_distrib yi m cc, exp_sub (yi * cc) (m * cc)]
+  exact mul_div_mul_right _ _ _ (ScalarField.exp_ne_zero _)
+
+/--
+`softmax_scaled_max_shift` on terms: `exp ((y - max_a y) * c) / sum_a exp ((y - max_a y) * c)` equals
+`exp (y * c) / sum_a exp (y * c)` when `a` is not an axis of `c` (Python also requires `c` positive,
+which keeps every shifted exponent at most 0; the equality does not need it).
+-/
+theorem term_softmax_scaled_max_shift (ctx : Ctx α) (y c : Term) (a : Axis) (h : a ∉ c.resultAxes)
+    (i : Index) :
+    Term.eval ctx (.binary .div (.unary .exp (.binary .mul (.binary .sub y (.reduce .max y a)) c))
+        (.reduce .sum (.unary .exp (.binary .mul (.binary .sub y (.reduce .max y a)) c)) a)) i =
+      Term.eval ctx (.binary .div (.unary .exp (.binary .mul y c))
+        (.reduce .sum (.unary .exp (.binary .mul y c)) a)) i := by
+  have hc : ∀ k, Term.eval ctx c (Index.set i a k) = Term.eval ctx c i :=
+    fun k => Term.eval_set ctx a k c i h
+  simp only [Term.eval, UnaryOp.eval, BinaryOp.eval, ReduceOp.eval_sum, Index.set_set, hc]
+  exact scaled_shift_scalar _ _ _ _ _
+
+/--
+`variance_sum_of_squares` on terms: `mean_a ((x - mean_a x)²) = mean_a (x²) - (mean_a x)²`, where the
+extent of `a` is not zero as a scalar (`hn`; in the reals, any axis of at least one element).
+-/
+theorem term_variance_sum_of_squares (ctx : Ctx α) (x : Term) (a : Axis)
+    (hn : (natToScalar (ctx.size a) : α) ≠ ScalarField.zero) (i : Index) :
+    Term.eval ctx (.reduce .mean (.unary .square (.binary .sub x (.reduce .mean x a))) a) i =
+      Term.eval ctx (.binary .sub (.reduce .mean (.unary .square x) a)
+        (.unary .square (.reduce .mean x a))) i := by
+  have hn' : (natToScalar (List.range (ctx.size a)).length : α) ≠ ScalarField.zero := by
+    rw [List.length_range]
+    exact hn
+  simp only [Term.eval, ReduceOp.eval, UnaryOp.eval, BinaryOp.eval, listMean, List.length_map,
+    Index.set_set]
+  exact variance_sum_of_squares (List.range (ctx.size a)) (fun k => Term.eval ctx x (Index.set i a k)) hn'
+
+/-- The order of two finite sums does not matter. -/
+theorem listSum_comm (l₁ l₂ : List Nat) (F : Nat → Nat → α) :
+    listSum (l₁.map fun x => listSum (l₂.map fun y => F x y)) =
+      listSum (l₂.map fun y => listSum (l₁.map fun x => F x y)) := by
+  induction l₁ with
+  | nil =>
+    simp only [List.map_nil, listSum]
+    exact (listSum_map_zero l₂).symm
+  | cons x₀ l ih =>
+    simp only [List.map_cons, listSum, ih]
+    exact (listSum_map_add l₂ (fun y => F x₀ y) (fun y => listSum (l.map fun x => F x y))).symm
+
+/-- `Σ_k (Σ_j a_j b_kj) c_k = Σ_j a_j (Σ_k b_kj c_k)`: matrix products associate. -/
+theorem double_sum_assoc (lk lj : List Nat) (a : Nat → α) (b : Nat → Nat → α) (c : Nat → α) :
+    listSum (lk.map fun k => listSum (lj.map fun j => a j * b k j) * c k) =
+      listSum (lj.map fun j => a j * listSum (lk.map fun k => b k j * c k)) := by
+  have hl : ∀ k, listSum (lj.map fun j => a j * b k j) * c k = listSum (lj.map fun j => a j * b k j * c k) :=
+    fun k => (listSum_map_mul_right lj (fun j => a j * b k j) (c k)).symm
+  have hr : ∀ j, a j * listSum (lk.map fun k => b k j * c k) = listSum (lk.map fun k => a j * b k j * c k) := by
+    intro j
+    rw [← listSum_map_mul_left lk (fun k => b k j * c k) (a j)]
+    exact listSum_map_ext lk (fun k => a j * (b k j * c k)) (fun k => a j * b k j * c k)
+      (fun k => (ScalarField.mul_assoc (a j) (b k j) (c k)).symm)
+  rw [listSum_map_ext lk (fun k => listSum (lj.map fun j => a j * b k j) * c k)
+      (fun k => listSum (lj.map fun j => a j * b k j * c k)) hl,
+    listSum_map_ext lj (fun j => a j * listSum (lk.map fun k => b k j * c k))
+      (fun j => listSum (lk.map fun k => a j * b k j * c k)) hr]
+  exact listSum_comm lk lj (fun k j => a j * b k j * c k)
+
+/--
+`matmul_assoc` on terms: `(A @_j B) @_k C = A @_j (B @_k C)` when the two contracted axes differ,
+`k` is not an axis of `A` and `j` is not an axis of `C` (Python's side conditions).
+-/
+theorem term_matmul_assoc (ctx : Ctx α) (A B C : Term) (j k : Axis) (hjk : j ≠ k)
+    (hA : k ∉ A.resultAxes) (hC : j ∉ C.resultAxes) (i : Index) :
+    Term.eval ctx (.matmul (.matmul A B j) C k) i = Term.eval ctx (.matmul A (.matmul B C k) j) i := by
+  have hkj : k ≠ j := fun h => hjk h.symm
+  have hA' : ∀ k' j', Term.eval ctx A (Index.set (Index.set i k k') j j') =
+      Term.eval ctx A (Index.set i j j') := by
+    intro k' j'
+    rw [Index.set_comm hkj i k' j']
+    exact Term.eval_set ctx k k' A (Index.set i j j') hA
+  have hB' : ∀ k' j', Term.eval ctx B (Index.set (Index.set i k k') j j') =
+      Term.eval ctx B (Index.set (Index.set i j j') k k') := by
+    intro k' j'
+    rw [Index.set_comm hkj i k' j']
+  have hC' : ∀ j' k', Term.eval ctx C (Index.set (Index.set i j j') k k') =
+      Term.eval ctx C (Index.set i k k') := by
+    intro j' k'
+    rw [← Index.set_comm hkj i k' j']
+    exact Term.eval_set ctx j j' C (Index.set i k k') hC
+  simp only [Term.eval, hA', hB', hC']
+  exact double_sum_assoc (List.range (ctx.size k)) (List.range (ctx.size j))
+    (fun j' => Term.eval ctx A (Index.set i j j'))
+    (fun k' j' => Term.eval ctx B (Index.set (Index.set i j j') k k'))
+    (fun k' => Term.eval ctx C (Index.set i k k'))
+
 end Eval
 
 end Superopt

@@ -4,24 +4,31 @@ import Superopt.Eval
 # Replaying a derivation: each rule as a computable rewrite, proven sound
 
 A plan's certificate (Python `pyrunner/rules/replay_plan.py`) records, for every algebraic step, the
-rule, its instantiation and a position: an output of the graph and a path of operand indices. Here
-each rule the Lean side proves on terms is a computable `Rule.apply : Rule → Term → Option Term`
-(structural matching only): `some t'` when the term has the rule's shape and its side conditions
-hold (an axis not among a term's axes, equal sub-terms, the exact constant), `none` otherwise.
-`Rule.apply_sound` says a rewrite keeps the value at every index, from the term theorems of
-`Superopt/Eval.lean`. `replay` runs the steps from the graph's outputs, each rewriting every
-occurrence of the sub-term at its position (as Python does: equal sub-terms are one value), and
-`replay_sound` says, by induction over the steps, that the replayed outputs have the graph's values.
+rule, its instantiation and a position: an output of the graph and a path of operand indices. Here a
+rule instance (`Rule`) carries everything the rule binds: the sub-terms, the axes and the operand
+choices. It names the term it rewrites (`Rule.lhs`), the term it gives (`Rule.rhs`) and its side
+condition (`Rule.side`, computed: an axis not among a term's axes, a positive scale, two different
+contracted axes). `Rule.apply r t` is `some r.rhs` exactly when `t` is `r.lhs` and the side condition
+holds. `Rule.sound` proves, for every instance whose side condition holds, that `rhs` and `lhs` have
+the same value at every index, and `Rule.apply_sound` follows. `replay` runs the steps from the
+graph's outputs, each rewriting every occurrence of the sub-term at its position (as Python does:
+equal sub-terms are one value), and `replay_sound` says, by induction over the steps, that the
+replayed outputs have the graph's values.
+
+Which instance a certificate step means is read off the sub-term at its position by
+`Superopt/Certificate.lean`; that reading is not trusted, since `Rule.apply` re-checks the instance
+against the sub-term.
 
 What the claim covers and what it does not:
 
 * `exp_to_exp2` multiplies by the decimal constant `log2eDecimal` (Python's `LOG2E`, log2 e rounded
   to float64). Its soundness, and so `replay_sound`, assumes that constant denotes log2 e exactly
   (`hlog`); the float's rounding (relative error below 2^-53) is outside the claim.
-* Rules and variants without a theorem on terms have no `Rule` constructor: `softmax_scaled_max_shift`,
-  `variance_sum_of_squares`, `matmul_assoc`, the product rebuilds `elementwise_mul_comm` /
-  `elementwise_mul_assoc` over many factors, `exp_shift_to_max` for `exp2` or without a scale. A plan
-  using them is checked by Python's replay only (`Superopt/Certificate.lean` says so).
+* `variance_sum_of_squares` divides by an axis extent: `hsize` says no extent is zero as a scalar
+  (true in the reals, where every axis has at least one element).
+* The product rebuilds `elementwise_mul_comm` / `elementwise_mul_assoc` over many factors have no
+  `Rule` constructor; a plan using them is checked by Python's replay only (`Superopt/Certificate.lean`
+  says so).
 * Python also requires a rewrite to keep the term's axis order; that is a layout condition, not a
   value one, and is not re-checked here.
 -/
@@ -37,14 +44,30 @@ def orientMul (swap : Bool) (a b : Term) : Term :=
   | true => .binary .mul b a
   | false => .binary .mul a b
 
+/-- `p @_a q` or, with `swap`, `q @_a p` (the operand order a step records). -/
+def orientMatmul (swap : Bool) (p q : Term) (a : Axis) : Term :=
+  match swap with
+  | true => .matmul q p a
+  | false => .matmul p q a
+
+/-- `x * c`, or `x` itself without a scale (Python's optional scale of `exp_shift_to_max`). -/
+def scaleBy : Option Term → Term → Term
+  | none, x => x
+  | some c, x => .binary .mul x c
+
+/-- The softmax `E(x) / sum_a E(x)`. -/
+def softmaxOf (fn : UnaryOp) (x : Term) (a : Axis) : Term :=
+  .binary .div (.unary fn x) (.reduce .sum (.unary fn x) a)
+
 /-- Whether `sub` occurs in `t` (Python's `m in subterms([n])`). -/
 def Term.contains (sub : Term) : Term → Bool
-  | t@(.unary _ x) => decide (t = sub) || Term.contains sub x
-  | t@(.binary _ a b) => decide (t = sub) || Term.contains sub a || Term.contains sub b
-  | t@(.ternary _ c a b) =>
-    decide (t = sub) || Term.contains sub c || Term.contains sub a || Term.contains sub b
-  | t@(.reduce _ x _) => decide (t = sub) || Term.contains sub x
-  | t@(.matmul a b _) => decide (t = sub) || Term.contains sub a || Term.contains sub b
+  | .unary f x => decide (Term.unary f x = sub) || Term.contains sub x
+  | .binary f a b => decide (Term.binary f a b = sub) || Term.contains sub a || Term.contains sub b
+  | .ternary f c a b =>
+    decide (Term.ternary f c a b = sub) || Term.contains sub c || Term.contains sub a ||
+      Term.contains sub b
+  | .reduce f x ax => decide (Term.reduce f x ax = sub) || Term.contains sub x
+  | .matmul a b ax => decide (Term.matmul a b ax = sub) || Term.contains sub a || Term.contains sub b
   | t => decide (t = sub)
 
 /-- Python's `positive_constant` without its axes test: a positive decimal, an axis size, an
@@ -60,171 +83,148 @@ def Term.positive : Term → Bool
   | .binary .div a b => Term.positive a && Term.positive b
   | _ => false
 
-/-- The algebraic rules with their instantiation, one constructor per proven form. -/
+/-- An optional scale Python accepts: none, or a positive term without axes. -/
+def scaleOk : Option Term → Bool
+  | none => true
+  | some c => c.resultAxes.isEmpty && c.positive
+
+/--
+The algebraic rules, each with its whole instantiation: the sub-terms, axes and operand choices it
+binds (one constructor per proven form; the flags are Python's operand choices).
+-/
 inductive Rule where
-  /-- `softmax_max_shift` with `E = fn` over axis `a`. -/
-  | softmaxMaxShift (fn : UnaryOp) (a : Axis)
-  /-- `matmul_div_commute`, the quotient `p / l` the left operand. -/
-  | matmulDivLeft (l : Term)
-  /-- `matmul_div_commute`, the quotient the right operand. -/
-  | matmulDivRight (l : Term)
-  /-- `matmul_row_scale_commute`: `(x * s) @ w`; the result `(x @ w) * s`, or `s * (x @ w)` with `first`. -/
-  | rowScaleXS (s : Term) (first : Bool)
-  /-- `matmul_row_scale_commute`: `(s * x) @ w`. -/
-  | rowScaleSX (s : Term) (first : Bool)
-  /-- `matmul_row_scale_commute`: `w @ (x * s)`. -/
-  | rowScaleWXS (s : Term) (first : Bool)
-  /-- `matmul_row_scale_commute`: `w @ (s * x)`. -/
-  | rowScaleWSX (s : Term) (first : Bool)
-  /-- `exp_to_exp2` with the constant `log2eDecimal`. -/
-  | expToExp2
-  /-- `mean_to_sum_div` over axis `a`. -/
-  | meanToSumDiv (a : Axis)
-  /-- `matmul_as_sum` over axis `a`, the product's operands swapped with `swap`. -/
-  | matmulAsSum (a : Axis) (swap : Bool)
-  /-- `exp_shift_to_max` for `exp` with the scale `c`, the max over axis `a`. -/
-  | expShiftToMax (a : Axis) (c : Term)
-  /-- `sum_scale_commute`, `sum_a (x * s)`. -/
-  | sumScaleRight (a : Axis) (s : Term) (first : Bool)
-  /-- `sum_scale_commute`, `sum_a (s * x)`. -/
-  | sumScaleLeft (a : Axis) (s : Term) (first : Bool)
-  /-- `sum_scale_commute`, `sum_a (x / s)`. -/
-  | sumScaleDiv (a : Axis) (s : Term)
+  /-- `softmax_max_shift`: `E(x) / sum_a E(x)` to `E(x - max_a x) / sum_a E(x - max_a x)`. -/
+  | softmaxMaxShift (fn : UnaryOp) (x : Term) (a : Axis)
+  /-- `softmax_scaled_max_shift`: the softmax of `y * c` (`c * y` with `cLeft`) to the softmax of
+  `(y - max_a y) * c` (`c * (y - max_a y)`). -/
+  | softmaxScaledMaxShift (y c : Term) (a : Axis) (cLeft : Bool)
+  /-- `matmul_div_commute`: `(p / l) @_a v` to `(p @_a v) / l`. -/
+  | matmulDivLeft (p l v : Term) (a : Axis)
+  /-- `matmul_div_commute`: `v @_a (p / l)` to `(v @_a p) / l`. -/
+  | matmulDivRight (v p l : Term) (a : Axis)
+  /-- `matmul_row_scale_commute`: `(x * s) @_a w` to `(x @_a w) * s` (`s * (x @_a w)` with `first`). -/
+  | rowScaleXS (x s w : Term) (a : Axis) (first : Bool)
+  /-- `matmul_row_scale_commute`: `(s * x) @_a w`. -/
+  | rowScaleSX (s x w : Term) (a : Axis) (first : Bool)
+  /-- `matmul_row_scale_commute`: `w @_a (x * s)`. -/
+  | rowScaleWXS (w x s : Term) (a : Axis) (first : Bool)
+  /-- `matmul_row_scale_commute`: `w @_a (s * x)`. -/
+  | rowScaleWSX (w s x : Term) (a : Axis) (first : Bool)
+  /-- `exp_to_exp2`: `exp x` to `exp2 (x * LOG2E)`. -/
+  | expToExp2 (x : Term)
+  /-- `mean_to_sum_div`: `mean_a x` to `sum_a x / |a|`. -/
+  | meanToSumDiv (x : Term) (a : Axis)
+  /-- `variance_sum_of_squares`: `mean_a ((x - mean_a x)²)` to `mean_a (x²) - (mean_a x)²`. -/
+  | varianceSumOfSquares (x : Term) (a : Axis)
+  /-- `matmul_as_sum`: `x @_a w` to `sum_a (x * w)` (`w * x` with `swap`). -/
+  | matmulAsSum (x w : Term) (a : Axis) (swap : Bool)
+  /-- `matmul_assoc`: `(A @_j B) @_k C` to `A @_j (B @_k C)`, every product in the operand order its
+  flag says (Python's operand choices). -/
+  | matmulAssoc (A B C : Term) (j k : Axis) (outerSwap innerSwap bcSwap outSwap : Bool)
+  /-- `exp_shift_to_max`: `E((x - n) [* c])` to `E((x - m) [* c]) * E((m - n) [* c])`, `m = max_a x`. -/
+  | expShiftToMax (fn : UnaryOp) (x n : Term) (c : Option Term) (a : Axis)
+  /-- `sum_scale_commute`: `sum_a (x * s)` to `sum_a x * s` (`s * sum_a x` with `first`). -/
+  | sumScaleRight (x s : Term) (a : Axis) (first : Bool)
+  /-- `sum_scale_commute`: `sum_a (s * x)` to `sum_a x * s` (`s * sum_a x` with `first`). -/
+  | sumScaleLeft (s x : Term) (a : Axis) (first : Bool)
+  /-- `sum_scale_commute`: `sum_a (x / s)` to `sum_a x / s`. -/
+  | sumScaleDiv (x s : Term) (a : Axis)
 
 /-- The rule's name as plans spell it. -/
 def Rule.name : Rule → String
-  | .softmaxMaxShift _ _ => "softmax_max_shift"
-  | .matmulDivLeft _ => "matmul_div_commute"
-  | .matmulDivRight _ => "matmul_div_commute"
-  | .rowScaleXS _ _ => "matmul_row_scale_commute"
-  | .rowScaleSX _ _ => "matmul_row_scale_commute"
-  | .rowScaleWXS _ _ => "matmul_row_scale_commute"
-  | .rowScaleWSX _ _ => "matmul_row_scale_commute"
-  | .expToExp2 => "exp_to_exp2"
-  | .meanToSumDiv _ => "mean_to_sum_div"
-  | .matmulAsSum _ _ => "matmul_as_sum"
-  | .expShiftToMax _ _ => "exp_shift_to_max"
-  | .sumScaleRight _ _ _ => "sum_scale_commute"
-  | .sumScaleLeft _ _ _ => "sum_scale_commute"
-  | .sumScaleDiv _ _ => "sum_scale_commute"
+  | .softmaxMaxShift .. => "softmax_max_shift"
+  | .softmaxScaledMaxShift .. => "softmax_scaled_max_shift"
+  | .matmulDivLeft .. => "matmul_div_commute"
+  | .matmulDivRight .. => "matmul_div_commute"
+  | .rowScaleXS .. => "matmul_row_scale_commute"
+  | .rowScaleSX .. => "matmul_row_scale_commute"
+  | .rowScaleWXS .. => "matmul_row_scale_commute"
+  | .rowScaleWSX .. => "matmul_row_scale_commute"
+  | .expToExp2 .. => "exp_to_exp2"
+  | .meanToSumDiv .. => "mean_to_sum_div"
+  | .varianceSumOfSquares .. => "variance_sum_of_squares"
+  | .matmulAsSum .. => "matmul_as_sum"
+  | .matmulAssoc .. => "matmul_assoc"
+  | .expShiftToMax .. => "exp_shift_to_max"
+  | .sumScaleRight .. => "sum_scale_commute"
+  | .sumScaleLeft .. => "sum_scale_commute"
+  | .sumScaleDiv .. => "sum_scale_commute"
 
-/-! ## Each rule's rewrite -/
+/-- The term a rule instance rewrites. -/
+def Rule.lhs : Rule → Term
+  | .softmaxMaxShift fn x a => softmaxOf fn x a
+  | .softmaxScaledMaxShift y c a cLeft => softmaxOf .exp (orientMul cLeft y c) a
+  | .matmulDivLeft p l v a => .matmul (.binary .div p l) v a
+  | .matmulDivRight v p l a => .matmul v (.binary .div p l) a
+  | .rowScaleXS x s w a _ => .matmul (.binary .mul x s) w a
+  | .rowScaleSX s x w a _ => .matmul (.binary .mul s x) w a
+  | .rowScaleWXS w x s a _ => .matmul w (.binary .mul x s) a
+  | .rowScaleWSX w s x a _ => .matmul w (.binary .mul s x) a
+  | .expToExp2 x => .unary .exp x
+  | .meanToSumDiv x a => .reduce .mean x a
+  | .varianceSumOfSquares x a => .reduce .mean (.unary .square (.binary .sub x (.reduce .mean x a))) a
+  | .matmulAsSum x w a _ => .matmul x w a
+  | .matmulAssoc A B C j k outerSwap innerSwap _ _ =>
+    orientMatmul outerSwap (orientMatmul innerSwap A B j) C k
+  | .expShiftToMax fn x n c _ => .unary fn (scaleBy c (.binary .sub x n))
+  | .sumScaleRight x s a _ => .reduce .sum (.binary .mul x s) a
+  | .sumScaleLeft s x a _ => .reduce .sum (.binary .mul s x) a
+  | .sumScaleDiv x s a => .reduce .sum (.binary .div x s) a
 
-/-- `E(x) / sum_a E(x)` to `E(x - max_a x) / sum_a E(x - max_a x)`. -/
-def applySoftmaxMaxShift (fn : UnaryOp) (a : Axis) : Term → Option Term
-  | .binary .div (.unary f x) (.reduce .sum (.unary f' x') a') =>
-    if f = fn ∧ f' = fn ∧ x' = x ∧ a' = a ∧ (fn = .exp ∨ fn = .exp2) ∧ a ∈ x.resultAxes then
-      some (.binary .div (.unary fn (.binary .sub x (.reduce .max x a)))
-        (.reduce .sum (.unary fn (.binary .sub x (.reduce .max x a))) a))
-    else none
-  | _ => none
+/-- The term a rule instance gives. -/
+def Rule.rhs : Rule → Term
+  | .softmaxMaxShift fn x a => softmaxOf fn (.binary .sub x (.reduce .max x a)) a
+  | .softmaxScaledMaxShift y c a cLeft =>
+    softmaxOf .exp (orientMul cLeft (.binary .sub y (.reduce .max y a)) c) a
+  | .matmulDivLeft p l v a => .binary .div (.matmul p v a) l
+  | .matmulDivRight v p l a => .binary .div (.matmul v p a) l
+  | .rowScaleXS x s w a first => orientMul first (.matmul x w a) s
+  | .rowScaleSX s x w a first => orientMul first (.matmul x w a) s
+  | .rowScaleWXS w x s a first => orientMul first (.matmul w x a) s
+  | .rowScaleWSX w s x a first => orientMul first (.matmul w x a) s
+  | .expToExp2 x => .unary .exp2 (.binary .mul x (.const log2eDecimal))
+  | .meanToSumDiv x a => .binary .div (.reduce .sum x a) (.axisSize a)
+  | .varianceSumOfSquares x a =>
+    .binary .sub (.reduce .mean (.unary .square x) a) (.unary .square (.reduce .mean x a))
+  | .matmulAsSum x w a swap => .reduce .sum (orientMul swap x w) a
+  | .matmulAssoc A B C j k _ _ bcSwap outSwap => orientMatmul outSwap A (orientMatmul bcSwap B C k) j
+  | .expShiftToMax fn x n c a =>
+    .binary .mul (.unary fn (scaleBy c (.binary .sub x (.reduce .max x a))))
+      (.unary fn (scaleBy c (.binary .sub (.reduce .max x a) n)))
+  | .sumScaleRight x s a first => orientMul first (.reduce .sum x a) s
+  | .sumScaleLeft s x a first => orientMul first (.reduce .sum x a) s
+  | .sumScaleDiv x s a => .binary .div (.reduce .sum x a) s
 
-/-- `(p / l) @_a v` to `(p @_a v) / l`, `a` not an axis of `l`. -/
-def applyMatmulDivLeft (l : Term) : Term → Option Term
-  | .matmul (.binary .div p l') v a =>
-    if l' = l ∧ a ∉ l.resultAxes then some (.binary .div (.matmul p v a) l) else none
-  | _ => none
+/-- The rule's side condition, as Python checks it (`pyrunner/rules/replay.py`). -/
+def Rule.side : Rule → Bool
+  | .softmaxMaxShift fn x a => decide ((fn = .exp ∨ fn = .exp2) ∧ a ∈ x.resultAxes)
+  | .softmaxScaledMaxShift y c a _ =>
+    decide (c.resultAxes = [] ∧ a ∉ c.resultAxes ∧ c.positive = true ∧ a ∈ y.resultAxes)
+  | .matmulDivLeft _ l _ a => decide (a ∉ l.resultAxes)
+  | .matmulDivRight _ _ l a => decide (a ∉ l.resultAxes)
+  | .rowScaleXS _ s _ a _ => decide (a ∉ s.resultAxes)
+  | .rowScaleSX s _ _ a _ => decide (a ∉ s.resultAxes)
+  | .rowScaleWXS _ _ s a _ => decide (a ∉ s.resultAxes)
+  | .rowScaleWSX _ s _ a _ => decide (a ∉ s.resultAxes)
+  | .expToExp2 _ => true
+  | .meanToSumDiv _ _ => true
+  | .varianceSumOfSquares _ _ => true
+  | .matmulAsSum x w a _ =>
+    decide (x.resultAxes.filter (fun y => decide (y ≠ a ∧ y ∉ w.resultAxes)) = [] ∨
+      w.resultAxes.filter (fun y => decide (y ≠ a ∧ y ∉ x.resultAxes)) = [])
+  | .matmulAssoc A B C j k _ _ _ _ =>
+    decide (j ≠ k ∧ k ∉ A.resultAxes ∧ j ∉ C.resultAxes ∧ k ∈ B.resultAxes)
+  | .expShiftToMax fn x n c a =>
+    decide ((fn = .exp ∨ fn = .exp2) ∧ scaleOk c = true ∧ a ∈ x.resultAxes ∧ a ∉ n.resultAxes ∧
+      n ≠ .reduce .max x a ∧ Term.contains (.reduce .max x a) n = true)
+  | .sumScaleRight x s a _ => decide (a ∉ s.resultAxes ∧ a ∈ x.resultAxes)
+  | .sumScaleLeft s x a _ => decide (a ∉ s.resultAxes ∧ a ∈ x.resultAxes)
+  | .sumScaleDiv x s a => decide (a ∉ s.resultAxes ∧ a ∈ x.resultAxes)
 
-/-- `v @_a (p / l)` to `(v @_a p) / l`, `a` not an axis of `l`. -/
-def applyMatmulDivRight (l : Term) : Term → Option Term
-  | .matmul v (.binary .div p l') a =>
-    if l' = l ∧ a ∉ l.resultAxes then some (.binary .div (.matmul v p a) l) else none
-  | _ => none
-
-/-- `(x * s) @_a w` to `(x @_a w) * s`. -/
-def applyRowScaleXS (s : Term) (first : Bool) : Term → Option Term
-  | .matmul (.binary .mul x s') w a =>
-    if s' = s ∧ a ∉ s.resultAxes then some (orientMul first (.matmul x w a) s) else none
-  | _ => none
-
-/-- `(s * x) @_a w` to `(x @_a w) * s`. -/
-def applyRowScaleSX (s : Term) (first : Bool) : Term → Option Term
-  | .matmul (.binary .mul s' x) w a =>
-    if s' = s ∧ a ∉ s.resultAxes then some (orientMul first (.matmul x w a) s) else none
-  | _ => none
-
-/-- `w @_a (x * s)` to `(w @_a x) * s`. -/
-def applyRowScaleWXS (s : Term) (first : Bool) : Term → Option Term
-  | .matmul w (.binary .mul x s') a =>
-    if s' = s ∧ a ∉ s.resultAxes then some (orientMul first (.matmul w x a) s) else none
-  | _ => none
-
-/-- `w @_a (s * x)` to `(w @_a x) * s`. -/
-def applyRowScaleWSX (s : Term) (first : Bool) : Term → Option Term
-  | .matmul w (.binary .mul s' x) a =>
-    if s' = s ∧ a ∉ s.resultAxes then some (orientMul first (.matmul w x a) s) else none
-  | _ => none
-
-/-- `exp x` to `exp2 (x * LOG2E)`. -/
-def applyExpToExp2 : Term → Option Term
-  | .unary .exp x => some (.unary .exp2 (.binary .mul x (.const log2eDecimal)))
-  | _ => none
-
-/-- `mean_a x` to `sum_a x / |a|`. -/
-def applyMeanToSumDiv (a : Axis) : Term → Option Term
-  | .reduce .mean x a' => if a' = a then some (.binary .div (.reduce .sum x a) (.axisSize a)) else none
-  | _ => none
-
-/-- `x @_a w` to `sum_a (x * w)` where an operand has no axis of its own. -/
-def applyMatmulAsSum (a : Axis) (swap : Bool) : Term → Option Term
-  | .matmul x w a' =>
-    if a' = a ∧ (x.resultAxes.filter (fun y => decide (y ≠ a' ∧ y ∉ w.resultAxes)) = [] ∨
-        w.resultAxes.filter (fun y => decide (y ≠ a' ∧ y ∉ x.resultAxes)) = []) then
-      some (.reduce .sum (orientMul swap x w) a)
-    else none
-  | _ => none
-
-/-- `exp ((x - n) * c)` to `exp ((x - m) * c) * exp ((m - n) * c)`, `m = max_a x`, where `n` is built
-from `m`, is not `m` and has no axis `a` (Python's conditions; the equality holds for any `m`). -/
-def applyExpShiftToMax (a : Axis) (c : Term) : Term → Option Term
-  | .unary .exp (.binary .mul (.binary .sub x n) c') =>
-    if c' = c ∧ c.resultAxes = [] ∧ c.positive = true ∧ a ∈ x.resultAxes ∧ a ∉ n.resultAxes ∧
-        n ≠ .reduce .max x a ∧ Term.contains (.reduce .max x a) n = true then
-      some (.binary .mul (.unary .exp (.binary .mul (.binary .sub x (.reduce .max x a)) c))
-        (.unary .exp (.binary .mul (.binary .sub (.reduce .max x a) n) c)))
-    else none
-  | _ => none
-
-/-- `sum_a (x * s)` to `sum_a x * s`, `a` not an axis of `s`. -/
-def applySumScaleRight (a : Axis) (s : Term) (first : Bool) : Term → Option Term
-  | .reduce .sum (.binary .mul x s') a' =>
-    if s' = s ∧ a' = a ∧ a ∉ s.resultAxes ∧ a ∈ x.resultAxes then
-      some (orientMul first (.reduce .sum x a) s)
-    else none
-  | _ => none
-
-/-- `sum_a (s * x)` to `sum_a x * s`, `a` not an axis of `s`. -/
-def applySumScaleLeft (a : Axis) (s : Term) (first : Bool) : Term → Option Term
-  | .reduce .sum (.binary .mul s' x) a' =>
-    if s' = s ∧ a' = a ∧ a ∉ s.resultAxes ∧ a ∈ x.resultAxes then
-      some (orientMul first (.reduce .sum x a) s)
-    else none
-  | _ => none
-
-/-- `sum_a (x / s)` to `sum_a x / s`, `a` not an axis of `s`. -/
-def applySumScaleDiv (a : Axis) (s : Term) : Term → Option Term
-  | .reduce .sum (.binary .div x s') a' =>
-    if s' = s ∧ a' = a ∧ a ∉ s.resultAxes ∧ a ∈ x.resultAxes then
-      some (.binary .div (.reduce .sum x a) s)
-    else none
-  | _ => none
-
-/-- The rule applied at the root of a term, or `none` where it does not apply. -/
-def Rule.apply : Rule → Term → Option Term
-  | .softmaxMaxShift fn a => applySoftmaxMaxShift fn a
-  | .matmulDivLeft l => applyMatmulDivLeft l
-  | .matmulDivRight l => applyMatmulDivRight l
-  | .rowScaleXS s first => applyRowScaleXS s first
-  | .rowScaleSX s first => applyRowScaleSX s first
-  | .rowScaleWXS s first => applyRowScaleWXS s first
-  | .rowScaleWSX s first => applyRowScaleWSX s first
-  | .expToExp2 => applyExpToExp2
-  | .meanToSumDiv a => applyMeanToSumDiv a
-  | .matmulAsSum a swap => applyMatmulAsSum a swap
-  | .expShiftToMax a c => applyExpShiftToMax a c
-  | .sumScaleRight a s first => applySumScaleRight a s first
-  | .sumScaleLeft a s first => applySumScaleLeft a s first
-  | .sumScaleDiv a s => applySumScaleDiv a s
+/-- The rule applied to a term: its result where the term is the instance's `lhs` and the side
+condition holds, `none` otherwise. -/
+def Rule.apply (r : Rule) (t : Term) : Option Term :=
+  if t = r.lhs ∧ r.side = true then some r.rhs else none
 
 /-! ## Soundness of each rewrite -/
 
@@ -238,217 +238,182 @@ theorem orientMul_eval (ctx : Ctx α) (swap : Bool) (a b : Term) (i : Index) :
   | false => rfl
   | true => exact term_elementwise_mul_comm ctx b a i
 
+theorem orientMatmul_eval (ctx : Ctx α) (swap : Bool) (p q : Term) (a : Axis) (i : Index) :
+    Term.eval ctx (orientMatmul swap p q a) i = Term.eval ctx (.matmul p q a) i := by
+  cases swap with
+  | false => rfl
+  | true =>
+    simp only [orientMatmul, Term.eval]
+    exact listSum_map_ext (List.range (ctx.size a))
+      (fun k => Term.eval ctx q (Index.set i a k) * Term.eval ctx p (Index.set i a k))
+      (fun k => Term.eval ctx p (Index.set i a k) * Term.eval ctx q (Index.set i a k))
+      (fun k => ScalarField.mul_comm _ _)
+
 /-- A reduction of terms with equal values has equal values. -/
 theorem reduce_congr (ctx : Ctx α) (f : ReduceOp) (x y : Term) (a : Axis)
     (h : ∀ j, Term.eval ctx x j = Term.eval ctx y j) (i : Index) :
     Term.eval ctx (.reduce f x a) i = Term.eval ctx (.reduce f y a) i := by
   simp only [Term.eval, h]
 
-theorem applySoftmaxMaxShift_sound (ctx : Ctx α) (fn : UnaryOp) (a : Axis) (t t' : Term)
-    (h : applySoftmaxMaxShift fn a t = some t') (i : Index) :
-    Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applySoftmaxMaxShift at h
-  split at h
-  · rename_i f x f' x' a'
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, rfl, rfl, rfl, hf, -⟩ := hc
+/-- A product of terms with equal values has equal values. -/
+theorem matmul_congr (ctx : Ctx α) (p p' q q' : Term) (a : Axis)
+    (hp : ∀ j, Term.eval ctx p j = Term.eval ctx p' j) (hq : ∀ j, Term.eval ctx q j = Term.eval ctx q' j)
+    (i : Index) : Term.eval ctx (.matmul p q a) i = Term.eval ctx (.matmul p' q' a) i := by
+  simp only [Term.eval, hp, hq]
+
+/-- A softmax of terms with equal values has equal values. -/
+theorem softmaxOf_congr (ctx : Ctx α) (fn : UnaryOp) (x y : Term) (a : Axis)
+    (h : ∀ j, Term.eval ctx x j = Term.eval ctx y j) (i : Index) :
+    Term.eval ctx (softmaxOf fn x a) i = Term.eval ctx (softmaxOf fn y a) i := by
+  simp only [softmaxOf, Term.eval, h]
+
+/-- `exp_shift_to_max` on terms, for `E = exp` or `exp2`, with or without a scale, for any `m`. -/
+theorem term_exp_shift (ctx : Ctx α) (fn : UnaryOp) (hfn : fn = .exp ∨ fn = .exp2) (x n m : Term)
+    (c : Option Term) (i : Index) :
+    Term.eval ctx (.binary .mul (.unary fn (scaleBy c (.binary .sub x m)))
+        (.unary fn (scaleBy c (.binary .sub m n)))) i =
+      Term.eval ctx (.unary fn (scaleBy c (.binary .sub x n))) i := by
+  have hadd : ∀ p q : α, UnaryOp.eval fn p * UnaryOp.eval fn q = UnaryOp.eval fn (p + q) := by
+    intro p q
+    cases hfn with
+    | inl h =>
       cases h
-      rcases hf with rfl | rfl
-      · exact term_softmax_max_shift ctx _ _ i
-      · exact term_softmax_max_shift_exp2 ctx _ _ i
-    · cases h
-  · cases h
-
-theorem applyMatmulDivLeft_sound (ctx : Ctx α) (l t t' : Term)
-    (h : applyMatmulDivLeft l t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyMatmulDivLeft at h
-  split at h
-  · rename_i p l' v a
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, ha⟩ := hc
+      exact (ScalarField.exp_add p q).symm
+    | inr h =>
       cases h
-      exact (term_matmul_div_commute ctx p _ v _ ha i).symm
-    · cases h
-  · cases h
+      exact (exp2_add p q).symm
+  have hsc : Term.eval ctx (scaleBy c (.binary .sub x m)) i + Term.eval ctx (scaleBy c (.binary .sub m n)) i =
+      Term.eval ctx (scaleBy c (.binary .sub x n)) i := by
+    cases c with
+    | none =>
+      simp only [scaleBy, Term.eval, BinaryOp.eval]
+      exact sub_add_sub_cancel _ _ _
+    | some cc =>
+      simp only [scaleBy, Term.eval, BinaryOp.eval]
+      rw [← ScalarField.right_distrib, sub_add_sub_cancel]
+  show UnaryOp.eval fn (Term.eval ctx (scaleBy c (.binary .sub x m)) i) *
+      UnaryOp.eval fn (Term.eval ctx (scaleBy c (.binary .sub m n)) i) =
+    UnaryOp.eval fn (Term.eval ctx (scaleBy c (.binary .sub x n)) i)
+  rw [hadd, hsc]
 
-theorem applyMatmulDivRight_sound (ctx : Ctx α) (l t t' : Term)
-    (h : applyMatmulDivRight l t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyMatmulDivRight at h
-  split at h
-  · rename_i v p l' a
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, ha⟩ := hc
+/-- Every rule instance whose side condition holds keeps the value at every index (`exp_to_exp2`
+over an exact log2 e, `hlog`; `variance_sum_of_squares` over extents that are not zero, `hsize`). -/
+theorem Rule.sound (ctx : Ctx α) (hlog : ScalarOps.ofDecimal log2eDecimal = (ScalarField.log2e : α))
+    (hsize : ∀ a : Axis, (natToScalar (ctx.size a) : α) ≠ ScalarField.zero) :
+    ∀ r : Rule, r.side = true → ∀ i, Term.eval ctx r.rhs i = Term.eval ctx r.lhs i
+  | .softmaxMaxShift fn x a, hs, i => by
+    have hc : (fn = .exp ∨ fn = .exp2) ∧ a ∈ x.resultAxes := of_decide_eq_true hs
+    cases hc.1 with
+    | inl h =>
       cases h
-      exact (term_matmul_div_commute_right ctx v p _ _ ha i).symm
-    · cases h
-  · cases h
-
-theorem applyRowScaleXS_sound (ctx : Ctx α) (s : Term) (first : Bool) (t t' : Term)
-    (h : applyRowScaleXS s first t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyRowScaleXS at h
-  split at h
-  · rename_i x s' w a
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, ha⟩ := hc
+      exact term_softmax_max_shift ctx x a i
+    | inr h =>
       cases h
-      exact (orientMul_eval ctx first _ _ i).trans (term_matmul_row_scale_commute ctx x _ w _ ha i).symm
-    · cases h
-  · cases h
+      exact term_softmax_max_shift_exp2 ctx x a i
+  | .softmaxScaledMaxShift y c a cLeft, hs, i => by
+    have hc : c.resultAxes = [] ∧ a ∉ c.resultAxes ∧ c.positive = true ∧ a ∈ y.resultAxes :=
+      of_decide_eq_true hs
+    show Term.eval ctx (softmaxOf .exp (orientMul cLeft (.binary .sub y (.reduce .max y a)) c) a) i =
+      Term.eval ctx (softmaxOf .exp (orientMul cLeft y c) a) i
+    rw [softmaxOf_congr ctx .exp (orientMul cLeft (.binary .sub y (.reduce .max y a)) c)
+        (.binary .mul (.binary .sub y (.reduce .max y a)) c) a
+        (orientMul_eval ctx cLeft (.binary .sub y (.reduce .max y a)) c) i,
+      softmaxOf_congr ctx .exp (orientMul cLeft y c) (.binary .mul y c) a (orientMul_eval ctx cLeft y c) i]
+    exact term_softmax_scaled_max_shift ctx y c a hc.2.1 i
+  | .matmulDivLeft p l v a, hs, i => by
+    have hc : a ∉ l.resultAxes := of_decide_eq_true hs
+    exact (term_matmul_div_commute ctx p l v a hc i).symm
+  | .matmulDivRight v p l a, hs, i => by
+    have hc : a ∉ l.resultAxes := of_decide_eq_true hs
+    exact (term_matmul_div_commute_right ctx v p l a hc i).symm
+  | .rowScaleXS x s w a first, hs, i => by
+    have hc : a ∉ s.resultAxes := of_decide_eq_true hs
+    exact (orientMul_eval ctx first (.matmul x w a) s i).trans
+      (term_matmul_row_scale_commute ctx x s w a hc i).symm
+  | .rowScaleSX s x w a first, hs, i => by
+    have hc : a ∉ s.resultAxes := of_decide_eq_true hs
+    exact (orientMul_eval ctx first (.matmul x w a) s i).trans
+      (term_matmul_row_scale_commute_scale_left ctx s x w a hc i).symm
+  | .rowScaleWXS w x s a first, hs, i => by
+    have hc : a ∉ s.resultAxes := of_decide_eq_true hs
+    exact (orientMul_eval ctx first (.matmul w x a) s i).trans
+      (term_matmul_row_scale_commute_right ctx w x s a hc i).symm
+  | .rowScaleWSX w s x a first, hs, i => by
+    have hc : a ∉ s.resultAxes := of_decide_eq_true hs
+    exact (orientMul_eval ctx first (.matmul w x a) s i).trans
+      (term_matmul_row_scale_commute_right_scale_left ctx w s x a hc i).symm
+  | .expToExp2 x, _, i => (term_exp_to_exp2 ctx x log2eDecimal hlog i).symm
+  | .meanToSumDiv x a, _, i => (term_mean_to_sum_div ctx x a i).symm
+  | .varianceSumOfSquares x a, _, i => (term_variance_sum_of_squares ctx x a (hsize a) i).symm
+  | .matmulAsSum x w a swap, _, i =>
+    (reduce_congr ctx .sum (orientMul swap x w) (.binary .mul x w) a (orientMul_eval ctx swap x w) i).trans
+      (term_matmul_as_sum ctx x w a i).symm
+  | .matmulAssoc A B C j k outerSwap innerSwap bcSwap outSwap, hs, i => by
+    have hc : j ≠ k ∧ k ∉ A.resultAxes ∧ j ∉ C.resultAxes ∧ k ∈ B.resultAxes := of_decide_eq_true hs
+    show Term.eval ctx (orientMatmul outSwap A (orientMatmul bcSwap B C k) j) i =
+      Term.eval ctx (orientMatmul outerSwap (orientMatmul innerSwap A B j) C k) i
+    rw [orientMatmul_eval ctx outSwap A (orientMatmul bcSwap B C k) j i,
+      orientMatmul_eval ctx outerSwap (orientMatmul innerSwap A B j) C k i,
+      matmul_congr ctx A A (orientMatmul bcSwap B C k) (.matmul B C k) j (fun _ => rfl)
+        (orientMatmul_eval ctx bcSwap B C k) i,
+      matmul_congr ctx (orientMatmul innerSwap A B j) (.matmul A B j) C C k
+        (orientMatmul_eval ctx innerSwap A B j) (fun _ => rfl) i]
+    exact (term_matmul_assoc ctx A B C j k hc.1 hc.2.1 hc.2.2.1 i).symm
+  | .expShiftToMax fn x n c a, hs, i => by
+    have hc : (fn = .exp ∨ fn = .exp2) ∧ scaleOk c = true ∧ a ∈ x.resultAxes ∧ a ∉ n.resultAxes ∧
+        n ≠ .reduce .max x a ∧ Term.contains (.reduce .max x a) n = true := of_decide_eq_true hs
+    exact term_exp_shift ctx fn hc.1 x n (.reduce .max x a) c i
+  | .sumScaleRight x s a first, hs, i => by
+    have hc : a ∉ s.resultAxes ∧ a ∈ x.resultAxes := of_decide_eq_true hs
+    exact (orientMul_eval ctx first (.reduce .sum x a) s i).trans
+      (term_sum_scale_commute ctx x s a hc.1 i).symm
+  | .sumScaleLeft s x a first, hs, i => by
+    have hc : a ∉ s.resultAxes ∧ a ∈ x.resultAxes := of_decide_eq_true hs
+    exact (orientMul_eval ctx first (.reduce .sum x a) s i).trans
+      ((term_sum_scale_commute ctx x s a hc.1 i).symm.trans
+        (reduce_congr ctx .sum (.binary .mul x s) (.binary .mul s x) a
+          (fun j => term_elementwise_mul_comm ctx x s j) i))
+  | .sumScaleDiv x s a, hs, i => by
+    have hc : a ∉ s.resultAxes ∧ a ∈ x.resultAxes := of_decide_eq_true hs
+    exact (term_sum_scale_commute_div ctx x s a hc.1 i).symm
 
-theorem applyRowScaleSX_sound (ctx : Ctx α) (s : Term) (first : Bool) (t t' : Term)
-    (h : applyRowScaleSX s first t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyRowScaleSX at h
-  split at h
-  · rename_i s' x w a
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, ha⟩ := hc
-      cases h
-      exact (orientMul_eval ctx first _ _ i).trans
-        (term_matmul_row_scale_commute_scale_left ctx _ x w _ ha i).symm
-    · cases h
-  · cases h
-
-theorem applyRowScaleWXS_sound (ctx : Ctx α) (s : Term) (first : Bool) (t t' : Term)
-    (h : applyRowScaleWXS s first t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyRowScaleWXS at h
-  split at h
-  · rename_i w x s' a
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, ha⟩ := hc
-      cases h
-      exact (orientMul_eval ctx first _ _ i).trans (term_matmul_row_scale_commute_right ctx w x _ _ ha i).symm
-    · cases h
-  · cases h
-
-theorem applyRowScaleWSX_sound (ctx : Ctx α) (s : Term) (first : Bool) (t t' : Term)
-    (h : applyRowScaleWSX s first t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyRowScaleWSX at h
-  split at h
-  · rename_i w s' x a
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, ha⟩ := hc
-      cases h
-      exact (orientMul_eval ctx first _ _ i).trans
-        (term_matmul_row_scale_commute_right_scale_left ctx w _ x _ ha i).symm
-    · cases h
-  · cases h
-
-/-- `exp_to_exp2` over an exact log2 e: sound when the decimal constant denotes log2 e (`hlog`). -/
-theorem applyExpToExp2_sound (ctx : Ctx α) (hlog : ScalarOps.ofDecimal log2eDecimal = (ScalarField.log2e : α))
-    (t t' : Term) (h : applyExpToExp2 t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyExpToExp2 at h
-  split at h
-  · rename_i x
-    cases h
-    exact (term_exp_to_exp2 ctx x log2eDecimal hlog i).symm
-  · cases h
-
-theorem applyMeanToSumDiv_sound (ctx : Ctx α) (a : Axis) (t t' : Term)
-    (h : applyMeanToSumDiv a t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyMeanToSumDiv at h
-  split at h
-  · rename_i x a'
-    split at h
-    · rename_i hc
-      subst hc
-      cases h
-      exact (term_mean_to_sum_div ctx x _ i).symm
-    · cases h
-  · cases h
-
-theorem applyMatmulAsSum_sound (ctx : Ctx α) (a : Axis) (swap : Bool) (t t' : Term)
-    (h : applyMatmulAsSum a swap t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyMatmulAsSum at h
-  split at h
-  · rename_i x w a'
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, -⟩ := hc
-      cases h
-      exact (reduce_congr ctx .sum _ _ _ (orientMul_eval ctx swap x w) i).trans
-        (term_matmul_as_sum ctx x w _ i).symm
-    · cases h
-  · cases h
-
-theorem applyExpShiftToMax_sound (ctx : Ctx α) (a : Axis) (c t t' : Term)
-    (h : applyExpShiftToMax a c t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applyExpShiftToMax at h
-  split at h
-  · rename_i x n c'
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, -⟩ := hc
-      cases h
-      exact (term_exp_shift_to_max ctx x n (.reduce .max x a) _ i).symm
-    · cases h
-  · cases h
-
-theorem applySumScaleRight_sound (ctx : Ctx α) (a : Axis) (s : Term) (first : Bool) (t t' : Term)
-    (h : applySumScaleRight a s first t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applySumScaleRight at h
-  split at h
-  · rename_i x s' a'
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, rfl, ha, -⟩ := hc
-      cases h
-      exact (orientMul_eval ctx first _ _ i).trans (term_sum_scale_commute ctx x _ _ ha i).symm
-    · cases h
-  · cases h
-
-theorem applySumScaleLeft_sound (ctx : Ctx α) (a : Axis) (s : Term) (first : Bool) (t t' : Term)
-    (h : applySumScaleLeft a s first t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applySumScaleLeft at h
-  split at h
-  · rename_i s' x a'
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, rfl, ha, -⟩ := hc
-      cases h
-      exact (orientMul_eval ctx first _ _ i).trans ((term_sum_scale_commute ctx x _ _ ha i).symm.trans
-        (reduce_congr ctx .sum _ _ _ (fun j => term_elementwise_mul_comm ctx x _ j) i))
-    · cases h
-  · cases h
-
-theorem applySumScaleDiv_sound (ctx : Ctx α) (a : Axis) (s t t' : Term)
-    (h : applySumScaleDiv a s t = some t') (i : Index) : Term.eval ctx t' i = Term.eval ctx t i := by
-  unfold applySumScaleDiv at h
-  split at h
-  · rename_i x s' a'
-    split at h
-    · rename_i hc
-      obtain ⟨rfl, rfl, ha, -⟩ := hc
-      cases h
-      exact (term_sum_scale_commute_div ctx x _ _ ha i).symm
-    · cases h
-  · cases h
-
-/-- Every rule's rewrite keeps the term's value at every index (`exp_to_exp2` over an exact log2 e). -/
-theorem Rule.apply_sound (ctx : Ctx α) (hlog : ScalarOps.ofDecimal log2eDecimal = (ScalarField.log2e : α)) :
-    ∀ (r : Rule) (t t' : Term), r.apply t = some t' → ∀ i, Term.eval ctx t' i = Term.eval ctx t i
-  | .softmaxMaxShift fn a, t, t', h => applySoftmaxMaxShift_sound ctx fn a t t' h
-  | .matmulDivLeft l, t, t', h => applyMatmulDivLeft_sound ctx l t t' h
-  | .matmulDivRight l, t, t', h => applyMatmulDivRight_sound ctx l t t' h
-  | .rowScaleXS s first, t, t', h => applyRowScaleXS_sound ctx s first t t' h
-  | .rowScaleSX s first, t, t', h => applyRowScaleSX_sound ctx s first t t' h
-  | .rowScaleWXS s first, t, t', h => applyRowScaleWXS_sound ctx s first t t' h
-  | .rowScaleWSX s first, t, t', h => applyRowScaleWSX_sound ctx s first t t' h
-  | .expToExp2, t, t', h => applyExpToExp2_sound ctx hlog t t' h
-  | .meanToSumDiv a, t, t', h => applyMeanToSumDiv_sound ctx a t t' h
-  | .matmulAsSum a swap, t, t', h => applyMatmulAsSum_sound ctx a swap t t' h
-  | .expShiftToMax a c, t, t', h => applyExpShiftToMax_sound ctx a c t t' h
-  | .sumScaleRight a s first, t, t', h => applySumScaleRight_sound ctx a s first t t' h
-  | .sumScaleLeft a s first, t, t', h => applySumScaleLeft_sound ctx a s first t t' h
-  | .sumScaleDiv a s, t, t', h => applySumScaleDiv_sound ctx a s t t' h
+/-- `Rule.apply_sound`: a rewrite keeps the term's value at every index (`exp_to_exp2` over an exact
+log2 e, `hlog`; `variance_sum_of_squares` over extents that are not zero, `hsize`). -/
+theorem Rule.apply_sound (ctx : Ctx α)
+    (hlog : ScalarOps.ofDecimal log2eDecimal = (ScalarField.log2e : α))
+    (hsize : ∀ a : Axis, (natToScalar (ctx.size a) : α) ≠ ScalarField.zero)
+    (r : Rule) (t t' : Term) (h : r.apply t = some t') : ∀ i, Term.eval ctx t' i = Term.eval ctx t i := by
+  have h' : (if t = r.lhs ∧ r.side = true then some r.rhs else none) = some t' := h
+  by_cases hc : t = r.lhs ∧ r.side = true
+  · rw [if_pos hc] at h'
+    cases h'
+    rw [hc.1]
+    exact Rule.sound ctx hlog hsize r hc.2
+  · rw [if_neg hc] at h'
+    cases h'
 
 end Sound
+
+/-- From `o.bind f = some c`: `o` is some `b` with `f b = some c`. -/
+theorem bind_eq_some_elim {β γ : Type} {o : Option β} {f : β → Option γ} {c : γ}
+    (h : o.bind f = some c) : ∃ b, o = some b ∧ f b = some c := by
+  cases o with
+  | none =>
+    have h' : (none : Option γ) = some c := h
+    cases h'
+  | some b => exact ⟨b, rfl, h⟩
+
+/-- From `o.map f = some c`: `o` is some `b` with `f b = c`. -/
+theorem map_eq_some_elim {β γ : Type} {o : Option β} {f : β → γ} {c : γ}
+    (h : o.map f = some c) : ∃ b, o = some b ∧ f b = c := by
+  cases o with
+  | none =>
+    have h' : (none : Option γ) = some c := h
+    cases h'
+  | some b =>
+    have h' : some (f b) = some c := h
+    cases h'
+    exact ⟨b, rfl, rfl⟩
 
 /-! ## Positions, rewriting every occurrence, replay -/
 
@@ -485,31 +450,24 @@ def Term.replace (old new : Term) : Term → Term
   | .matmul a b ax =>
     if Term.matmul a b ax = old then new else .matmul (Term.replace old new a) (Term.replace old new b) ax
 
-/-- One step of a derivation: the rule and where it applies. -/
+/-- One step of a derivation: the rule instance and where it applies. -/
 structure Step where
   rule : Rule
   output : Nat
   path : List Nat
 
+/-- The sub-term at the step's position, or `none` where the position leaves the outputs. -/
+def Step.sub? (outs : List Term) (s : Step) : Option Term :=
+  (outs[s.output]?).bind fun root => Term.at? root s.path
+
 /-- The sub-term at the step's position and its rewrite, or `none` where the rule does not apply. -/
 def Step.run (outs : List Term) (s : Step) : Option (Term × Term) :=
-  match outs[s.output]? with
-  | none => none
-  | some root =>
-    match Term.at? root s.path with
-    | none => none
-    | some sub =>
-      match s.rule.apply sub with
-      | none => none
-      | some new => some (sub, new)
+  (s.sub? outs).bind fun sub => (s.rule.apply sub).map fun new => (sub, new)
 
 /-- The outputs after the steps, each rewriting every occurrence of its sub-term in every output. -/
 def replay (outs : List Term) : List Step → Option (List Term)
   | [] => some outs
-  | s :: rest =>
-    match s.run outs with
-    | some (sub, new) => replay (outs.map (Term.replace sub new)) rest
-    | none => none
+  | s :: rest => (s.run outs).bind fun p => replay (outs.map (Term.replace p.1 p.2)) rest
 
 section ReplaySound
 
@@ -541,46 +499,73 @@ theorem Pointwise.map (ctx : Ctx α) (f : Term → Term)
   | [] => trivial
   | t :: l => And.intro (hf t) (Pointwise.map ctx f hf l)
 
+/-- One node of `Term.replace`: the node becomes `new` where it is `old`, else `u`, of its value. -/
+theorem replace_node (ctx : Ctx α) (old new : Term) (h : ∀ i, Term.eval ctx new i = Term.eval ctx old i)
+    (t u : Term) (hu : ∀ i, Term.eval ctx u i = Term.eval ctx t i) :
+    ∀ i, Term.eval ctx (if t = old then new else u) i = Term.eval ctx t i := by
+  intro i
+  by_cases hc : t = old
+  · rw [if_pos hc, h i, hc]
+  · rw [if_neg hc]
+    exact hu i
+
 /-- Replacing a sub-term by one of the same value keeps every term's value. -/
 theorem Term.replace_sound (ctx : Ctx α) (old new : Term)
     (h : ∀ i, Term.eval ctx new i = Term.eval ctx old i) :
     ∀ (t : Term) (i : Index), Term.eval ctx (Term.replace old new t) i = Term.eval ctx t i := by
   intro t
-  induction t <;> intro i <;> simp only [Term.replace] <;> split
-  all_goals first
-    | (rename_i heq; rw [h i, heq])
-    | simp only [Term.eval, *]
+  induction t with
+  | input n axes => exact replace_node ctx old new h (.input n axes) (.input n axes) (fun _ => rfl)
+  | const d => exact replace_node ctx old new h (.const d) (.const d) (fun _ => rfl)
+  | negInf => exact replace_node ctx old new h .negInf .negInf (fun _ => rfl)
+  | axisSize a => exact replace_node ctx old new h (.axisSize a) (.axisSize a) (fun _ => rfl)
+  | iota a => exact replace_node ctx old new h (.iota a) (.iota a) (fun _ => rfl)
+  | unary f x ih =>
+    exact replace_node ctx old new h (.unary f x) (.unary f (Term.replace old new x))
+      (fun i => by simp only [Term.eval, ih i])
+  | binary f a b iha ihb =>
+    exact replace_node ctx old new h (.binary f a b)
+      (.binary f (Term.replace old new a) (Term.replace old new b))
+      (fun i => by simp only [Term.eval, iha i, ihb i])
+  | ternary f c a b ihc iha ihb =>
+    exact replace_node ctx old new h (.ternary f c a b)
+      (.ternary f (Term.replace old new c) (Term.replace old new a) (Term.replace old new b))
+      (fun i => by simp only [Term.eval, ihc i, iha i, ihb i])
+  | reduce f x ax ih =>
+    exact replace_node ctx old new h (.reduce f x ax) (.reduce f (Term.replace old new x) ax)
+      (fun i => by simp only [Term.eval, ih])
+  | matmul a b ax iha ihb =>
+    exact replace_node ctx old new h (.matmul a b ax)
+      (.matmul (Term.replace old new a) (Term.replace old new b) ax)
+      (fun i => by simp only [Term.eval, iha, ihb])
 
 theorem Step.run_sound (ctx : Ctx α) (hlog : ScalarOps.ofDecimal log2eDecimal = (ScalarField.log2e : α))
-    (s : Step) (outs : List Term) (sub new : Term) (h : s.run outs = some (sub, new)) :
-    ∀ i, Term.eval ctx new i = Term.eval ctx sub i := by
-  unfold Step.run at h
-  split at h
-  · cases h
-  · split at h
-    · cases h
-    · split at h
-      · cases h
-      · rename_i new' hnew
-        cases h
-        exact Rule.apply_sound ctx hlog s.rule _ _ hnew
+    (hsize : ∀ a : Axis, (natToScalar (ctx.size a) : α) ≠ ScalarField.zero)
+    (s : Step) (outs : List Term) (p : Term × Term) (h : s.run outs = some p) :
+    ∀ i, Term.eval ctx p.2 i = Term.eval ctx p.1 i := by
+  have h' : (s.sub? outs).bind (fun sub => (s.rule.apply sub).map fun new => (sub, new)) = some p := h
+  obtain ⟨sub, _, h2⟩ := bind_eq_some_elim h'
+  have h2' : (s.rule.apply sub).map (fun new => (sub, new)) = some p := h2
+  obtain ⟨new, h3, h4⟩ := map_eq_some_elim h2'
+  have h4' : (sub, new) = p := h4
+  cases h4'
+  exact Rule.apply_sound ctx hlog hsize s.rule sub new h3
 
-/-- The replayed outputs have the graph's values at every index (`exp_to_exp2` over an exact
-log2 e, `hlog`). -/
-theorem replay_sound (ctx : Ctx α) (hlog : ScalarOps.ofDecimal log2eDecimal = (ScalarField.log2e : α)) :
+/-- `replay_sound`: the replayed outputs have the graph's values at every index (`exp_to_exp2` over
+an exact log2 e, `hlog`; extents that are not zero, `hsize`). -/
+theorem replay_sound (ctx : Ctx α) (hlog : ScalarOps.ofDecimal log2eDecimal = (ScalarField.log2e : α))
+    (hsize : ∀ a : Axis, (natToScalar (ctx.size a) : α) ≠ ScalarField.zero) :
     ∀ (steps : List Step) (outs outs' : List Term), replay outs steps = some outs' → Pointwise ctx outs' outs
   | [], outs, outs', h => by
     have h' : some outs = some outs' := h
     cases h'
     exact Pointwise.refl ctx _
   | s :: rest, outs, outs', h => by
-    simp only [replay] at h
-    split at h
-    · rename_i sub new hrun
-      have hnew := Step.run_sound ctx hlog s outs sub new hrun
-      exact Pointwise.trans ctx _ _ _ (replay_sound ctx hlog rest _ _ h)
-        (Pointwise.map ctx _ (Term.replace_sound ctx sub new hnew) outs)
-    · cases h
+    have h' : (s.run outs).bind (fun p => replay (outs.map (Term.replace p.1 p.2)) rest) = some outs' := h
+    obtain ⟨p, hp, hrest⟩ := bind_eq_some_elim h'
+    have hrest' : replay (outs.map (Term.replace p.1 p.2)) rest = some outs' := hrest
+    exact Pointwise.trans ctx _ _ _ (replay_sound ctx hlog hsize rest _ _ hrest')
+      (Pointwise.map ctx _ (Term.replace_sound ctx p.1 p.2 (Step.run_sound ctx hlog hsize s outs p hp)) outs)
 
 end ReplaySound
 

@@ -589,6 +589,53 @@ theorem split_reduction (s v : ι → α) (M : α) (chunks : List (α × List ι
     · simp only [chunkSum, allKeys, sumExp_append, sumExp_rescale, ih.1]
     · simp only [chunkSumV, allKeys, sumExpV_append, sumExpV_rescale, ih.2]
 
+/-- `exp2 (p + q) = exp2 p * exp2 q`, from `exp2 y = exp (y * ln 2)`. -/
+theorem exp2_add (p q : α) : exp2 (p + q) = exp2 p * exp2 q := by
+  rw [ScalarField.exp2_eq, ScalarField.exp2_eq, ScalarField.exp2_eq, ScalarField.right_distrib,
+    ScalarField.exp_add]
+
+/-- The chunks' partial results `Σ_{k ∈ c} E ((s k - c.1) * sc) * v k`, each under its own shift `c.1`,
+rescaled by `E ((c.1 - M) * sc)` and summed (Python's combine step). -/
+def chunkSumE (E : α → α) (sc : α) (s v : ι → α) (M : α) : List (α × List ι) → α
+  | [] => ScalarField.zero
+  | c :: rest =>
+    listSum (c.2.map fun k => E ((s k - c.1) * sc) * v k) * E ((c.1 - M) * sc) + chunkSumE E sc s v M rest
+
+/--
+`split_reduction` in the generality Python applies it (`pyrunner/ir/split_axes.py`): for any
+exponential `E` turning sums into products (`exp`, and `exp2` by `exp2_add`), any scale `sc` of the
+exponent (attention's `1 / sqrt d`), any weights `v` (a contraction's other operand; `v = 1` for the
+denominator) and any shifts, the chunks' rescaled partial results sum to the result over all keys
+under the shift `M`. Plain sums, contractions and means of a split axis split as sums do
+(`reduction_tiling_range`), maxima as `reduction_tiling` says.
+-/
+theorem split_reduction_scaled (E : α → α) (hE : ∀ a b, E (a + b) = E a * E b) (sc : α) (s v : ι → α)
+    (M : α) : ∀ chunks : List (α × List ι),
+      chunkSumE E sc s v M chunks = listSum ((allKeys chunks).map fun k => E ((s k - M) * sc) * v k)
+  | [] => rfl
+  | c :: rest => by
+    have hc : ∀ k, E ((s k - c.1) * sc) * v k * E ((c.1 - M) * sc) = E ((s k - M) * sc) * v k := by
+      intro k
+      rw [scalar_mul_right_comm (E ((s k - c.1) * sc)) (v k) (E ((c.1 - M) * sc)), ← hE,
+        ← ScalarField.right_distrib, sub_add_sub_cancel]
+    show listSum (c.2.map fun k => E ((s k - c.1) * sc) * v k) * E ((c.1 - M) * sc) +
+        chunkSumE E sc s v M rest =
+      listSum ((c.2 ++ allKeys rest).map fun k => E ((s k - M) * sc) * v k)
+    rw [← listSum_map_mul_right c.2 (fun k => E ((s k - c.1) * sc) * v k) (E ((c.1 - M) * sc)),
+      listSum_map_ext c.2 (fun k => E ((s k - c.1) * sc) * v k * E ((c.1 - M) * sc))
+        (fun k => E ((s k - M) * sc) * v k) hc,
+      split_reduction_scaled E hE sc s v M rest, List.map_append, listSum_append]
+
+/-- `split_reduction_scaled` for `exp`. -/
+theorem split_reduction_exp (sc : α) (s v : ι → α) (M : α) (chunks : List (α × List ι)) :
+    chunkSumE exp sc s v M chunks = listSum ((allKeys chunks).map fun k => exp ((s k - M) * sc) * v k) :=
+  split_reduction_scaled exp ScalarField.exp_add sc s v M chunks
+
+/-- `split_reduction_scaled` for `exp2` (after `exp_to_exp2`). -/
+theorem split_reduction_exp2 (sc : α) (s v : ι → α) (M : α) (chunks : List (α × List ι)) :
+    chunkSumE exp2 sc s v M chunks = listSum ((allKeys chunks).map fun k => exp2 ((s k - M) * sc) * v k) :=
+  split_reduction_scaled exp2 exp2_add sc s v M chunks
+
 /-! ## Re-associating a chain of contractions -/
 
 /-- `Σ s * f = s * Σ f`. -/

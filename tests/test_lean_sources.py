@@ -448,3 +448,28 @@ def test_package_layout() -> None:
         path = ROOT / (src[1] if src else ".") / (root[1].replace(".", "/") + ".lean")
         assert path.is_file(), f"lean_exe {name}: {path} does not exist"
     assert re.search(r'testDriver := "superopt_test"', lakefile)
+
+
+def test_lean_tile_checks_are_pythons_interval_reasoning() -> None:
+    """`tests/lean/SuperoptTest.lean`'s masked-tile checks (run by `lake test` over the proved
+    `Pred.allFalse` / `skippedOk` of Superopt/Masks.lean) give the answers of `pyrunner.plan.masks`,
+    which the renderer and the executor use: the same tiles all false, the same loop steps run."""
+    from pyrunner.plan import masks
+
+    src = code(LEAN_TEST_DIR / "SuperoptTest.lean")
+    body = re.search(r"def windowMask : Pred :=(.*?)\n\n", src, re.S)[1]
+    atoms = [masks.Atom(tuple(sorted((a, int(c)) for a, c in re.findall(r'\("(\w+)", (-?\d+)\)', coef))), int(off))
+             for coef, off in re.findall(r"⟨\[(.*?)\], (-?\d+)⟩", body)]
+    assert len(atoms) == 2
+    pred = masks.All(tuple(atoms))
+    axis, lo, hi = re.search(r'def queryBlock : Box := fun a => if a = "(\w+)" then \((\d+), (\d+)\)', src).groups()
+    box = {axis: (int(lo), int(hi))}
+    tiles = re.findall(r'(!?)\(?windowMask\.allFalse \(stepBox queryBlock "(\w+)" (\d+) (\d+)\)', src)
+    assert len(tiles) == 4
+    for negated, s, block, j in tiles:
+        b, j = int(block), int(j)
+        test = masks.tile_test(pred, {**box, s: (j * b, j * b + b - 1)}, masks.IntArith())
+        assert (test.all_false is not None and test.all_false > 0) == (negated == ""), (j, test)
+    run = r'run, the rest are masked", skippedOk windowMask queryBlock "(\w+)" (\d+) (\d+) (\d+) (\d+)\)'
+    s, block, steps, run_lo, run_hi = re.search(run, src).groups()
+    assert masks.visible_steps(pred, s, int(block), int(steps), box) == range(int(run_lo), int(run_hi))

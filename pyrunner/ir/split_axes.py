@@ -14,8 +14,9 @@ chunk reduce in a block of its own, and a second, small reduction over ``a_o`` c
   the chunk's sums and contractions and rescales the chunk's partial result where the chunks are
   combined (the identity ``online_softmax_rescale`` uses across tiles, here across blocks).
 
-No value changes (the Lean theorem ``split_reduction``). Inputs carrying ``a`` are read as the
-row-major view ``(a_o, a_i)``; an output may not carry ``a``, and no term may index ``a`` (``iota``).
+No value changes (the Lean theorems ``split_reduction`` and, for exp/exp2 with a scale and weights,
+``split_reduction_scaled``). Inputs carrying ``a`` are read as the row-major view ``(a_o, a_i)``; an
+output may not carry ``a``, and no term may index ``a`` (``iota``).
 A factor the split cannot take out of a chunk's sum (one that needs every chunk first) is left in:
 the value is still right, and the planner prices the second pass it then needs.
 """

@@ -924,6 +924,20 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     )
 
 
+def skip_predicates(root: Roots, s: str) -> list[Term]:
+    """The mask predicates a loop over ``s`` may skip all-false tiles of (``masked_tile_skip``'s side
+    condition, as ``_visible`` applies it), for a kernel computing ``root`` from the tensors it reads
+    (inputs); ``validate`` re-checks a plan's ``loop.visible`` against them."""
+    computed = kernel_computes(root, cone(root, {}), {})
+    phase = _phases(computed, s)
+    try:
+        sources = _online_sources(computed, phase)
+    except Infeasible:
+        return []
+    return skippable_predicates([t for t in computed if phase[t] == "tile"],
+                                [t for t in computed if _is_acc(t, s)], set(sources), s)
+
+
 def _visible(b: _Builder, computed: list[Term], phase: dict[Term, str], sources: list[Term],
              s: str | None) -> Expr | None:
     """The index predicate whose all-false tiles the loop skips (masked_tile_skip), if any."""

@@ -8,6 +8,12 @@ constant scales). Each must be the plan expression of a sub-term of the kernel's
 no tensor, or one of the few the lowering adds itself: a reduction's identity (0, 1, +-inf), the
 padding mask ``index(a) < size(a)`` (true at every real element), the extent dividing a mean, or a
 product of allowed factors (an exponent's folded scale). Checked, not proven.
+
+A loop's ``visible`` predicate must moreover satisfy ``masked_tile_skip``'s side condition: each of its
+conjuncts is a conjunct of a mask whose all-false tiles leave every loop accumulator unchanged
+(``lower.skip_predicates``, the planner's abstract evaluation of the loop body), so a hand edit that
+skips tiles of a mask whose hidden elements still count fails here. That a skipped tile is all false
+is interval reasoning (``plan.masks``; proved in Lean, ``Superopt/Masks.lean``).
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from pyrunner.errors import PlanError
 from pyrunner.ir.graph import Term, subterms
 from pyrunner.plan.analysis import constant_value
 from pyrunner.plan.schema import Expr, Kernel, Map
+from pyrunner.planner.lower import skip_predicates
 
 STATIC_OPS = ("iota", "const", "axis_size", "unary", "binary", "ternary")
 IDENTITIES = (0.0, 1.0, "-inf", "inf")
@@ -146,7 +153,23 @@ def check_kernel_exprs(ki: int, kernel: Kernel, roots: Sequence[Term], sizes: Ma
             if _key(e) not in known:
                 raise PlanError(f"{kw}.loop.visible: the predicate {_key(e)[:120]} is not a mask of the terms "
                                 f"the certificate says this kernel computes")
+    _check_skippable(kw, kernel, roots)
     for t in terms:
         if t.op == "ternary" and t.args[0] in static and _key(_expr(t.args[0])) not in evaluated:
             raise PlanError(f"{kw}: no op evaluates the mask predicate {_key(_expr(t.args[0]))[:120]} of the "
                             f"terms the certificate says this kernel computes")
+
+
+def _check_skippable(kw: str, kernel: Kernel, roots: Sequence[Term]) -> None:
+    """PlanError where a conjunct of the loop's ``visible`` predicate is not part of a mask whose
+    all-false tiles the loop may skip (a tile is skipped when one conjunct is false throughout, so
+    each conjunct must make a skippable mask false there too)."""
+    if kernel.loop is None or kernel.loop.visible is None:
+        return
+    root = roots[0] if len(roots) == 1 else tuple(roots)
+    allowed = {_key(e) for p in skip_predicates(root, kernel.loop.axis) for e in _conjuncts(_expr(p))}
+    for e in _conjuncts(kernel.loop.visible.model_dump(mode="json")):
+        if _key(e) not in allowed:
+            raise PlanError(f"{kw}.loop.visible: the loop may not skip tiles where {_key(e)[:120]} is false: "
+                            "the masked elements still change a loop accumulator (masked_tile_skip's side "
+                            "condition)")

@@ -213,6 +213,7 @@ def matmul_assoc(t: Term, inst: Inst) -> Term:
     inner, other = ops[side], ops[1 - side]
     _need(inner.op == "matmul", "the chosen operand is not a matmul")
     j = inner.axis
+    _need(j != k, f"the inner and outer products both contract {k!r}")
     b, a = inner.args[b_at], inner.args[1 - b_at]
     _need(j not in axes_of(other), f"the outer operand has the inner contraction {j!r}")
     _need(k not in axes_of(a) and k in axes_of(b), f"{k!r} must be an axis of B and not of A")

@@ -98,30 +98,80 @@ def roundTrip (d : Decimal) : Option String :=
 def scaledGemm (s : Term) : Term :=
   Term.matmul (Term.binary .mul (Term.input "X" ["m", "d"]) s) (Term.input "W" ["d", "n"]) "d"
 
+/-- A sliding window `t_q - 1024 < t_kv` (as `t_q - t_kv - 1023 ≤ 0`) and causality `t_kv ≤ t_q`. -/
+def windowMask : Pred :=
+  .and (.atom ⟨[("t_q", 1), ("t_kv", -1)], -1023⟩) (.atom ⟨[("t_kv", 1), ("t_q", -1)], 0⟩)
+
+/-- Rows `t_q` 2048..2111 of a query block; key tiles of 64. -/
+def queryBlock : Box := fun a => if a = "t_q" then (2048, 2111) else (0, 0)
+
+/-- The masked-tile checks: tiles far behind the window and past the diagonal are all false. -/
+def tileChecks : List (String × Bool) :=
+  [("a tile far behind the window is masked", windowMask.allFalse (stepBox queryBlock "t_kv" 64 0)),
+    ("a tile in the window is not", !(windowMask.allFalse (stepBox queryBlock "t_kv" 64 20))),
+    ("a tile past the diagonal is masked", windowMask.allFalse (stepBox queryBlock "t_kv" 64 34)),
+    ("the diagonal tile is not", !(windowMask.allFalse (stepBox queryBlock "t_kv" 64 32))),
+    ("steps 16..33 run, the rest are masked", skippedOk windowMask queryBlock "t_kv" 64 64 16 33),
+    ("a run range that leaves out a visible step is refused",
+      !(skippedOk windowMask queryBlock "t_kv" 64 64 17 33)),
+    ("a window widened past the run range is refused",
+      !(skippedOk (.and (.atom ⟨[("t_q", 1), ("t_kv", -1)], -100000⟩) (.atom ⟨[("t_kv", 1), ("t_q", -1)], 0⟩))
+        queryBlock "t_kv" 64 64 16 33))]
+
 /-- The replay's rules: each applies where its side conditions hold and nowhere else. -/
 def replayChecks : List (String × Bool) :=
   let s := Term.input "S" ["m"]
   let x := Term.input "X" ["m", "d"]
+  let w := Term.input "W" ["d", "n"]
   let sm := Term.softmax x "d"
-  [("row scale applies", (Rule.rowScaleXS s false).apply (scaledGemm s) ==
-      some (Term.binary .mul (Term.matmul x (Term.input "W" ["d", "n"]) "d") s)),
+  let ta := Term.input "A" ["m", "j"]
+  let tb := Term.input "B" ["j", "k"]
+  let tc := Term.input "C" ["k", "n"]
+  let c := Term.const 0.125
+  [("row scale applies", (Rule.rowScaleXS x s w "d" false).apply (scaledGemm s) ==
+      some (Term.binary .mul (Term.matmul x w "d") s)),
     ("row scale refuses a scale along the contraction",
-      ((Rule.rowScaleXS x false).apply (scaledGemm x)).isNone),
-    ("row scale refuses another scale term", ((Rule.rowScaleXS x false).apply (scaledGemm s)).isNone),
-    ("softmax shift applies", ((Rule.softmaxMaxShift .exp "d").apply sm).isSome),
-    ("softmax shift needs the summed axis", ((Rule.softmaxMaxShift .exp "m").apply sm).isNone),
-    ("mean to sum", (Rule.meanToSumDiv "d").apply (Term.reduce .mean x "d") ==
+      ((Rule.rowScaleXS x x w "d" false).apply (scaledGemm x)).isNone),
+    ("row scale refuses another scale term", ((Rule.rowScaleXS x x w "d" false).apply (scaledGemm s)).isNone),
+    ("softmax shift applies", ((Rule.softmaxMaxShift .exp x "d").apply sm).isSome),
+    ("softmax shift needs the summed axis", ((Rule.softmaxMaxShift .exp x "m").apply sm).isNone),
+    ("softmax shift refuses log", ((Rule.softmaxMaxShift .log x "d").apply
+      (softmaxOf .log x "d")).isNone),
+    ("scaled shift applies", (Rule.softmaxScaledMaxShift x c "d" false).apply
+      (Term.softmax (Term.binary .mul x c) "d") ==
+        some (softmaxOf .exp (Term.binary .mul (Term.binary .sub x (Term.reduce .max x "d")) c) "d")),
+    ("scaled shift refuses a negative scale", ((Rule.softmaxScaledMaxShift x (Term.const ⟨-1, 0⟩) "d" false).apply
+      (Term.softmax (Term.binary .mul x (Term.const ⟨-1, 0⟩)) "d")).isNone),
+    ("scaled shift refuses a scale with the summed axis", ((Rule.softmaxScaledMaxShift x x "d" false).apply
+      (Term.softmax (Term.binary .mul x x) "d")).isNone),
+    ("mean to sum", (Rule.meanToSumDiv x "d").apply (Term.reduce .mean x "d") ==
       some (Term.binary .div (Term.reduce .sum x "d") (Term.axisSize "d"))),
-    ("exp to exp2 uses LOG2E", (Rule.expToExp2.apply (Term.unary .exp x)) ==
+    ("variance from sums", (Rule.varianceSumOfSquares x "d").apply
+      (Term.reduce .mean (Term.unary .square (Term.binary .sub x (Term.reduce .mean x "d"))) "d") ==
+        some (Term.binary .sub (Term.reduce .mean (Term.unary .square x) "d")
+          (Term.unary .square (Term.reduce .mean x "d")))),
+    ("variance needs the same mean", ((Rule.varianceSumOfSquares x "d").apply
+      (Term.reduce .mean (Term.unary .square (Term.binary .sub x (Term.reduce .mean x "m"))) "d")).isNone),
+    ("matmul association", (Rule.matmulAssoc ta tb tc "j" "k" false false false false).apply
+      (Term.matmul (Term.matmul ta tb "j") tc "k") == some (Term.matmul ta (Term.matmul tb tc "k") "j")),
+    ("matmul association refuses one axis twice", ((Rule.matmulAssoc ta tb tc "j" "j" false false false false).apply
+      (Term.matmul (Term.matmul ta tb "j") tc "j")).isNone),
+    ("matmul association refuses k in A", ((Rule.matmulAssoc tb tb tc "j" "k" false false false false).apply
+      (Term.matmul (Term.matmul tb tb "j") tc "k")).isNone),
+    ("exp to exp2 uses LOG2E", ((Rule.expToExp2 x).apply (Term.unary .exp x)) ==
       some (Term.unary .exp2 (Term.binary .mul x (Term.const 1.4426950408889634)))),
     ("a path into a term", Term.at? (scaledGemm s) [0, 1] == some s),
     ("a path out of a term", (Term.at? (scaledGemm s) [0, 2]).isNone),
     ("replace rewrites every occurrence", Term.replace x s (Term.binary .add x x) == Term.binary .add s s),
     ("replay of two steps", replay [Term.reduce .mean (scaledGemm s) "n"]
-        [⟨Rule.rowScaleXS s false, 0, [0]⟩, ⟨Rule.meanToSumDiv "n", 0, []⟩] ==
+        [⟨Rule.rowScaleXS x s w "d" false, 0, [0]⟩,
+          ⟨Rule.meanToSumDiv (Term.binary .mul (Term.matmul x w "d") s) "n", 0, []⟩] ==
       some [Term.binary .div (Term.reduce .sum (Term.binary .mul
-        (Term.matmul x (Term.input "W" ["d", "n"]) "d") s) "n") (Term.axisSize "n")]),
+        (Term.matmul x w "d") s) "n") (Term.axisSize "n")]),
+    ("replay refuses a step at the wrong place", (replay [Term.reduce .mean (scaledGemm s) "n"]
+        [⟨Rule.rowScaleXS x s w "d" false, 0, []⟩]).isNone),
     ("decimals compare as numbers", Term.same (Term.const 1024.0) (Term.const 1024))]
+    ++ tileChecks
 
 /-- Each check: a label and whether it holds. -/
 def checks : List (String × Bool) := [
