@@ -81,3 +81,32 @@ def test_decision_key_names_dtype_device_and_tilelang(tmp_path: Path) -> None:
     assert len({base.path(tmp_path)} | {k.path(tmp_path) for k in others}) == 5
     assert all(cache.get(k) is None for k in others)
     assert decide(2.0, 2.0).choice == "fallback"  # a tie keeps the fallback compiler's code
+
+
+def test_a_region_that_loses_leaves_its_ops_to_the_fallback_compiler_whole(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decided when the graph is compiled: the losing region's own ops reach the fallback compiler inside the
+    one graph it compiles (no region op left around them), the winning region's op does; neither is measured
+    again at run time."""
+    import pyrunner.frontend.backend as backend
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    seen: list[str] = []
+
+    def eager(gm, example_inputs):  # the fallback compiler: records the graph it is handed
+        seen.append(str(gm.graph))
+        return gm
+
+    monkeypatch.setitem(backend.FALLBACKS, "eager", eager)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    for times, region_op in (((2.0, 1.0), False), ((1.0, 2.0), True)):
+        seen.clear()
+        for p in tmp_path.glob("decisions/**/*.json"):
+            p.unlink()
+        m = FakeMeasure(*times)
+        assert torch.allclose(_run(x, m), f(x))
+        assert len(m.calls) == 1
+        # A losing region's op appears in no graph the fallback compiler is handed (its ops do); a winner's does.
+        assert any("superopt." in g for g in seen) is region_op, seen
+        assert any("softmax" in g and "superopt." not in g for g in seen), seen  # measured alone (and kept)
+        assert LAST_REPORTS[-1].regions[0].decision == ("superopt" if region_op else "fallback")

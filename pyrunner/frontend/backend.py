@@ -3,9 +3,10 @@
 Dynamo hands over an FX graph and example inputs. The graph is partitioned
 into regions the graph IR expresses; each region is planned (free axes at their
 shape bucket, ``buckets``), compiled and checked against float64 on the GPU, and
-put back as a custom op inside the graph that inductor compiles. At a region's
-first call its kernels are timed against inductor's code for the same ops and
-the faster is kept (``decide``; the decision cached on disk per region graph,
+put back as a custom op inside the graph that inductor compiles. When the graph
+is compiled its kernels are timed against inductor's code for the same ops and
+the faster is kept (a losing region's ops stay in the graph inductor compiles;
+``decide``; the decision cached on disk per region graph,
 dtype, device and TileLang version). Symbolic shapes (``dynamic=None`` after a
 second shape, a KV-cache decode loop) are specialised per concrete shape at run
 time (``specialize``), never handed whole to inductor. Without a GPU
@@ -95,8 +96,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     here leaves the graph to ``fallback`` with one log line, never a traceback. A graph with symbolic
     shapes is compiled once per concrete shape at run time (``specialize``), each shape's report from
     ``new_report`` (default: a new one in ``LAST_REPORTS``). ``measure`` (a ``decide.Measure``) times each
-    region against ``fallback``'s code for its ops at first call and keeps the faster (decision cached under
-    ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none otherwise
+    region against ``fallback``'s code for its ops when the graph is compiled and keeps the faster
+    (decision cached under ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none otherwise
     (``False``: never measure). ``bucket`` plans free axes at their bucket size (``buckets``)."""
     from pyrunner.frontend.partition import example_values
     from pyrunner.frontend.specialize import Specialized, is_symbolic

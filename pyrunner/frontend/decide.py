@@ -1,9 +1,10 @@
 """Keep a Superopt region only where it is measured faster than the fallback compiler's code for the same ops.
 
 The cost model ranks plans; only a measurement says whether a region beats
-inductor's code for it at that shape. At a region's first call the two are timed
-once on the real inputs (``Measure``: CUDA-event medians on the GPU), the faster
-runs from then on, and the decision is written to
+inductor's code for it at that shape. When the graph is compiled the two are timed
+once on inputs of the region's shapes (``Measure``: CUDA-event medians on the GPU);
+a region that loses leaves its ops in the graph, which the fallback compiler then
+compiles whole, and the decision is written to
 ``$SUPEROPT_CACHE_DIR/decisions/<tilelang>/<device>/<dtype>/<graph hash>.json``
 (the region graph fixes the ops and the shape bucket), so a second process, or
 another layer with the same graph, measures nothing. One log line per region
@@ -116,41 +117,20 @@ class DecisionCache:
         write_text_atomic(p, json.dumps(body, indent=1, sort_keys=True) + "\n", "decision cache file")
 
 
-class Chooser:
-    """A region's run function: at the first call, Superopt's or the fallback's code for it, whichever is
-    faster (cached decision, else measured once); that one runs from then on."""
-
-    def __init__(self, label: str, key: DecisionKey, superopt: Callable[..., tuple],
-                 fallback: Callable[[list], Callable[..., Any]], measure: Measure, cache: DecisionCache,
-                 on_decision: Callable[[Decision], None] | None = None) -> None:
-        self.label, self.key, self.superopt, self.make_fallback = label, key, superopt, fallback
-        self.measure, self.cache, self.on_decision = measure, cache, on_decision
-        self.decision: Decision | None = None
-        self._fallback: Callable[..., Any] | None = None
-        self._run: Callable[..., tuple] | None = None
-
-    def fallback(self, *xs: Any) -> tuple:
-        if self._fallback is None:
-            self._fallback = self.make_fallback(list(xs))
-        out = self._fallback(*xs)
-        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
-
-    def __call__(self, *xs: Any) -> tuple:
-        if self._run is None:
-            cached = self.cache.get(self.key)
-            if cached is not None:
-                d, how = cached, "from the decision cache"
-            else:
-                s_us, f_us = self.measure(self.label, lambda: self.superopt(*xs), lambda: self.fallback(*xs))
-                d, how = decide(s_us, f_us, self.key.sizes), "measured now"
-                try:
-                    self.cache.put(self.key, d)
-                except Exception as e:  # noqa: BLE001 - an unwritable cache costs a re-measure, not the model
-                    how += f" (not cached: {e})"
-            self.decision = d
-            self._run = self.superopt if d.choice == "superopt" else self.fallback
-            log.info("superopt: %s at %s: %s (%s, %s)", self.label, dict(self.key.sizes),
-                     "Superopt kernels" if d.choice == "superopt" else "the fallback compiler's code", d.why, how)
-            if self.on_decision is not None:
-                self.on_decision(d)
-        return self._run(*xs)
+def decide_once(label: str, key: DecisionKey, measure: Measure, superopt: Callable[[], object],
+                fallback: Callable[[], object], cache: DecisionCache) -> tuple[Decision, str]:
+    """The cached decision for ``key``, else one measurement (then cached); with how it was reached.
+    One log line says what was chosen and why."""
+    cached = cache.get(key)
+    if cached is not None:
+        d, how = cached, "from the decision cache"
+    else:
+        s_us, f_us = measure(label, superopt, fallback)
+        d, how = decide(s_us, f_us, key.sizes), "measured now"
+        try:
+            cache.put(key, d)
+        except Exception as e:  # noqa: BLE001 - an unwritable cache costs a re-measure, not the model
+            how += f" (not cached: {e})"
+    log.info("superopt: %s at %s: %s (%s, %s)", label, dict(key.sizes),
+             "Superopt kernels" if d.choice == "superopt" else "the fallback compiler's code", d.why, how)
+    return d, how

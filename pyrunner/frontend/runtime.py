@@ -111,10 +111,6 @@ def _no_backward(ctx: Any, *grads: Any) -> tuple:  # noqa: ARG001
                         "compile the graph again with autograd on (it then leaves the graph to PyTorch)")
 
 
-Wrap = Callable[[RegionGraph, Callable[..., tuple], Any], Callable[..., tuple]]
-"""(region, its run function, its FX nodes as a module or None) -> the run function the op calls."""
-
-
 def region_module(gm: Any, rg: RegionGraph, args: tuple) -> Any:
     """The region's own FX nodes as a module taking the region op's inputs ``args`` (nodes of ``gm`` now),
     what the fallback compiler would run for them; None when a node reads anything else."""
@@ -134,10 +130,9 @@ def region_module(gm: Any, rg: RegionGraph, args: tuple) -> Any:
     return torch.fx.GraphModule(gm, g)
 
 
-def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[Any], Any],
-             wrap: Wrap | None = None) -> Any:
+def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[Any], Any]) -> Any:
     """Replace each region's nodes in ``gm`` (in place) by a call of its op; returns gm, recompiled.
-    ``wrap`` (``compile._chooser``) may put a measured choice around each region's run function."""
+    Regions that lost their measurement (``compile._keep_winners``) are not among them: their nodes stay."""
     import operator
 
     import torch
@@ -148,8 +143,6 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
     for rg, impl in regions:
         fn = region_callable(rg, impl, meta)
         args = tuple(replaced.get(src, src) for _, src, _ in rg.inputs)
-        if wrap is not None:
-            fn = wrap(rg, fn, region_module(gm, rg, args))
         op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
         with graph.inserting_after(rg.nodes[-1]):  # every input is defined by then, no outside user yet
             call = graph.call_function(op, args)
