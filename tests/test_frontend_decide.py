@@ -81,3 +81,47 @@ def test_decision_key_names_dtype_device_and_tilelang(tmp_path: Path) -> None:
     assert len({base.path(tmp_path)} | {k.path(tmp_path) for k in others}) == 5
     assert all(cache.get(k) is None for k in others)
     assert decide(2.0, 2.0).choice == "fallback"  # a tie keeps the fallback compiler's code
+
+
+def test_optimize_keeps_only_what_wins_through_the_same_decision(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimize`` measures each region against the fallback compiler's code as the backend does (the
+    ``measure=`` seam), runs the faster and says so in its report; a region that loses runs the fallback's
+    code (here made visible by a fallback compiler that counts its calls)."""
+    import pyrunner
+    import pyrunner.frontend.backend as backend
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    compiled: list[int] = []
+
+    def counting_eager(gm, example_inputs):
+        compiled.append(len(example_inputs))
+        return gm.forward
+
+    monkeypatch.setitem(backend.FALLBACKS, "eager", counting_eager)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    m = FakeMeasure(5.0, 1.0)  # the fallback compiler's code is faster: it must be what runs
+    opt = pyrunner.optimize(f, x, executor="reference", progress=False, measure=m)
+    with torch.no_grad():
+        assert torch.allclose(opt(x), f(x))
+    assert m.calls and all(c.decision == "fallback" and "5.00 us" in c.reason for c in opt.report.regions)
+    assert len(compiled) >= 2  # the whole graph, and the region's own ops for the measurement
+    m2 = FakeMeasure(1.0, 5.0)
+    opt2 = pyrunner.optimize(lambda t: torch.exp(t) * 3, x, executor="reference", progress=False, measure=m2)
+    with torch.no_grad():
+        assert torch.allclose(opt2(x), torch.exp(x) * 3)
+    assert m2.calls and all(c.decision == "superopt" for c in opt2.report.regions)
+
+
+def test_optimize_on_a_gpu_measures_and_hands_the_rest_to_inductor() -> None:
+    """On the GPU ``optimize`` resolves to the backend's own rules: CUDA-event measurement of every region
+    and inductor for everything else; on the CPU nothing is measured and PyTorch runs the model eagerly."""
+    from pyrunner.frontend.backend import resolve_fallback, resolve_measure
+    from pyrunner.frontend.decide import gpu_measure
+
+    assert resolve_measure(None, "gpu") is gpu_measure and resolve_measure(None, "plan") is None
+    assert resolve_measure(False, "gpu") is None and resolve_measure(True, "plan") is gpu_measure
+    fake = FakeMeasure(1.0, 2.0)
+    assert resolve_measure(fake, "reference") is fake
+    assert resolve_fallback("auto", "gpu") == "inductor" and resolve_fallback("auto", "plan") == "eager"
+    assert resolve_fallback("eager", "gpu") == "eager"
