@@ -125,3 +125,24 @@ def test_optimize_on_a_gpu_measures_and_hands_the_rest_to_inductor() -> None:
     assert resolve_measure(fake, "reference") is fake
     assert resolve_fallback("auto", "gpu") == "inductor" and resolve_fallback("auto", "plan") == "eager"
     assert resolve_fallback("eager", "gpu") == "eager"
+
+
+def test_a_decode_loop_measures_once_per_kv_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision is keyed by the graph that was planned (the region at its shape bucket): decode steps
+    whose KV lengths share a bucket share one measurement, and every step gives eager's values."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+
+    def step(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v) * 2
+
+    torch._dynamo.reset()
+    m = FakeMeasure(1.0, 2.0)
+    c = torch.compile(step, backend="superopt",
+                      options={"fallback": "eager", "executor": "reference", "measure": m})
+    q = torch.randn(1, 2, 1, 8, dtype=torch.float64)
+    with torch.no_grad():
+        for n in range(17, 23):  # one bucket (32 keys)
+            k, v = torch.randn(1, 2, n, 8, dtype=torch.float64), torch.randn(1, 2, n, 8, dtype=torch.float64)
+            assert torch.allclose(c(q, k, v), step(q, k, v), rtol=1e-12, atol=1e-12)
+    assert len(m.calls) == 1
+    assert len(list(tmp_path.glob("decisions/*/cpu/float64/*.json"))) == 1

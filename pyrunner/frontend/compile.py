@@ -169,10 +169,12 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         return []
     say = opts.progress or (lambda s: None)
     flops = sum(node_flops(n, meta) for n in nodes)
-    if opts.executor == "reference":
-        report.chose(RegionChoice(rg, None, decision="reference", reason="float64 interpreter",
-                                           flops=flops))
-        return [(rg, reference_impl(rg))]
+    if opts.executor == "reference":  # the float64 interpreter on the graph a plan would be made for
+        graph, pads = bucketed(rg.graph) if opts.bucket else (rg.graph, {})
+        impl = reference_impl(graph)
+        report.chose(RegionChoice(rg, None, decision="reference", reason="float64 interpreter"
+                                  + _bucket_note(graph, pads), flops=flops, planned=graph if pads else None))
+        return [(rg, padded_impl(impl, graph, pads) if pads else impl)]
     try:
         dtype = region_dtype(rg, meta, opts.dtype)
     except UserError as e:
@@ -254,7 +256,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
     report.chose(RegionChoice(rg, plan, naive, check, reason=(check or "kernels compiled") + _bucket_note(graph, pads),
-                              flops=flops))
+                              flops=flops, planned=graph if pads else None))
     if opts.log is not None:
         _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
@@ -330,7 +332,8 @@ def _chooser(opts: Options, report: Report, meta: Callable[[Any], Any]) -> Calla
 
         opts.tracker.start("measure")  # at the region's first call
 
-        return Chooser(rg.label, decision_key(rg.graph, dtype, device), fn,
+        # keyed by the planned graph: every shape of a bucket (a decode loop's KV lengths) shares one decision
+        return Chooser(rg.label, decision_key(choice.planned or rg.graph, dtype, device), fn,
                        lambda xs: compile_fallback(copy.deepcopy(sub), xs), measure, cache, decided)
 
     return wrap
