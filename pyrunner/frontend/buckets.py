@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from pyrunner.frontend import padmask
+from pyrunner.frontend.padmask import MASK_PREFIX, mask_values, masked, softmax_axes
+from pyrunner.frontend.padmask import bucket as softmax_bucket
 from pyrunner.frontend.runtime import Impl
 
 TILE = 64
@@ -41,15 +42,15 @@ def free_axes(graph: Any) -> set[str]:
 
 
 def bucketed(graph: Any, rule: Callable[[int], int] = bucket,
-             softmax_rule: Callable[[int], int] | None = padmask.bucket) -> tuple[Any, dict[str, int]]:
+             softmax_rule: Callable[[int], int] | None = softmax_bucket) -> tuple[Any, dict[str, int]]:
     """``graph`` with its free axes at their bucket size and its softmax axes at theirs where the mask makes
     that exact (``padmask``; ``softmax_rule=None``: never), and axis -> original size for those padded."""
     pads = {a: n for a, n in graph.sizes.items() if a in free_axes(graph) and rule(n) != n}
     g = graph.with_sizes({a: rule(n) for a, n in pads.items()}) if pads else graph
-    for a in sorted(padmask.softmax_axes(graph) if softmax_rule else ()):
+    for a in sorted(softmax_axes(graph) if softmax_rule else ()):
         n = graph.sizes[a]
         size = softmax_rule(n)  # type: ignore[misc]
-        if size != n and (m := padmask.masked(g, a, size)) is not None:
+        if size != n and (m := masked(g, a, size)) is not None:
             g, pads[a] = m, n
     return g, pads
 
@@ -58,11 +59,11 @@ def padded_impl(impl: Impl, padded: Any, pads: dict[str, int]) -> Impl:
     """``impl`` of the padded graph run on inputs at the original sizes: zero-pad, run, slice the outputs."""
     in_axes = {t.name: t.axes for t in padded.inputs()}
     out_axes = [padded.axes_of(t) for _, t in padded.outputs]
-    masks = {k: axes[0] for k, axes in in_axes.items() if k.startswith(padmask.MASK_PREFIX)}
+    masks = {k: axes[0] for k, axes in in_axes.items() if k.startswith(MASK_PREFIX)}
 
     def run(feed: dict[str, Any]) -> tuple:
         like = next((v for v in feed.values() if v.is_floating_point()), next(iter(feed.values())))
-        fed = {k: padmask.mask_values(pads[a], padded.sizes[a], like) for k, a in masks.items()}
+        fed = {k: mask_values(pads[a], padded.sizes[a], like) for k, a in masks.items()}
         for k, v in feed.items():
             shape = tuple(padded.sizes[a] if a in pads else n for a, n in zip(in_axes[k], v.shape, strict=True))
             if shape != tuple(v.shape):
