@@ -79,30 +79,65 @@ def test_other_blocks_plan_on_the_cpu_path(block: str, capsys: pytest.CaptureFix
     _planned(block, capsys)
 
 
-def test_decode_step_with_kv_cache() -> None:
-    """One decode step (one query token, ``past_key_values``): the layer maps but for the cache's own appends
-    (``torch.cat`` of the past and the new token: left to PyTorch, one line each), and matches eager."""
+def _decode_inputs(block: str, x: torch.Tensor, cfg, n: int, seed: int) -> tuple[torch.Tensor, dict]:
+    """One decode token at position ``n`` and its keyword inputs (rotary tables at that position)."""
+    import importlib
+
+    mod = importlib.import_module(f"transformers.models.{block}.modeling_{block}")
+    rotary = getattr(mod, f"{'Llama' if block == 'llama' else 'Qwen2'}RotaryEmbedding")(cfg)
+    x1 = torch.randn(1, 1, x.shape[-1], generator=torch.Generator().manual_seed(seed))
+    return x1, {"attention_mask": None, "use_cache": True, "position_embeddings": rotary(x1, torch.tensor([[n]]))}
+
+
+@pytest.mark.parametrize("block", ["llama", "qwen2"])
+def test_decode_step_with_kv_cache(block: str) -> None:
+    """One decode step (one query token, ``past_key_values``): the layer maps with no model failure -- only
+    the cache's own appends (``torch.cat`` of the past and the new token) stay with PyTorch, one line each --
+    the attention is planned at its KV bucket with the padded keys masked, and the output matches eager."""
     import copy
 
-    from frontend_models import llama_layer
     from transformers.cache_utils import DynamicCache
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    m, (x,), kw = llama_layer()
+    m, (x,), kw = HF_BLOCKS[block]()
     cfg = m.self_attn.config
     cache = DynamicCache(config=cfg)
     with torch.no_grad():
         m(x, past_key_values=cache, use_cache=True, **kw)  # prefill fills the cache
-    x1 = torch.randn(1, 1, x.shape[-1], generator=torch.Generator().manual_seed(7))
-    step = {"attention_mask": None, "use_cache": True,
-            "position_embeddings": LlamaRotaryEmbedding(cfg)(x1, torch.tensor([[x.shape[1]]]))}
+    x1, step = _decode_inputs(block, x, cfg, x.shape[1], 7)
     opt = pyrunner.optimize(m, x1, executor="reference", progress=False, past_key_values=copy.deepcopy(cache), **step)
     assert opt.report.regions and opt.report.flop_share >= MIN_SHARE
     assert len(opt.report.fallbacks) == 2 and all("torch.cat" in why for _, why in opt.report.fallbacks)
+    assert any("planned at bucket" in c.reason and f"(is {x.shape[1] + 1})" in c.reason for c in opt.report.regions)
     with torch.no_grad():
         want = _first(m(x1, past_key_values=copy.deepcopy(cache), **step))
         got = _first(opt(x1, past_key_values=copy.deepcopy(cache), **step))
     assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64
+
+
+@pytest.mark.parametrize("block", ["llama", "qwen2"])
+def test_decode_loop_of_a_layer_keeps_its_regions(block: str) -> None:
+    """Eight decode steps of the layer under ``torch.compile(backend="superopt")``, each step through its own
+    cache and eager through another: every step's output matches eager and every step runs regions."""
+    from transformers.cache_utils import DynamicCache
+
+    from pyrunner.frontend.backend import LAST_REPORTS
+
+    m, (x,), kw = HF_BLOCKS[block]()
+    cfg = m.self_attn.config
+    caches = DynamicCache(config=cfg), DynamicCache(config=cfg)
+    torch._dynamo.reset()
+    c = torch.compile(m, backend="superopt", options={"fallback": "eager", "executor": "reference"})
+    first = len(LAST_REPORTS)
+    with torch.no_grad():
+        for f, cache in zip((m, c), caches, strict=True):
+            f(x, past_key_values=cache, use_cache=True, **kw)
+        for i in range(8):
+            x1, step = _decode_inputs(block, x, cfg, x.shape[1] + i, 100 + i)
+            want = _first(m(x1, past_key_values=caches[0], **step))
+            got = _first(c(x1, past_key_values=caches[1], **step))
+            assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64, i
+    reps = [r for r in LAST_REPORTS[first:] if r.regions or r.fallbacks]
+    assert len(reps) == 9 and all(r.regions and r.flop_share >= MIN_SHARE for r in reps)
 
 
 def test_new_shape_is_captured_again_and_dtype_kept() -> None:
