@@ -3,13 +3,16 @@
 A free axis (``buckets``) can be zero-padded as it is. An axis a softmax runs
 over cannot: a padded key scores 0 and would take part in the softmax. This
 module pads such an axis anyway, when it can prove the padded positions never
-reach a kept value: it adds an input ``padmask_<axis>`` (0 at the real
-positions, -inf at the padded ones; ``mask_values``) to what a ``max`` over the
-axis reads, or to the argument of an ``exp`` a ``sum`` over the axis reads, and
-then checks every reduction and contraction over the axis by a small abstract
-interpretation of the values at padded positions (``_Pad``):
+reach a kept value: with an input ``padmask_<axis>`` (1 at the real positions,
+0 at the padded ones; ``mask_values``) it masks what a ``max`` over the axis
+reads, or the argument of an ``exp`` a ``sum`` over the axis reads, in the IR's
+own mask form ``where(padmask, x, -inf)`` (the input stays finite, as the
+planner assumes of inputs, and the infinite constant is what its lowering
+guards running maxima for), then checks every reduction and contraction over
+the axis by a small abstract interpretation of the values at padded positions
+(``_Pad``):
 
-* inputs are zero-padded; the mask is -inf there; constants are themselves;
+* inputs are zero-padded (the mask is 0 there: -inf is selected); constants are themselves;
   ``iota`` of the axis is a positive integer there; ``axis_size`` of it fails;
 * an element-wise op maps the set of possible kinds (zero, finite non-zero,
   -inf, +inf, NaN) through representatives (0, +-1.5, +-1e300, +-1e-300, inf,
@@ -17,7 +20,7 @@ interpretation of the values at padded positions (``_Pad``):
 * a ``sum`` or a contraction over the axis needs zero there (one operand of a
   contraction zero, the other finite), a ``max`` needs -inf, a ``mean`` fails.
 
-Adding 0 to a real position changes nothing, so the outputs at real positions
+At a real position the mask selects ``x`` itself, so the outputs at real positions
 are exactly the unpadded graph's, provided the values the model computes
 without the axis (a row's maximum, a scale) are finite -- where one is not, the
 kept output is not finite either. The axis is then planned at its bucket size
@@ -131,7 +134,7 @@ class _Pad:
         if t.op == "iota":
             return frozenset({FIN})  # n, n+1, ...
         if t.op == "input":
-            return frozenset({NEG}) if t.name == mask_name(a) else frozenset({ZERO})
+            return frozenset({ZERO})  # zero-padded (the mask input too: 0 means padded)
         args = [self.memo[x] for x in t.args]
         if t.op == "unary":
             return _map(UNARY[t.fn].numpy, *args)
@@ -206,21 +209,18 @@ def masked(graph: ir.Graph, axis: str, size: int) -> ir.Graph | None:
                 pad.of(t)
         except Unsafe as e:
             at = _target(e.term, axis)
-            try:
-                if at is None or not pad.of(at) <= {ZERO, FIN, NEG}:
-                    return None
-            except Unsafe:
+            if at is None:  # not a softmax's reduction: a mask cannot fix it
                 return None
-            g = _substitute(g, at, ir.binary("add", at, mask))
+            g = _substitute(g, at, ir.where(mask, at, ir.const(-math.inf)))
             continue
         return g.with_sizes({axis: size})
     return None
 
 
 def mask_values(n: int, size: int, like: Any) -> Any:
-    """The mask input for an axis of real size ``n`` padded to ``size``: 0 then -inf (``like``'s dtype/device)."""
+    """The mask input for an axis of real size ``n`` padded to ``size``: 1 then 0 (``like``'s dtype/device)."""
     import torch
 
-    m = torch.full((size,), float("-inf"), dtype=like.dtype, device=like.device)
-    m[:n] = 0
+    m = torch.zeros((size,), dtype=like.dtype, device=like.device)
+    m[:n] = 1
     return m
