@@ -44,11 +44,11 @@ for p in (ROOT, ROOT / "tests"):
 LAYERS = {
     "llama3-8b": ("llama", {"seq": 2048, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
                             "ffn": 14336}),
+    "llama3-8b-decode": ("llama", {"seq": 2047, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
+                                   "ffn": 14336}),
     "gpt2-medium": ("gpt2", {"seq": 1024, "hidden": 1024, "heads": 16}),
     "gemma2-2b": ("gemma2", {"seq": 2048, "hidden": 2304, "heads": 8, "kv_heads": 4, "head_dim": 256,
                              "ffn": 9216, "window": 4096}),
-    "llama3-8b-decode": ("llama", {"seq": 2047, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
-                                   "ffn": 14336}),
 }
 DECODE = {"llama3-8b-decode"}
 """Layers timed as one decode step after ``seq`` cached tokens."""
