@@ -9,10 +9,10 @@ axes (the tokens of a prefill's MLP, norms, projections) are rounded up to
 ``bucket(n)``; the region is planned at the bucket size, once for every shape
 in it. An axis a softmax runs over (the KV length of attention) is padded too,
 to a power of two below the tile and a multiple of it above (``padmask.bucket``),
-when ``padmask`` proves it exact: a mask input (0 at real keys, -inf at padded
-ones) is added to the scores, so padded keys are excluded, never silently
-included; a decode loop then plans once per bucket. Other reduced axes stay
-exact.
+when ``padmask`` proves it exact: with a mask input (1 at real keys, 0 at padded
+ones) the scores become ``where(mask, s, -inf)``, so padded keys are excluded,
+never silently included; a decode loop then plans once per bucket. Other
+reduced axes stay exact.
 """
 
 from __future__ import annotations
