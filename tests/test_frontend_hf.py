@@ -51,6 +51,20 @@ def test_block_maps_whole_and_matches_eager(block: str, capsys: pytest.CaptureFi
     assert err <= FP32_VS_F64, err
 
 
+@pytest.mark.parametrize("block", list(HF_BLOCKS))
+def test_block_with_padded_keys_matches_eager(block: str) -> None:
+    """At 20 tokens each layer's attention is run at its KV bucket (32 keys; 12 padded and masked): causal
+    masks from indices (GPT-2, Llama, Qwen2), Gemma2's additive sliding-window mask tensor and its logit
+    softcapping all keep the padded keys out, so the layer equals eager."""
+    m, args, kwargs = HF_BLOCKS[block](seq=20)
+    opt = pyrunner.optimize(m, *args, executor="reference", progress=False, **kwargs)
+    assert not opt.report.fallbacks
+    assert any("planned at bucket" in c.reason and "=32 (is 20)" in c.reason for c in opt.report.regions)
+    with torch.no_grad():
+        want, got = _first(m(*args, **kwargs)), _first(opt(*args, **kwargs))
+    assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64
+
+
 def _planned(block: str, capsys: pytest.CaptureFixture) -> None:
     m, args, kwargs = HF_BLOCKS[block]()
     opt = pyrunner.optimize(m, *args, executor="plan", dtype="bfloat16", progress=False, **kwargs)
