@@ -6,7 +6,10 @@ shapes, bf16, batch 1, prefill:
 * ``llama3-8b``: hidden 4096, 32 heads, 8 KV heads, head 128, FFN 14336, 2048 tokens (sdpa: causal, GQA);
 * ``gpt2-medium``: hidden 1024, 16 heads, 1024 tokens (fused c_attn split, LayerNorm, GELU-tanh);
 * ``gemma2-2b``: hidden 2304, 8 heads, 4 KV heads, head 256, FFN 9216, 2048 tokens (eager attention:
-  softcapping, repeat_kv, a sliding-window mask of 4096 as an additive tensor).
+  softcapping, repeat_kv, a sliding-window mask of 4096 as an additive tensor);
+* ``llama3-8b-decode``: the Llama layer's decode step: one query token, a ``DynamicCache`` holding 2047
+  past keys and values (seeded random; the same ones at every timed call, so each call is one step at KV
+  length 2048, the cache append included for every variant).
 
 Every variant runs under ``torch.no_grad()`` and is timed alike (``run.timing.side_by_side_us``: CUDA-graph
 replay when all variants can be captured, interleaved rounds, median of ``--rounds`` >= 5). Outputs are
@@ -41,17 +44,60 @@ for p in (ROOT, ROOT / "tests"):
 LAYERS = {
     "llama3-8b": ("llama", {"seq": 2048, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
                             "ffn": 14336}),
+    "llama3-8b-decode": ("llama", {"seq": 2047, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
+                                   "ffn": 14336}),
     "gpt2-medium": ("gpt2", {"seq": 1024, "hidden": 1024, "heads": 16}),
     "gemma2-2b": ("gemma2", {"seq": 2048, "hidden": 2304, "heads": 8, "kv_heads": 4, "head_dim": 256,
                              "ffn": 9216, "window": 4096}),
 }
+DECODE = {"llama3-8b-decode"}
+"""Layers timed as one decode step after ``seq`` cached tokens."""
 SMALL = {
     "llama3-8b": {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128},
     "gpt2-medium": {"seq": 32, "hidden": 64, "heads": 4},
     "gemma2-2b": {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128, "window": 16},
+    "llama3-8b-decode": {"seq": 31, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128},
 }
 BOUND = 3e-2
 """bf16 through a layer against the float32 eager layer (normalised max error)."""
+
+
+class FreshCache:
+    """A ``DynamicCache`` made anew at every call from the same past keys and values, so a decode step timed
+    again and again runs at one KV length (the layer appends its token to a fresh cache each time)."""
+
+    def __init__(self, cfg, keys, values) -> None:
+        self.cfg, self.keys, self.values = cfg, keys, values
+
+    def make(self):
+        from transformers.cache_utils import DynamicCache
+
+        return DynamicCache(ddp_cache_data=[(self.keys, self.values)])
+
+    def to(self, **kw) -> FreshCache:
+        return FreshCache(self.cfg, self.keys.to(**kw), self.values.to(**kw))
+
+
+def call(f, args: tuple, kwargs: dict):
+    """``f(*args, **kwargs)`` with each ``FreshCache`` made into a new cache."""
+    return f(*args, **{k: v.make() if isinstance(v, FreshCache) else v for k, v in kwargs.items()})
+
+
+def decode_inputs(m, args: tuple) -> tuple[tuple, dict]:
+    """One decode step after ``args``' tokens: seeded random past keys and values for them (a prefill's
+    values would time the same), one new token, its rotary tables at the next position."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    (x,) = args
+    cfg = m.self_attn.config
+    g = torch.Generator().manual_seed(11)
+    kv = (1, cfg.num_key_value_heads, x.shape[1], cfg.head_dim)
+    keys, values = torch.randn(*kv, generator=g), torch.randn(*kv, generator=g)
+    x1 = torch.randn(1, 1, x.shape[-1], generator=g)
+    return (x1,), {"attention_mask": None, "use_cache": True,
+                   "position_embeddings": LlamaRotaryEmbedding(cfg)(x1, torch.tensor([[x.shape[1]]])),
+                   "past_key_values": FreshCache(cfg, keys, values)}
 
 
 def build(name: str, small: bool, device: str, dtype):
@@ -61,10 +107,14 @@ def build(name: str, small: bool, device: str, dtype):
 
     kind, shape = LAYERS[name]
     m, args, kwargs = HF_BLOCKS[kind](**(SMALL[name] if small else shape))
+    if name in DECODE:
+        args, kwargs = decode_inputs(m, args)
 
     def move(v):
         if isinstance(v, torch.Tensor):
             return v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+        if isinstance(v, FreshCache):
+            return v.to(device=device, dtype=dtype)
         if isinstance(v, tuple):
             return tuple(move(x) for x in v)
         return v
@@ -113,18 +163,19 @@ def run_layer(name: str, args: argparse.Namespace, out) -> None:
         m32 = build(name, args.small, device, torch.float32)[0]
         a32 = tuple(x.float() if isinstance(x, torch.Tensor) else x for x in a)
         kw32 = {k: (tuple(t.float() for t in v) if isinstance(v, tuple) else
-                    v.float() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()}
-        ref = first(m32(*a32, **kw32)).double()
+                    v.to(dtype=torch.float32) if isinstance(v, (torch.Tensor, FreshCache)) else v)
+                for k, v in kw.items()}
+        ref = first(call(m32, a32, kw32)).double()
         del m32
         fns, errors, notes = {}, {}, {}
         for vname, f in variants(m, args.small, args.variants).items():
             torch._dynamo.reset() if vname != "eager" else None
             t0 = time.perf_counter()
             try:
-                y = f(*a, **kw)
+                y = call(f, a, kw)
                 errors[vname] = err(y, ref)
                 notes[vname] = f"first call {time.perf_counter() - t0:.1f} s"
-                fns[vname] = (lambda f=f: f(*a, **kw))
+                fns[vname] = (lambda f=f: call(f, a, kw))
             except Exception as e:  # noqa: BLE001 - one variant failing is a row, not the end of the run
                 traceback.print_exc()
                 notes[vname] = f"FAIL {type(e).__name__}: {' '.join(str(e).split())[:300]}"

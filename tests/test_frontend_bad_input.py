@@ -170,3 +170,68 @@ def test_wrong_axis_names_are_one_error_line() -> None:
         pyrunner.optimize(lambda x, w: x @ w, r(8, 16), r(16, 4, seed=1), executor="reference", progress=False,
                           axes={"x": "tdz"})
     assert "\n" not in str(e.value)
+
+
+class _Model(torch.nn.Module):
+    """Two linears around an op the IR lacks (``cumsum``): two segments and one unsupported op."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = torch.nn.Linear(16, 16).to(dtype), torch.nn.Linear(16, 16).to(dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.cumsum(torch.tanh(self.a(x)), 0)).softmax(-1)
+
+
+def test_float32_model_is_one_line_not_one_per_region(caplog: pytest.LogCaptureFixture) -> None:
+    """A float32 model (kernels are planned in bf16/fp16) through ``optimize`` on the CPU path: the
+    unsupported op and the dtype each get ONE line, not one per stage of every segment (it was five)."""
+    m = _Model(torch.float32).eval()
+    x = r(8, 16, dtype=torch.float32)
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"):
+        opt = pyrunner.optimize(m, x, executor="plan", progress=False)
+        with torch.no_grad():
+            assert torch.equal(opt(x), m(x))
+    assert not opt.report.regions and len(opt.report.fallbacks) == 2
+    assert len(_lines(caplog)) == 2
+    assert "torch.cumsum" in opt.report.fallbacks[0][1] and "float32" in opt.report.fallbacks[1][1]
+    assert "dtype=" in opt.report.fallbacks[1][1]
+
+
+def test_bad_input_to_a_model_through_optimize(caplog: pytest.LogCaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One bf16 model through ``optimize``, then called as users do: a non-contiguous input, a new shape,
+    autograd on, and (as if a GPU were here) CPU tensors; each gives the model's own values and at most
+    one line per affected part, never a traceback."""
+    import pyrunner.run.timing as timing
+
+    m = _Model(torch.bfloat16).eval()
+    x = r(8, 16, dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"):
+        opt = pyrunner.optimize(m, x, executor="plan", progress=False)
+    assert len(opt.report.regions) >= 2 and len(opt.report.fallbacks) == 1
+    assert len(_lines(caplog)) == 1  # the cumsum
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"):
+        xt = r(16, 8, seed=2, dtype=torch.bfloat16).T  # non-contiguous: dynamo may compile again (its
+        with torch.no_grad():                          # stride guards): then the cumsum's line again
+            assert torch.equal(opt(xt), m(xt))
+        assert all("torch.cumsum" in x.getMessage() for x in _lines(caplog)) and len(_lines(caplog)) <= 1
+        caplog.clear()
+        x12 = r(12, 16, seed=3, dtype=torch.bfloat16)  # a new shape: planned again, the cumsum again
+        with torch.no_grad():
+            assert torch.equal(opt(x12), m(x12))
+        assert len(_lines(caplog)) == 1 and opt.later_reports[-1].regions
+        caplog.clear()
+        xg = r(8, 16, seed=4, dtype=torch.bfloat16).requires_grad_()  # autograd on: PyTorch, one line
+        y = opt(xg)
+        y.float().sum().backward()
+        assert xg.grad is not None and len(_lines(caplog)) == 1 and "autograd" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(timing, "gpu_available", lambda: True)  # CPU tensors for GPU kernels: one line
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"):
+        og = pyrunner.optimize(m, x, executor="gpu", progress=False)
+        with torch.no_grad():
+            assert torch.equal(og(x), m(x))
+    assert len(_lines(caplog)) == 1 and "CPU tensors" in og.report.fallbacks[0][1]

@@ -110,3 +110,68 @@ def test_a_region_that_loses_leaves_its_ops_to_the_fallback_compiler_whole(
         assert any("superopt." in g for g in seen) is region_op, seen
         assert any("softmax" in g and "superopt." not in g for g in seen), seen  # measured alone (and kept)
         assert LAST_REPORTS[-1].regions[0].decision == ("superopt" if region_op else "fallback")
+
+
+def test_optimize_keeps_only_what_wins_through_the_same_decision(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimize`` measures each region against the fallback compiler's code as the backend does (the
+    ``measure=`` seam), runs the faster and says so in its report; a region that loses runs the fallback's
+    code (here made visible by a fallback compiler that counts its calls)."""
+    import pyrunner
+    import pyrunner.frontend.backend as backend
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    compiled: list[int] = []
+
+    def counting_eager(gm, example_inputs):
+        compiled.append(len(example_inputs))
+        return gm.forward
+
+    monkeypatch.setitem(backend.FALLBACKS, "eager", counting_eager)
+    x = torch.randn(8, 16, dtype=torch.float64)
+    m = FakeMeasure(5.0, 1.0)  # the fallback compiler's code is faster: it must be what runs
+    opt = pyrunner.optimize(f, x, executor="reference", progress=False, measure=m)
+    with torch.no_grad():
+        assert torch.allclose(opt(x), f(x))
+    assert m.calls and all(c.decision == "fallback" and "5.00 us" in c.reason for c in opt.report.regions)
+    assert len(compiled) >= 2  # the whole graph, and the region's own ops for the measurement
+    m2 = FakeMeasure(1.0, 5.0)
+    opt2 = pyrunner.optimize(lambda t: torch.exp(t) * 3, x, executor="reference", progress=False, measure=m2)
+    with torch.no_grad():
+        assert torch.allclose(opt2(x), torch.exp(x) * 3)
+    assert m2.calls and all(c.decision == "superopt" for c in opt2.report.regions)
+
+
+def test_optimize_on_a_gpu_measures_and_hands_the_rest_to_inductor() -> None:
+    """On the GPU ``optimize`` resolves to the backend's own rules: CUDA-event measurement of every region
+    and inductor for everything else; on the CPU nothing is measured and PyTorch runs the model eagerly."""
+    from pyrunner.frontend.backend import resolve_fallback, resolve_measure
+    from pyrunner.frontend.decide import gpu_measure
+
+    assert resolve_measure(None, "gpu") is gpu_measure and resolve_measure(None, "plan") is None
+    assert resolve_measure(False, "gpu") is None and resolve_measure(True, "plan") is gpu_measure
+    fake = FakeMeasure(1.0, 2.0)
+    assert resolve_measure(fake, "reference") is fake
+    assert resolve_fallback("auto", "gpu") == "inductor" and resolve_fallback("auto", "plan") == "eager"
+    assert resolve_fallback("eager", "gpu") == "eager"
+
+
+def test_a_decode_loop_measures_once_per_kv_bucket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision is keyed by the graph that was planned (the region at its shape bucket): decode steps
+    whose KV lengths share a bucket share one measurement, and every step gives eager's values."""
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+
+    def step(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v) * 2
+
+    torch._dynamo.reset()
+    m = FakeMeasure(1.0, 2.0)
+    c = torch.compile(step, backend="superopt",
+                      options={"fallback": "eager", "executor": "reference", "measure": m})
+    q = torch.randn(1, 2, 1, 8, dtype=torch.float64)
+    with torch.no_grad():
+        for n in range(17, 23):  # one bucket (32 keys)
+            k, v = torch.randn(1, 2, n, 8, dtype=torch.float64), torch.randn(1, 2, n, 8, dtype=torch.float64)
+            assert torch.allclose(c(q, k, v), step(q, k, v), rtol=1e-12, atol=1e-12)
+    assert len(m.calls) == 1
+    assert len(list(tmp_path.glob("decisions/*/cpu/float64/*.json"))) == 1

@@ -61,6 +61,25 @@ def resolve_executor(executor: str) -> str:
 
 
 EXECUTORS = ("auto", "gpu", "plan", "reference")
+
+
+def resolve_measure(measure: Measure | bool | None, executor: str) -> Measure | None:
+    """What times each region against the fallback compiler's code, for the backend and ``optimize`` alike:
+    by default CUDA-event timing on the GPU (``gpu_measure``) and nothing elsewhere; ``True`` asks for it,
+    ``False`` turns it off, a callable is used as given (``decide.Measure``)."""
+    if measure is None:
+        return gpu_measure if executor == "gpu" else None
+    if measure is True:
+        return gpu_measure
+    return measure or None
+
+
+def resolve_fallback(fallback: str, executor: str) -> str:
+    """``auto``: inductor where regions run as kernels (the GPU: never slower than torch.compile for what
+    Superopt does not take), eager elsewhere (PyTorch runs the model as written)."""
+    if fallback == "auto":
+        return "inductor" if executor == "gpu" else "eager"
+    return fallback
 NO_GPU_NOTE = ("no CUDA GPU: regions are planned and CPU-checked only; PyTorch runs the model "
                "(see .report for what would run as Superopt kernels)")
 
@@ -128,10 +147,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                             f"stays outside them")
     try:
         values = example_values(gm, tuple(example_inputs))
-        if measure is None:  # optimize keeps every planned region, as asked; the backend keeps what wins
-            measure = gpu_measure if executor == "gpu" and source == "backend" else None
-        measure = gpu_measure if measure is True else measure or None
-        beat = executor == "gpu" and source == "backend" and measure is None  # no measure: the cost model's word
+        measure = resolve_measure(measure, executor)
+        beat = executor == "gpu" and measure is None  # not measured: the cost model's word
         opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=beat,
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source, measure=measure,

@@ -70,6 +70,27 @@ def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None
                     f"(pass dtype= to cast)")
 
 
+def _no_kernel_dtype(nodes: list[Any], meta: Callable[[Any], Any]) -> str | None:
+    """Why none of ``nodes`` can be planned as they are: no floating value among them is in a kernel dtype."""
+    import torch
+
+    dts = set()
+    for n in nodes:
+        v = meta(n)
+        for t in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                dts.add(str(t.dtype).removeprefix("torch."))
+    if not dts or dts & set(KERNEL_DTYPES):
+        return None
+    return (f"no plan: the ops compute in {', '.join(sorted(dts))}; kernels are planned in "
+            f"{' or '.join(KERNEL_DTYPES)} (pass dtype= to cast)")
+
+
+def _kernel_dtype_inside(rg: RegionGraph, meta: Callable[[Any], Any]) -> bool:
+    """Whether any input of the region is in a kernel dtype (so a piece of it might be planned)."""
+    return any(str(meta(src).dtype).removeprefix("torch.") in KERNEL_DTYPES for _, src, _ in rg.inputs)
+
+
 def plan_region(graph: Any, dtype: str) -> Plan:
     """The one place the frontend asks for a plan: ``pipeline.best_plan``, as the ``superopt`` command does
     (the committed tuning database of the default device, so both doors hand out the same plan). The
@@ -148,12 +169,21 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         return []
     say = opts.progress or (lambda s: None)
     flops = sum(node_flops(n, meta) for n in nodes)
-    if opts.executor == "reference":
-        report.chose(RegionChoice(rg, None, decision="reference", reason="float64 interpreter",
-                                           flops=flops))
-        return [(rg, reference_impl(rg))]
+    if opts.executor == "reference":  # the float64 interpreter on the graph a plan would be made for
+        graph, pads = bucketed(rg.graph) if opts.bucket else (rg.graph, {})
+        impl = reference_impl(graph)
+        report.chose(RegionChoice(rg, None, decision="reference", reason="float64 interpreter"
+                                  + _bucket_note(graph, pads), flops=flops, planned=graph if pads else None))
+        return [(rg, padded_impl(impl, graph, pads) if pads else impl)]
     try:
         dtype = region_dtype(rg, meta, opts.dtype)
+    except UserError as e:
+        if len(nodes) > 1 and _kernel_dtype_inside(rg, meta):
+            a, b = split(nodes)  # mixed dtypes: a smaller piece may be all bf16/fp16
+            return compile_segment(a, meta, opts, report, counter) + compile_segment(b, meta, opts, report, counter)
+        report.fallback(nodes, f"no plan: {e}")  # no piece of it is in a kernel dtype: one line for all of it
+        return []
+    try:
         t0 = time.perf_counter()
         opts.tracker.start("plan")
         graph, pads = bucketed(rg.graph) if opts.bucket else (rg.graph, {})
@@ -226,7 +256,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         report.fallback(nodes, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}")
         return []
     report.chose(RegionChoice(rg, plan, naive, check, reason=(check or "kernels compiled") + _bucket_note(graph, pads),
-                              flops=flops))
+                              flops=flops, planned=graph if pads else None))
     if opts.log is not None:
         _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
@@ -261,7 +291,16 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
         report.fallback([node], why)
     chosen: list[tuple[RegionGraph, Impl]] = []
     counter = [0]
-    for seg in part.segments:
+    dtype_check = opts.executor != "reference" and not opts.dtype
+    everything = [n for seg in part.segments for n in seg]
+    why = _no_kernel_dtype(everything, meta) if dtype_check else None
+    if why:  # a float32 model, say: one line for the whole graph, not one per region
+        report.fallback(everything, why)
+    for seg in part.segments if not why else []:
+        why = _no_kernel_dtype(seg, meta) if dtype_check else None
+        if why:  # no piece of the segment could be planned: one line for all of it, not one per stage
+            report.fallback(seg, why)
+            continue
         for piece in (stages(seg) if opts.executor != "reference" else [seg]):
             chosen += compile_segment(piece, meta, opts, report, counter)
     if opts.measure is not None and opts.fallback_compile is not None:
@@ -305,7 +344,8 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
 
         opts.tracker.start("measure")
         try:
-            d, _ = decide_once(rg.label, decision_key(rg.graph, dtype, key_device), measure,
+            # keyed by the planned graph: every shape of a bucket (a decode loop's KV lengths) shares one decision
+            d, _ = decide_once(rg.label, decision_key(choice.planned or rg.graph, dtype, key_device), measure,
                                lambda fn=fn, xs=xs: fn(*xs), fallback, cache)
         finally:
             opts.tracker.done("measure")

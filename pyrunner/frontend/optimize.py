@@ -9,7 +9,9 @@ without one, CPU-checked against float64 and left to PyTorch); an op the IR
 cannot express stays a PyTorch op, with one log line naming it and its source
 line. The result is a callable with ``fn``'s signature; ``.report`` is a table of
 what runs where. Capture runs under ``torch.no_grad()``; called with autograd on,
-the graph is captured again and left to PyTorch, so gradients are PyTorch's own.
+the graph is captured again and left to PyTorch, so gradients are PyTorch's own. On a GPU, as in the
+backend, each region is kept only where it is measured faster than inductor's code for its ops
+(``decide``), and inductor compiles the rest: never slower than ``torch.compile`` by more than noise.
 A new input shape is planned again (shapes are static): dynamo goes symbolic once and the backend
 compiles one specialisation per concrete shape, so regions stay at every shape (no recompile limit).
 """
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrunner.frontend.compile import Report
+from pyrunner.frontend.decide import Measure
 from pyrunner.frontend.errors import FrontendError
 from pyrunner.frontend.progress import RichTracker, Tracker, tracker
 
@@ -82,8 +85,9 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Calla
 
 
 def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
-             verify: bool = True, executor: str = "auto", fallback: str = "eager", progress: bool | Tracker = True,
-             log: str | os.PathLike | None = None, **example_kwargs: Any) -> Optimized:
+             verify: bool = True, executor: str = "auto", fallback: str = "auto", progress: bool | Tracker = True,
+             log: str | os.PathLike | None = None, measure: Measure | bool | None = None,
+             **example_kwargs: Any) -> Optimized:
     """Capture, plan (compile and verify on a GPU) ``fn`` at the shapes of the example inputs.
 
     Example inputs are given as ``fn`` takes them, by position and keyword (any keyword not named
@@ -92,14 +96,19 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
     region then stays with PyTorch, saying so). ``executor``: ``auto`` (the GPU when there is one,
     else ``plan``: plan and CPU-check only), ``gpu``, ``plan`` or ``reference`` (each region in
     the float64 interpreter; for checking). ``fallback``: ``eager`` or ``inductor`` for what
-    Superopt does not take. ``log`` (a results-log path) records each chosen plan. ``progress``: one bar per
-    stage (capture, plan, check, compile, measure) and the report table on a terminal's stderr; quiet when
-    stderr is not a terminal or ``progress=False`` (a ``progress.Tracker`` may be given instead).
+    Superopt does not take (``auto``: inductor on the GPU, eager elsewhere). ``measure``: as the backend,
+    on the GPU each region's kernels are timed against the fallback compiler's code for its ops at first
+    call and only the faster is kept (``decide``; ``False``: keep what the cost model ranks above unfused
+    ops; a ``decide.Measure`` callable supplies the timing). ``log`` (a results-log path) records each
+    chosen plan. ``progress``: one bar per stage (capture, plan, check, compile, measure) and the report
+    table on a terminal's stderr; quiet when stderr is not a terminal or ``progress=False`` (a
+    ``progress.Tracker`` may be given instead).
     """
-    from pyrunner.frontend.backend import compile_fx_graph, resolve_executor
+    from pyrunner.frontend.backend import compile_fx_graph, resolve_executor, resolve_fallback
     from pyrunner.frontend.region import ident
 
     resolved = resolve_executor(executor)
+    fallback = resolve_fallback(fallback, resolved)
     names = {k: tuple(v) for k, v in (axes or {}).items()}
     trk = tracker(progress)
     say = trk.say
@@ -118,7 +127,8 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
         return compile_fx_graph(gm, example_inputs, fallback=fallback, executor=resolved, verify=verify,
                                 log=str(log) if log else None, dtype=dtype, report=later[-1] if captured else report,
                                 progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}", tracker=trk,
-                                source="optimize", new_report=lambda: (later.append(Report()), later[-1])[1])
+                                source="optimize", measure=measure,
+                                new_report=lambda: (later.append(Report()), later[-1])[1])
 
     captured = False
     trk.start("capture")

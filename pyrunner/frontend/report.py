@@ -30,6 +30,8 @@ class RegionChoice:
     exists and passed its CPU check, but no GPU is here: PyTorch runs the ops)."""
     reason: str = ""
     flops: int = 0
+    planned: Any = None
+    """The graph the plan was made for (the region's at its shape bucket), when it differs from the region's."""
 
 
 @dataclass

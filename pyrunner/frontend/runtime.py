@@ -45,16 +45,19 @@ def plan_impl(plan: Plan, verify: bool = True) -> Impl:
     return run
 
 
-def reference_impl(rg: RegionGraph) -> Impl:
-    """The region's graph evaluated in float64 by ``ir.reference`` (any device; for checking)."""
+def reference_impl(rg: RegionGraph | Any) -> Impl:
+    """The region's graph (or a graph: the bucketed one) evaluated in float64 by ``ir.reference`` (any
+    device; for checking)."""
     import torch
 
     from pyrunner.ir.reference import evaluate
 
+    graph = rg.graph if isinstance(rg, RegionGraph) else rg
+
     def run(feed: dict[str, Any]) -> tuple:
         device = next(iter(feed.values())).device
-        outs = evaluate(rg.graph, {k: v.detach().to("cpu", torch.float64).numpy() for k, v in feed.items()})
-        return tuple(torch.from_numpy(outs[n]).to(device) for n, _ in rg.graph.outputs)
+        outs = evaluate(graph, {k: v.detach().to("cpu", torch.float64).numpy() for k, v in feed.items()})
+        return tuple(torch.from_numpy(outs[n]).to(device) for n, _ in graph.outputs)
 
     return run
 
