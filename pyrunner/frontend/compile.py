@@ -55,6 +55,8 @@ class Options:
     """Plan free axes (no reduce/contract over them) at their bucket size (``buckets``): shapes share plans."""
     tracker: Tracker = field(default_factory=NullTracker)
     """Progress display: one item per region in the plan, check, compile and measure stages."""
+    training: bool = False
+    """Autograd is on: each region with its derived backward, as a ``torch.autograd.Function`` (``autograd``)."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -261,9 +263,12 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
         report.fallback([node], why)
     chosen: list[tuple[RegionGraph, Impl]] = []
     counter = [0]
+    from pyrunner.frontend.autograd import training_segment
+
+    segment = training_segment if opts.training else compile_segment
     for seg in part.segments:
         for piece in (stages(seg) if opts.executor != "reference" else [seg]):
-            chosen += compile_segment(piece, meta, opts, report, counter)
+            chosen += segment(piece, meta, opts, report, counter)
     wrap = _chooser(opts, report, meta) if opts.measure is not None and opts.fallback_compile else None
     return assemble(gm, chosen, meta, wrap), report
 

@@ -146,11 +146,15 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
     _fold_python_values(gm, meta)
     replaced: dict[Any, Any] = {}
     for rg, impl in regions:
-        fn = region_callable(rg, impl, meta)
         args = tuple(replaced.get(src, src) for _, src, _ in rg.inputs)
-        if wrap is not None:
-            fn = wrap(rg, fn, region_module(gm, rg, args))
-        op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
+        make = getattr(impl, "autograd_function", None)  # a region under autograd (``frontend.autograd``)
+        if make is not None:
+            op = make(rg, meta)
+        else:
+            fn = region_callable(rg, impl, meta)
+            if wrap is not None:
+                fn = wrap(rg, fn, region_module(gm, rg, args))
+            op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
         with graph.inserting_after(rg.nodes[-1]):  # every input is defined by then, no outside user yet
             call = graph.call_function(op, args)
         prev = call
