@@ -62,3 +62,22 @@ def test_load_backward_gradients_match_float64_autograd(name: str, sizes: dict[s
         assert x.grad is not None and x.grad.dtype == torch.float16 and x.grad.shape == want.shape
         err = float((x.grad.double() - want).abs().max() / want.abs().max())
         assert err <= STORE_FP16, (n, err)
+
+
+def test_grad_bench_small_smoke(tmp_path) -> None:
+    """``benchmarks/grad_bench.py --small`` (the GPU benchmark's CPU smoke test) writes one verified row per
+    variant: Superopt's gradients within its bound, the baseline's beside it."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "grad_bench.py"), "--small", "--cases", "swiglu",
+                          "--rounds", "1", "--out", str(tmp_path)], cwd=root, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "grad-bench.jsonl").read_text().splitlines()]
+    assert {r["variant"] for r in rows} == {"superopt", "eager"}
+    for r in rows:
+        assert r["grad_err_vs_f64"] <= r["bound"] and r["fwd_bwd_us"] > 0, r
