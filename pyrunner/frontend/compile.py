@@ -55,8 +55,9 @@ class Options:
     """Plan free axes (no reduce/contract over them) at their bucket size (``buckets``): shapes share plans."""
     tracker: Tracker = field(default_factory=NullTracker)
     """Progress display: one item per region in the plan, check, compile and measure stages."""
-    training: bool = False
-    """Autograd is on: each region with its derived backward, as a ``torch.autograd.Function`` (``autograd``)."""
+    segment: Callable[..., list] | None = None
+    """Compiles one segment in place of ``compile_segment`` (same arguments): under autograd,
+    ``autograd.training_segment`` (each region with its derived backward)."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -263,9 +264,7 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
         report.fallback([node], why)
     chosen: list[tuple[RegionGraph, Impl]] = []
     counter = [0]
-    from pyrunner.frontend.autograd import training_segment
-
-    segment = training_segment if opts.training else compile_segment
+    segment = opts.segment or compile_segment
     for seg in part.segments:
         for piece in (stages(seg) if opts.executor != "reference" else [seg]):
             chosen += segment(piece, meta, opts, report, counter)

@@ -130,22 +130,15 @@ def _common_device(bound: dict[str, Any]):
     return next(iter(devices.values()))
 
 
-def load(plan: Plan | dict | str | os.PathLike, *, verify: bool = False, config: dict | None = None,
-         backward: bool = False) -> Any:
+def load(plan: Plan | dict | str | os.PathLike, *, verify: bool = False, config: dict | None = None) -> LoadedPlan:
     """``pyrunner.load("plan.json")``: the plan as a function of torch CUDA tensors (see the module docstring).
 
     ``verify=True`` runs the float64 check (fresh random inputs, poisoned outputs) on the first call;
     ``config`` overrides tuning parameters (``{kernel: {param: value}}`` or ``{param: value}``).
-    ``backward=True``: a differentiable function whose backward runs the derived backward graph's plan
-    (``frontend.trainable``).
     """
     p = read_plan(plan)
     if config:
         from pyrunner.run.runner import resolve
 
         config = resolve(p, config)
-    if backward:
-        from pyrunner.frontend.trainable import Trainable
-
-        return Trainable(p, verify=verify, config=config)
     return LoadedPlan(p, verify=verify, config=config)

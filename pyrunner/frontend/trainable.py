@@ -11,6 +11,7 @@ outputs like ``load``; ``backward()`` on anything computed from them runs the ba
 from __future__ import annotations
 
 import inspect
+import os
 from typing import Any
 
 from pyrunner.frontend.autograd import Run, _to_input, plan_run, reference_run
@@ -131,3 +132,20 @@ def _function(t: Trainable) -> Any:
             return tuple(out)
 
     return PlanFunction.apply
+
+
+def load(plan: Plan | dict | str | os.PathLike, *, verify: bool = False, config: dict | None = None,
+         backward: bool = False) -> Any:
+    """``pyrunner.load``: ``load.load`` (the plan as a function of torch CUDA tensors), or with ``backward=True``
+    a ``Trainable``: a differentiable function whose backward runs the derived backward graph's plan."""
+    from pyrunner.frontend.load import load as load_forward
+    from pyrunner.frontend.load import read_plan
+
+    if not backward:
+        return load_forward(plan, verify=verify, config=config)
+    p = read_plan(plan)
+    if config:
+        from pyrunner.run.runner import resolve
+
+        config = resolve(p, config)
+    return Trainable(p, verify=verify, config=config)
