@@ -12,8 +12,8 @@ time (``specialize``), never handed whole to inductor. Without a GPU
 (``executor="auto"``) each region is planned and its plan checked on the CPU
 executor against float64 at reduced shapes ("planned, not measured"); inductor
 then compiles the whole graph, with a one-line note. Everything else -- ops the
-IR lacks, regions with no plan or a failed check, and whole graphs when
-autograd needs gradients -- goes to inductor, each fallback logged (logger
+IR lacks, regions with no plan or a failed check (with autograd on: no backward
+plan; ``autograd``) -- goes to inductor, each fallback logged (logger
 ``pyrunner.frontend``) with its reason. The last report is kept in
 ``LAST_REPORTS`` for inspection.
 """

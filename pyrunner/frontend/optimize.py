@@ -8,8 +8,9 @@ the graph IR expresses, each region planned (and compiled and verified on a GPU;
 without one, CPU-checked against float64 and left to PyTorch); an op the IR
 cannot express stays a PyTorch op, with one log line naming it and its source
 line. The result is a callable with ``fn``'s signature; ``.report`` is a table of
-what runs where. Capture runs under ``torch.no_grad()``; called with autograd on,
-the graph is captured again and left to PyTorch, so gradients are PyTorch's own.
+what runs where. Capture runs under ``torch.no_grad()``; called with autograd on, the graph
+is captured again and each region runs with its derived backward (``autograd``; a region
+without one stays PyTorch ops, so gradients are PyTorch's own there).
 A new input shape is planned again (shapes are static): dynamo goes symbolic once and the backend
 compiles one specialisation per concrete shape, so regions stay at every shape (no recompile limit).
 """
@@ -32,7 +33,7 @@ class Optimized:
     def __init__(self, fn: Callable, compiled: Callable, report: Report, graphs: list[Any]) -> None:
         self.fn, self.compiled, self.report, self.graph_modules = fn, compiled, report, graphs
         self.later_reports: list[Report] = []
-        """Reports of graphs compiled after the capture (a new shape; autograd on: left to PyTorch)."""
+        """Reports of graphs compiled after the capture (a new shape; autograd on: regions with their backward)."""
         target = fn.forward if hasattr(fn, "forward") and not inspect.isfunction(fn) else fn
         try:
             self.__signature__ = inspect.signature(target)

@@ -103,12 +103,12 @@ def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int,
 
 
 def _no_backward(ctx: Any, *grads: Any) -> tuple:  # noqa: ARG001
-    """Superopt kernels are forward-only. The backend never puts a region where autograd records (it
-    leaves such graphs to PyTorch), so reaching this is a misuse: say so rather than return no gradient."""
+    """A forward-only region op: under autograd the backend puts ``autograd``'s Function (with the derived
+    backward) in its place, so reaching this is a misuse: say so rather than return no gradient."""
     from pyrunner.frontend.errors import FrontendError
 
     raise FrontendError("a Superopt region has no backward; run it under torch.no_grad() or let the backend "
-                        "compile the graph again with autograd on (it then leaves the graph to PyTorch)")
+                        "compile the graph again with autograd on (it then plans each region's backward)")
 
 
 Wrap = Callable[[RegionGraph, Callable[..., tuple], Any], Callable[..., tuple]]
