@@ -42,6 +42,7 @@ class Trainable:
             [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.input_names])
         self.__name__ = plan.workload
         self._runs: tuple[Run, Run] | None = None
+        self._apply: Any = None
         if executor == "reference":  # the derivation alone: nothing is planned or compiled
             self.plans = TrainingPlans(derivation(graph, None))
             return
@@ -84,7 +85,9 @@ class Trainable:
         if self.executor == "gpu" and self._runs is None:
             require_gpu()
         xs = [bound[n] for n in self.input_names]
-        outs = _function(self)(*xs)
+        if self._apply is None:
+            self._apply = _function(self)
+        outs = self._apply(*xs)
         return outs[0] if len(outs) == 1 else outs
 
 
