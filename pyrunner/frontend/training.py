@@ -37,14 +37,25 @@ class TrainingPlans:
     check: str = ""
 
 
+_DERIVED: dict[tuple[str, str | None], Backward] = {}
+
+
 def derivation(graph: Graph, dtype: str | None) -> Backward:
     """The backward of ``graph`` with the saves the cost model prefers at ``dtype`` (None: the default
-    saves of ``ir.grad.derive``: outputs, log-sum-exps and the D identity's contraction)."""
-    if dtype is None:
-        return derive(graph)
-    from pyrunner.planner.saves import choose_saves
+    saves of ``ir.grad.derive``: outputs, log-sum-exps and the D identity's contraction). Once per
+    distinct graph and dtype in a process, as ``compile.cached_plan`` plans: a model's layers share it."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import canonical_json
 
-    return choose_saves(graph, dtype)
+    key = (canonical_json(graph_to_json(graph)), dtype)
+    if key not in _DERIVED:
+        if dtype is None:
+            _DERIVED[key] = derive(graph)
+        else:
+            from pyrunner.planner.saves import choose_saves
+
+            _DERIVED[key] = choose_saves(graph, dtype)
+    return _DERIVED[key]
 
 
 def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True) -> TrainingPlans:
