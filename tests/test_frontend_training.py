@@ -148,3 +148,17 @@ def test_no_backward_plan_leaves_the_region_to_pytorch(monkeypatch: pytest.Monke
     assert len(lines) == len(rep.fallbacks)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+
+
+def test_backward_false_leaves_training_graphs_to_pytorch() -> None:
+    ref, m = Mlp().double(), Mlp().double()
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want = _two_steps(ref, ref, (x,), {})
+    opt = pyrunner.optimize(m, x, executor="reference", progress=False, backward=False)
+    before = CALLS["forward"]
+    got = _two_steps(m, opt, (x,), {})
+    assert CALLS["forward"] == before
+    rep = opt.later_reports[-1]
+    assert not rep.regions and "backward=False" in rep.fallbacks[0][1]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)

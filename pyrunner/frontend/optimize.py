@@ -84,7 +84,7 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Calla
 
 def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
              verify: bool = True, executor: str = "auto", fallback: str = "eager", progress: bool | Tracker = True,
-             log: str | os.PathLike | None = None, **example_kwargs: Any) -> Optimized:
+             log: str | os.PathLike | None = None, backward: bool = True, **example_kwargs: Any) -> Optimized:
     """Capture, plan (compile and verify on a GPU) ``fn`` at the shapes of the example inputs.
 
     Example inputs are given as ``fn`` takes them, by position and keyword (any keyword not named
@@ -96,6 +96,7 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
     Superopt does not take. ``log`` (a results-log path) records each chosen plan. ``progress``: one bar per
     stage (capture, plan, check, compile, measure) and the report table on a terminal's stderr; quiet when
     stderr is not a terminal or ``progress=False`` (a ``progress.Tracker`` may be given instead).
+    ``backward=False``: called with autograd on, the graph goes to PyTorch whole (no derived backward).
     """
     from pyrunner.frontend.backend import compile_fx_graph, resolve_executor
     from pyrunner.frontend.region import ident
@@ -119,7 +120,8 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
         return compile_fx_graph(gm, example_inputs, fallback=fallback, executor=resolved, verify=verify,
                                 log=str(log) if log else None, dtype=dtype, report=later[-1] if captured else report,
                                 progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}", tracker=trk,
-                                source="optimize", new_report=lambda: (later.append(Report()), later[-1])[1])
+                                source="optimize", new_report=lambda: (later.append(Report()), later[-1])[1],
+                                backward=backward)
 
     captured = False
     trk.start("capture")
