@@ -5,7 +5,10 @@ Cases (bf16):
 
 * ``attention``: softmax(Q K^T / sqrt(d)) V, h16 t4096 d128, against SDPA (FlashAttention-2 / cuDNN backward);
 * ``causal`` and ``sliding`` (window 1024): against FlexAttention (compiled, block mask) and, for causal, SDPA;
-* ``swiglu`` and ``rmsnorm_mlp`` (catalog shapes): against torch.compile of the same PyTorch code.
+* ``swiglu`` and ``rmsnorm_mlp`` (catalog shapes): against torch.compile of the same PyTorch code;
+* ``llama_step``: one training step (forward, backward, no optimizer) of the Llama-3-8B-shaped Hugging Face
+  layer (2048 tokens) through the superopt backend against torch.compile, parameter gradients against the
+  float64 layer.
 
 Each variant's input gradients (random bf16 cotangents) are compared with float64 autograd of the graph on the
 same rounded inputs: Superopt's against ``gradient_bound`` of its two plans, conditioned on what rounding the
@@ -201,9 +204,91 @@ def run_case(case: str, args: argparse.Namespace, out) -> None:
               f"{notes.get(v, '')}", flush=True)
 
 
+LLAMA = {"seq": 2048, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 14336}
+LLAMA_SMALL = {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128}
+
+
+def run_llama_step(args: argparse.Namespace, out) -> None:
+    """One training step (forward and backward, no optimizer) of the Llama-3-8B-shaped decoder layer: the
+    superopt backend (regions with their derived backward) against torch.compile, parameter gradients
+    verified against the float64 layer first (``BASELINE_BOUND``, bf16 through a layer and its backward)."""
+    import copy
+
+    import torch
+
+    import pyrunner.frontend  # noqa: F401 - registers the backend
+    from pyrunner.frontend.backend import LAST_REPORTS
+    from pyrunner.run.timing import device_name, side_by_side_us
+
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from frontend_models import llama_layer
+
+    device = "cpu" if args.small else "cuda"
+    m, (x,), kw = llama_layer(**(LLAMA_SMALL if args.small else LLAMA))
+
+    def moved(dtype):
+        mm = copy.deepcopy(m).to(device=device, dtype=dtype).requires_grad_(True)
+        kk = {k: tuple(t.to(device=device, dtype=dtype) for t in v) if isinstance(v, tuple) else v
+              for k, v in kw.items()}
+        return mm, x.to(device=device, dtype=dtype), kk
+
+    m64, x64, kw64 = moved(torch.float64)
+    y = m64(x64, **kw64)
+    y = y[0] if isinstance(y, tuple) else y
+    cot = (torch.randn(y.shape, generator=torch.Generator().manual_seed(1)) * 0.5).to(device=device,
+                                                                                      dtype=torch.bfloat16)
+    y.backward(cot.double())
+    want = {n: p.grad for n, p in m64.named_parameters()}
+    del m64, y
+    opts = {"executor": "reference", "fallback": "eager"} if args.small else {}
+    variants, fns, errors, notes = {}, {}, {}, {}
+    for v in ("eager" if args.small else "torch.compile", "superopt"):
+        mm, xx, kk = moved(torch.bfloat16)
+        torch._dynamo.reset()
+        f = torch.compile(mm, backend="superopt", options=opts) if v == "superopt" else \
+            (mm if args.small else torch.compile(mm))
+
+        def step(f=f, xx=xx, kk=kk):
+            r = f(xx, **kk)
+            (r[0] if isinstance(r, tuple) else r).backward(cot)
+
+        variants[v] = (mm, step)
+    for v, (mm, step) in variants.items():
+        t0 = time.perf_counter()
+        try:
+            step()
+            errors[v] = max(rel(p.grad, want[n]) for n, p in mm.named_parameters())
+            notes[v] = f"first step {time.perf_counter() - t0:.1f} s"
+            if v == "superopt" and LAST_REPORTS:
+                notes[v] += "\n" + str(LAST_REPORTS[-1])
+            if errors[v] <= BASELINE_BOUND:
+                fns[v] = step
+            else:
+                notes[v] += f"; NOT VERIFIED: gradient error {errors[v]:.2e} > {BASELINE_BOUND:.0e}"
+        except Exception as e:  # noqa: BLE001 - a failed variant is a row
+            traceback.print_exc()
+            notes[v] = f"FAIL {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    times, method, per_round = side_by_side_us(fns, rounds=args.rounds) if fns else ({}, {}, {})
+    so_us = times.get("superopt")
+    for v in variants:
+        us = times.get(v)
+        rec = {"case": "llama_step", "shapes": LLAMA_SMALL if args.small else LLAMA, "variant": v,
+               "fwd_bwd_us": us, "method": method.get(v), "rounds_us": per_round.get(v),
+               "grad_err_vs_f64": errors.get(v), "bound": BASELINE_BOUND,
+               "superopt_speedup": (us / so_us) if us and so_us and v != "superopt" else None,
+               "note": notes.get(v, ""), "device": "cpu" if args.small else device_name(), "small": args.small,
+               "command": " ".join(sys.argv)}
+        out.write(json.dumps(rec) + "\n")
+        out.flush()
+        print(f"[llama_step] {v:14s} {'-' if us is None else f'{us:10.1f} us'}  grad err {errors.get(v)}  "
+              f"{'' if not rec['superopt_speedup'] else f'superopt {us / so_us:.2f}x'}  {notes.get(v, '')}",
+              flush=True)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    ap.add_argument("--cases", nargs="*", default=[*CASES, "llama_step"], choices=[*CASES, "llama_step"])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "grad-bench.jsonl"),
                     help="a .jsonl file to append to, or a folder (then FOLDER/grad-bench.jsonl)")
@@ -228,7 +313,7 @@ def main() -> int:
                 print(f"[{case}] SKIPPED: past the {args.budget_s:.0f} s budget", flush=True)
                 continue
             try:
-                run_case(case, args, out)
+                run_llama_step(args, out) if case == "llama_step" else run_case(case, args, out)
             except Exception:  # noqa: BLE001 - the next case still runs
                 traceback.print_exc()
     return 0
