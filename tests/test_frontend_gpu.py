@@ -47,3 +47,27 @@ def test_optimize_and_backend_match_the_float64_block(tmp_path, monkeypatch) -> 
         torch._dynamo.reset()
         c = torch.compile(m, backend="superopt")
         assert _err(c(x), ref) <= BOUNDS["bfloat16"]
+
+
+@pytest.mark.parametrize("name", ["SwiGLU", "Attention"])
+def test_load_backward_gradients_on_the_gpu(name: str, tmp_path, monkeypatch) -> None:
+    """``load(plan, backward=True, verify=True)``: both halves verified, then the gradients of a call within
+    the stated gradient bound of float64 autograd (``gradient_bound``, as ``composed_error`` conditions it
+    on the CPU; the largest raised bound of the catalog checks there is 0.05)."""
+    from pyrunner.run.grad_check import float64_torch, gradient_bound
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    sizes = {"m": 256, "n": 256, "d": 256} if name == "SwiGLU" else {"h": 2, "t_q": 256, "t_kv": 256, "d": 64}
+    g = catalog.get(name, sizes)
+    f = pyrunner.load(search(g, "bfloat16")[0], backward=True, verify=True)
+    gen = torch.Generator().manual_seed(0)
+    xs = {t.name: (torch.randn(*[g.sizes[a] for a in t.axes], generator=gen) * 0.5).cuda().bfloat16()
+          .requires_grad_() for t in g.inputs()}
+    y = f(**xs)
+    cot = (torch.randn(y.shape, generator=gen) * 0.5).cuda().bfloat16()
+    y.backward(cot)
+    leaves = {n: x.detach().double().requires_grad_() for n, x in xs.items()}
+    float64_torch(g)(**leaves)[g.outputs[0][0]].backward(cot.double())
+    bound = max(gradient_bound(f.plans.forward, f.plans.backward, f.plans.bwd), 0.05)
+    for n, x in xs.items():
+        assert _err(x.grad, leaves[n].grad) <= bound, n

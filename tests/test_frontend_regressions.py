@@ -59,7 +59,11 @@ class TwoLayer(nn.Module):
 
 def test_training_through_optimize_gets_eager_gradients(caplog: pytest.LogCaptureFixture) -> None:
     """Two SGD steps through ``optimize`` give eager's gradients and weights. Before the fix every
-    ``.grad`` was None: the regions had no backward and PyTorch only warned."""
+    ``.grad`` was None: the regions had no backward and PyTorch only warned. The regions now run their
+    derived backward graphs (``frontend.autograd``), in float64 here."""
+    from pyrunner.frontend.autograd import CALLS
+
+    before = CALLS["backward"]
     ref, m = TwoLayer().double(), TwoLayer().double()
     x, y = r(8, 16), r(8, 4, seed=1)
     opt = pyrunner.optimize(m, x, executor="reference", progress=False)
@@ -70,14 +74,15 @@ def test_training_through_optimize_gets_eager_gradients(caplog: pytest.LogCaptur
         sgd = torch.optim.SGD(model.parameters(), lr=0.1)
         for _ in range(2):
             sgd.zero_grad()
-            with caplog.at_level(logging.WARNING, logger="pyrunner.frontend"):
+            with caplog.at_level(logging.INFO, logger="pyrunner.frontend"):
                 F.mse_loss(f(x), y).backward()
             sgd.step()
     for p, q in zip(ref.parameters(), m.parameters(), strict=True):
         assert q.grad is not None
         assert torch.allclose(p.grad, q.grad, rtol=0, atol=1e-12)
         assert torch.allclose(p, q, rtol=0, atol=1e-12)
-    assert "autograd" in caplog.text  # one line says why the graph went to PyTorch
+    assert CALLS["backward"] - before == 2 * len(opt.later_reports[-1].regions) > 0  # each step, each region
+    assert "derived backward" in caplog.text  # one line per region says how it runs
 
 
 def test_region_without_backward_raises_one_clear_error() -> None:

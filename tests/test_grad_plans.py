@@ -21,7 +21,7 @@ from pyrunner.plan.schema import Plan
 from pyrunner.planner import search
 from pyrunner.planner.saves import choose_saves, predicted_us
 from pyrunner.run.executor import execute
-from pyrunner.run.grad_check import backward_inputs
+from pyrunner.run.grad_check import backward_inputs, composed_error, gradient_bound
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import cpu_check_plan, scale_down
 from pyrunner.run.verify import verify_executor
@@ -133,3 +133,24 @@ def test_attention_scores_are_recomputed_at_scale() -> None:
     g = catalog.get("Attention")
     chosen = choose_saves(g, "bfloat16")
     assert set(chosen.saved) == {"O", "LSE_P"} and len(chosen.recomputed) == 1
+
+
+GRADIENT_BOUND_CAP = 0.05
+"""No stated gradient bound may exceed this: a bound raised without limit would pass any gradient."""
+
+
+@pytest.mark.parametrize("name", QUICK)
+def test_composed_training_plans_meet_the_gradient_bound(name: str) -> None:
+    """The forward-with-saves plan and the backward plan chained on the CPU executor (what a training step
+    runs, bf16 stores included) give every input gradient within ``gradient_bound`` of float64 autograd.
+    The bound is derived as the forward's (stores of both halves, the longest reduction) and conditioned
+    on what rounding the saved tensors alone does to the float64 backward; for attention that is the
+    bf16 log-sum-exp, the reason the frontend keeps saves in float32 between the halves."""
+    g = _small(name)
+    bwd = derive(g)
+    fwd_plan = search(bwd.forward, "bf16", top=1)[0]
+    back_plan = search(bwd.graph, "bf16", top=1)[0]
+    errors, bound = composed_error(g, bwd, fwd_plan, back_plan, seed=3)
+    assert errors and set(errors) <= set(bwd.wrt)
+    assert gradient_bound(fwd_plan, back_plan, bwd) <= bound <= GRADIENT_BOUND_CAP
+    assert max(errors.values()) <= bound, (errors, bound)

@@ -4,10 +4,11 @@ Importing this package registers the ``torch.compile(..., backend="superopt")`` 
 """
 
 from pyrunner.frontend.export import export_source
-from pyrunner.frontend.load import LoadedPlan, load
+from pyrunner.frontend.load import LoadedPlan
 from pyrunner.frontend.optimize import Optimized, optimize
+from pyrunner.frontend.trainable import Trainable, load
 
-__all__ = ["LoadedPlan", "Optimized", "export_source", "load", "optimize"]
+__all__ = ["LoadedPlan", "Optimized", "Trainable", "export_source", "load", "optimize"]
 
 from pyrunner.frontend.backend import register as _register  # noqa: E402
 

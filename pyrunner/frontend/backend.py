@@ -13,8 +13,8 @@ time (``specialize``), never handed whole to inductor. Without a GPU
 (``executor="auto"``) each region is planned and its plan checked on the CPU
 executor against float64 at reduced shapes ("planned, not measured"); inductor
 then compiles the whole graph, with a one-line note. Everything else -- ops the
-IR lacks, regions with no plan or a failed check, and whole graphs when
-autograd needs gradients -- goes to inductor, each fallback logged (logger
+IR lacks, regions with no plan or a failed check (with autograd on: no backward
+plan; ``autograd``) -- goes to inductor, each fallback logged (logger
 ``pyrunner.frontend``) with its reason. The last report is kept in
 ``LAST_REPORTS`` for inspection.
 """
@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pyrunner.frontend.autograd import training_segment
 from pyrunner.frontend.compile import Options, Report, compile_graph
 from pyrunner.frontend.decide import Measure, gpu_measure
 from pyrunner.frontend.errors import FrontendError
@@ -84,7 +85,13 @@ NO_GPU_NOTE = ("no CUDA GPU: regions are planned and CPU-checked only; PyTorch r
                "(see .report for what would run as Superopt kernels)")
 
 
-def _whole_graph_reason(gm: Any, example_inputs: list, executor: str) -> str | None:
+def _training(example_inputs: list) -> bool:
+    import torch
+
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+def _whole_graph_reason(gm: Any, example_inputs: list, executor: str, backward: bool = False) -> str | None:
     import torch
 
     from pyrunner.run.timing import gpu_available
@@ -94,8 +101,8 @@ def _whole_graph_reason(gm: Any, example_inputs: list, executor: str) -> str | N
     if not all(isinstance(x, (torch.Tensor, int, float, bool)) for x in example_inputs):
         return "inputs other than tensors and numbers: Superopt plans tensor graphs of static shape"
     tensors = [x for x in example_inputs if isinstance(x, torch.Tensor)]
-    if torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
-        return "autograd is on and inputs require grad: Superopt kernels are forward-only (use torch.no_grad())"
+    if not backward and torch.is_grad_enabled() and any(x.requires_grad for x in tensors):
+        return "autograd is on and inputs require grad: backward=False leaves training graphs to PyTorch"
     if executor == "gpu" and any(x.device.type != "cuda" for x in tensors if x.is_floating_point()):
         return "CPU tensors: Superopt kernels run on a CUDA GPU (move the model and inputs with .cuda())"
     return None
@@ -107,7 +114,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                      axis_names: dict[str, tuple[str, ...]] | None = None, name: str = "graph",
                      source: str = "backend", new_report: Callable[[], Report] | None = None,
                      measure: Measure | bool | None = None, tracker: Tracker | None = None,
-                     bucket: bool = True) -> Callable:
+                     bucket: bool = True, backward: bool = True) -> Callable:
     """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``).
 
     ``dtype`` (``bfloat16``/``float16``) plans regions of a float32 model in that dtype (and says so);
@@ -116,8 +123,10 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     shapes is compiled once per concrete shape at run time (``specialize``), each shape's report from
     ``new_report`` (default: a new one in ``LAST_REPORTS``). ``measure`` (a ``decide.Measure``) times each
     region against ``fallback``'s code for its ops when the graph is compiled and keeps the faster
-    (decision cached under ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none otherwise
-    (``False``: never measure). ``bucket`` plans free axes at their bucket size (``buckets``)."""
+    (decision cached under ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none
+    otherwise (``False``: never measure). ``bucket`` plans free axes at their bucket size (``buckets``). With
+    autograd on, each region runs its derived backward (``autograd``); ``backward=False`` leaves such graphs to
+    PyTorch."""
     from pyrunner.frontend.partition import example_values
     from pyrunner.frontend.specialize import Specialized, is_symbolic
 
@@ -131,14 +140,15 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
             return compile_fx_graph(g, args, fallback=fallback, executor=executor, verify=verify, log=log,
                                     dtype=dtype, report=new_report() if new_report else None, progress=progress,
                                     axis_names=axis_names, name=name, source=source, measure=measure,
-                                    tracker=tracker, bucket=bucket)
+                                    tracker=tracker, bucket=bucket, backward=backward)
 
         return Specialized(gm, static)
     if report is None:
         report = Report()
         LAST_REPORTS.append(report)
     executor = resolve_executor(executor)
-    why = _whole_graph_reason(gm, example_inputs, executor)
+    why = _whole_graph_reason(gm, example_inputs, executor, backward)
+    training = backward and _training(example_inputs)
     if why:
         report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1] or [], why)
         return finish(gm, example_inputs)
@@ -152,7 +162,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         opts = Options(executor=executor, dtype=dtype, verify=verify, must_beat_unfused=beat,
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source, measure=measure,
-                       fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket)
+                       fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket and not training,
+                       segment=training_segment if training else None)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     except FrontendError:
         if source == "optimize":

@@ -55,6 +55,9 @@ class Options:
     """Plan free axes (no reduce/contract over them) at their bucket size (``buckets``): shapes share plans."""
     tracker: Tracker = field(default_factory=NullTracker)
     """Progress display: one item per region in the plan, check, compile and measure stages."""
+    segment: Callable[..., list] | None = None
+    """Compiles one segment in place of ``compile_segment`` (same arguments): under autograd,
+    ``autograd.training_segment`` (each region with its derived backward)."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -296,13 +299,14 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
     why = _no_kernel_dtype(everything, meta) if dtype_check else None
     if why:  # a float32 model, say: one line for the whole graph, not one per region
         report.fallback(everything, why)
+    segment = opts.segment or compile_segment
     for seg in part.segments if not why else []:
         why = _no_kernel_dtype(seg, meta) if dtype_check else None
         if why:  # no piece of the segment could be planned: one line for all of it, not one per stage
             report.fallback(seg, why)
             continue
         for piece in (stages(seg) if opts.executor != "reference" else [seg]):
-            chosen += compile_segment(piece, meta, opts, report, counter)
+            chosen += segment(piece, meta, opts, report, counter)
     if opts.measure is not None and opts.fallback_compile is not None:
         chosen = _keep_winners(gm, chosen, meta, opts, report)
     return assemble(gm, chosen, meta), report
@@ -329,7 +333,9 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
     for rg, impl in chosen:
         choice = next((c for c in report.regions if c.region is rg), None)
         sub = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))
-        if sub is None or choice is None:  # cannot be measured alone: the cost model's word stands
+        if sub is None or choice is None or getattr(impl, "autograd_function", None) is not None:
+            # cannot be measured alone, or a training region (a forward timing does not decide forward and
+            # backward): the cost model's word stands
             kept.append((rg, impl))
             continue
         dtype = choice.plan.dtype if choice.plan else str(meta(rg.inputs[0][1]).dtype).removeprefix("torch.")

@@ -8,8 +8,9 @@ the graph IR expresses, each region planned (and compiled and verified on a GPU;
 without one, CPU-checked against float64 and left to PyTorch); an op the IR
 cannot express stays a PyTorch op, with one log line naming it and its source
 line. The result is a callable with ``fn``'s signature; ``.report`` is a table of
-what runs where. Capture runs under ``torch.no_grad()``; called with autograd on,
-the graph is captured again and left to PyTorch, so gradients are PyTorch's own. On a GPU, as in the
+what runs where. Capture runs under ``torch.no_grad()``; called with autograd on, the graph
+is captured again and each region runs with its derived backward (``autograd``; a region
+without one stays PyTorch ops, so gradients are PyTorch's own there). On a GPU, as in the
 backend, each region is kept only where it is measured faster than inductor's code for its ops
 (``decide``), and inductor compiles the rest: never slower than ``torch.compile`` by more than noise.
 A new input shape is planned again (shapes are static): dynamo goes symbolic once and the backend
@@ -35,7 +36,7 @@ class Optimized:
     def __init__(self, fn: Callable, compiled: Callable, report: Report, graphs: list[Any]) -> None:
         self.fn, self.compiled, self.report, self.graph_modules = fn, compiled, report, graphs
         self.later_reports: list[Report] = []
-        """Reports of graphs compiled after the capture (a new shape; autograd on: left to PyTorch)."""
+        """Reports of graphs compiled after the capture (a new shape; autograd on: regions with their backward)."""
         target = fn.forward if hasattr(fn, "forward") and not inspect.isfunction(fn) else fn
         try:
             self.__signature__ = inspect.signature(target)
@@ -86,7 +87,7 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Calla
 
 def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
              verify: bool = True, executor: str = "auto", fallback: str = "auto", progress: bool | Tracker = True,
-             log: str | os.PathLike | None = None, measure: Measure | bool | None = None,
+             log: str | os.PathLike | None = None, measure: Measure | bool | None = None, backward: bool = True,
              **example_kwargs: Any) -> Optimized:
     """Capture, plan (compile and verify on a GPU) ``fn`` at the shapes of the example inputs.
 
@@ -97,12 +98,13 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
     else ``plan``: plan and CPU-check only), ``gpu``, ``plan`` or ``reference`` (each region in
     the float64 interpreter; for checking). ``fallback``: ``eager`` or ``inductor`` for what
     Superopt does not take (``auto``: inductor on the GPU, eager elsewhere). ``measure``: as the backend,
-    on the GPU each region's kernels are timed against the fallback compiler's code for its ops at first
-    call and only the faster is kept (``decide``; ``False``: keep what the cost model ranks above unfused
+    on the GPU each region's kernels are timed against the fallback compiler's code for its ops when the
+    graph is compiled and only the faster is kept (``decide``; ``False``: keep what the cost model ranks above unfused
     ops; a ``decide.Measure`` callable supplies the timing). ``log`` (a results-log path) records each
     chosen plan. ``progress``: one bar per stage (capture, plan, check, compile, measure) and the report
     table on a terminal's stderr; quiet when stderr is not a terminal or ``progress=False`` (a
     ``progress.Tracker`` may be given instead).
+    ``backward=False``: called with autograd on, the graph goes to PyTorch whole (no derived backward).
     """
     from pyrunner.frontend.backend import compile_fx_graph, resolve_executor, resolve_fallback
     from pyrunner.frontend.region import ident
@@ -128,7 +130,7 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
                                 log=str(log) if log else None, dtype=dtype, report=later[-1] if captured else report,
                                 progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}", tracker=trk,
                                 source="optimize", measure=measure,
-                                new_report=lambda: (later.append(Report()), later[-1])[1])
+                                new_report=lambda: (later.append(Report()), later[-1])[1], backward=backward)
 
     captured = False
     trk.start("capture")

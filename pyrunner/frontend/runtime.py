@@ -106,12 +106,12 @@ def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int,
 
 
 def _no_backward(ctx: Any, *grads: Any) -> tuple:  # noqa: ARG001
-    """Superopt kernels are forward-only. The backend never puts a region where autograd records (it
-    leaves such graphs to PyTorch), so reaching this is a misuse: say so rather than return no gradient."""
+    """A forward-only region op: under autograd the backend puts ``autograd``'s Function (with the derived
+    backward) in its place, so reaching this is a misuse: say so rather than return no gradient."""
     from pyrunner.frontend.errors import FrontendError
 
     raise FrontendError("a Superopt region has no backward; run it under torch.no_grad() or let the backend "
-                        "compile the graph again with autograd on (it then leaves the graph to PyTorch)")
+                        "compile the graph again with autograd on (it then plans each region's backward)")
 
 
 def region_module(gm: Any, rg: RegionGraph, args: tuple) -> Any:
@@ -144,9 +144,13 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
     _fold_python_values(gm, meta)
     replaced: dict[Any, Any] = {}
     for rg, impl in regions:
-        fn = region_callable(rg, impl, meta)
         args = tuple(replaced.get(src, src) for _, src, _ in rg.inputs)
-        op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
+        make = getattr(impl, "autograd_function", None)  # a region under autograd (``frontend.autograd``)
+        if make is not None:
+            op = make(rg, meta)
+        else:
+            fn = region_callable(rg, impl, meta)
+            op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
         with graph.inserting_after(rg.nodes[-1]):  # every input is defined by then, no outside user yet
             call = graph.call_function(op, args)
         prev = call

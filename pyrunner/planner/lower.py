@@ -51,8 +51,19 @@ from pyrunner.plan.schema import (
     Ref,
     Store,
 )
-from pyrunner.planner.masking import skippable_predicates
 from pyrunner.planner.tiles import stream_steps
+from pyrunner.rules.loop_body import (
+    Infeasible,
+    Roots,
+    as_roots,
+    cone,
+    kernel_computes,
+)
+from pyrunner.rules.loop_body import is_acc as _is_acc
+from pyrunner.rules.loop_body import is_leaf as _is_leaf
+from pyrunner.rules.loop_body import online_sources as _online_sources
+from pyrunner.rules.loop_body import phases as _phases
+from pyrunner.rules.masking import skippable_predicates
 from pyrunner.target.device import rows_async
 from pyrunner.target.layout import fragment_groups, padded_row, whole_row_divisible
 
@@ -90,7 +101,6 @@ MAX_INLINE_DEPTH = 8
 """Deepest elementwise expression kept inline in one map; deeper chains go through a
 fragment, so plans of long chains stay shallow (serialisation and renderers recurse)."""
 
-LEAF_OPS = ("input", "const", "axis_size", "iota")
 ELEMENTWISE_OPS = ("unary", "binary", "ternary")
 
 
@@ -114,10 +124,6 @@ def static_expr(t: Term) -> Expr:
     if t.op == "iota":
         return Index(axis=t.axis)
     return Call(fn=t.fn, args=[static_expr(a) for a in t.args])
-
-
-class Infeasible(Exception):
-    """This sub-graph cannot be one kernel with this loop structure."""
 
 
 @dataclass
@@ -170,48 +176,6 @@ class Lowered:
     exactly these, and the body masks its accumulators where one of them leaves a partial tile."""
 
 
-Roots = Term | tuple[Term, ...]
-"""What a kernel stores: one term, or several (a multi-output kernel)."""
-
-
-def as_roots(root: Roots) -> tuple[Term, ...]:
-    return root if isinstance(root, tuple) else (root,)
-
-
-def _is_leaf(t: Term, root: Roots, boundary: dict[Term, str]) -> bool:
-    if isinstance(root, tuple):
-        return all(t is not r for r in root) and (t in boundary or t.op in LEAF_OPS)
-    return t is not root and (t in boundary or t.op in LEAF_OPS)
-
-
-def cone(root: Roots, boundary: dict[Term, str]) -> list[Term]:
-    """Terms the kernel touches (operands first): what it computes plus the leaves it
-    reads (materialized tensors, constants), whose operands it does not visit. Several
-    roots: the union of their cones, each term once."""
-    out: list[Term] = []
-    seen: set[Term] = set()
-    stack: list[tuple[Term, bool]] = [(r, False) for r in reversed(as_roots(root))]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            out.append(t)
-            continue
-        if t in seen:
-            continue
-        seen.add(t)
-        stack.append((t, True))
-        if _is_leaf(t, root, boundary):
-            continue
-        for a in reversed(t.args):
-            stack.append((a, False))
-    return out
-
-
-def kernel_computes(root: Roots, terms: list[Term], boundary: dict[Term, str]) -> list[Term]:
-    """The terms of a kernel's cone it computes (not the tensors and constants it reads)."""
-    return [t for t in terms if not _is_leaf(t, root, boundary)]
-
-
 def stream_candidates(root: Roots, terms: list[Term], boundary: dict[Term, str] | None = None) -> list[str | None]:
     """Axes reduced inside the kernel (not by a tensor it reads) and absent from its
     outputs, plus no loop."""
@@ -222,10 +186,6 @@ def stream_candidates(root: Roots, terms: list[Term], boundary: dict[Term, str] 
         if t.op in ("reduce", "matmul") and t.axis not in root_axes and t.axis not in axes:
             axes.append(t.axis)
     return [None, *axes]
-
-
-def _is_acc(t: Term, s: str | None) -> bool:
-    return s is not None and t.op in ("reduce", "matmul") and t.axis == s
 
 
 # --- online softmax: how loop sums depend on a running max ------------------------
@@ -319,40 +279,6 @@ def online_factors(computed: list[Term], m: Term, sizes: dict[str, int] | None =
         dep[t] = t == m or any(dep[a] for a in t.args)
         fac[t] = _factor_of(t, m, dep, fac, sizes or {})
     return fac
-
-
-def _phases(computed: list[Term], s: str | None) -> dict[Term, str]:
-    cset = set(computed)
-    phase: dict[Term, str] = {}
-    for t in computed:
-        if _is_acc(t, s):
-            phase[t] = "acc"
-        elif s is not None and s in axes_of(t):
-            phase[t] = "tile"
-        elif any(phase.get(a) in ("acc", "post") for a in t.args if a in cset):
-            phase[t] = "post"
-        else:
-            phase[t] = "pre"
-    return phase
-
-
-def _online_sources(computed: list[Term], phase: dict[Term, str]) -> list[Term]:
-    """Running maxima the loop body reads; any other finished reduction it reads is infeasible."""
-    cset = set(computed)
-    src: list[Term] = []
-    for t in computed:
-        if phase[t] == "tile":
-            for a in t.args:
-                if a not in cset or phase[a] not in ("acc", "post"):
-                    continue
-                if phase[a] == "acc" and a.op == "reduce" and a.fn == "max":
-                    if a not in src:
-                        src.append(a)
-                else:
-                    raise Infeasible("the loop body would need a finished reduction (two passes)")
-        if phase[t] == "pre" and any(a in cset and phase[a] == "tile" for a in t.args):
-            raise Infeasible("internal: pre term after tile term")
-    return src
 
 
 def _online_sums(computed: list[Term], s: str | None, sources: list[Term],
@@ -922,20 +848,6 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
         ew_by_axes=tuple((ax, v[0], v[1]) for ax, v in sorted(b.ew_by_axes.items())),
         terms=frozenset(computed), visible=visible, roots=roots, steps=steps,
     )
-
-
-def skip_predicates(root: Roots, s: str) -> list[Term]:
-    """The mask predicates a loop over ``s`` may skip all-false tiles of (``masked_tile_skip``'s side
-    condition, as ``_visible`` applies it), for a kernel computing ``root`` from the tensors it reads
-    (inputs); ``validate`` re-checks a plan's ``loop.visible`` against them."""
-    computed = kernel_computes(root, cone(root, {}), {})
-    phase = _phases(computed, s)
-    try:
-        sources = _online_sources(computed, phase)
-    except Infeasible:
-        return []
-    return skippable_predicates([t for t in computed if phase[t] == "tile"],
-                                [t for t in computed if _is_acc(t, s)], set(sources), s)
 
 
 def _visible(b: _Builder, computed: list[Term], phase: dict[Term, str], sources: list[Term],

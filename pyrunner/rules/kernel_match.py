@@ -11,7 +11,7 @@ product of allowed factors (an exponent's folded scale). Checked, not proven.
 
 A loop's ``visible`` predicate must moreover satisfy ``masked_tile_skip``'s side condition: each of its
 conjuncts is a conjunct of a mask whose all-false tiles leave every loop accumulator unchanged
-(``lower.skip_predicates``, the planner's abstract evaluation of the loop body), so a hand edit that
+(``loop_body.skip_predicates``, the planner's abstract evaluation of the loop body), so a hand edit that
 skips tiles of a mask whose hidden elements still count fails here. That a skipped tile is all false
 is interval reasoning (``plan.masks``; proved in Lean, ``Superopt/Masks.lean``).
 """
@@ -29,7 +29,7 @@ from pyrunner.errors import PlanError
 from pyrunner.ir.graph import Term, subterms
 from pyrunner.plan.analysis import constant_value
 from pyrunner.plan.schema import Expr, Kernel, Map
-from pyrunner.planner.lower import skip_predicates
+from pyrunner.rules.loop_body import skip_predicates
 
 STATIC_OPS = ("iota", "const", "axis_size", "unary", "binary", "ternary")
 IDENTITIES = (0.0, 1.0, "-inf", "inf")

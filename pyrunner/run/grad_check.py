@@ -18,6 +18,7 @@ import torch
 from pyrunner.ir.grad import Backward
 from pyrunner.ir.graph import Graph
 from pyrunner.ir.reference import align, evaluate, random_inputs
+from pyrunner.plan.schema import Plan
 
 
 @dataclass(frozen=True)
@@ -105,3 +106,70 @@ def backward_inputs(bwd: Backward, graph: Graph, seed: int) -> dict[str, np.ndar
     values.update({n: v for n, v in evaluate(fwd, values).items() if n in bwd.saved})
     rest = random_inputs(graph, seed + 1)
     return {t.name: values[t.name] if t.name in values else rest[t.name] for t in graph.inputs()}
+
+
+# --- gradient error bounds: both planned halves composed ------------------------------------------------
+
+def gradient_bound(forward_plan: Plan, backward_plan: Plan, bwd: Backward) -> float:
+    """Bound on a gradient's normalised max error against float64 when the forward-with-saves plan and the
+    backward plan both run (CPU executor or GPU), derived as the forward bound is (``verify.error_bound``):
+    the saved tensors and the cotangents reach the backward stored in the plan dtype, so the forward's
+    kernels are stores on the gradient's path like the backward's own; the accumulation term is the
+    longest reduction of either graph. Where rounding the backward's computed GEMM operands and its saved
+    inputs (the forward's stored outputs, log-sum-exps) to their dtypes alone moves the float64 backward
+    further (``D = rowsum(dO * O)`` against ``dP`` cancels), the bound is raised as the forward's is
+    (``verify.conditioned_bound``, applied by ``composed_error``)."""
+    from pyrunner.run.verify import error_bound, reduction_length, storage_dtype
+
+    n = max(reduction_length(bwd.forward), reduction_length(bwd.graph))
+    dtype = storage_dtype(backward_plan) if storage_dtype(forward_plan) != "float32" else "float32"
+    return error_bound(dtype, n, len(forward_plan.kernels) + len(backward_plan.kernels))
+
+
+def composed_error(forward: Graph, bwd: Backward, forward_plan: Plan, backward_plan: Plan,
+                   seed: int = 0) -> tuple[dict[str, float], float]:
+    """Both plans on the CPU executor, chained as training runs them (the forward's stored outputs and saves
+    feed the backward, cotangents rounded to the plan dtype), against float64 autograd of ``forward`` on the
+    same rounded inputs and cotangents: per input its normalised gradient error, and the bound that applies
+    (``gradient_bound``, conditioned on the backward's operand rounding)."""
+    from pyrunner.ir.reference import computed_operands
+    from pyrunner.run.executor import execute
+    from pyrunner.run.verify import conditioned_bound, operand_rounding, storage_dtype
+    from pyrunner.target.rounding import round_to
+
+    dtype = backward_plan.dtype
+    raw = random_inputs(forward, seed)
+    inputs = {k: round_to(v, dtype).astype(np.float64) for k, v in raw.items()}
+    fwd_out = {k: np.asarray(v, dtype=np.float64) for k, v in execute(forward_plan, inputs).items()}  # stored: rounded
+    rng = np.random.default_rng(seed + 1)
+    cot = {c: round_to(rng.standard_normal(fwd_out[o].shape) * 0.5, dtype).astype(np.float64)
+           for c, o in bwd.cotangents.items()}
+    feed = {t.name: inputs[t.name] if t.name in inputs else fwd_out[t.name] if t.name in bwd.saved else cot[t.name]
+            for t in bwd.graph.inputs()}
+    got = execute(backward_plan, feed)
+    leaves = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in inputs.items()}
+    outs = float64_torch(forward)(**leaves)
+    by_out = {o: c for c, o in bwd.cotangents.items()}
+    grads = torch.autograd.grad([outs[o] for o in by_out], list(leaves.values()),
+                                [torch.from_numpy(cot[c]) for c in by_out.values()], allow_unused=True)
+    want = dict(zip(leaves, grads, strict=True))
+    in_axes = {t.name: t.axes for t in forward.inputs()}
+    out_axes = {n: bwd.graph.axes_of(t) for n, t in bwd.graph.outputs}
+    errors: dict[str, float] = {}
+    for g, name in bwd.gradients.items():
+        if want[name] is None or g in bwd.aliases:
+            continue
+        value, axes = np.asarray(got[g]), out_axes[g]
+        extra = [a for a in axes if a not in in_axes[name]]
+        if extra:
+            value = value.reshape([n for a, n in zip(axes, value.shape, strict=True) if a not in extra])
+            axes = tuple(a for a in axes if a not in extra)
+        ref = want[name].detach().numpy()
+        errors[name] = _relative(np.asarray(align(value, axes, in_axes[name])).reshape(ref.shape), ref)
+    exact = evaluate(bwd.forward, inputs)  # the saved tensors unrounded: what float64 autograd sees
+    ref = evaluate(bwd.graph, {k: exact[k] if k in bwd.saved else v for k, v in feed.items()})
+    rnd = operand_rounding(storage_dtype(backward_plan)) if computed_operands(bwd.graph) else None
+    moved = evaluate(bwd.graph, feed, rnd)
+    bound = conditioned_bound(gradient_bound(forward_plan, backward_plan, bwd),
+                              max(_relative(moved[n], ref[n]) for n in ref))
+    return errors, bound

@@ -244,14 +244,14 @@ class GpuVerifier:
     """
 
     def __init__(self, plan: Plan, graph: Graph, seed: int | None = None, device: str = "cuda",
-                 reference: str = "torch") -> None:
+                 reference: str = "torch", inputs: Mapping[str, np.ndarray] | None = None) -> None:
         import torch
 
         self.plan, self.graph, self.device = plan, graph, device
         self.seed = fresh_seed() if seed is None else seed
         self.a_priori = error_bound(plan.dtype, reduction_length(graph), len(plan.kernels))
         dt = _tdtype(plan.dtype)
-        raw = random_inputs(graph, self.seed)
+        raw = random_inputs(graph, self.seed) if inputs is None else dict(inputs)  # a backward's: they belong together
         self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=dt) for k, v in raw.items()}
         rounded = {k: v.to(torch.float64) for k, v in self.inputs.items()}
         self.ref = self._reference(graph, rounded, reference, None)

@@ -1,0 +1,124 @@
+"""A graph's training plans: the forward that also writes what its backward reads, and the backward.
+
+Both come from the same door as every other plan (``compile.cached_plan``: ``pipeline.best_plan``),
+for the derivation ``planner.saves.choose_saves`` picks (recompute or save, by the cost model), as
+``superopt --with-saves`` and ``superopt --backward`` plan them. Before a backward plan is used it is
+checked twice on the CPU: its tiled algorithm on the CPU executor against the float64 reference of
+the backward graph, fed saved tensors its forward computes (``run.grad_check.backward_inputs``), and
+the derived backward graph against PyTorch float64 autograd of the forward graph
+(``run.grad_check.check_gradients``), both at the CPU-check shapes. On a GPU the compiled backward
+is checked against float64 the same way (``gpu_check_backward``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pyrunner.errors import UserError
+from pyrunner.ir.grad import Backward, derive
+from pyrunner.ir.graph import Graph
+from pyrunner.plan.schema import Plan
+
+DERIVATION_TOL = 1e-9
+"""The derived backward graph evaluated in float64 against float64 autograd: two exact derivations
+differ by float64 rounding only (tests/test_grad.py uses the same tolerance)."""
+
+
+@dataclass
+class TrainingPlans:
+    """A graph's derivation and its two plans (None where only the derivation was asked for)."""
+
+    bwd: Backward
+    forward: Plan | None = None
+    backward: Plan | None = None
+    check: str = ""
+
+
+_DERIVED: dict[tuple[str, str | None], Backward] = {}
+
+
+def derivation(graph: Graph, dtype: str | None) -> Backward:
+    """The backward of ``graph`` with the saves the cost model prefers at ``dtype`` (None: the default
+    saves of ``ir.grad.derive``: outputs, log-sum-exps and the D identity's contraction). Once per
+    distinct graph and dtype in a process, as ``compile.cached_plan`` plans: a model's layers share it."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import canonical_json
+
+    key = (canonical_json(graph_to_json(graph)), dtype)
+    if key not in _DERIVED:
+        if dtype is None:
+            _DERIVED[key] = derive(graph)
+        else:
+            from pyrunner.planner.saves import choose_saves
+
+            _DERIVED[key] = choose_saves(graph, dtype)
+    return _DERIVED[key]
+
+
+def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True) -> TrainingPlans:
+    """Derive, plan forward-with-saves and backward, and (``cpu_check``) check both on the CPU."""
+    from pyrunner.frontend.compile import cached_plan
+    from pyrunner.frontend.compile import cpu_check as check_forward
+
+    bwd = derivation(graph, dtype)
+    fwd_plan, _ = cached_plan(bwd.forward, dtype)
+    back_plan, _ = cached_plan(bwd.graph, dtype)
+    tp = TrainingPlans(bwd, fwd_plan, back_plan)
+    if cpu_check:
+        tp.check = "; ".join((f"forward {check_forward(fwd_plan)}", cpu_check_backward(graph, bwd, back_plan)))
+    return tp
+
+
+def cpu_check_backward(graph: Graph, bwd: Backward, plan: Plan, seed: int = 0) -> str:
+    """The backward plan on the CPU executor against float64, then the derivation against float64 autograd,
+    both at the plan's CPU-check shapes; raises ``UserError`` on a miss."""
+    from pyrunner.run.executor import execute
+    from pyrunner.run.grad_check import backward_inputs, check_gradients
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.shrink import cpu_check_plan
+    from pyrunner.run.verify import verify_executor
+
+    small = cpu_check_plan(plan)
+    g = graph_of(small)
+    res = verify_executor(small, g, execute, seed=seed, inputs=backward_inputs(bwd, g, seed))
+    if not res.ok:
+        raise UserError(f"backward plan CPU check failed: {res.message}")
+    fwd = graph.with_sizes({a: n for a, n in g.sizes.items() if a in graph.sizes})
+    grad = check_gradients(fwd, derive(fwd), seed=seed)
+    if not grad.worst() <= DERIVATION_TOL:
+        raise UserError(f"the derived backward differs from float64 autograd by {grad.worst():.2e} "
+                        f"(> {DERIVATION_TOL:.0e}) at {dict(fwd.sizes)}")
+    return (f"backward CPU-checked at {dict(g.sizes)} ({res.message}); derivation within "
+            f"{DERIVATION_TOL:.0e} of float64 autograd")
+
+
+def gpu_backward_inputs(bwd: Backward, graph: Graph, seed: int, device: str) -> dict[str, np.ndarray]:
+    """``run.grad_check.backward_inputs`` with the saved tensors computed by float64 PyTorch on ``device``
+    (numpy takes minutes for attention's scores at full shapes)."""
+    import torch
+
+    from pyrunner.ir.reference import random_inputs
+    from pyrunner.run.baselines import torch_fn
+
+    fwd = bwd.forward.with_sizes({a: n for a, n in graph.sizes.items() if a in bwd.forward.sizes})
+    values = random_inputs(fwd, seed)
+    with torch.no_grad():
+        outs = torch_fn(fwd)(**{k: torch.from_numpy(v).to(device) for k, v in values.items()})
+    values.update({n: v.double().cpu().numpy() for n, v in outs.items() if n in bwd.saved})
+    rest = random_inputs(graph, seed + 1)
+    return {t.name: values[t.name] if t.name in values else rest[t.name] for t in graph.inputs()}
+
+
+def gpu_check_backward(loaded: Any, bwd: Backward, device: str = "cuda", seed: int = 0) -> Any:
+    """The compiled backward (a ``load.LoadedPlan``) against float64 on inputs that belong together;
+    raises ``UserError`` when it fails (the bound is ``verify.GpuVerifier``'s, derived as the forward's)."""
+    from pyrunner.run.verify import GpuVerifier
+
+    inputs = gpu_backward_inputs(bwd, loaded.graph, seed, device)
+    res = GpuVerifier(loaded.plan, loaded.graph, seed=seed, device=device, inputs=inputs).check(loaded.compile(device))
+    if not res.ok:
+        raise UserError(f"backward plan {loaded.hash} failed the float64 check: {res.message}")
+    return res

@@ -1,0 +1,164 @@
+"""Training through Superopt regions (issue 44): each region under autograd is a ``torch.autograd.Function``
+whose backward runs the derived backward graph (``frontend.autograd``).
+
+A Llama-shaped Hugging Face layer (``frontend_models``, random weights from config) takes two SGD steps
+through ``optimize`` and through the ``torch.compile`` backend with the float64 interpreter running both
+halves of every region (``executor="reference"``: the whole path, layouts and cotangents included, checked
+on a CPU); gradients and weights are compared with eager PyTorch, and the planned halves must have run.
+Without a GPU (``executor="plan"``) both halves are planned and CPU-checked and PyTorch runs the step.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from frontend_models import llama_layer
+from torch import nn
+
+import pyrunner
+import pyrunner.frontend  # noqa: F401 - registers the backend
+from pyrunner.frontend.autograd import CALLS
+from pyrunner.frontend.backend import LAST_REPORTS
+
+pytest.importorskip("transformers")
+
+GRAD_FP32_VS_F64 = 1e-5
+"""Eager computes the layer and its gradients in float32, the reference executor each region's forward and
+derived backward in float64 (inputs and outputs at the region's edges in float32): the largest gradient
+error relative to the gradient's largest element stays within float32 rounding through a layer and its
+backward, like the forward's FP32_VS_F64 in test_frontend_hf.py (measured: 2e-7 to 7e-7)."""
+WEIGHT_FP32 = 1e-6
+"""After two SGD steps (lr 0.1) the weights differ by lr times the gradient differences: far below this."""
+
+
+def _first(y):
+    return y[0] if isinstance(y, tuple) else y
+
+
+def _two_steps(model: nn.Module, f, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Two SGD steps of mean(f(x)^2); the gradients of the second step."""
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(2):
+        sgd.zero_grad()
+        _first(f(*args, **kwargs)).pow(2).mean().backward()
+        sgd.step()
+    return [p.grad.detach().clone() for p in model.parameters()]
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def _compare(ref: nn.Module, m: nn.Module, want: list[torch.Tensor], got: list[torch.Tensor]) -> None:
+    names = [n for n, _ in ref.named_parameters()]
+    for name, g, w in zip(names, got, want, strict=True):
+        assert _relative(g, w) <= GRAD_FP32_VS_F64, (name, _relative(g, w))
+    for name, p, q in zip(names, m.parameters(), ref.parameters(), strict=True):
+        assert float((p - q).abs().max()) <= WEIGHT_FP32, name
+
+
+def _ran_backward(report, before: int) -> None:
+    """Every region ran its derived backward, at each of the two steps (not PyTorch's ops)."""
+    assert report.regions and not report.fallbacks, report.fallbacks
+    assert all(c.decision == "reference" and "derived backward" in c.reason for c in report.regions)
+    assert CALLS["backward"] - before == 2 * len(report.regions)
+
+
+def test_llama_layer_trains_through_optimize() -> None:
+    ref, args, kwargs = llama_layer()
+    m = llama_layer()[0]
+    want = _two_steps(ref, ref, args, kwargs)
+    opt = pyrunner.optimize(m, *args, executor="reference", progress=False, **kwargs)
+    before = CALLS["backward"]
+    got = _two_steps(m, opt, args, kwargs)
+    _ran_backward(opt.later_reports[-1], before)  # captured under no_grad; with autograd on, compiled again
+    _compare(ref, m, want, got)
+
+
+@pytest.mark.parametrize("fallback", ["inductor", "eager"])
+def test_llama_layer_trains_through_the_backend(fallback: str) -> None:
+    """Inductor (AOTAutograd) sees each half as an opaque custom op with a fake kernel."""
+    ref, args, kwargs = llama_layer()
+    m = llama_layer()[0]
+    want = _two_steps(ref, ref, args, kwargs)
+    torch._dynamo.reset()
+    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": fallback})
+    before = CALLS["backward"]
+    got = _two_steps(m, c, args, kwargs)
+    _ran_backward(LAST_REPORTS[-1], before)
+    _compare(ref, m, want, got)
+
+
+class Mlp(nn.Module):
+    """RMSNorm then SwiGLU, in bfloat16 (the planned dtype)."""
+
+    def __init__(self, d: int = 64, ffn: int = 128) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(3)
+        self.norm = nn.RMSNorm(d, eps=1e-6)
+        self.gate, self.up = (nn.Parameter(torch.randn(d, ffn, generator=g) * d ** -0.5) for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        return F.silu(h @ self.gate) * (h @ self.up)
+
+
+def test_without_a_gpu_backward_plans_are_cpu_checked_and_pytorch_trains(caplog: pytest.LogCaptureFixture) -> None:
+    ref, m = Mlp().bfloat16(), Mlp().bfloat16()
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(4)).bfloat16()
+    want = _two_steps(ref, ref, (x,), {})
+    opt = pyrunner.optimize(m, x, executor="plan", progress=False)
+    before = CALLS["backward"]
+    with caplog.at_level(logging.INFO, logger="pyrunner.frontend"):
+        got = _two_steps(m, opt, (x,), {})
+    assert CALLS["backward"] == before  # PyTorch ran the step
+    rep = opt.later_reports[-1]
+    assert rep.regions and not rep.fallbacks
+    for c in rep.regions:
+        assert c.decision == "planned" and "planned with its backward" in c.reason
+        assert "backward CPU-checked" in c.reason and "of float64 autograd" in c.reason
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_no_backward_plan_leaves_the_region_to_pytorch(monkeypatch: pytest.MonkeyPatch,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A region whose backward cannot be made stays PyTorch ops, with one log line; gradients are PyTorch's."""
+    from pyrunner.errors import GraphError
+    from pyrunner.frontend import training
+
+    def refuse(graph, dtype):
+        raise GraphError("backward: refused for this test")
+
+    monkeypatch.setattr(training, "derivation", refuse)
+    ref, m = Mlp().double(), Mlp().double()
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want = _two_steps(ref, ref, (x,), {})
+    opt = pyrunner.optimize(m, x, executor="reference", progress=False)
+    before = CALLS["backward"]
+    with caplog.at_level(logging.WARNING, logger="pyrunner.frontend"):
+        got = _two_steps(m, opt, (x,), {})
+    assert CALLS["backward"] == before
+    rep = opt.later_reports[-1]
+    assert not rep.regions and rep.fallbacks and all("no backward plan" in why for _, why in rep.fallbacks)
+    lines = [r for r in caplog.records if "no backward plan" in r.getMessage()]
+    assert len(lines) == len(rep.fallbacks)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_backward_false_leaves_training_graphs_to_pytorch() -> None:
+    ref, m = Mlp().double(), Mlp().double()
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    want = _two_steps(ref, ref, (x,), {})
+    opt = pyrunner.optimize(m, x, executor="reference", progress=False, backward=False)
+    before = CALLS["forward"]
+    got = _two_steps(m, opt, (x,), {})
+    assert CALLS["forward"] == before
+    rep = opt.later_reports[-1]
+    assert not rep.regions and "backward=False" in rep.fallbacks[0][1]
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
