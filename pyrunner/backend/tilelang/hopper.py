@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pyrunner.target.cost_terms import CostTerms
 from pyrunner.target.device import H200, Device
 
 NVCC_FLAGS = ("-std=c++20", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo")
@@ -44,3 +45,44 @@ class Hopper:
 
 HOPPER = Hopper(H200)
 """The Hopper target the renderer renders for."""
+
+
+HOPPER_TERMS = CostTerms(
+    backend="tilelang-hopper",
+    compute_efficiency=0.80,
+    memory_efficiency=0.85,
+    # one cross-thread tile reduction left inside a tensor-core loop: shuffles + a barrier (linear sums
+    # are deferred to the epilogue)
+    loop_reduce_s=0.12e-6,
+    # wgmma m64nNk16: a narrow N re-reads A from shared memory per output column more often and issues
+    # more instructions per FLOP
+    mma_width_efficiency=((256, 1.0), (128, 0.93), (64, 0.80), (32, 0.62), (16, 0.45), (8, 0.35)),
+    k_depth_efficiency=(0.55, 128.0),
+    m_full_rows=128,  # a 64-row tile keeps one warpgroup busy, not two
+    pipe_by_stages=((1, 0.75), (2, 0.92)),
+    # Fitted to run 102 (``h200-run102-ab.jsonl``): the 1000 x 1024 x 50257 LM head at 128 x 256 x 64
+    # tiles took 501 us unstaged where the MMAs alone are modelled at 172; staged in registers one step
+    # ahead, 429 us at the same config (the two-byte loads and their shared-memory stores still take the
+    # load/store pipe for most of a step)
+    sync_gemm_pipe=0.34,
+    sync_staged_pipe=0.40,
+    # H200 run 7: the fused RMSNorm kernel without warp specialisation 81.7 us against 60.3 predicted
+    # for the overlapped form
+    no_ws_scale=1.35,
+    # H200 runs 64-65, at their best configs: add + RMSNorm over 4096 34.0 us against 42.4, L1 rows
+    # 17.0 against 22.5, layernorm over 1024 9.8 against 14.6: such a kernel reads each row once and
+    # streams at about 4.2 TB/s, where the model's bandwidth is 3.6
+    long_rows_scale=0.75,
+    # a streamed block keeps ``stages`` tiles in flight, so 88 blocks draw all the bandwidth; a loop-free
+    # kernel loads, computes, stores (run 73: 1000 x 3000 elementwise on 96 blocks of 128 x 256, 5.4 us;
+    # on 752 of 64 x 64, 4.2 in run 51)
+    stream_block_reach=1.5,
+    flat_block_reach=1.0,
+    resident_threads=2048,
+    resident_blocks=32,
+    specialised_one_block=True,  # TileLang 0.1.15's producer/consumer split: 384-thread launch bounds
+    launch_us=H200.launch_us,
+    l2_bw_share=0.0,
+)
+"""The cost model's constants for TileLang's Hopper code (``target.cost_terms``), with the runs they
+come from."""
