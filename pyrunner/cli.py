@@ -16,7 +16,7 @@ Commands::
         --backward plans the derived backward graph (``ir.grad``), --with-saves the forward that
         also writes the tensors the backward reads (which ones: ``planner.saves``, by the cost model)
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
-    python -m pyrunner report --model-error [--log DIR]       (pyrunner.planner.model_error)
+    python -m pyrunner report --model-error [--log DIR]       (pyrunner.planner.model_report)
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
     python -m pyrunner export PLAN.json --out kernel.py   (a standalone TileLang + torch module)
@@ -224,8 +224,8 @@ def _say(note) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    if args.model_error:  # the cost model against every committed record (pyrunner.planner.model_error)
-        from pyrunner.planner.model_error import main as model_error_main
+    if args.model_error:  # the cost model against every committed record (pyrunner.planner.model_report)
+        from pyrunner.planner.model_report import main as model_error_main
 
         return model_error_main(["--results", str(args.log)] if args.log else [])
     if args.tables:  # measured tables from the committed records (pyrunner.log.tables)

@@ -316,15 +316,15 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     # fewer blocks than SMs: each draws the backend's flat or streamed block reach in SM shares of bandwidth
     flat = low.stream is None and not low.gemms and n_blocks < dev.sms
     reach = terms.flat_block_reach if flat else terms.stream_block_reach
-    t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
+    t_mem = (dram / first_read_bw(facts, m) + reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
-    # Every wgmma is waited on at once (warpgroup_wait<0>), so CUDA-core work in a GEMM kernel runs
-    # after the MMAs, not beside them: add it. A cross-thread reduction still inside the loop (a
-    # max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
+    # CUDA-core work of a GEMM kernel overlaps its MMAs as far as the backend's ``cc_overlap`` says
+    # (one warpgroup's softmax under another's wgmma). A cross-thread reduction still inside the loop
+    # (a max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
     per_step = max(0, facts.loop_reductions - facts.linear_sums) * m.loop_reduce_s
     t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
-    t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
+    t_compute = (overlapped(t_tc, t_cc, terms.cc_overlap) if low.gemms else 0.5 * t_cc) + t_sync
     # A loop without tensor cores has ``stages`` tiles in flight per block, so each block streams
     # one tile per latency / stages at best (Little's law): a short grid of narrow steps is bound
     # by load latency, not bandwidth (run 45: logsumexp's 125 steps of 256 took 28 us for 65 MB).
@@ -348,6 +348,20 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
         bound = "latency"
     return Estimate(time_us=time_us, flops=flops + ew, bytes=dram + reread, bound=bound, smem=smem,
                     config=cfg)
+
+
+def overlapped(a: float, b: float, overlap: float) -> float:
+    """Two kinds of work on one SM, ``overlap`` of the shorter hidden under the longer (0: they add)."""
+    return max(a, b) + (1.0 - overlap) * min(a, b)
+
+
+def first_read_bw(facts: LoweringFacts, m: Machine = DEFAULT_MACHINE) -> float:
+    """Bandwidth a kernel's first reads of each tensor see: HBM's achieved rate, or, where the kernel's
+    data stays in L2 between calls (``l2_resident``), the backend's share of L2's when that is higher."""
+    hbm = m.device.hbm_bw * m.memory_efficiency
+    if m.terms.l2_bw_share > 0 and l2_resident(facts, m):
+        return max(hbm, m.device.l2_bw * m.terms.l2_bw_share)
+    return hbm
 
 
 def staged_loads_fit(low: Lowered, blocks: Mapping[str, int], threads: int) -> bool:

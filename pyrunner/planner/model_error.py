@@ -1,6 +1,7 @@
 """How far the cost model is from the GPU: its error over every committed side-by-side record.
 
-``python -m pyrunner report --model-error`` (or ``python -m pyrunner.planner.model_error``).
+``python -m pyrunner report --model-error`` (or ``python -m pyrunner.planner.model_report``) prints the
+figures; this module makes the samples.
 
 Why this exists apart from ``planner.calibration``: a record's own ``predicted_us`` is not a model
 prediction where the plan's time came from the tuning database (until ``cost.model["model_total_us"]``
@@ -16,23 +17,20 @@ re-predicted by the current model alone:
 - the measured time is the record's ``plan_us`` (side-by-side records: ``log.tables.side_by_side``),
   or a tuning-database entry's ``time_us`` (the plan at its best config, matched by structure hash).
 
-Figures: median and mean relative error |predicted - measured| / measured, uncalibrated, and
-leave-one-workload-out calibrated: every plan of a workload predicted with per-structure scales
-(``cost.structure_class``) fitted on the other workloads' plans only (a plan's log ratio attributed
-to the class of its longest kernel; classes no other workload has stay at 1).
+The figures (``planner.model_report``): median and mean relative error, uncalibrated and
+leave-one-workload-out calibrated, and how often the model orders measured plans as they measured.
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import statistics
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from pyrunner.errors import UserError
 from pyrunner.planner.cost import DEFAULT_MACHINE, DTYPE_BYTES, LoweringFacts, Machine, estimate, structure_class
+from pyrunner.target.device import Device
 
 GRAPH_DIRS = ("benchmarks/graphs", "tests/data")
 """Folders whose graph files the timed records name (``gpu_run.py --graph``)."""
@@ -182,11 +180,13 @@ class Timed:
     """The tuning key's structure hash (tuning entries), matched against each candidate's plan."""
 
 
-def side_by_side_records(results_dir: Path = RESULTS_DIR, newest_only: bool = False) -> list[Timed]:
-    """Every side-by-side record of the folder (``log.tables.side_by_side``); with ``newest_only``,
-    the newest per case (the rows of ``benchmarks/RESULTS.md``)."""
+def side_by_side_records(results_dir: Path = RESULTS_DIR, newest_only: bool = False,
+                         device: Device = DEFAULT_MACHINE.device) -> list[Timed]:
+    """Every side-by-side record of the folder (``log.tables.side_by_side``) measured on ``device``; with
+    ``newest_only``, the newest per case (the rows of ``benchmarks/RESULTS.md``)."""
     from pyrunner.log.results import read_log_counted
     from pyrunner.log.tables import newest_rows, side_by_side
+    from pyrunner.target.tuning import device_key
 
     if newest_only:
         rows = [(r.file, r.record) for r in newest_rows(results_dir)]
@@ -194,14 +194,17 @@ def side_by_side_records(results_dir: Path = RESULTS_DIR, newest_only: bool = Fa
         rows = [(p.name, r) for p in sorted(results_dir.glob("*.jsonl")) for r in read_log_counted(p)[0]
                 if side_by_side(r)]
     return [Timed(f, r.workload, r.dtype, dict(r.shapes), r.config, float(r.plan_us)) for f, r in rows
-            if r.config and r.plan_us and r.device != "cpu"]
+            if r.config and r.plan_us and device_key(r.device) == device_key(device.name)]
 
 
-def tuning_entries(path: Path = TUNING_FILE, generation: int | None = None) -> list[Timed]:
-    """Every entry of a tuning database file of the current renderer generation (``generation``)."""
+def tuning_entries(path: Path = TUNING_FILE, generation: int | None = None,
+                   backend: str = DEFAULT_MACHINE.terms.backend) -> list[Timed]:
+    """Every entry of a tuning database file of the current renderer generation (``generation``) measured
+    with ``backend`` (``target.tuning.tuning_key``: a key names a backend other than Hopper's)."""
     import json
 
     from pyrunner.target.layout import GENERATION
+    from pyrunner.target.tuning import HOPPER_BACKEND
 
     gen = GENERATION if generation is None else generation
     try:
@@ -211,7 +214,9 @@ def tuning_entries(path: Path = TUNING_FILE, generation: int | None = None) -> l
     out = []
     for key, e in sorted(entries.items()):
         parts = key.split("|")
-        if len(parts) != 6 or parts[5] != f"renderer-{gen}":
+        if len(parts) not in (6, 7) or parts[5] != f"renderer-{gen}":
+            continue
+        if (parts[6] if len(parts) == 7 else HOPPER_BACKEND) != backend:
             continue
         shapes = dict((a, int(n)) for a, n in (kv.split("=") for kv in parts[1].split(",") if kv))
         out.append(Timed("tuning", e["workload"], parts[2], shapes, e["config"], float(e["time_us"]), parts[0]))
@@ -252,86 +257,3 @@ def _same_structure(planner, c, structure: str) -> bool:
         return structure_hash(to_plan(planner, c, False)) == structure
     except Exception:  # noqa: BLE001 - a candidate that does not make a plan is not the one timed
         return False
-
-
-def _scales(data: list[Sample]) -> dict[str, float]:
-    by: dict[str, list[float]] = {}
-    for s in data:
-        by.setdefault(s.dominant, []).append(math.log(s.measured_us / s.predicted_us))
-    return {c: math.exp(sum(v) / len(v)) for c, v in by.items()}
-
-
-def calibrated(s: Sample, scales: dict[str, float]) -> float:
-    """``s``'s plan time with each kernel scaled by its class's calibration (1 where it has none)."""
-    return s.predicted_us - sum(t for _, t in s.kernels) + sum(t * scales.get(c, 1.0) for c, t in s.kernels)
-
-
-def leave_one_workload_out(data: list[Sample]) -> list[float]:
-    """Relative error of each sample predicted with scales fitted on the other workloads only."""
-    errors = []
-    for w in sorted({s.workload for s in data}):
-        scales = _scales([s for s in data if s.workload != w])
-        errors += [abs(calibrated(s, scales) - s.measured_us) / s.measured_us for s in data if s.workload == w]
-    return errors
-
-
-@dataclass(frozen=True)
-class Figures:
-    samples: int
-    median_pct: float
-    mean_pct: float
-    over_pct: float
-    """Share of samples the model over-predicts (predicts slower than measured)."""
-    lowo_median_pct: float
-    lowo_mean_pct: float
-
-
-def figures(data: list[Sample]) -> Figures | None:
-    if not data:
-        return None
-    errs = [s.error for s in data]
-    lowo = leave_one_workload_out(data)
-    return Figures(len(data), 100 * statistics.median(errs), 100 * statistics.fmean(errs),
-                   100 * sum(s.predicted_us > s.measured_us for s in data) / len(data),
-                   100 * statistics.median(lowo), 100 * statistics.fmean(lowo))
-
-
-def report(sets: dict[str, list[Sample]], worst: int = 0) -> str:
-    lines = ["| samples | n | median error | mean error | over-predicted | LOWO calibrated median | LOWO mean |",
-             "|---|---|---|---|---|---|---|"]
-    for name, data in sets.items():
-        f = figures(data)
-        if f is None:
-            lines.append(f"| {name} | 0 | - | - | - | - | - |")
-            continue
-        lines.append(f"| {name} | {f.samples} | {f.median_pct:.1f}% | {f.mean_pct:.1f}% | {f.over_pct:.0f}% | "
-                     f"{f.lowo_median_pct:.1f}% | {f.lowo_mean_pct:.1f}% |")
-    if worst:
-        every = sets.get("all") or [s for data in sets.values() for s in data]
-        lines += ["", f"Worst {worst}:", ""]
-        for s in sorted(every, key=lambda s: -s.error)[:worst]:
-            shape = " ".join(f"{a}={n}" for a, n in s.shapes)
-            lines.append(f"- {s.workload} {s.dtype} {shape} ({s.source}): predicted {s.predicted_us:.1f} us, "
-                         f"measured {s.measured_us:.1f} ({s.dominant})")
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="pyrunner report --model-error", description=__doc__.splitlines()[0])
-    ap.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of results logs")
-    ap.add_argument("--tuning", type=Path, default=TUNING_FILE, help="tuning database file")
-    ap.add_argument("--worst", type=int, default=0, help="also list the N samples the model misses most")
-    args = ap.parse_args(argv)
-    if not args.results.is_dir():
-        raise UserError(f"--results {str(args.results)!r} is not a folder of results logs")
-    graphs = Graphs()
-    sets = {"side-by-side records": samples(side_by_side_records(args.results), graphs=graphs),
-            "newest per case (RESULTS.md rows)": samples(side_by_side_records(args.results, True), graphs=graphs),
-            "tuning database": samples(tuning_entries(args.tuning), graphs=graphs)}
-    sets["all"] = sets["side-by-side records"] + sets["tuning database"]
-    print(report(sets, args.worst))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

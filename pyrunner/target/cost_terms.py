@@ -53,6 +53,9 @@ class CostTerms:
     """Whether a warp-specialised loop holds one block per SM (the renderer's launch bounds)."""
     launch_us: float
     """What one kernel of a plan costs beyond its work under CUDA-graph replay (launch, ramp, drain)."""
+    cc_overlap: float
+    """Fraction of the shorter of a GEMM kernel's tensor-core and CUDA-core times hidden under the longer
+    (one warpgroup's exponentials and rescales run while another's MMAs are in flight): 0 adds them."""
     l2_bw_share: float
     """Fraction of the L2 bandwidth a kernel's first reads get where the plan's data stays in L2 between
     calls (the bandwidth between HBM's and L2's that such reads see)."""
