@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worst", type=int, default=0, help="also list the N samples the model misses most")
     args = ap.parse_args(argv)
     if not args.results.is_dir():
-        raise UserError(f"model error: {str(args.results)!r} is not a folder of results logs")
+        raise UserError(f"report --model-error: {str(args.results)!r} is not a folder of results logs")
     graphs = Graphs()
     sets = {"side-by-side records": samples(side_by_side_records(args.results), graphs=graphs),
             "newest per case (RESULTS.md rows)": samples(side_by_side_records(args.results, True), graphs=graphs),
