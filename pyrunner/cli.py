@@ -223,21 +223,19 @@ def _say(note) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.model_error:  # the cost model against the committed records (pyrunner.planner.model_report)
+        from pyrunner.planner.model_report import main as model_report
+
+        return model_report(["--results", str(args.log)] if args.log else [])
     if args.tables:  # measured tables from the committed records (pyrunner.log.tables)
         from pyrunner.log.tables import write_tables
 
         return write_tables(args.log, args.out)
     from pyrunner.log.report import main as report_main
 
-    argv: list[str] = []
-    if args.log:
-        argv += ["--log", str(args.log)]
-    if args.out:
-        argv += ["--out", str(args.out)]
-    if args.all:
-        argv.append("--all")
-    rc = report_main(argv)
-    return 0 if rc is None else int(rc)
+    argv = [*(["--log", str(args.log)] if args.log else []), *(["--out", str(args.out)] if args.out else []),
+            *(["--all"] if args.all else [])]
+    return int(report_main(argv) or 0)
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -356,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every record, not only the latest per workload")
     p.add_argument("--tables", action="store_true", help="write RESULTS.md from a folder of logs "
                    "(--log, default benchmarks/results; --out, default the folder above it)")
+    p.add_argument("--model-error", action="store_true", help="the cost model's error over the --log folder's records")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("schema", help="export the plan JSON Schema")

@@ -46,7 +46,7 @@ def test_narrow_rows_cost_more_and_the_planner_avoids_them() -> None:
     cand = next(c for c in planner.candidates() if any(not kc.low.gemms and kc.low.stream is None for kc in c.kernels))
     kc = next(kc for kc in cand.kernels if kc.low.stream is None)
     tb = {t.name: math.prod(t.shape) * DTYPE_BYTES[t.dtype] for t in cand.tensors}
-    launch = planner.machine.device.launch_us
+    launch = planner.machine.launch_us  # the backend's launch term (target.cost_terms)
 
     def body_us(block_m: int, block_n: int) -> float:
         cfg = {**kc.est.config, "block_m": block_m, "block_n": block_n, "threads": 256}

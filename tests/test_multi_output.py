@@ -71,7 +71,7 @@ def test_the_cost_model_chooses_the_merge_and_counts_what_it_saves() -> None:
     for unmerged, merged in pairs:
         assert len(merged.kernels) < len(unmerged.kernels)
         assert merged.total_us < unmerged.total_us
-        launch = planner.machine.device.launch_us
+        launch = planner.machine.launch_us  # the backend's launch term (target.cost_terms)
         assert unmerged.total_us - merged.total_us > launch  # more than the launch: the shared work too
 
 

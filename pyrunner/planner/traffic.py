@@ -13,14 +13,6 @@ import math
 from pyrunner.ir.axes import axes_of
 from pyrunner.planner.lower import Lowered
 
-STREAM_BLOCK_REACH = 1.5
-"""Share of the bandwidth a grid of fewer blocks than SMs draws, per block, in SM shares: a streamed
-block keeps ``stages`` tiles in flight, so 88 blocks draw it all."""
-FLAT_BLOCK_REACH = 1.0
-"""The same for a kernel without a loop or GEMMs: its one tile is loaded, then computed, then stored
-(run 73: a 1000 x 3000 elementwise kernel on 96 blocks of 128 x 256, 5.4 us; on 752 of 64 x 64, 4.2
-in run 51). Measured on such kernels only: loop-free GEMM kernels keep ``STREAM_BLOCK_REACH``."""
-
 SECTOR_BYTES = 32
 """Global memory moves in 32-byte sectors: a tile row of fewer contiguous bytes pays for whole sectors."""
 

@@ -79,13 +79,21 @@ def structure_hash(plan: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def tuning_key(plan: Plan, device: str, tl_version: str | None = None) -> str:
+HOPPER_BACKEND = "tilelang-hopper"
+"""The backend every entry without a backend field in its key was measured with (keys name another
+backend as a seventh field, so two backends timed on one GPU keep their entries apart)."""
+
+
+def tuning_key(plan: Plan, device: str, tl_version: str | None = None, backend: str = HOPPER_BACKEND) -> str:
+    """The entry key: structure, sizes, dtype, device, TileLang version, renderer generation and, for any
+    backend other than TileLang's Hopper one (whose committed entries predate the field), the backend."""
     sizes = ",".join(f"{a}={n}" for a, n in sorted(axis_sizes(plan).items()))
     from pyrunner.target.layout import GENERATION
 
     version = tl_version or tilelang_version()
-    return (f"{structure_hash(plan)}|{sizes}|{plan.dtype}|{device_key(device)}|tilelang-{version}"
-            f"|renderer-{GENERATION}")
+    key = (f"{structure_hash(plan)}|{sizes}|{plan.dtype}|{device_key(device)}|tilelang-{version}"
+           f"|renderer-{GENERATION}")
+    return key if backend == HOPPER_BACKEND else f"{key}|{backend}"
 
 
 @dataclass
@@ -184,9 +192,11 @@ class TuningDB:
         d = Path(directory or env or TUNING_DIR)
         return cls.load(d / f"{device_key(device)}.json")
 
-    def lookup(self, plan: Plan, device: str = DEFAULT_DEVICE, tl_version: str | None = None) -> Entry | None:
-        """The tuned entry for this plan's structure and shapes on ``device``, if any and still valid."""
-        e = self.entries.get(tuning_key(plan, device, tl_version))
+    def lookup(self, plan: Plan, device: str = DEFAULT_DEVICE, tl_version: str | None = None,
+               backend: str = HOPPER_BACKEND) -> Entry | None:
+        """The tuned entry for this plan's structure and shapes on ``device`` with ``backend``, if any and
+        still valid."""
+        e = self.entries.get(tuning_key(plan, device, tl_version, backend))
         if e is None or _reachable(plan, e.config) is None:
             return None
         if "forms" in e.extra and e.extra["forms"] != measured_forms(plan):
@@ -194,11 +204,12 @@ class TuningDB:
         return e
 
     def record(self, plan: Plan, config: Config, time_us: float, device: str, *, tried: int = 1,
-               default_us: float | None = None, tl_version: str | None = None, extra: dict | None = None) -> bool:
+               default_us: float | None = None, tl_version: str | None = None, extra: dict | None = None,
+               backend: str = HOPPER_BACKEND) -> bool:
         """Keep (config, time) for this plan if it beats what is stored; True when the entry changed."""
         if not _valid(plan, config):
             raise UserError(f"tuning record for {plan.workload}: config {config} is not in the plan's space")
-        key = tuning_key(plan, device, tl_version)
+        key = tuning_key(plan, device, tl_version, backend)
         old = self.entries.get(key)
         new = Entry(workload=plan.workload, config=config, time_us=round(float(time_us), 3), tried=tried,
                     default_us=default_us, plan_hash=plan.provenance.plan_hash or "",
