@@ -19,6 +19,14 @@ os.environ.setdefault("SUPEROPT_NO_LOWER_CHECK", "1")
 """`superopt` lowers each plan it hands out with TileLang (seconds each); the CLI tests check its
 contract with the planner, and tests/test_buildable.py turns the check back on to test it."""
 
+if "SUPEROPT_TUNING_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["SUPEROPT_TUNING_DIR"] = tempfile.mkdtemp(prefix="superopt-no-tuning-")
+"""The ``superopt`` command, the runner and the frontend plan with the committed tuning database
+(``benchmarks/tuning``); tests see an empty one instead, so merging GPU timings cannot change a test's
+outcome. A test of the committed database itself loads it by path (``target.tuning.TUNING_DIR``)."""
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
