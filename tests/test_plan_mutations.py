@@ -12,6 +12,7 @@ constants below 1e-3 in magnitude (an epsilon) or 1e4 and above (a masked-out fi
 from __future__ import annotations
 
 import copy
+import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -210,6 +211,7 @@ SHIFT_ONLY = ("1 of the 100 still passes: benchmarks/graphs/attention_sinks.json
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(not os.environ.get("SUPEROPT_SLOW"), reason="100 plans CPU-checked at their check shapes (7 minutes on two cores; an expected failure today): set SUPEROPT_SLOW=1")
 @pytest.mark.xfail(strict=True, reason=SHIFT_ONLY)
 def test_a_hundred_edited_plans_all_fail_the_cpu_check() -> None:
     passed: list[str] = []
