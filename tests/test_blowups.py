@@ -17,6 +17,10 @@ from pathlib import Path
 
 import pytest
 
+HEAVY = pytest.mark.skipif(not os.environ.get("SUPEROPT_SLOW"),
+                           reason="generated graphs still over their 60 s / 2 GB bounds "
+                                  "(expected failures, minutes each): set SUPEROPT_SLOW=1")
+
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT_S = 60
 LIMIT_KB = 2 * 1024 * 1024
@@ -79,7 +83,7 @@ CASES = {
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("SUPEROPT_SLOW"), reason="generated graphs still over their 60 s / 2 GB bounds (expected failures, minutes each): set SUPEROPT_SLOW=1")
+@HEAVY
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=why) if why else ())
                                   for n, (_, why) in CASES.items()])
 def test_superopt_on_a_generated_graph_is_bounded(name: str, tmp_path: Path) -> None:
@@ -91,7 +95,7 @@ def test_superopt_on_a_generated_graph_is_bounded(name: str, tmp_path: Path) -> 
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("SUPEROPT_SLOW"), reason="generated graphs still over their 60 s / 2 GB bounds (expected failures, minutes each): set SUPEROPT_SLOW=1")
+@HEAVY
 @pytest.mark.xfail(strict=True, reason=SLOW_LOWERING)
 def test_run_small_of_a_doubling_dag_plan_is_bounded(tmp_path: Path) -> None:
     f = tmp_path / "g.json"
