@@ -279,8 +279,10 @@ def test_planner_rejects_unknown_dtype() -> None:
         Planner(workloads.get("Matmul"), "fp8")
 
 
+@pytest.mark.slow
 def test_plans_do_not_depend_on_the_hash_seed() -> None:
-    """Same graph in, byte-identical plans out, whatever PYTHONHASHSEED is."""
+    """Same graph in, byte-identical plans out, whatever PYTHONHASHSEED is (the fast tier's check of this:
+    tests/test_search_determinism.py, other graphs under two hash seeds)."""
     import os
     import subprocess
     import sys
