@@ -72,7 +72,12 @@ def test_engine_command_line_is_the_documented_one() -> None:
     assert pass_through_order() == ["--dtype", "--top", "--naive", "--explain", "--calibrate"]
 
 
-@pytest.mark.parametrize("name", list(CATALOG))
+# the graph texts of every workload are tied to Python's by test_golden_graph_texts_are_what_python_writes;
+# the fast tier runs the protocol end to end on the cheap workloads, the slow tier on the rest
+CHEAP = {"Attention", "SwiGLU", "Matmul", "RMSNorm", "GeGLU"}
+
+
+@pytest.mark.parametrize("name", [n if n in CHEAP else pytest.param(n, marks=pytest.mark.slow) for n in CATALOG])
 def test_engine_on_the_lean_graph_prints_the_python_plan(name: str, tmp_path: Path) -> None:
     graph_file = tmp_path / "graph.json"
     graph_file.write_text(lean_graph_text(name) + "\n")

@@ -102,8 +102,13 @@ def shared_doubling(n: int) -> Graph:
     return Graph(f"Doubling{n}", {"m": 256, "d": 256}, (("Y", t),))
 
 
-@pytest.mark.parametrize("graph", [matmul_chain(20), matmul_chain(40), softmax_sum(8), elementwise_chain(1000),
-                                   shared_doubling(1000), matmul_chain(300)], ids=lambda g: g.name)
+# the fast tier keeps one graph of each shape family (chain, long chain, shared subterms); the bigger
+# members of the same families are the slow tier's scaling check
+@pytest.mark.parametrize("graph", [matmul_chain(20), elementwise_chain(1000), shared_doubling(1000),
+                                   pytest.param(matmul_chain(40), marks=pytest.mark.slow),
+                                   pytest.param(softmax_sum(8), marks=pytest.mark.slow),
+                                   pytest.param(matmul_chain(300), marks=pytest.mark.slow)],
+                         ids=lambda g: g.name)
 def test_large_graphs_plan_within_bounds(graph: Graph) -> None:
     t0 = time.perf_counter()
     plan = search(graph, "fp16")[0]
@@ -112,7 +117,8 @@ def test_large_graphs_plan_within_bounds(graph: Graph) -> None:
     _loop_reduces_its_axis(plan)
 
 
-@pytest.mark.parametrize("graph", [matmul_chain(6, size=64), softmax_sum(3, size=64), elementwise_chain(60)],
+@pytest.mark.parametrize("graph", [pytest.param(matmul_chain(6, size=64), marks=pytest.mark.slow),
+                                   softmax_sum(3, size=64), elementwise_chain(60)],
                          ids=lambda g: g.name)
 def test_large_graph_plans_are_correct(graph: Graph) -> None:
     for p in search(graph, "fp16", top=2):
@@ -392,7 +398,7 @@ def _sink_attention(sink_input: bool) -> Graph:
     return g.build()
 
 
-@pytest.mark.parametrize("sink_input", [True, False])
+@pytest.mark.parametrize("sink_input", [True, pytest.param(False, marks=pytest.mark.slow)])  # one derivation
 def test_softmax_with_a_sink_is_one_online_kernel(sink_input: bool) -> None:
     """The shift max(max_t S, sink) is no running max, so the loop over t would read a finished value
     (two kernels: the row max, then the chain). exp_shift_to_max splits the exponential into the

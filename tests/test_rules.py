@@ -415,10 +415,28 @@ def test_every_algebraic_rule_has_a_pattern_generator() -> None:
     assert set(PATTERNS) == set(ALGEBRAIC_RULE_NAMES)
 
 
+PATTERN_SETTINGS = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+
+
 @pytest.mark.parametrize("rule", ALGEBRAIC_RULE_NAMES)
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, **PATTERN_SETTINGS)
 @given(data=st.data(), seed=st.integers(0, 2**31))
 def test_random_pattern_graphs_keep_values(rule: str, data: st.DataObject, seed: int) -> None:
+    """The fast tier's 40 examples per rule; the slow tier's copy below draws 150."""
+    pattern_keeps_values(rule, data, seed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule", ALGEBRAIC_RULE_NAMES)
+@settings(max_examples=150, **PATTERN_SETTINGS)
+@given(data=st.data(), seed=st.integers(0, 2**31))
+def test_random_pattern_graphs_keep_values_at_150_examples(rule: str, data: st.DataObject, seed: int) -> None:
+    pattern_keeps_values(rule, data, seed)
+
+
+def pattern_keeps_values(rule: str, data: st.DataObject, seed: int) -> None:
+    """A planted instance of ``rule`` is found (where the generator says it must be) and every rewrite
+    it makes keeps the graph's values."""
     gen = Gen(data)
     pat, must_fire = PATTERNS[rule](gen)
     g = graph_of(data, gen.wrap(pat))

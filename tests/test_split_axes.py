@@ -148,9 +148,14 @@ def test_split_is_offered_only_for_few_output_tiles() -> None:
 
 
 @pytest.fixture(scope="module")
-def decode_plan() -> Plan:
-    (plan,) = search(load_graph_file(GQA_DECODE), "bf16", tuning=False)
-    return plan
+def decode_plans() -> list[Plan]:
+    """The decode graph's four best plans, planned once for the module (a search of tens of seconds)."""
+    return search(load_graph_file(GQA_DECODE), "bf16", top=4, tuning=False)
+
+
+@pytest.fixture(scope="module")
+def decode_plan(decode_plans: list[Plan]) -> Plan:
+    return decode_plans[0]
 
 
 def test_short_query_attention_splits_its_keys_into_chunks(decode_plan: Plan, monkeypatch) -> None:
@@ -253,7 +258,7 @@ def test_dependent_merges_only_in_the_dependent_pass_and_only_where_a_third_kern
     assert ((0,), (1,)) in tried and ((0,), (2,)) not in tried  # a path through b: never a with c
 
 
-def test_no_kernel_of_a_split_plan_reduces_a_chunk_and_combines_chunks() -> None:
+def test_no_kernel_of_a_split_plan_reduces_a_chunk_and_combines_chunks(decode_plans: list[Plan]) -> None:
     """Such a kernel would hold every chunk of its rows (no parallelism from the split), and the chunk
     axis held in a tile beside the streamed in-chunk axis lowered to 2048 floats per thread (sweep 29)."""
     from pyrunner.planner.search import Planner
@@ -263,7 +268,7 @@ def test_no_kernel_of_a_split_plan_reduces_a_chunk_and_combines_chunks() -> None
     planner = Planner(merged, "bf16", merges=tuple(merges), split=sp)
     assert planner.candidates()
     assert any("reduce both 't_kv_in' and the chunks 't_kv_chunk'" in why for why in planner.rejections)
-    for plan in search(load_graph_file(GQA_DECODE), "bf16", top=4, tuning=False):
+    for plan in decode_plans:
         for k in plan.kernels:
             ops = k.prologue + k.body + k.epilogue
             reduced = {op.axis for op in ops if op.op == "reduce"} | {op.contract for op in ops if op.op == "gemm"}

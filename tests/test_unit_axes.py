@@ -41,6 +41,12 @@ def _decode(b: int = 4, h: int = 2, t: int = 256, d: int = 64):
     return g.build()
 
 
+@pytest.fixture(scope="module")
+def small_decode_plan() -> Plan:
+    """The best plan of a small decode graph, planned once for the tests that read or edit its document."""
+    return search(_decode(b=2, h=2, t=128, d=64), "bf16", tuning=False)[0]
+
+
 def test_a_batched_query_vector_takes_the_unit_axis() -> None:
     unit = unit_candidate(_decode())
     assert unit == AxisUnit("unit", (("Q", 2),))
@@ -115,9 +121,8 @@ def test_batched_decode_plans_on_the_tensor_cores_and_verifies_on_the_cpu() -> N
     assert res.ok, res.message
 
 
-def test_unit_views_round_trip() -> None:
-    graph = _decode(b=2, h=2, t=128, d=64)
-    plan = search(graph, "bf16", tuning=False)[0]
+def test_unit_views_round_trip(small_decode_plan: Plan) -> None:
+    plan = small_decode_plan
     view = view_of(plan)
     q = next(t for t in plan.tensors if t.name == "Q")
     x = np.arange(2 * 2 * 64, dtype=np.float32).reshape(2, 2, 64)
@@ -126,8 +131,8 @@ def test_unit_views_round_trip() -> None:
     np.testing.assert_array_equal(to_source_layout(stored, q.axes, ("b", "h", "d"), view), x)
 
 
-def test_a_plan_whose_unit_inputs_and_positions_disagree_is_refused() -> None:
-    plan = search(_decode(b=2, h=2, t=128, d=64), "bf16", tuning=False)[0]
+def test_a_plan_whose_unit_inputs_and_positions_disagree_is_refused(small_decode_plan: Plan) -> None:
+    plan = small_decode_plan
     doc = plan_document(plan)
     doc["axis_units"][0]["positions"] = [2, 0]
     with pytest.raises(PlanError, match=r"axis_units\[0\]: 1 inputs but 2 positions"):
@@ -151,11 +156,12 @@ def test_a_plan_whose_unit_inputs_and_positions_disagree_is_refused() -> None:
     {"positions": ["x"]},
     {"axis": 7},
 ])
-def test_hostile_unit_specs_end_in_one_error_line(edit: dict, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_hostile_unit_specs_end_in_one_error_line(edit: dict, tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                  small_decode_plan: Plan) -> None:
     from pyrunner import cli
     from pyrunner.plan.schema import plan_hash
 
-    plan = search(_decode(b=2, h=2, t=128, d=64), "bf16", tuning=False)[0]
+    plan = small_decode_plan
     doc = plan_document(plan)
     doc["axis_units"][0].update(edit)
     doc["provenance"]["plan_hash"] = ""
