@@ -330,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=sorted(DTYPES), default=DEFAULT_DTYPE,
                    help=f"compute dtype of inputs and outputs (default {DEFAULT_DTYPE})")
     p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
-                   help=f"the GPU to plan for (default {DEFAULT_DEVICE}; the only one today)")
+                   help=f"the GPU to plan for (default {DEFAULT_DEVICE}; or a100: the Ampere backend, sm_80)")
     p.add_argument("--naive", action="store_true", help="no rewrites: one kernel per op")
     p.add_argument("--top", type=int, default=1, metavar="K", help="print the K best plans as a JSON list")
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")

@@ -7,7 +7,6 @@ past one wave. The build function evaluates the guard and the tile count; ``rend
 from __future__ import annotations
 
 from pyrunner.backend.tilelang import emit as R
-from pyrunner.backend.tilelang.hopper import HOPPER
 from pyrunner.plan import schedule
 from pyrunner.plan.schedule import AsyncSchedule, ChainSchedule
 from pyrunner.target import fit
@@ -61,15 +60,16 @@ def shared_bytes(ctx: R._Ctx, sched: AsyncSchedule) -> str:
     return f"({' + '.join(terms)})"
 
 
-def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
-    """Python condition on the tile parameters under which the asynchronous form is rendered."""
+def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str, smem_per_block: int) -> str:
+    """Python condition on the tile parameters under which the asynchronous form is rendered, on a device
+    whose blocks may take ``smem_per_block`` bytes of shared memory."""
     body = ctx.kernel.body
     conds = [f"{threads} in (128, 256)"]
     for g in (body[i] for i in sched.gemms):
         rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
         conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
         conds.append(f"{R._paren(cols)} <= 256")
-    conds.append(f"{shared_bytes(ctx, sched)} <= {HOPPER.device.smem_per_block - fit.ASYNC_SMEM_SLACK}")
+    conds.append(f"{shared_bytes(ctx, sched)} <= {smem_per_block - fit.ASYNC_SMEM_SLACK}")
     axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
     for a in sorted(axes) if not fit.ASYNC_PARTIAL_TILES else ():
         if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
