@@ -77,10 +77,12 @@ def test_targets_check_their_instruction_set_and_build_flags() -> None:
 
 def test_an_sm80_build_runs_on_a_newer_gpu_from_its_own_instruction_set() -> None:
     on_hopper = AMPERE.running_on("sm_90")
-    assert on_hopper.arch == "sm_80" and on_hopper.code == ("sm_80", "sm_90")
-    assert on_hopper.target == {"kind": "cuda", "arch": "sm_80", "code": ["sm_80", "sm_90"]}
-    assert on_hopper.gencode() == ["-gencode", "arch=compute_80,code=[sm_80,sm_90]"]
-    assert AMPERE.running_on("sm_80") is AMPERE and AMPERE.running_on("sm_86").code == ("sm_80", "sm_86")
+    assert on_hopper.arch == "sm_80" and on_hopper.code == ("sm_90",) and on_hopper.device is A100
+    assert on_hopper.target == {"kind": "cuda", "arch": "sm_80", "code": ["sm_90"]}
+    assert on_hopper.gencode() == ["-gencode", "arch=compute_80,code=sm_90"]
+    assert AMPERE.running_on("sm_80") is AMPERE and AMPERE.running_on("sm_86").code == ("sm_86",)
+    two = Ampere(A100, code=("sm_80", "sm_90"))
+    assert two.gencode() == ["-gencode", "arch=compute_80,code=[sm_80,sm_90]"]
     assert HOPPER.running_on("sm_90") is HOPPER and HOPPER.running_on("sm_80") is HOPPER  # nothing older
 
 

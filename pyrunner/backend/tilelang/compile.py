@@ -180,7 +180,8 @@ def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, target: CompileTa
     workers = max(1, min(len(cuda_sources), os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:
         paths = list(pool.map(one, sorted(cuda_sources)))
-    return CubinResult(paths, False, f"compiled {len(paths)} {kind}(s) for {target.arch} with {nvcc}")
+    code = f" (machine code for {', '.join(target.code)})" if target.code else ""
+    return CubinResult(paths, False, f"compiled {len(paths)} {kind}(s) for {target.arch}{code} with {nvcc}")
 
 
 # --- the GPU path ---------------------------------------------------------------

@@ -22,8 +22,9 @@ class CompileTarget:
     """A GPU as the TileLang renderer and compiler target it.
 
     ``code``: the real architectures nvcc builds machine code for, from this target's virtual
-    architecture (empty: this target's own). An sm_80 program built with ``code=("sm_80", "sm_90")``
-    runs unchanged on a Hopper GPU, as its PTX would after the driver's JIT (``running_on``).
+    architecture (empty: this target's own). An sm_80 program built with ``code=("sm_90",)`` (nvcc
+    ``-gencode arch=compute_80,code=sm_90``) runs on a Hopper GPU as its compute_80 PTX would after
+    the driver's JIT: the Ampere instruction set, Hopper machine code (``running_on``).
     """
 
     device: Device
@@ -75,4 +76,4 @@ class CompileTarget:
         other = gpu_arch.removeprefix("sm_").rstrip("af")
         if not (own.isdigit() and other.isdigit()) or int(other) <= int(own):
             return self
-        return replace(self, code=(self.arch, gpu_arch))
+        return replace(self, code=(gpu_arch,))
