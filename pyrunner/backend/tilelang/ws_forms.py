@@ -88,7 +88,7 @@ def persistent_tiles(ctx: R._Ctx, sched: AsyncSchedule, sms: int) -> str | None:
     (``tiles > SM_COUNT``). Not for masked loops: their blocks run different step counts (ring
     phases would need a running count) and launch longest first.
 
-    Two-GEMM chains only, as measured on the H200 (runs 93-94, ``benchmarks/gpu_ab.py --feature
+    Two-GEMM chains only, as measured on Hopper (runs 93-94, ``benchmarks/gpu_ab.py --feature
     persistent``, interleaved rounds): attention 1.4-3.9% faster, grouped-query attention 2.8-2.9%,
     t = 8192 1.7%; the GEMM mainloop 1.1-4.8% slower (4096^3; 2048 x 4096 x 4096), with TileLang's
     panel order reproduced. A static tile order loses the hardware's dynamic block dispatch, and the
