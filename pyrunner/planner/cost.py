@@ -138,13 +138,13 @@ def warp_specialized(low: Lowered) -> bool:
 
 
 LONG_ROWS_SCALE = 0.75
-"""Measured/predicted of a kernel holding long rows whole (H200 runs 64-65, at their best configs: add +
+"""Measured/predicted of a kernel holding long rows whole (Hopper runs 64-65, at their best configs: add +
 RMSNorm over 4096 34.0 us against 42.4, L1 rows 17.0 against 22.5, layernorm over 1024 9.8 against
 14.6): such a kernel reads each row once and streams at about 4.2 TB/s, where the model's bandwidth is
 3.6; a calibration overrides it."""
 
 NO_WS_SCALE = 1.35
-"""Measured/predicted of a tensor-core loop rendered without warp specialisation (H200 run 7: the fused
+"""Measured/predicted of a tensor-core loop rendered without warp specialisation (Hopper run 7: the fused
 RMSNorm kernel 81.7 us against 60.3 predicted for the overlapped form); a calibration overrides it."""
 
 
