@@ -111,6 +111,13 @@ def run_options(args: argparse.Namespace):
         quiet=args.quiet,
         force_cpu=args.cpu,
     )
+    device = getattr(args, "device", DEFAULT_DEVICE).strip().lower()
+    if device != DEFAULT_DEVICE:
+        from pyrunner.backend.tilelang.backend import backend_for
+
+        backend_for(device)  # an unknown device: one error line naming the known ones
+        opts.backend = device
+        opts.use_tuned = False  # the committed tuning is the GPU's own backend's: its configs are not this one's
     if args.results:
         opts.results = Path(args.results)
     if args.out:
@@ -317,6 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh)")
     p.add_argument("--budget", type=float, metavar="SECONDS", help="time budget of the run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
+                   help=f"the backend to render and compile for (default {DEFAULT_DEVICE}; a100: sm_80, which runs "
+                        "on a newer GPU from its own instruction set)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="check a plan (schema and semantics) without running it")

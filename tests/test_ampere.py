@@ -185,3 +185,27 @@ def test_every_graph_plans_runs_and_compiles_for_sm80(case, tmp_path: Path) -> N
         pytest.skip("nvcc not on PATH: sm_80 CUDA source checked, cubin not built")
     cubins = compile_cubin(sources, tmp_path / "cubin", AMPERE)
     assert len(cubins) == len(plan.kernels) and all(p.suffix == ".cubin" and p.stat().st_size for p in cubins)
+
+
+def _matmul_plan_file(tmp_path: Path) -> Path:
+    (plan,) = search(catalog.get("Matmul", {"m": 128, "d": 256, "n": 256}), "bf16", top=1, device=A100)
+    path = tmp_path / "plan.json"
+    path.write_text(plan.model_dump_json())
+    return path
+
+
+def test_run_with_an_unknown_device_is_one_error_line(tmp_path: Path, capsys) -> None:
+    assert cli.main(["run", str(_matmul_plan_file(tmp_path)), "--small", "--device", "v100"]) == 2
+    assert capsys.readouterr().err == "error: --device 'v100': no backend for that device; known: a100, h200\n"
+
+
+@pytest.mark.slow
+def test_run_renders_lowers_and_builds_for_sm80(tmp_path: Path) -> None:
+    log = tmp_path / "results.jsonl"
+    assert cli.main(["run", str(_matmul_plan_file(tmp_path)), "--small", "--device", "a100", "--quiet",
+                     "--out", str(tmp_path / "out"), "--log", str(log)]) == 0
+    (record,) = [json.loads(line) for line in log.read_text().splitlines()]
+    assert record["status"] == "skipped" and "for sm_80" in record["message"], record["message"]
+    cuda = "".join(p.read_text() for p in (tmp_path / "out").rglob("*.cu"))
+    assert "__global__" in cuda and not [h for h in HOPPER_CUDA if h in cuda]
+    assert "'arch': 'sm_80'" in "".join(p.read_text() for p in (tmp_path / "out").rglob("*.py"))
