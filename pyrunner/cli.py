@@ -109,15 +109,8 @@ def run_options(args: argparse.Namespace):
         config=parse_assignments(args.config, "--config", "PARAM"),
         deadline=None if args.budget is None else time.monotonic() + args.budget,
         quiet=args.quiet,
-        force_cpu=args.cpu,
+        force_cpu=args.cpu, backend=getattr(args, "device", DEFAULT_DEVICE),
     )
-    device = getattr(args, "device", DEFAULT_DEVICE).strip().lower()
-    if device != DEFAULT_DEVICE:
-        from pyrunner.backend.tilelang.backend import backend_for
-
-        backend_for(device)  # an unknown device: one error line naming the known ones
-        opts.backend = device
-        opts.use_tuned = False  # the committed tuning is the GPU's own backend's: its configs are not this one's
     if args.results:
         opts.results = Path(args.results)
     if args.out:
@@ -324,9 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh)")
     p.add_argument("--budget", type=float, metavar="SECONDS", help="time budget of the run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
-                   help=f"the backend to render and compile for (default {DEFAULT_DEVICE}; a100: sm_80, which runs "
-                        "on a newer GPU from its own instruction set)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help="the backend to compile for (h200, a100)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="check a plan (schema and semantics) without running it")
@@ -339,8 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", metavar="AXIS=N", action="append", help="resize an axis; repeatable")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=DEFAULT_DTYPE,
                    help=f"compute dtype of inputs and outputs (default {DEFAULT_DTYPE})")
-    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
-                   help=f"the GPU to plan for (default {DEFAULT_DEVICE}; or a100: the Ampere backend, sm_80)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help="the GPU to plan for (h200, a100)")
     p.add_argument("--naive", action="store_true", help="no rewrites: one kernel per op")
     p.add_argument("--top", type=int, default=1, metavar="K", help="print the K best plans as a JSON list")
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")

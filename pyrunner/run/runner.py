@@ -93,13 +93,21 @@ class RunOptions:
     """Interleaved timing rounds of the plan and its baselines."""
     backend: str = "h200"
     """The TileLang backend (``backend.tilelang.backend.BACKENDS``) the plan is fit-checked, rendered and
-    compiled for (``--device``); a backend older than the GPU runs there from its own instruction set."""
+    compiled for (``--device``); a backend older than the GPU runs there from its own instruction set.
+    Any but the default one starts from the plan's default config: the committed tuning database holds
+    the GPU's own backend's configs (``use_tuned`` is switched off)."""
 
     def __post_init__(self) -> None:
         self.results, self.out_dir = Path(self.results), Path(self.out_dir)
         unknown = [x for x in self.baselines if x not in BASELINES]
         if unknown:
             raise UserError(f"--baselines: unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
+        from pyrunner.backend.tilelang.backend import DEFAULT_BACKEND, backend_for
+
+        self.backend = self.backend.strip().lower()
+        backend_for(self.backend)  # an unknown device: one error line naming the known ones
+        if self.backend != DEFAULT_BACKEND:
+            self.use_tuned = False
 
 
 # --- small helpers -------------------------------------------------------------
