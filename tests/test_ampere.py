@@ -84,6 +84,7 @@ def test_an_sm80_build_runs_on_a_newer_gpu_from_its_own_instruction_set() -> Non
     two = Ampere(A100, code=("sm_80", "sm_90"))
     assert two.gencode() == ["-gencode", "arch=compute_80,code=[sm_80,sm_90]"]
     assert HOPPER.running_on("sm_90") is HOPPER and HOPPER.running_on("sm_80") is HOPPER  # nothing older
+    assert HOPPER.running_on("sm_100") is HOPPER  # sm_90a's wgmma and setmaxnreg exist on sm_90a only
 
 
 def _attention_plans():

@@ -71,8 +71,11 @@ class CompileTarget:
     def running_on(self, gpu_arch: str) -> CompileTarget:
         """This target, built to run on a GPU of architecture ``gpu_arch`` (``sm_90``): machine code for that
         GPU from this target's instruction set, where it differs from the target's own architecture and is
-        newer (an older GPU cannot run a newer instruction set: this target, unchanged)."""
-        own = self.arch.removeprefix("sm_").rstrip("af")
+        newer (an older GPU cannot run a newer instruction set, and an arch-specific one such as ``sm_90a``
+        runs on its own architecture only: this target, unchanged)."""
+        if self.arch.endswith("a"):
+            return self
+        own = self.arch.removeprefix("sm_").rstrip("f")
         other = gpu_arch.removeprefix("sm_").rstrip("af")
         if not (own.isdigit() and other.isdigit()) or int(other) <= int(own):
             return self
