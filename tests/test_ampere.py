@@ -30,7 +30,8 @@ from pyrunner.errors import DeviceFitError
 from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.reference import random_inputs
-from pyrunner.plan.schema import axis_sizes
+from pyrunner.pipeline import best_plan
+from pyrunner.plan.schema import axis_sizes, plan_document
 from pyrunner.planner import search
 from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
@@ -144,6 +145,18 @@ def test_superopt_plans_for_the_a100(tmp_path: Path, capsys) -> None:
     assert doc["workload"] == "Matmul" and doc["kernels"]
     assert cli.main(["superopt", "Matmul", "--device", "b200"]) == 2
     assert capsys.readouterr().err.endswith("error: --device 'b200': no backend for that device; known: a100, h200\n")
+
+
+def test_cli_and_best_plan_give_byte_identical_a100_plans(tmp_path: Path) -> None:
+    sizes = {"m": 128, "d": 256, "n": 256}
+    out = tmp_path / "plans.json"
+    assert cli.main(["superopt", "Matmul", *(f"--shape={a}={n}" for a, n in sizes.items()), "--dtype", "bf16",
+                     "--top", "2", "--device", "a100", "--no-tuning", "--no-lower-check", "--out", str(out)]) == 0
+    graph = catalog.get("Matmul", sizes)
+    plans = best_plan(graph, "bfloat16", top=2, backend=backend_for("a100"), lower_check=False)
+    assert out.read_text() == json.dumps([plan_document(p) for p in plans], indent=2) + "\n"
+    hopper = best_plan(graph, "bfloat16", top=2, backend=backend_for("h200"), lower_check=False)
+    assert [p.cost for p in plans] != [p.cost for p in hopper]  # the A100's numbers price the plans
 
 
 @pytest.mark.parametrize("name", ["ScaledAttention", "RMSNorm", "SwiGLU"])
