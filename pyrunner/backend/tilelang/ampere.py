@@ -5,7 +5,9 @@ What differs from Hopper is what the renderer leaves out, not what it writes: a 
 ``ldmatrix``), a streamed loop is still ``T.Pipelined`` (TileLang turns its global-to-shared copies
 into ``cp.async`` groups, ``num_stages`` deep), and everything else is plain thread code. Left out:
 the explicitly warp-specialised forms (TMA rings, mbarriers, wgmma, async-proxy fences, persistent
-kernels) and programmatic dependent launch (griddepcontrol needs sm_90). The fit check is the shared
+kernels) and programmatic dependent launch (griddepcontrol needs sm_90); and a loop of run-time length
+(a causal mask's visible steps) is ``T.serial``, since TileLang's cp.async pipeline drains such a loop
+with a group count that is not a constant, which has no CUDA form. The fit check is the shared
 one over the A100's limits (164 KiB of shared memory per SM, 64K registers).
 """
 
@@ -24,6 +26,7 @@ class Ampere(CompileTarget):
 
     family: ClassVar[str] = "ampere"
     async_forms: ClassVar[bool] = False
+    tma_pipelines: ClassVar[bool] = False
     dependent_launch: ClassVar[bool] = False
     archs: ClassVar[tuple[str, ...]] = ("sm_80", "sm_86", "sm_87", "sm_89")
 

@@ -34,6 +34,9 @@ class CompileTarget:
     """The instruction set's name (``hopper``, ``ampere``)."""
     async_forms: ClassVar[bool] = False
     """The explicitly warp-specialised forms (TMA rings, mbarriers, ``T.wgmma_gemm``, persistent kernels)."""
+    tma_pipelines: ClassVar[bool] = False
+    """TileLang lowers a ``T.Pipelined`` loop's loads to TMA under its own warp specialisation (sm_90); without
+    it they are cp.async groups, whose drain needs a trip count known at compile time."""
     dependent_launch: ClassVar[bool] = False
     """Programmatic dependent launch (``T.pdl_trigger`` / ``T.pdl_sync``: griddepcontrol, sm_90 and later)."""
     archs: ClassVar[tuple[str, ...]] = ()

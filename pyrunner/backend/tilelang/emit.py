@@ -140,6 +140,7 @@ class _Ctx:
     slots: dict[str, str] = None  # ring buffer -> slot index its element reads take first (render_ws)
     launch: DependentLaunch = None  # the kernel's part in the plan's programmatic dependent launch chain
     staged: dict[str, str] = None  # loop-loaded buffer -> register tile holding the next step's load
+    tma_pipelines: bool = True  # the target pipelines loads by TMA under warp specialisation (else cp.async only)
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""

@@ -23,6 +23,7 @@ class Hopper(CompileTarget):
 
     family: ClassVar[str] = "hopper"
     async_forms: ClassVar[bool] = True
+    tma_pipelines: ClassVar[bool] = True
     dependent_launch: ClassVar[bool] = True
     archs: ClassVar[tuple[str, ...]] = ("sm_90a",)
 

@@ -114,7 +114,8 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     bridge_names = {b: local.fresh(f"{b}_bridge") for b in bridged}
     ctx = _Ctx(plan, kernel, roles, buffers, tensors, names, size_const, block_expr, {}, loop_var, local, helpers, {},
                bridges, bridge_names, {}, {}, sizes=axis_sizes(plan),
-               launch=dependent_launches(plan)[kernel.name] if target.dependent_launch else NO_DEPENDENT_LAUNCH)
+               launch=dependent_launches(plan)[kernel.name] if target.dependent_launch else NO_DEPENDENT_LAUNCH,
+               tma_pipelines=target.tma_pipelines)
 
     defaults = ", ".join(f"{p}={kernel.defaults[p]}" for p in kernel.params)
     w.line(f"def {build_name}({defaults}):")
@@ -263,7 +264,7 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             w.line(f"for {loop_var} in T.serial({bounds}):  # synchronous loads: rows not 16-byte aligned")
         elif lp.visible is None:
             w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):")
-        elif kernel_pass_configs(kernel, ctx.tensors):
+        elif kernel_pass_configs(kernel, ctx.tensors) or not ctx.tma_pipelines:
             # without warp specialisation TileLang pipelines with cp.async: its drain of a loop of
             # run-time length waits on a group count that is not a constant (no CUDA for it), and
             # even one stage peels the last step and runs the rest to the bound's maximum (a query
