@@ -4,6 +4,11 @@ verified against float64.
 
 Run on the GPU machine through ``benchmarks/gpu_sweep.sh`` (it unpacks TileLang and the carried
 wheels first); ``--dry`` runs anywhere: it plans, renders and lowers to CUDA and skips the GPU.
+``--device NAME`` picks the backend the plans are made, rendered and compiled for (default h200;
+``a100``: the Ampere backend, sm_80, whose build runs on a newer GPU from its own instruction set,
+``CompileTarget.running_on``, so the Ampere path is verified on the H200)::
+
+    bash benchmarks/gpu_sweep.sh --device a100 --jobs 15 --shapes small
 
 Each case (graph x shape) runs in its own worker process (``--jobs`` at a time): plan the best
 bf16 plan (``pipeline.best_plan``, as ``superopt`` hands it out), compile it
@@ -170,12 +175,16 @@ def _emit(path: Path, rec: Record) -> None:
         fh.write(json.dumps(asdict(rec), allow_nan=False, default=str) + "\n")
 
 
-def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
-    """Plan, compile, verify one case; every stage reached is appended to ``results``."""
+def run_case(case: Case, results: Path, dry: bool, work: Path, device: str = "h200") -> Record:
+    """Plan, compile, verify one case for the backend of ``device``; every stage reached is appended to
+    ``results``."""
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.backend.tilelang.diagnose import detail, one_line
 
     t0 = time.monotonic()
     rec = Record(case.id, case.source, case.shape, case.dtype, dict(case.graph["axes"]))
+    backend = backend_for(device)
+    rec.extra["backend"] = f"{backend.name} ({backend.target.arch})"
     _emit(results, rec)
 
     def fail(status: str, e: BaseException) -> Record:
@@ -189,7 +198,7 @@ def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
 
         graph = graph_from_json(case.graph)
         notes: list = []
-        (plan,) = best_plan(graph, case.dtype, notes=notes.append)  # the plan `superopt` hands out
+        (plan,) = best_plan(graph, case.dtype, backend=backend, notes=notes.append)  # as `superopt` hands it out
         skipped = [n.text for n in notes if n.kind in ("skipped", "naive-fallback")]
         if skipped:
             rec.extra["skipped"] = skipped
@@ -203,12 +212,12 @@ def run_case(case: Case, results: Path, dry: bool, work: Path) -> Record:
     try:
         from pyrunner.backend.tilelang.compile import check_fits, compile_for_gpu, lower_to_cuda
 
-        check_fits(plan)
+        check_fits(plan, device=backend.device)
         if dry:
-            sources = lower_to_cuda(plan, work_dir=src_dir)
+            sources = lower_to_cuda(plan, work_dir=src_dir, target=backend.target)
             rec.extra["cuda_bytes"] = sum(len(s) for s in sources.values())
         else:
-            launch = compile_for_gpu(plan, work_dir=src_dir)
+            launch = compile_for_gpu(plan, work_dir=src_dir, target=backend.target)
     except Exception as e:  # noqa: BLE001
         return _done(results, fail("failed-compile", e), t0)
     rec.stage = "compiled"
@@ -247,7 +256,7 @@ def _done(results: Path, rec: Record, t0: float) -> Record:
 def worker(args) -> int:
     case = Case(**json.loads(Path(args.case).read_text()))
     try:
-        run_case(case, Path(args.results), args.dry, Path(args.work))
+        run_case(case, Path(args.results), args.dry, Path(args.work), args.device)
     except BaseException:  # noqa: BLE001 - the supervisor reads the last record anyway
         traceback.print_exc()
         return 1
@@ -290,7 +299,7 @@ def _run_worker(args, case: Case, idx: int, end: float, log: Log) -> dict:
     if left < 5:
         return {**base, "status": "skipped", "message": "not started: sweep time budget exhausted"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", str(case_file),
-           "--results", str(res_file), "--work", str(work)] + (["--dry"] if args.dry else [])
+           "--results", str(res_file), "--work", str(work), "--device", args.device] + (["--dry"] if args.dry else [])
     t0 = time.monotonic()
     with open(out_file, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
@@ -314,10 +323,11 @@ def _run_worker(args, case: Case, idx: int, end: float, log: Log) -> dict:
     return rec
 
 
-def summarize(records: list[dict], dry: bool, seconds: float) -> dict:
+def summarize(records: list[dict], dry: bool, seconds: float, device: str = "h200") -> dict:
     failed = [r for r in records if r["status"].startswith("failed") or r["status"] == "timeout"]
     return {
         "mode": "dry (no GPU)" if dry else "gpu",
+        "device": device,
         "seconds": round(seconds, 1),
         "cases": len(records),
         "planned": sum(r["stage"] in ("planned", "compiled", "verified") for r in records),
@@ -331,7 +341,8 @@ def summarize(records: list[dict], dry: bool, seconds: float) -> dict:
 
 
 def table(s: dict) -> str:
-    lines = [f"== GPU sweep ({s['mode']}): {s['cases']} cases in {s['seconds']:.0f} s",
+    lines = [f"== GPU sweep ({s['mode']}, --device {s.get('device', 'h200')}): {s['cases']} cases in "
+             f"{s['seconds']:.0f} s",
              f"   planned {s['planned']} / compiled {s['compiled']} / GPU-verified {s['gpu_verified']} / "
              f"failed {s['failed']} / skipped {s['skipped']}"]
     for f in s["failures"]:
@@ -358,6 +369,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cases", help="only these case ids (NAME@SHAPE/DTYPE), comma-separated, or @FILE with "
                     "one per line (benchmarks/changed_cases.py writes it)")
     ap.add_argument("--dry", action="store_true", help="no GPU: plan, render, lower to CUDA only")
+    ap.add_argument("--device", default="h200", metavar="NAME",
+                    help="the backend to plan, render and compile for (h200, or a100: sm_80, run on a newer GPU "
+                         "from its own instruction set)")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)
@@ -377,6 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("cases", "results", "logs", "sources"):
         (args.work / sub).mkdir(parents=True, exist_ok=True)
     log = Log(args.out / "sweep.log")
+    from pyrunner.errors import UserError
+
+    try:
+        backend = _backend(args.device)
+    except UserError as e:
+        log(f"error: {e}")
+        return 2
     if not args.dry:
         try:
             import torch
@@ -385,6 +406,11 @@ def main(argv: list[str] | None = None) -> int:
                 log("error: no CUDA GPU visible; use --dry to plan, render and lower without one")
                 return 2
             log(f"device: {torch.cuda.get_device_name()}  torch {torch.__version__}")
+            from pyrunner.backend.tilelang.compile import local_gpu_arch
+
+            built = backend.target.running_on(local_gpu_arch())
+            log(f"backend: {backend.name}, {backend.target.arch} instruction set, built with "
+                f"{' '.join(built.gencode())}")
         except ImportError as e:
             log(f"error: torch is not importable ({e}); use --dry")
             return 2
@@ -404,12 +430,19 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out / "cases.jsonl", "w") as fh:
         for r in records:
             fh.write(json.dumps(r, default=str) + "\n")
-    summary = summarize(records, args.dry, time.monotonic() - start)
+    summary = summarize(records, args.dry, time.monotonic() - start, args.device)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = table(summary)
     log.raw(text)
     print("\n" + text, flush=True)
     return 0 if summary["failed"] == 0 and summary["skipped"] == 0 else 1
+
+
+def _backend(device: str):
+    """The backend ``--device`` names (``UserError`` naming the known ones)."""
+    from pyrunner.backend.tilelang.backend import backend_for
+
+    return backend_for(device)
 
 
 if __name__ == "__main__":

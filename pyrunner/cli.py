@@ -109,7 +109,7 @@ def run_options(args: argparse.Namespace):
         config=parse_assignments(args.config, "--config", "PARAM"),
         deadline=None if args.budget is None else time.monotonic() + args.budget,
         quiet=args.quiet,
-        force_cpu=args.cpu,
+        force_cpu=args.cpu, backend=getattr(args, "device", DEFAULT_DEVICE),
     )
     if args.results:
         opts.results = Path(args.results)
@@ -315,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh)")
     p.add_argument("--budget", type=float, metavar="SECONDS", help="time budget of the run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help="the backend to compile for (h200, a100)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="check a plan (schema and semantics) without running it")
@@ -327,8 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", metavar="AXIS=N", action="append", help="resize an axis; repeatable")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=DEFAULT_DTYPE,
                    help=f"compute dtype of inputs and outputs (default {DEFAULT_DTYPE})")
-    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
-                   help=f"the GPU to plan for (default {DEFAULT_DEVICE}; the only one today)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help="the GPU to plan for (h200, a100)")
     p.add_argument("--naive", action="store_true", help="no rewrites: one kernel per op")
     p.add_argument("--top", type=int, default=1, metavar="K", help="print the K best plans as a JSON list")
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")

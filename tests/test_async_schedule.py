@@ -312,9 +312,14 @@ PERSISTENT = {  # more tiles than SM_COUNT = 3, and steps per tile no multiple o
 
 
 def _persistent_case(name: str, monkeypatch: pytest.MonkeyPatch):
-    from pyrunner.backend.tilelang import render as render_module
+    """Rendered for a Hopper target of 3 SMs (the default target's, swapped for this test)."""
+    from dataclasses import replace
 
-    monkeypatch.setattr(render_module, "SM_COUNT", 3)
+    from pyrunner.backend.tilelang import targets
+    from pyrunner.backend.tilelang.hopper import Hopper
+
+    default = targets.default_target()
+    monkeypatch.setitem(targets.TARGETS, targets.DEFAULT_TARGET_NAME, Hopper(replace(default.device, sms=3)))
     return _small_case(name, PERSISTENT[name])
 
 

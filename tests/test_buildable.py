@@ -35,7 +35,8 @@ def checked(monkeypatch):
     monkeypatch.setitem(sys.modules, "pyrunner.planner", mod)
     bad: set[str] = set()
     monkeypatch.setattr(buildable, "lowering_problem",
-                        lambda plan: "InternalError: no available layout found" if plan.workload in bad else None)
+                        lambda plan, target=None: "InternalError: no available layout found" if plan.workload in bad
+                        else None)
     return bad
 
 

@@ -32,6 +32,24 @@ def test_dry_sweep_on_two_small_graphs(tmp_path: Path) -> None:
     assert "worker log of Matmul@small/bf16" in (tmp_path / "sweep.log").read_text()
 
 
+@pytest.mark.slow
+def test_dry_sweep_for_the_ampere_backend(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SWEEP), "--dry", "--device", "a100", "--only", "ScaledAttention",
+                           "--shapes", "small", "--random", "0", "--jobs", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (record,) = [json.loads(ln) for ln in (tmp_path / "cases.jsonl").read_text().splitlines()]
+    assert record["status"] == "lowered" and record["extra"]["backend"] == "tilelang-ampere (sm_80)"
+    assert json.loads((tmp_path / "summary.json").read_text())["device"] == "a100"
+    rendered = "".join(p.read_text() for p in (tmp_path / "work" / "sources").rglob("*.py"))
+    assert "'arch': 'sm_80'" in rendered and "T.gemm(" in rendered and "T.wgmma_gemm(" not in rendered
+
+
+def test_an_unknown_sweep_device_is_one_error_line(tmp_path: Path, capsys) -> None:
+    assert gpu_sweep.main(["--dry", "--device", "v100", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().out == "error: --device 'v100': no backend for that device; known: a100, h200\n"
+
+
 def test_cases_cover_catalog_corpus_random_at_two_shapes() -> None:
     args = gpu_sweep.argparse.Namespace(random=3, random_seed0=0, graph=None, only=None, shapes="small,real",
                                         dtypes="bf16")

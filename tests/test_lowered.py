@@ -105,6 +105,6 @@ def test_superopt_skips_a_plan_whose_kernel_keeps_oversized_arrays(monkeypatch) 
     from pyrunner.planner import search
 
     (plan,) = search(catalog.get("Matmul"), "bf16", tuning=False)
-    monkeypatch.setattr(tl_compile, "lower_to_cuda", lambda p: {"k2_t4": REPLICATED})
+    monkeypatch.setattr(tl_compile, "lower_to_cuda", lambda p, **kw: {"k2_t4": REPLICATED})
     why = lowering_problem(plan)
     assert why is not None and why.startswith("kernel 'k2_t4': its per-thread arrays take 4124")

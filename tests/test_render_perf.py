@@ -220,11 +220,12 @@ def test_lowered_shared_memory_fits_the_device(name, tmp_path):
     from tvm.target import Target
 
     from pyrunner.backend.tilelang.compile import build_prim_funcs
-    from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET
+    from pyrunner.backend.tilelang.hopper import HOPPER
+    from pyrunner.backend.tilelang.render import PASS_CONFIGS
     from pyrunner.target.device import H200
 
     plan = _plan(name)
-    target = Target(TARGET)
+    target = Target(HOPPER.target)
     for kname, func in build_prim_funcs(plan, work_dir=tmp_path).items():
         with target, tvm.transform.PassContext(config=PASS_CONFIGS):
             mod = tilelang.lower(func, target=target).device_mod

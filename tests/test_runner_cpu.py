@@ -92,7 +92,7 @@ def fake_gpu(monkeypatch, fake_launch):
     monkeypatch.setattr(runner, "device_name", lambda: "fake-gpu")
     compiled: list[dict] = []
 
-    def compile_(plan, cfg):
+    def compile_(plan, cfg, opts=None):
         compiled.append(cfg)
         return fake_launch(plan_graph(plan))
 
@@ -115,7 +115,8 @@ def test_gpu_path_verifies_times_and_logs_baselines(tmp_path, fake_gpu, matmul_p
 
 
 def test_gpu_path_mismatch_is_not_timed(tmp_path, monkeypatch, fake_gpu, fake_launch, matmul_plan) -> None:
-    monkeypatch.setattr(runner, "_compile", lambda plan, cfg: fake_launch(plan_graph(plan), corrupt=lambda y: -y))
+    monkeypatch.setattr(runner, "_compile",
+                        lambda plan, cfg, opts=None: fake_launch(plan_graph(plan), corrupt=lambda y: -y))
     rec = run_plan(matmul_plan(128, 128, 128), _opts(tmp_path, device="cpu", baselines=("eager",)))
     assert rec.status == "failed-verification"
     assert rec.plan_us is None and rec.baselines_us == {}
@@ -123,14 +124,14 @@ def test_gpu_path_mismatch_is_not_timed(tmp_path, monkeypatch, fake_gpu, fake_la
 
 
 def test_gpu_path_compile_and_launch_failures(tmp_path, monkeypatch, fake_gpu, matmul_plan) -> None:
-    def broken(plan, cfg):
+    def broken(plan, cfg, opts=None):
         raise RuntimeError("ptxas fatal: too many resources")
 
     monkeypatch.setattr(runner, "_compile", broken)
     rec = run_plan(matmul_plan(128, 128, 128), _opts(tmp_path, device="cpu"))
     assert rec.status == "failed-compile" and "ptxas" in rec.message
 
-    def crashing_launch(plan, cfg):
+    def crashing_launch(plan, cfg, opts=None):
         def launch(t):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return launch
@@ -142,7 +143,7 @@ def test_gpu_path_compile_and_launch_failures(tmp_path, monkeypatch, fake_gpu, m
 
 
 def test_device_fit_error_is_logged_and_raised(tmp_path, monkeypatch, fake_gpu, matmul_plan) -> None:
-    def no_fit(plan, cfg):
+    def no_fit(plan, cfg, target=None):
         raise DeviceFitError("kernel 'matmul': needs 300 KiB of shared memory")
 
     monkeypatch.setattr(runner, "check_fits", no_fit)
@@ -170,7 +171,7 @@ def test_autotune_keeps_the_fastest_verified_config(tmp_path, monkeypatch, fake_
     fast, wrong = cands[2], cands[1]
     last: list[dict] = []
 
-    def compile_(p, cfg):
+    def compile_(p, cfg, opts=None):
         inner = fake_launch(plan_graph(p), corrupt=(lambda y: y + 1.0) if cfg == wrong else None)
 
         def launch(t):
@@ -260,7 +261,7 @@ def test_a_config_that_fails_to_compile_falls_back_to_the_next_candidate(tmp_pat
     plan = matmul_plan(256, 256, 256)
     default = {k.name: dict(k.defaults) for k in plan.kernels}
 
-    def compile_(p, cfg):
+    def compile_(p, cfg, opts=None):
         if cfg == default:
             raise RuntimeError("TileLang: shared memory exceeds the limit")
         return fake_launch(plan_graph(p))

@@ -314,7 +314,7 @@ def test_nan_output_leaves_a_failed_verification_record(tmp_path: Path, monkeypa
 
     monkeypatch.setattr(runner, "gpu_available", lambda: False)
     monkeypatch.setattr(runner.shutil, "which", lambda name: None)
-    monkeypatch.setattr("pyrunner.backend.tilelang.compile.lower_to_cuda", lambda plan, cfg: {})
+    monkeypatch.setattr("pyrunner.backend.tilelang.compile.lower_to_cuda", lambda plan, cfg, **kw: {})
     real = executor.execute
     monkeypatch.setattr(executor, "execute",
                         lambda p, x, **kw: {k: v * math.nan for k, v in real(p, x, **kw).items()})

@@ -39,7 +39,7 @@ def tilelang_version() -> str:
 
 
 def device_key(device: object = None) -> str:
-    """Name and compute capability of a CUDA device, e.g. ``NVIDIA_H200-sm90``."""
+    """Name and compute capability of a CUDA device, e.g. ``NVIDIA_A100-SXM4-40GB-sm80``."""
     import torch
 
     idx = torch.device(device if device is not None else "cuda").index

@@ -4,7 +4,7 @@ A map's ``T.Parallel`` loop runs over its destination fragment's axes with the l
 across a warp's threads. Where it reads a shared tile whose contiguous axis is another one
 (``B_s[n_i, m_i]`` in a loop over ``(m, n)``), consecutive threads read addresses one shared row
 apart, and 32 banks of 4 bytes serve them in ``gcd(row words, 32)`` passes instead of one. The
-H200 measured this directly (run 82, ``h200-run82-transposed-probe.jsonl``): the transposed add
+Hopper measured this directly (run 82, ``h200-run82-transposed-probe.jsonl``): the transposed add
 over 2048 x 1024 took 4.2, 5.5, 7.3 and 11.5 us on shared rows of 16, 32, 64 and 256 bytes (4, 8,
 16 and 32 passes), 3.1 us plus one pass per warp read at 1.75 GHz; the batched decode's
 ``Q_s[b, h, d] * K_s[b, h, t, d]`` in a loop over ``(b, h, d, t)`` (256-byte rows, 32 passes)

@@ -10,7 +10,7 @@ dependent launch at once. The GEMM's blocks take the SMs it leaves free, and the
 after its loop finds it finished. The pair then takes about the longer of the two, not their
 sum, and the kernel ahead is tiled for its few blocks.
 
-H200 run 97 (``benchmarks/probes/config_variants.py``, RMSNorm 1024 x 4096 -> 4096; variants
+Hopper run 97 (``benchmarks/probes/config_variants.py``, RMSNorm 1024 x 4096 -> 4096; variants
 verified and timed side by side):
 
 - With the statistics on 4 blocks of 256 rows, the plan measured 48.9-50.5 us in bf16 and fp16.

@@ -492,7 +492,7 @@ class _Builder:
         32-way serialised. Taking the loaded tile's order makes those reads contiguous; the order is
         kept where the loaded operands disagree (x[i, j] + y[j, i]: one of them is read across).
 
-        Two-axis tiles only, as measured on the H200 (run 84): a GEMV's map went from 51 to 33 us,
+        Two-axis tiles only, as measured on the Hopper GPU (run 84): a GEMV's map went from 51 to 33 us,
         but the same reorder of a four-axis fragment (b, h, t, d) of a batched decode made TileLang
         build a kernel 8x slower at its default tile (3.0 -> 23.4 ms; 2x faster at 1x1 heads), so
         higher ranks keep the canonical order until that is understood. A stored term keeps its

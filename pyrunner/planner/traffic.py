@@ -2,7 +2,7 @@
 
 A tile whose rows are narrow moves its bytes in many short runs, each paying whole sectors and a
 fixed overhead; the cost model (``planner.cost.estimate``) takes its HBM bytes from here, so the
-tile search sees what narrow rows cost (H200 run 72's probe, below), and its bandwidth share per
+tile search sees what narrow rows cost (run 72's probe on Hopper, below), and its bandwidth share per
 block of a grid smaller than the device.
 """
 

@@ -133,7 +133,7 @@ def softmax_scaled_max_shift(t: Term) -> Term | None:
     The shift is c * max_a(y) = max_a(y * c), so the exponents stay at most 0 as with
     ``softmax_max_shift``; but the max is taken of y itself and c stays on the exponent's argument,
     where the renderer folds it into exp2's constant (one FMA per score) instead of scaling every
-    score first (that extra pass cost ScaledAttention 30 us of 214 on the H200).
+    score first (that extra pass cost ScaledAttention 30 us of 214 on the Hopper GPU).
     """
     if not _is_binary(t, "div"):
         return None

@@ -91,12 +91,23 @@ class RunOptions:
     """Where to write the best config measured (None: nothing is written)."""
     rounds: int = 3
     """Interleaved timing rounds of the plan and its baselines."""
+    backend: str = "h200"
+    """The TileLang backend (``backend.tilelang.backend.BACKENDS``) the plan is fit-checked, rendered and
+    compiled for (``--device``); a backend older than the GPU runs there from its own instruction set.
+    Any but the default one starts from the plan's default config: the committed tuning database holds
+    the GPU's own backend's configs (``use_tuned`` is switched off)."""
 
     def __post_init__(self) -> None:
         self.results, self.out_dir = Path(self.results), Path(self.out_dir)
         unknown = [x for x in self.baselines if x not in BASELINES]
         if unknown:
             raise UserError(f"--baselines: unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
+        from pyrunner.backend.tilelang.backend import DEFAULT_BACKEND, backend_for
+
+        self.backend = self.backend.strip().lower()
+        backend_for(self.backend)  # an unknown device: one error line naming the known ones
+        if self.backend != DEFAULT_BACKEND:
+            self.use_tuned = False
 
 
 # --- small helpers -------------------------------------------------------------
@@ -215,18 +226,25 @@ def autotune_candidates(plan: Plan, cfg: Config, opts: RunOptions) -> list[Confi
     return out
 
 
-def check_fits(plan: Plan, config: Config) -> None:
-    """Raise DeviceFitError if a kernel does not fit the target GPU under config."""
+def _target(opts: RunOptions):
+    """The compile target of ``opts.backend`` (UserError naming the known ones)."""
+    from pyrunner.backend.tilelang.backend import backend_for
+
+    return backend_for(opts.backend).target
+
+
+def check_fits(plan: Plan, config: Config, target=None) -> None:
+    """Raise DeviceFitError if a kernel does not fit ``target``'s GPU (default: the default target's)."""
     from pyrunner.backend.tilelang.compile import check_fits as fits
 
-    fits(plan, config)
+    fits(plan, config, None if target is None else target.device)
 
 
-def write_source(plan: Plan, out_dir: Path) -> Path:
-    """Render the plan's TileLang module to ``out_dir/<plan_hash>/<workload>.py``."""
+def write_source(plan: Plan, out_dir: Path, target=None) -> Path:
+    """Render the plan's TileLang module for ``target`` to ``out_dir/<plan_hash>/<workload>.py``."""
     from pyrunner.backend.tilelang.render import render
 
-    src = render(plan)  # checks every name and the hash first
+    src = render(plan, target)  # checks every name and the hash first
     folder = inside(output_dir(out_dir, "--out folder"), hash_of(plan))
     folder.mkdir(exist_ok=True)
     path = inside(folder, f"{_safe_name(plan.workload)}.py")
@@ -343,13 +361,13 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
                 run.notes.append(f"config from the tuning database ({tuned.time_us:.1f} us measured)")
         run.fields["config"] = cfg
         with run.step("checking device fit"):
-            check_fits(plan, cfg)
+            check_fits(plan, cfg, _target(opts))
     except DeviceFitError as e:
         run.finish("failed-compile", f"does not fit the device: {e}")
         raise
     try:
         with run.step("rendering TileLang"):
-            src = write_source(plan, opts.out_dir)
+            src = write_source(plan, opts.out_dir, _target(opts))
         run.fields["extra"]["source"] = str(src)
     except UserError as e:
         return run.finish("failed-compile", f"render failed: {e}")
@@ -370,13 +388,13 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
     done: list[str] = ["validated", "fits the device", "rendered TileLang"]
     try:
         with run.step("lowering to CUDA source"):
-            cuda = lower_to_cuda(plan, cfg)
+            cuda = lower_to_cuda(plan, cfg, target=_target(opts))
         for name, text in cuda.items():
             write_text_atomic(inside(out, f"{_safe_name(name)}.cu"), text, "CUDA source")
         done.append(f"lowered {len(cuda)} kernel(s) to CUDA source")
         if shutil.which("nvcc"):
             with run.step("compiling cubin with nvcc"):
-                cub = compile_cubin(cuda, out)
+                cub = compile_cubin(cuda, out, _target(opts))
             done.append(cub.message or f"compiled {len(cub)} cubin(s) with nvcc")
             run.fields["extra"]["cubins"] = [str(p) for p in cub]
         else:
@@ -404,10 +422,10 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
 
 # --- with a GPU ------------------------------------------------------------------
 
-def _compile(plan: Plan, cfg: Config) -> Callable:
+def _compile(plan: Plan, cfg: Config, opts: RunOptions) -> Callable:
     from pyrunner.backend.tilelang.compile import compile_for_gpu
 
-    return compile_for_gpu(plan, cfg)
+    return compile_for_gpu(plan, cfg, target=_target(opts))
 
 
 def _compiled(graph: Graph, mode: str | None) -> Callable:
@@ -466,8 +484,8 @@ def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -
         try:
             fn = launch if i == 0 else None
             if fn is None:
-                check_fits(run.plan, c)
-                fn = _compile(run.plan, c)
+                check_fits(run.plan, c, _target(run.opts))
+                fn = _compile(run.plan, c, run.opts)
             res = verifier.check(fn)
             if not res.ok:
                 entry["status"] = f"failed-verification: {res.message}"
@@ -497,15 +515,15 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
     plan, opts = run.plan, run.opts
     try:
         with run.step("compiling with TileLang"):
-            launch = _compile(plan, cfg)
+            launch = _compile(plan, cfg, opts)
     except Exception as e:  # noqa: BLE001
         # a config the device model accepted can still fail in TileLang (its own shared-memory
         # scratch, say): unless the user pinned it, fall back to the next autotuning candidate
         fallbacks = autotune_candidates(plan, cfg, opts)[1:] if opts.config is None else []
         for c in fallbacks:
             try:
-                check_fits(plan, c)
-                launch = _compile(plan, c)
+                check_fits(plan, c, _target(opts))
+                launch = _compile(plan, c, opts)
             except Exception:  # noqa: BLE001, S112 - try the next one
                 continue
             run.notes.append(f"config {cfg} failed to compile ({_err(e)}); used the next candidate")
@@ -518,7 +536,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
         warm_baselines(run.graph, plan.dtype, tuple(b for b in opts.baselines if b in COMPILE_MODES or b == "flex"))
         for c in autotune_candidates(plan, cfg, opts)[1:]:
             try:
-                _compile(plan, c)
+                _compile(plan, c, opts)
             except Exception:  # noqa: BLE001, S112 - the timed run reports it
                 continue
         return run.finish("skipped", "warm-up only")

@@ -31,7 +31,7 @@ STORE_ROUNDINGS = 2.0
 """Roundings to the compute dtype a correct plan may show at one output element, in units of u:
 the output's own store (u/2) plus intermediates kept in the compute dtype (probabilities before
 P @ V, say) whose rounding reaches the output attenuated by the normalisation. Measured on the
-H200 (benchmarks/results): at most 0.8 u for every seed workload in both dtypes."""
+Hopper GPU (benchmarks/results): at most 0.8 u for every seed workload in both dtypes."""
 ACCUMULATION_FACTOR = 16.0
 """float32 accumulation of an n-term reduction grows like sqrt(n) roundings of float32 for
 random data (Higham, rule of thumb); 16 sqrt(n) u_f32 leaves room for ordered sums and tiling."""

@@ -33,7 +33,7 @@ class Device:
 
     name: str
     arch: str
-    """CUDA architecture TileLang targets (``sm_90a``: Hopper with wgmma/TMA)."""
+    """CUDA architecture TileLang targets (``sm_90a``: Hopper with wgmma/TMA; ``sm_80``: Ampere)."""
     sms: int
     smem_per_block: int
     """Largest dynamic shared memory one block may opt in to, in bytes."""
@@ -67,6 +67,9 @@ class Device:
     smem_wavefronts_per_s: float
     """Shared-memory passes (wavefronts) one SM serves per second: one per clock. Fitted on run 82's
     transposed add, whose time grew by one pass per warp read at 1.75 GHz (``planner.banks``)."""
+    tma_wgmma: bool = False
+    """The GPU has TMA bulk copies, mbarrier transaction counts and warpgroup MMA (wgmma): the
+    explicitly warp-specialised forms exist for it (``FitModel.renders_async``). Compute capability 9.0a."""
     dtype_bytes: dict[str, int] = field(default_factory=lambda: dict(DTYPE_BYTES))
 
 
@@ -98,9 +101,36 @@ H200 = Device(
     hbm_latency_s=0.7e-6,
     l2_latency_s=0.3e-6,
     smem_wavefronts_per_s=1.75e9,
+    tma_wgmma=True,
 )
 
-DEVICES: dict[str, Device] = {"h200": H200}
+A100 = Device(
+    name="A100",
+    arch="sm_80",
+    sms=108,
+    # Ampere (compute capability 8.0): 164 KiB of shared memory per SM, of which one block may opt
+    # in to 163 KiB (166,912 B); 64K 32-bit registers per SM, at most 255 per thread; 40 MB of L2.
+    smem_per_block=163 * 1024,
+    smem_per_sm=164 * 1024,
+    regs_per_sm=64 * 1024,
+    regs_per_thread=255,
+    max_threads=1024,
+    warp=32,
+    max_grid_yz=65535,
+    l2_bytes=40 * 1024 * 1024,
+    # Vendor figures, none measured here: every A100 time the planner gives is modelled from them.
+    tc_flops=312e12,   # dense bf16/fp16 mma.sync
+    cc_flops=19.5e12,  # fp32 non-tensor
+    sfu_ops=2.4e12,    # 16 SFU lanes per SM at 1.41 GHz
+    hbm_bw=1.56e12,    # A100 40 GB HBM2
+    l2_bw=5.0e12,      # about 2.3 times V100's L2, as the vendor states it
+    launch_us=4.0,
+    hbm_latency_s=0.7e-6,  # the Hopper-fitted latencies: not measured on Ampere
+    l2_latency_s=0.3e-6,
+    smem_wavefronts_per_s=1.41e9,  # one shared-memory pass per clock at the 1.41 GHz boost clock
+)
+
+DEVICES: dict[str, Device] = {"h200": H200, "a100": A100}
 """Every device plans can be made for, by the name ``--device`` takes. Adding a GPU is one entry here
 (plus, when its instruction set differs, one backend module under ``pyrunner/backend``)."""
 

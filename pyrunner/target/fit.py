@@ -203,8 +203,9 @@ class FitModel:
         the tile guard of ``render_ws`` (two warpgroup counts, 64-row slabs per consumer warpgroup,
         N <= 256, no tails along the loaded axes unless ``ASYNC_PARTIAL_TILES``, the rings and epilogue
         tiles in shared memory),
-        with shared memory estimated from above. False for every other kernel."""
-        if not self.asynchronous:
+        with shared memory estimated from above. False for every other kernel, and on a device without
+        TMA and wgmma (``Device.tma_wgmma``: those forms are not rendered for it)."""
+        if not self.asynchronous or not self.device.tma_wgmma:
             return False
         geo = self.geometry(values)
         if geo.threads not in (128, 256):

@@ -51,7 +51,7 @@ def measured_forms(plan: Plan) -> str:
 
 
 def device_key(name: str) -> str:
-    """File-name form of a device name: 'NVIDIA H200' -> 'h200', 'NVIDIA H100 80GB HBM3' -> 'h100_80gb_hbm3'."""
+    """File-name form of a device name: 'NVIDIA H100 80GB HBM3' -> 'h100_80gb_hbm3'."""
     s = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.I).lower()
     return re.sub(r"[^a-z0-9]+", "_", s).strip("_") or "unknown"
 

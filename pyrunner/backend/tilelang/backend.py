@@ -1,17 +1,19 @@
 """The TileLang backends by device: what ``pipeline.best_plan`` and ``superopt --device`` choose from.
 
-A backend pairs a compile target (``hopper.HOPPER``: device, architecture, nvcc flags) with the
-lowering check that gates a plan before it is handed out (``buildable.lowering_problem``). The planner
-gets the backend's ``device`` (its cost model and fit check), the renderer its target. Adding a GPU
-of an instruction set already rendered is one ``Device`` entry and one line here; a new instruction
-set is one more target module beside ``hopper.py``.
+A backend pairs a compile target (``hopper.HOPPER``, ``ampere.AMPERE``: device, architecture,
+instruction set) with the lowering check that gates a plan before it is handed out
+(``buildable.lowering_problem``). The planner gets the backend's ``device`` (its cost model and fit
+check), the renderer and compiler its target. Adding a GPU of an instruction set already rendered is
+one ``Device`` entry and one line in ``targets.TARGETS``; a new instruction set is one more target
+module beside ``hopper.py`` and ``ampere.py``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pyrunner.backend.tilelang.hopper import HOPPER, Hopper
+from pyrunner.backend.tilelang.compile_target import CompileTarget
+from pyrunner.backend.tilelang.targets import DEFAULT_TARGET_NAME, TARGETS
 from pyrunner.errors import UserError
 from pyrunner.plan.schema import Plan
 from pyrunner.target.device import Device
@@ -22,7 +24,7 @@ class TileLangBackend:
     """TileLang rendering for one target: its device, its compile target and its lowering check."""
 
     name: str
-    target: Hopper
+    target: CompileTarget
 
     @property
     def device(self) -> Device:
@@ -32,13 +34,13 @@ class TileLangBackend:
         """One line saying why TileLang cannot lower ``plan`` for this target, or None."""
         from pyrunner.backend.tilelang.buildable import lowering_problem
 
-        return lowering_problem(plan)
+        return lowering_problem(plan, self.target)
 
 
-BACKENDS: dict[str, TileLangBackend] = {"h200": TileLangBackend("tilelang-hopper", HOPPER)}
+BACKENDS: dict[str, TileLangBackend] = {name: TileLangBackend(f"tilelang-{t.family}", t) for name, t in TARGETS.items()}
 """Backends by the device name ``--device`` takes."""
 
-DEFAULT_BACKEND = "h200"
+DEFAULT_BACKEND = DEFAULT_TARGET_NAME
 
 
 def backend_for(device: str = DEFAULT_BACKEND) -> TileLangBackend:

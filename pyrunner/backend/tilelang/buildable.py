@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyrunner.plan.schema import Plan
 
+if TYPE_CHECKING:
+    from pyrunner.backend.tilelang.compile_target import CompileTarget
 
-def lowering_problem(plan: Plan) -> str | None:
-    """One line saying why TileLang cannot lower ``plan`` for the GPU, or None (also without TileLang)."""
+
+def lowering_problem(plan: Plan, target: CompileTarget | None = None) -> str | None:
+    """One line saying why TileLang cannot lower ``plan`` for ``target`` (default: ``targets.default_target``),
+    or None (also without TileLang)."""
     try:
         import tilelang  # noqa: F401
     except ImportError:  # nothing to check against here; the GPU run will say
@@ -31,7 +36,7 @@ def lowering_problem(plan: Plan) -> str | None:
     )
 
     try:
-        sources = lower_to_cuda(plan)
+        sources = lower_to_cuda(plan, target=target)
     except Exception as e:  # noqa: BLE001 - any TileLang failure is a reason, reported in one line
         return one_line(e)
     for name, src in sources.items():

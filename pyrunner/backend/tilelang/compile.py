@@ -1,8 +1,10 @@
 """Load rendered TileLang modules, lower them to CUDA, build cubins, fit-check configs.
 
 Everything here except ``compile_for_gpu`` works on a machine without a GPU:
-TileLang lowers to CUDA C++ for ``sm_90a`` under a ``tvm.target.Target``
-context, and the local nvcc turns that source into a cubin. Plans and configs
+TileLang lowers to CUDA C++ for the compile target's architecture (``sm_90a``,
+``sm_80``) under a ``tvm.target.Target`` context, and the local nvcc turns that
+source into a cubin. Every function takes the ``CompileTarget`` (default
+``targets.default_target()``); none names a GPU. Plans and configs
 arrive validated (``pyrunner.plan.validate``); the fit check is
 ``pyrunner.target.fit``, the device ``pyrunner.target.device``.
 """
@@ -23,8 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from pyrunner.backend.tilelang.hopper import HOPPER, NVCC_FLAGS
-from pyrunner.backend.tilelang.render import PASS_CONFIGS, TARGET, kernel_pass_configs, render
+from pyrunner.backend.tilelang.compile_target import NVCC_FLAGS, CompileTarget
+from pyrunner.backend.tilelang.render import PASS_CONFIGS, kernel_pass_configs, render
+from pyrunner.backend.tilelang.targets import default_target
 from pyrunner.errors import DeviceFitError, PlanError
 from pyrunner.files import inside, write_text_atomic
 from pyrunner.plan.analysis import resolve_config
@@ -69,41 +72,45 @@ def _scratch_dir() -> Path:
     return _SCRATCH[0]
 
 
-def rendered_module(plan: Plan, work_dir: Path | None = None) -> ModuleType:
-    """Render ``plan`` and import the result from ``work_dir`` (default: a private scratch dir).
+def rendered_module(plan: Plan, work_dir: Path | None = None, target: CompileTarget | None = None) -> ModuleType:
+    """Render ``plan`` for ``target`` and import the result from ``work_dir`` (default: a private scratch dir).
 
     Importing runs the module, so this is only called where TileLang needs the prim_funcs
     (lowering to CUDA, compiling); the source holds no user string that is not a checked name.
     """
-    source = render(plan)
+    source = render(plan, target)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     return load_module(source, Path(work_dir or _scratch_dir()) / f"plan_{digest}.py")
 
 
-def build_prim_funcs(plan: Plan, config: dict | None = None, work_dir: Path | None = None) -> dict:
+def build_prim_funcs(plan: Plan, config: dict | None = None, work_dir: Path | None = None,
+                     target: CompileTarget | None = None) -> dict:
     """Kernel name -> TileLang ``PrimFunc`` under ``config`` (validated against the plan's tuning space)."""
     cfg = resolve_config(plan, config)
-    return rendered_module(plan, work_dir).build_kernels(cfg)
+    return rendered_module(plan, work_dir, target).build_kernels(cfg)
 
 
 # --- lowering and cubins ------------------------------------------------------
 
-def render_kernel_func(plan: Plan, kernel: str, config: dict | None = None, work_dir: Path | None = None):
+def render_kernel_func(plan: Plan, kernel: str, config: dict | None = None, work_dir: Path | None = None,
+                       target: CompileTarget | None = None):
     """The TileLang ``PrimFunc`` of one kernel of ``plan`` under ``config``."""
-    funcs = build_prim_funcs(plan, config, work_dir)
+    funcs = build_prim_funcs(plan, config, work_dir, target)
     if kernel not in funcs:
         raise PlanError(f"plan has no kernel {kernel!r}; kernels are {list(funcs)}")
     return funcs[kernel]
 
 
-def lower_to_cuda(plan: Plan, config: dict | None = None, work_dir: Path | None = None) -> dict[str, str]:
-    """Kernel name -> CUDA C++ source for sm_90a; needs no GPU."""
+def lower_to_cuda(plan: Plan, config: dict | None = None, work_dir: Path | None = None,
+                  target: CompileTarget | None = None) -> dict[str, str]:
+    """Kernel name -> CUDA C++ source for ``target``'s architecture; needs no GPU."""
     import tilelang
     import tvm
     from tvm.target import Target
 
-    funcs = build_prim_funcs(plan, config, work_dir)
-    target = Target(TARGET)
+    compile_target = target or default_target()
+    funcs = build_prim_funcs(plan, config, work_dir, compile_target)
+    target = Target(compile_target.target)
     out: dict[str, str] = {}
     kernels = {k.name: k for k in plan.kernels}
     tensors = {t.name: t for t in plan.tensors}
@@ -142,8 +149,9 @@ def tilelang_include_dirs() -> list[str]:
     return [str(Path(env.TILELANG_TEMPLATE_PATH).resolve()), str(Path(env.CUTLASS_INCLUDE_DIR).resolve())]
 
 
-def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = HOPPER.arch) -> CubinResult:
-    """Compile each kernel's CUDA source to ``out_dir/<kernel>.cubin`` with the local nvcc.
+def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, target: CompileTarget | None = None) -> CubinResult:
+    """Compile each kernel's CUDA source to ``out_dir/<kernel>.cubin`` with the local nvcc, for ``target``'s
+    architecture (a fat binary, ``.fatbin``, where the target builds for more than one).
 
     Without nvcc on PATH nothing is built and the result says so (``skipped``).
     Raises NvccError with nvcc's message when compilation fails.
@@ -155,15 +163,15 @@ def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = HOPPE
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     includes = [f"-I{d}" for d in tilelang_include_dirs()]
-    number = arch.removeprefix("sm_")
+    target = target or default_target()
+    kind = "fatbin" if len(target.code) > 1 else "cubin"
     fast_math = ["--use_fast_math"] if PASS_CONFIGS.get("tl.enable_fast_math") else []
 
     def one(name: str) -> Path:
         stem = "".join(c if c.isascii() and (c.isalnum() or c in "_-") else "_" for c in name) or "kernel"
-        src, cubin = inside(out_dir, f"{stem}.cu"), inside(out_dir, f"{stem}.cubin")
+        src, cubin = inside(out_dir, f"{stem}.cu"), inside(out_dir, f"{stem}.{kind}")
         write_text_atomic(src, cuda_sources[name], "CUDA source")
-        cmd = [nvcc, *NVCC_FLAGS, *fast_math, "-cubin", "-gencode", f"arch=compute_{number},code={arch}", *includes,
-               "-o", str(cubin), str(src)]
+        cmd = [nvcc, *NVCC_FLAGS, *fast_math, f"-{kind}", *target.gencode(), *includes, "-o", str(cubin), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             raise NvccError(f"nvcc failed on kernel {name!r} ({src}):\n{(proc.stderr or proc.stdout)[-4000:]}")
@@ -172,18 +180,30 @@ def compile_cubin(cuda_sources: dict[str, str], out_dir: Path, arch: str = HOPPE
     workers = max(1, min(len(cuda_sources), os.cpu_count() or 1))
     with ThreadPoolExecutor(workers) as pool:
         paths = list(pool.map(one, sorted(cuda_sources)))
-    return CubinResult(paths, False, f"compiled {len(paths)} cubin(s) for {arch} with {nvcc}")
+    code = f" (machine code for {', '.join(target.code)})" if target.code else ""
+    return CubinResult(paths, False, f"compiled {len(paths)} {kind}(s) for {target.arch}{code} with {nvcc}")
 
 
 # --- the GPU path ---------------------------------------------------------------
 
-def compile_for_gpu(plan: Plan, config: dict | None = None,
-                    work_dir: Path | None = None) -> Callable[[dict], None]:
-    """JIT-compile every kernel for the local GPU; returns ``launch(tensors)`` bound to them."""
+def local_gpu_arch() -> str:
+    """The architecture of the GPU torch sees (``sm_90``, ``sm_80``)."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"sm_{major}{minor}"
+
+
+def compile_for_gpu(plan: Plan, config: dict | None = None, work_dir: Path | None = None,
+                    target: CompileTarget | None = None) -> Callable[[dict], None]:
+    """JIT-compile every kernel of ``plan`` rendered for ``target`` and run it on the local GPU; returns
+    ``launch(tensors)`` bound to them. A target older than the GPU is built for the GPU from the
+    target's own instruction set (``CompileTarget.running_on``: an sm_80 build on a Hopper GPU)."""
+    target = (target or default_target()).running_on(local_gpu_arch())
     cfg = resolve_config(plan, config)
-    check_fits(plan, cfg)
-    module = rendered_module(plan, work_dir)
-    kernels = module.compile_kernels(cfg, target=TARGET)
+    check_fits(plan, cfg, target.device)
+    module = rendered_module(plan, work_dir, target)
+    kernels = module.compile_kernels(cfg, target=target.target)
 
     def launch(tensors: dict) -> None:
         module.launch(tensors, cfg, kernels=kernels)
@@ -195,14 +215,18 @@ def compile_for_gpu(plan: Plan, config: dict | None = None,
 
 # --- device fit -------------------------------------------------------------------
 
-def estimate_kernel(plan: Plan, kernel_name: str, values: dict[str, int], device: Device = HOPPER.device) -> Footprint:
-    """Shared bytes per block and registers per thread of one kernel under parameter ``values``."""
+def estimate_kernel(plan: Plan, kernel_name: str, values: dict[str, int],
+                    device: Device | None = None) -> Footprint:
+    """Shared bytes per block and registers per thread of one kernel under parameter ``values`` on ``device``
+    (default: the default target's)."""
     kernel = next(k for k in plan.kernels if k.name == kernel_name)
-    return FitModel(kernel, axis_sizes(plan), device).footprint(values)
+    return FitModel(kernel, axis_sizes(plan), device or default_target().device).footprint(values)
 
 
-def check_fits(plan: Plan, config: dict | None = None, device: Device = HOPPER.device) -> list[Footprint]:
-    """Every kernel's footprint under ``config``; raise DeviceFitError naming the first that does not fit."""
+def check_fits(plan: Plan, config: dict | None = None, device: Device | None = None) -> list[Footprint]:
+    """Every kernel's footprint under ``config`` on ``device`` (default: the default target's); raise
+    DeviceFitError naming the first that does not fit."""
+    device = device or default_target().device
     cfg = resolve_config(plan, config)
     sizes = axis_sizes(plan)
     out = []

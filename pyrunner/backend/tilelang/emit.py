@@ -56,7 +56,7 @@ NO_WARP_SPECIALISATION = {"tl.disable_warp_specialized": True}
 """Pass config of a kernel whose loop reads a pipelined tile with thread code: TileLang 0.1.15 releases
 a warp-specialised stage with an ``mbarrier.arrive`` asm that has no memory clobber, so nvcc may move
 those shared-memory reads after the release, and the producer's next copy overwrites the stage under
-them (sweep run 4: right on the CPU, wrong on the H200; run 6 diagnosis: every such kernel is right
+them (sweep run 4: right on the CPU, wrong on the Hopper GPU; run 6 diagnosis: every such kernel is right
 without warp specialisation). The non-specialised pipeline syncs all threads between stages."""
 MERGE_ATOM_BYTES = 128  # TileLang's widest shared-memory swizzle atom: each half of a merged B tile spans whole atoms
 
@@ -140,6 +140,7 @@ class _Ctx:
     slots: dict[str, str] = None  # ring buffer -> slot index its element reads take first (render_ws)
     launch: DependentLaunch = None  # the kernel's part in the plan's programmatic dependent launch chain
     staged: dict[str, str] = None  # loop-loaded buffer -> register tile holding the next step's load
+    tma_pipelines: bool = True  # the target pipelines loads by TMA under warp specialisation (else cp.async only)
 
     def par_var(self, axis: str) -> str:
         """The T.Parallel loop variable of an axis; one name per kernel, reused by every map."""

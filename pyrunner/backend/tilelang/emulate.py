@@ -31,7 +31,7 @@ from __future__ import annotations
 import ast
 import itertools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.schema import Plan
 from pyrunner.plan.views import to_source_layout, view_of
 from pyrunner.target.rounding import round_to
+
+if TYPE_CHECKING:
+    from pyrunner.backend.tilelang.compile_target import CompileTarget
 
 
 class EmulationError(PlanError):
@@ -525,9 +528,10 @@ class Emulation:
 
 
 def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None,
-            source: str | None = None) -> Emulation:
+            source: str | None = None, target: CompileTarget | None = None) -> Emulation:
     """Run the rendered kernels of ``plan`` (or ``source``, a rendering of it) on numpy; inputs by
-    graph input name, in the plan's axis order (merged axes may come unmerged: they are reshaped)."""
+    graph input name, in the plan's axis order (merged axes may come unmerged: they are reshaped).
+    ``target``: the compile target the plan is rendered for when no ``source`` is given."""
     cfg = resolve_config(plan, config)
     traces: dict[str, Trace] = {}
     tensors: dict[str, Tile] = {}
@@ -538,7 +542,7 @@ def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
         else:
             data = np.full(t.shape, np.nan, dtype=np.float32)
         tensors[t.name] = Tile(t.name, data.reshape(t.shape), t.dtype, "global", scratch)
-    source = render(plan) if source is None else source
+    source = render(plan, target) if source is None else source
     written: set[str] = set()
     for k_name, _build, args in load_emulated(source, Trace())["KERNELS"]:
         trace = traces[k_name] = Trace(earlier=frozenset(written))
@@ -560,3 +564,12 @@ def emulate(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = Non
 def execute_rendered(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None) -> dict[str, np.ndarray]:
     """``executor.execute``'s signature, for ``verify.verify_executor``: the rendered source's outputs."""
     return emulate(plan, inputs, config).outputs
+
+
+def rendered_executor(target: CompileTarget):
+    """``execute_rendered`` for the source rendered for ``target``."""
+
+    def run(plan: Plan, inputs: dict[str, np.ndarray], config: dict | None = None) -> dict[str, np.ndarray]:
+        return emulate(plan, inputs, config, target=target).outputs
+
+    return run

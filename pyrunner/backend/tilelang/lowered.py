@@ -4,7 +4,7 @@ The one hazard checked today: a shared tile filled by a TMA load that thread cod
 waiting on the load's mbarrier. TileLang 0.1.15's warp specialisation places the wait for a
 prologue TMA load just before the first GEMM that reads the tile, so an elementwise read earlier
 in the prologue (attention on RMS-normalised Q read Q's tile to form its statistics) raced the copy
-and read stale shared memory: right on the CPU, wrong on the H200 (sweep run 4, error 18). The
+and read stale shared memory: right on the CPU, wrong on the Hopper GPU (sweep run 4, error 18). The
 renderer now loads such tiles synchronously; this check keeps any lowering that reintroduces the
 pattern out of a compiled kernel (tests run it over every planned kernel).
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import keyword
 
 from pyrunner.backend.tilelang import render_ws, ws_forms
+from pyrunner.backend.tilelang.compile_target import CompileTarget
 from pyrunner.backend.tilelang.emit import (
     GemmMerge,
     _bind_loop_bounds,
@@ -53,11 +54,11 @@ from pyrunner.backend.tilelang.emit import (
     kernel_pass_configs,
     loop_invariant_bridges,
 )
-from pyrunner.backend.tilelang.hopper import HOPPER
+from pyrunner.backend.tilelang.targets import default_target
 from pyrunner.errors import PlanError
 from pyrunner.ir.ops import ELEMENTWISE
 from pyrunner.plan.analysis import kernel_args, kernel_axes, op_reads_writes
-from pyrunner.plan.dependent_launch import dependent_launches
+from pyrunner.plan.dependent_launch import DependentLaunch, dependent_launches
 from pyrunner.plan.passes import optimize
 from pyrunner.plan.schedule import ChainSchedule
 from pyrunner.plan.schema import (
@@ -74,9 +75,8 @@ from pyrunner.target.device import rows_async
 from pyrunner.target.fit import STAGED_ELEMENTS_PER_THREAD
 from pyrunner.target.layout import launch_axes, layout_bridges, staged_loop_loads, synchronous_loop_loads
 
-TARGET = HOPPER.target
-SM_COUNT = HOPPER.sm_count
-"""Streaming multiprocessors of the target; decides whether block reordering can matter."""
+NO_DEPENDENT_LAUNCH = DependentLaunch(trigger=False, waits=False, earlier=frozenset())
+"""A kernel's part in the launch chain on a target without programmatic dependent launch: none."""
 PASS_CONFIGS = {"tl.enable_fast_math": True}
 """TileLang pass configs of every kernel: fast math (``--use_fast_math``: ex2.approx, rcp.approx)."""
 MMA_POLICY_HELPER = (
@@ -98,7 +98,8 @@ _RESERVED_MODULE = {
 
 
 def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str], size_const: dict[str, str],
-                   tensor_ident: dict[str, str], helpers: set[str], build_name: str, func_name: str) -> None:
+                   tensor_ident: dict[str, str], helpers: set[str], build_name: str, func_name: str,
+                   target: CompileTarget) -> None:
     roles = kernel_axes(kernel, axis_sizes(plan))
     buffers = {b.name: b for b in kernel.buffers}
     tensors = {t.name: t for t in plan.tensors}
@@ -112,7 +113,9 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
     bridged = sorted({b for bs in bridges.values() for b in bs}, key=[x.name for x in kernel.buffers].index)
     bridge_names = {b: local.fresh(f"{b}_bridge") for b in bridged}
     ctx = _Ctx(plan, kernel, roles, buffers, tensors, names, size_const, block_expr, {}, loop_var, local, helpers, {},
-               bridges, bridge_names, {}, {}, sizes=axis_sizes(plan), launch=dependent_launches(plan)[kernel.name])
+               bridges, bridge_names, {}, {}, sizes=axis_sizes(plan),
+               launch=dependent_launches(plan)[kernel.name] if target.dependent_launch else NO_DEPENDENT_LAUNCH,
+               tma_pipelines=target.tma_pipelines)
 
     defaults = ", ".join(f"{p}={kernel.defaults[p]}" for p in kernel.params)
     w.line(f"def {build_name}({defaults}):")
@@ -146,13 +149,14 @@ def _render_kernel(w: _Writer, plan: Plan, kernel: Kernel, module_names: set[str
         variants = [merges, []]
     ctx.staging = {pair: local.fresh(f"{pair[1]}_out") for pair in store_staging(plan, kernel)}
     ctx.staging.update({pair: names[shared] for pair, shared in unaligned_store_staging(plan, kernel).items()})
-    sched = ws_forms.async_schedule(ctx)
+    sched = ws_forms.async_schedule(ctx) if target.async_forms else None
     if sched is not None:
         ctx.halves, ctx.merged_first, ctx.merged_second = {}, {}, {}
         w.line()
         form = "two-GEMM chain" if isinstance(sched, ChainSchedule) else "GEMM mainloop"
-        tiles = ws_forms.persistent_tiles(ctx, sched, SM_COUNT)
-        w.line(f"if {ws_forms.guard(ctx, sched, threads)}:  # asynchronous {form} (render_ws)")
+        tiles = ws_forms.persistent_tiles(ctx, sched, target.sm_count)
+        w.line(f"if {ws_forms.guard(ctx, sched, threads, target.device.smem_per_block)}:  # asynchronous {form} "
+               "(render_ws)")
         w.indent()
         if tiles is not None:
             n_tiles = local.fresh("tiles")
@@ -260,7 +264,7 @@ def _render_prim_func(w: _Writer, ctx: _Ctx, func_name: str, threads: str, swizz
             w.line(f"for {loop_var} in T.serial({bounds}):  # synchronous loads: rows not 16-byte aligned")
         elif lp.visible is None:
             w.line(f"for {loop_var} in T.Pipelined({bounds}, num_stages={stages}):")
-        elif kernel_pass_configs(kernel, ctx.tensors):
+        elif kernel_pass_configs(kernel, ctx.tensors) or not ctx.tma_pipelines:
             # without warp specialisation TileLang pipelines with cp.async: its drain of a loop of
             # run-time length waits on a group count that is not a constant (no CUDA for it), and
             # even one stage peels the last step and runs the rest to the bound's maximum (a query
@@ -372,8 +376,10 @@ def _describe(kernel: Kernel) -> str:
 
 # --- the module --------------------------------------------------------------
 
-def render(plan: Plan) -> str:
-    """Source of one Python module running every kernel of ``plan`` with TileLang."""
+def render(plan: Plan, target: CompileTarget | None = None) -> str:
+    """Source of one Python module running every kernel of ``plan`` with TileLang on ``target`` (default:
+    ``targets.default_target()``): its forms are those the target's instruction set has."""
+    target = target or default_target()
     names_k = [k.name for k in plan.kernels]
     if len(set(names_k)) != len(names_k):  # validation does not compare kernel names
         raise PlanError(f"plan repeats a kernel name: {names_k}")
@@ -406,7 +412,7 @@ def render(plan: Plan) -> str:
         body.line()
         body.line(f"# --- kernel {k.name!r} (plan {phash}) " + "-" * max(0, 60 - len(k.name)))
         _render_kernel(body, plan, k, module_names, size_const, tensor_ident, helpers,
-                       build_names[k.name], func_names[k.name])
+                       build_names[k.name], func_names[k.name], target)
 
     w = _Writer()
     w.line(f'"""TileLang kernels for plan {phash} (workload {plan.workload!r}, {plan.dtype}).')
@@ -428,8 +434,8 @@ def render(plan: Plan) -> str:
     w.line(f"WORKLOAD = {plan.workload!r}")
     w.line(f"DTYPE = {plan.dtype!r}")
     w.line(f"ACCUM_DTYPE = {plan.accum_dtype!r}")
-    w.line(f"TARGET = {TARGET!r}")
-    w.line(f"SM_COUNT = {SM_COUNT!r}")
+    w.line(f"TARGET = {target.target!r}")
+    w.line(f"SM_COUNT = {target.sm_count!r}")
     w.line(f"PASS_CONFIGS = {PASS_CONFIGS!r}")
     tensors = {t.name: t for t in plan.tensors}
     per_kernel = {k.name: cfg for k in plan.kernels if (cfg := kernel_pass_configs(k, tensors))}

@@ -7,7 +7,6 @@ past one wave. The build function evaluates the guard and the tile count; ``rend
 from __future__ import annotations
 
 from pyrunner.backend.tilelang import emit as R
-from pyrunner.backend.tilelang.hopper import HOPPER
 from pyrunner.plan import schedule
 from pyrunner.plan.schedule import AsyncSchedule, ChainSchedule
 from pyrunner.target import fit
@@ -61,15 +60,16 @@ def shared_bytes(ctx: R._Ctx, sched: AsyncSchedule) -> str:
     return f"({' + '.join(terms)})"
 
 
-def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str) -> str:
-    """Python condition on the tile parameters under which the asynchronous form is rendered."""
+def guard(ctx: R._Ctx, sched: AsyncSchedule, threads: str, smem_per_block: int) -> str:
+    """Python condition on the tile parameters under which the asynchronous form is rendered, on a device
+    whose blocks may take ``smem_per_block`` bytes of shared memory."""
     body = ctx.kernel.body
     conds = [f"{threads} in (128, 256)"]
     for g in (body[i] for i in sched.gemms):
         rows, cols = (ctx.block_expr[a] for a in ctx.buffers[g.c].axes)
         conds.append(f"{R._paren(rows)} % (64 * ({threads} // 128)) == 0")
         conds.append(f"{R._paren(cols)} <= 256")
-    conds.append(f"{shared_bytes(ctx, sched)} <= {HOPPER.device.smem_per_block - fit.ASYNC_SMEM_SLACK}")
+    conds.append(f"{shared_bytes(ctx, sched)} <= {smem_per_block - fit.ASYNC_SMEM_SLACK}")
     axes = {a for i in sched.loads for a in ctx.buffers[body[i].dst].axes}
     for a in sorted(axes) if not fit.ASYNC_PARTIAL_TILES else ():
         if R.has_tail(ctx.kernel, a, ctx.roles[a].block, ctx.roles[a].size):
@@ -88,7 +88,7 @@ def persistent_tiles(ctx: R._Ctx, sched: AsyncSchedule, sms: int) -> str | None:
     (``tiles > SM_COUNT``). Not for masked loops: their blocks run different step counts (ring
     phases would need a running count) and launch longest first.
 
-    Two-GEMM chains only, as measured on the H200 (runs 93-94, ``benchmarks/gpu_ab.py --feature
+    Two-GEMM chains only, as measured on Hopper (runs 93-94, ``benchmarks/gpu_ab.py --feature
     persistent``, interleaved rounds): attention 1.4-3.9% faster, grouped-query attention 2.8-2.9%,
     t = 8192 1.7%; the GEMM mainloop 1.1-4.8% slower (4096^3; 2048 x 4096 x 4096), with TileLang's
     panel order reproduced. A static tile order loses the hardware's dynamic block dispatch, and the

@@ -1,0 +1,21 @@
+"""The TileLang compile targets by the device name ``--device`` takes, and the one used when none is named.
+
+Adding a GPU of an instruction set already rendered is one ``Device`` entry (``target.device``) and one
+line here; a new instruction set is one more module beside ``hopper.py`` and ``ampere.py``.
+"""
+
+from __future__ import annotations
+
+from pyrunner.backend.tilelang.ampere import AMPERE
+from pyrunner.backend.tilelang.compile_target import CompileTarget
+from pyrunner.backend.tilelang.hopper import HOPPER
+
+TARGETS: dict[str, CompileTarget] = {"h200": HOPPER, "a100": AMPERE}
+"""Compile targets by device name (the keys of ``target.device.DEVICES`` that have a renderer)."""
+
+DEFAULT_TARGET_NAME = "h200"
+
+
+def default_target() -> CompileTarget:
+    """The target a plan is rendered for when the caller names none."""
+    return TARGETS[DEFAULT_TARGET_NAME]
