@@ -318,7 +318,7 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
     time, on inputs of the regions' shapes; or read from the decision cache). A region that loses keeps its FX
     nodes, so the fallback compiler compiles them with the rest of the graph as one: no op call between, and
     its fusions across the region's edges kept. Deciding at the first call instead (a region op that runs the
-    fallback's code inside) cost the Llama-3-8B-shaped layer 8% against torch.compile on the H200 (run 111)."""
+    fallback's code inside) cost the Llama-3-8B-shaped layer 8% against torch.compile in run 111."""
     import copy
 
     from pyrunner.frontend.cache import device_key
