@@ -321,6 +321,8 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
     fallback's code inside) cost the Llama-3-8B-shaped layer 8% against torch.compile in run 111."""
     import copy
 
+    import torch
+
     from pyrunner.frontend.cache import device_key
     from pyrunner.frontend.runtime import region_callable, region_module
 
@@ -345,7 +347,11 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
 
         def fallback(sub: Any = sub, xs: list = xs, compiled: list = compiled) -> object:
             if not compiled:
-                compiled.append(compile_fallback(copy.deepcopy(sub), xs))
+                # Compiled apart from the graph dynamo is compiling now: inside its tracing context the
+                # fallback compiler would add guards on symbols of its own to dynamo's shape environment,
+                # which then fails to build the graph's guards ("sources must not be empty for symbol").
+                with torch._guards.tracing(None):
+                    compiled.append(compile_fallback(copy.deepcopy(sub), xs))
             return compiled[0](*xs)
 
         opts.tracker.start("measure")
