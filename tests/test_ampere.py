@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_corpus import PLANNER_XFAIL, corpus_files
+from test_corpus import case_graph, planned_cases
 
 from pyrunner import cli
 from pyrunner.backend.tilelang.ampere import AMPERE, Ampere
@@ -28,7 +28,6 @@ from pyrunner.backend.tilelang.render import render
 from pyrunner.backend.tilelang.structure import structure_problems
 from pyrunner.errors import DeviceFitError
 from pyrunner.ir import catalog
-from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.reference import random_inputs
 from pyrunner.pipeline import best_plan
 from pyrunner.plan.schema import axis_sizes, plan_document
@@ -172,19 +171,13 @@ def test_ampere_rendering_runs_on_the_emulator(name: str) -> None:
 
 # --- slow tier: the catalog and the corpus ----------------------------------------------------------
 
-CASES = [pytest.param(("catalog", n), id=n) for n in catalog.CATALOG]
-CASES += [pytest.param(("corpus", p), id=p.stem) for p in corpus_files() if p.stem not in PLANNER_XFAIL]
-
-
-def _graph(case):
-    kind, x = case
-    return catalog.get(x) if kind == "catalog" else load_graph_file(Path(x))
+CASES = planned_cases()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_every_graph_plans_runs_and_compiles_for_sm80(case, tmp_path: Path) -> None:
-    (plan,) = search(_graph(case), "bf16", top=1, device=A100)
+    (plan,) = search(case_graph(case), "bf16", top=1, device=A100)
     small = scale_down(plan)
     for run, what in ((execute, "CPU executor"), (rendered_executor(AMPERE), "rendered source")):
         res = verify_executor(small, graph_of(small), run)

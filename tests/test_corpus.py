@@ -36,6 +36,24 @@ def corpus_files() -> list[Path]:
     return sorted(p for p in DATA.glob("*.json") if p.stem not in FORMAT_EXAMPLES)
 
 
+def planned_cases() -> list:
+    """Every catalog workload and every corpus graph that plans, as ``("catalog", name)`` /
+    ``("corpus", path)`` parameters (the slow tier's whole-corpus tests over renderings)."""
+    from pyrunner.ir import catalog
+
+    cases = [pytest.param(("catalog", n), id=n) for n in catalog.CATALOG]
+    return cases + [pytest.param(("corpus", p), id=p.stem) for p in corpus_files() if p.stem not in PLANNER_XFAIL]
+
+
+def case_graph(case: tuple) -> object:
+    """The graph of a ``planned_cases`` parameter."""
+    from pyrunner.ir import catalog
+    from pyrunner.ir.graph_json import load_graph_file
+
+    kind, x = case
+    return catalog.get(x) if kind == "catalog" else load_graph_file(Path(x))
+
+
 def _params() -> list:
     out = []
     for p in corpus_files():

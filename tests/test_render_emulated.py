@@ -5,17 +5,15 @@ catalog workload and every tests/data graph; and the check catches renderer bugs
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
-from test_corpus import PLANNER_XFAIL, corpus_files
+from test_corpus import case_graph, planned_cases
 
 from pyrunner.backend.tilelang.emulate import EmulationError, emulate, execute_rendered
 from pyrunner.backend.tilelang.render import render
 from pyrunner.backend.tilelang.structure import structure_problems
 from pyrunner.ir import catalog
-from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.planner import search
 from pyrunner.run.executor import round_to
@@ -23,20 +21,14 @@ from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import compare, executor_bound, verify_executor
 
-CASES = [pytest.param(("catalog", n), id=n) for n in catalog.CATALOG]
-CASES += [pytest.param(("corpus", p), id=p.stem) for p in corpus_files() if p.stem not in PLANNER_XFAIL]
-
-
-def _graph(case):
-    kind, x = case
-    return catalog.get(x) if kind == "catalog" else load_graph_file(Path(x))
+CASES = planned_cases()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_rendered_source_computes_the_graph_and_follows_the_plan(case) -> None:
     top = 3 if case[0] == "catalog" and case[1] in catalog.SEED_WORKLOADS else 1
-    for plan in search(_graph(case), "bf16", top=top):
+    for plan in search(case_graph(case), "bf16", top=top):
         small = scale_down(plan)
         graph = graph_of(small)
         res = verify_executor(small, graph, execute_rendered)
