@@ -146,7 +146,6 @@ def superopt(graph, small: bool, device: str):
 def run_case(case: str, args: argparse.Namespace, out) -> None:
     import torch
 
-    from pyrunner.run.timing import device_name, side_by_side_us
 
     device = "cpu" if args.small else "cuda"
     graph = graph_of(case, args.small)
@@ -188,18 +187,27 @@ def run_case(case: str, args: argparse.Namespace, out) -> None:
         except Exception as e:  # noqa: BLE001
             traceback.print_exc()
             notes[v] = f"FAIL {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    write_timed(fns, list(variants), {"case": case, "graph": graph.name, "shapes": dict(graph.sizes)}, errors,
+                bounds, notes, args, out)
+
+def write_timed(fns: dict, variants: list[str], case: dict, errors: dict, bounds: dict, notes: dict,
+                args: argparse.Namespace, out) -> None:
+    """Time the verified variants side by side (one method for all) and write one record per variant,
+    failed or unverified ones included, with the speedup of superopt over each."""
+    from pyrunner.run.timing import device_name, side_by_side_us
+
     times, method, per_round = side_by_side_us(fns, rounds=args.rounds) if fns else ({}, {}, {})
     so_us = times.get("superopt")
     for v in variants:
         us = times.get(v)
-        rec = {"case": case, "graph": graph.name, "shapes": dict(graph.sizes), "variant": v, "fwd_bwd_us": us,
-               "method": method.get(v), "rounds_us": per_round.get(v), "grad_err_vs_f64": errors.get(v),
-               "bound": bounds.get(v), "superopt_speedup": (us / so_us) if us and so_us and v != "superopt" else None,
+        rec = {**case, "variant": v, "fwd_bwd_us": us, "method": method.get(v), "rounds_us": per_round.get(v),
+               "grad_err_vs_f64": errors.get(v), "bound": bounds.get(v),
+               "superopt_speedup": (us / so_us) if us and so_us and v != "superopt" else None,
                "note": notes.get(v, ""), "device": "cpu" if args.small else device_name(), "small": args.small,
                "command": " ".join(sys.argv)}
         out.write(json.dumps(rec) + "\n")
         out.flush()
-        print(f"[{case}] {v:14s} {'-' if us is None else f'{us:10.1f} us'}  grad err {errors.get(v)}  "
+        print(f"[{case['case']}] {v:14s} {'-' if us is None else f'{us:10.1f} us'}  grad err {errors.get(v)}  "
               f"(bound {bounds.get(v)})  {'' if not rec['superopt_speedup'] else f'superopt {us / so_us:.2f}x'}  "
               f"{notes.get(v, '')}", flush=True)
 
@@ -218,7 +226,6 @@ def run_llama_step(args: argparse.Namespace, out) -> None:
 
     import pyrunner.frontend  # noqa: F401 - registers the backend
     from pyrunner.frontend.backend import LAST_REPORTS
-    from pyrunner.run.timing import device_name, side_by_side_us
 
     if str(ROOT / "tests") not in sys.path:
         sys.path.insert(0, str(ROOT / "tests"))
@@ -269,22 +276,8 @@ def run_llama_step(args: argparse.Namespace, out) -> None:
         except Exception as e:  # noqa: BLE001 - a failed variant is a row
             traceback.print_exc()
             notes[v] = f"FAIL {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-    times, method, per_round = side_by_side_us(fns, rounds=args.rounds) if fns else ({}, {}, {})
-    so_us = times.get("superopt")
-    for v in variants:
-        us = times.get(v)
-        rec = {"case": "llama_step", "shapes": LLAMA_SMALL if args.small else LLAMA, "variant": v,
-               "fwd_bwd_us": us, "method": method.get(v), "rounds_us": per_round.get(v),
-               "grad_err_vs_f64": errors.get(v), "bound": BASELINE_BOUND,
-               "superopt_speedup": (us / so_us) if us and so_us and v != "superopt" else None,
-               "note": notes.get(v, ""), "device": "cpu" if args.small else device_name(), "small": args.small,
-               "command": " ".join(sys.argv)}
-        out.write(json.dumps(rec) + "\n")
-        out.flush()
-        print(f"[llama_step] {v:14s} {'-' if us is None else f'{us:10.1f} us'}  grad err {errors.get(v)}  "
-              f"{'' if not rec['superopt_speedup'] else f'superopt {us / so_us:.2f}x'}  {notes.get(v, '')}",
-              flush=True)
-
+    write_timed(fns, list(variants), {"case": "llama_step", "shapes": LLAMA_SMALL if args.small else LLAMA}, errors,
+                dict.fromkeys(variants, BASELINE_BOUND), notes, args, out)
 
 def main() -> int:
     ap = argparse.ArgumentParser()
