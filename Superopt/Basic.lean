@@ -5,6 +5,7 @@ import Superopt.Eval
 import Superopt.Replay
 import Superopt.Certificate
 import Superopt.Masks
+import Superopt.Schedule
 import Superopt.Model
 import Superopt.Json
 import Superopt.Workloads
@@ -26,6 +27,8 @@ The library's root module: importing it brings in every part of the Lean package
 * `Superopt.Masks`: index predicates over tiles, the interval reasoning of `masked_tile_skip`
   (`allFalse_sound`, `skipped_steps_masked`).
 * `Superopt.Certificate`: a plan's certificate read from its JSON and replayed from the Lean graph.
+* `Superopt.Schedule`: each kernel's loop checked against the side conditions of the schedule rules
+  it cites (`masked_tile_skip` against the kernel's masks, `maskedSkip_sound`), and the axis views.
 * `Superopt.Model`: a two-element model of the scalar laws (the laws are consistent).
 * `Superopt.Json`: the graph JSON format of `pyrunner/ir/graph_json.py`, numbers printed exactly.
 * `Superopt.Workloads`: the workload catalog (mirror of `pyrunner/ir/catalog.py`).

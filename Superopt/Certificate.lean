@@ -19,9 +19,10 @@ the derived outputs too. Terms are compared with their decimals normalised (`102
 are one number), as Python compares floats.
 
 It answers `true` when it replayed the derivation and `false` when the plan is outside what the
-Lean rules cover (axis views: `unit_axis`, `merge_axes`, `split_reduction`; the product rebuilds
-`elementwise_mul_comm` and `elementwise_mul_assoc`, which have no `Rule` constructor): such a plan is checked by Python's replay (`python -m pyrunner validate`)
-and by the rule-name check of `checkPlan` only.
+Lean rules cover (axis views: `unit_axis`, `merge_axes`, `split_reduction`): such a plan's algebraic
+steps are checked by Python's replay (`python -m pyrunner validate`) and its views by the
+side-condition checks of `Superopt/Schedule.lean`. Every algebraic rule of the Python registry has a
+`Rule` constructor, the product rebuilds included.
 -/
 
 namespace Superopt
@@ -149,16 +150,18 @@ structure StepSpec where
   scale : Option Term
   /-- Whether the instance's constant is `LOG2E` (only `exp_to_exp2` reads it). -/
   log2e : Bool
+  /-- The factor paths below the position (only the product rebuilds read them). -/
+  factors : List (List Nat)
   output : Nat
   path : List Nat
   /-- The node of the step's recorded result. -/
   result : Nat
 
-/-- The rules whose every form has a `Rule` constructor (the product rebuilds have none). -/
+/-- The rules whose every form has a `Rule` constructor: every algebraic rule. -/
 def leanRules : List String :=
   ["softmax_max_shift", "softmax_scaled_max_shift", "matmul_div_commute", "matmul_row_scale_commute",
     "exp_to_exp2", "mean_to_sum_div", "variance_sum_of_squares", "matmul_as_sum", "matmul_assoc",
-    "exp_shift_to_max", "sum_scale_commute"]
+    "exp_shift_to_max", "sum_scale_commute", "elementwise_mul_assoc", "elementwise_mul_comm"]
 
 /-- Whether the instance's scale is the term `t` (constants compared as numbers). -/
 def scaleIs (scale : Option Term) (t : Term) : Bool :=
@@ -225,6 +228,9 @@ def buildRule (sp : StepSpec) (sub : Term) : Option Rule :=
     if sp.fn == "mul" && scaleIs sp.scale s then some (.sumScaleLeft s x a (flag f)) else none
   | "sum_scale_commute", [1, 0], .reduce .sum (.binary .div x s) a =>
     if sp.fn == "div" && scaleIs sp.scale s then some (.sumScaleDiv x s a) else none
+  | "elementwise_mul_assoc", [], t => some (.mulAssoc t sp.factors)
+  | "elementwise_mul_comm", perm, t =>
+    if perm.length == sp.factors.length then some (.mulComm t sp.factors perm) else none
   | _, _, _ => none
 
 /-- Whether an instance's constant is Python's `LOG2E` (compared as numbers). -/
@@ -247,8 +253,14 @@ def parseStep (j : Lean.Json) (nodes : Array Term) : Except String StepSpec := d
   let output ← jNat (pos.getObjValD "output")
   let path ← (← jList pos "path").mapM jNat
   let result ← jNat (j.getObjValD "term")
+  let factors ← match inst.getObjValD "factors" with
+    | .null => pure []
+    | _ => (← jList inst "factors").mapM fun p => do
+      match p with
+      | .arr a => a.toList.mapM jNat
+      | _ => throw "certificate: a factor path is not a list"
   return { rule := rule, axis := axis, fn := fn, choice := choice, scale := scale,
-    log2e := constIsLog2e (inst.getObjValD "constant"), output := output, path := path,
+    log2e := constIsLog2e (inst.getObjValD "constant"), factors := factors, output := output, path := path,
     result := result }
 
 /-- Whether a plan field is a non-empty list (an axis view the Lean rules do not replay). -/

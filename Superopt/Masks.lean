@@ -29,14 +29,14 @@ namespace Superopt
 structure Atom where
   coef : List (Axis × Int)
   offset : Int
-  deriving Repr
+  deriving Repr, DecidableEq
 
 /-- An index predicate: comparisons combined by `and` and `or`. -/
 inductive Pred where
   | atom (a : Atom)
   | and (p q : Pred)
   | or (p q : Pred)
-  deriving Repr
+  deriving Repr, DecidableEq
 
 /-- The value of an affine form at an index. -/
 def formValue (idx : Axis → Int) : List (Axis × Int) → Int

@@ -4,6 +4,7 @@ import Superopt.Rules
 import Superopt.Json
 import Superopt.Workloads
 import Superopt.Certificate
+import Superopt.Schedule
 
 /-!
 # The `superopt` command line: Lean is the front, Python the search engine
@@ -16,8 +17,10 @@ import Superopt.Certificate
 3. runs the Python engine on it as a subprocess: the interpreter named by `SUPEROPT_PYTHON`, else
    `python3`, with `engineArgs` (`-m pyrunner superopt --graph FILE` plus the options given);
 4. parses the plan(s) it prints and checks each one: every derivation step names a rule that has
-   a theorem (`ruleCatalog`), the plan's embedded graph is the Lean graph, and its certificate
-   replays from the Lean graph (`Superopt/Certificate.lean`, where the Lean rules cover it);
+   a theorem (`ruleCatalog`), the plan's embedded graph is the Lean graph, its certificate
+   replays from the Lean graph (`Superopt/Certificate.lean`, where the Lean rules cover it), and
+   every kernel's loop has the form its cited schedule rules need, masked-tile skips included
+   (`Superopt/Schedule.lean`);
 5. prints the engine's output unchanged, so it is byte for byte what
    `python -m pyrunner superopt W ...` prints (the engine's notes, such as `--explain`, go to
    stderr as they came).
@@ -151,13 +154,17 @@ def lastLine (text : String) : String :=
   | l :: _ => l
   | [] => "(no message)"
 
-/-- Checks one plan against the Lean graph (`g`, and as parsed JSON), the rule catalog and, where
-the Lean rules cover its derivation, the replay of its certificate (`checkCertificate`). -/
+/-- Checks one plan against the Lean graph (`g`, and as parsed JSON), the rule catalog, where the
+Lean rules cover its derivation the replay of its certificate (`checkCertificate`), and its kernels'
+loops against the schedule rules they cite (`checkSchedule`). -/
 def checkPlan (g : Graph) (graph : Lean.Json) (plan : Lean.Json) : Except String Unit := do
   if (plan.getObjValD "graph").compress != graph.compress then
     throw "the plan's embedded graph is not the Lean graph"
   match checkCertificate g plan with
   | .error e => throw s!"the plan's certificate does not replay: {e}"
+  | .ok _ => pure ()
+  match checkSchedule plan with
+  | .error e => throw s!"the plan's loops break a schedule rule's side condition: {e}"
   | .ok _ => pure ()
   match plan.getObjValD "derivation" with
   | .arr steps =>

@@ -26,9 +26,10 @@ What the claim covers and what it does not:
   (`hlog`); the float's rounding (relative error below 2^-53) is outside the claim.
 * `variance_sum_of_squares` divides by an axis extent: `hsize` says no extent is zero as a scalar
   (true in the reals, where every axis has at least one element).
-* The product rebuilds `elementwise_mul_comm` / `elementwise_mul_assoc` over many factors have no
-  `Rule` constructor; a plan using them is checked by Python's replay only (`Superopt/Certificate.lean`
-  says so).
+* The product rebuilds `elementwise_mul_assoc` / `elementwise_mul_comm` (`Rule.mulAssoc`, `Rule.mulComm`)
+  read the factors off the product tree at the recorded paths (`Term.factorsAt`) and rebuild them
+  left-nested in the recorded order; their side condition checks, by removing factors one by one
+  (`sameFactors`), that the rebuilt product has the tree's factors, which is what the proof uses.
 * Python also requires a rewrite to keep the term's axis order; that is a layout condition, not a
   value one, and is not re-checked here.
 -/
@@ -88,6 +89,74 @@ def scaleOk : Option Term → Bool
   | none => true
   | some c => c.resultAxes.isEmpty && c.positive
 
+/-! ## Product trees: the factors at given paths, and the tree rebuilt left-nested -/
+
+/-- Paths below a product node split by their first step: the tails of the ones into the left operand
+(which must come first) and of the ones into the right operand; `none` for an empty path or a step
+other than 0 or 1, or a left path after a right one. -/
+def splitPaths : List (List Nat) → Option (List (List Nat) × List (List Nat))
+  | [] => some ([], [])
+  | (0 :: p) :: rest => (splitPaths rest).map fun lr => (p :: lr.1, lr.2)
+  | (1 :: p) :: rest => (splitPaths rest).bind fun lr => if lr.1.isEmpty then some ([], p :: lr.2) else none
+  | _ => none
+
+/-- The product case of `Term.factorsAt`: the operands' factors along the split paths, concatenated. -/
+def splitJoin (sp : Option (List (List Nat) × List (List Nat))) (fa fb : List (List Nat) → Option (List Term)) :
+    Option (List Term) :=
+  sp.bind fun lr => (fa lr.1).bind fun x => (fb lr.2).map fun y => x ++ y
+
+/-- The factors of the product tree of `t` whose leaves are at `paths`, left to right (Python's
+`product_factors`): the path `[]` alone is the term itself; otherwise the term is a `mul` and the
+paths split between its operands. `none` where the paths are not exactly the leaves of such a tree.
+One equation per constructor, so each unfolds without side conditions. -/
+def Term.factorsAt : Term → List (List Nat) → Option (List Term)
+  | .input n axes, paths => if paths = [[]] then some [.input n axes] else none
+  | .const d, paths => if paths = [[]] then some [.const d] else none
+  | .negInf, paths => if paths = [[]] then some [.negInf] else none
+  | .axisSize a, paths => if paths = [[]] then some [.axisSize a] else none
+  | .iota a, paths => if paths = [[]] then some [.iota a] else none
+  | .unary f x, paths => if paths = [[]] then some [.unary f x] else none
+  | .binary f a b, paths =>
+    if paths = [[]] then some [.binary f a b]
+    else if f = .mul then splitJoin (splitPaths paths) (fun l => Term.factorsAt a l) (fun r => Term.factorsAt b r)
+    else none
+  | .ternary f c a b, paths => if paths = [[]] then some [.ternary f c a b] else none
+  | .reduce f x ax, paths => if paths = [[]] then some [.reduce f x ax] else none
+  | .matmul a b ax, paths => if paths = [[]] then some [.matmul a b ax] else none
+
+/-- `((acc * f₁) * f₂) * ...`: a product built left-nested. -/
+def leftProd : Term → List Term → Term
+  | acc, [] => acc
+  | acc, f :: fs => leftProd (.binary .mul acc f) fs
+
+/-- The factors multiplied left-nested (Python's `left_product`; no factor gives `-∞`, which a rule's
+side condition never lets through). -/
+def rebuild : List Term → Term
+  | [] => .negInf
+  | f :: fs => leftProd f fs
+
+/-- The factors in the order `perm` (indices into `fs`; one out of range is dropped). -/
+def pickAll (fs : List Term) (perm : List Nat) : List Term := perm.filterMap fun k => fs[k]?
+
+/-- `l` without the first occurrence of `x`, `none` where `x` does not occur. -/
+def removeOne (x : Term) : List Term → Option (List Term)
+  | [] => none
+  | y :: l => if y = x then some l else (removeOne x l).map (y :: ·)
+
+/-- The two lists hold the same factors, each as often (computed by removing them one by one). -/
+def sameFactors : List Term → List Term → Bool
+  | [], l => l.isEmpty
+  | x :: l₁, l₂ => ((removeOne x l₂).map (sameFactors l₁)).getD false
+
+/-- `perm` is a permutation of `0, ..., n-1` (Python: `sorted(choice) == range(n)`). -/
+def isPerm (perm : List Nat) (n : Nat) : Bool :=
+  decide (perm.length = n) && (List.range n).all fun k => perm.contains k
+
+/-- The side condition of the reordering: two or more factors, `perm` a permutation of them, and the
+picked factors the same as the tree's (the fact the proof uses). -/
+def commOk (fs : List Term) (perm : List Nat) : Bool :=
+  decide (2 ≤ fs.length) && isPerm perm fs.length && sameFactors (pickAll fs perm) fs
+
 /--
 The algebraic rules, each with its whole instantiation: the sub-terms, axes and operand choices it
 binds (one constructor per proven form; the flags are Python's operand choices).
@@ -129,6 +198,12 @@ inductive Rule where
   | sumScaleLeft (s x : Term) (a : Axis) (first : Bool)
   /-- `sum_scale_commute`: `sum_a (x / s)` to `sum_a x / s`. -/
   | sumScaleDiv (x s : Term) (a : Axis)
+  /-- `elementwise_mul_assoc`: the product tree of `t` whose factors are at `paths`, regrouped
+  left-nested, its factors in order. -/
+  | mulAssoc (t : Term) (paths : List (List Nat))
+  /-- `elementwise_mul_comm`: the product tree of `t` whose factors are at `paths`, rebuilt left-nested
+  in the order `perm`. -/
+  | mulComm (t : Term) (paths : List (List Nat)) (perm : List Nat)
 
 /-- The rule's name as plans spell it. -/
 def Rule.name : Rule → String
@@ -149,6 +224,8 @@ def Rule.name : Rule → String
   | .sumScaleRight .. => "sum_scale_commute"
   | .sumScaleLeft .. => "sum_scale_commute"
   | .sumScaleDiv .. => "sum_scale_commute"
+  | .mulAssoc .. => "elementwise_mul_assoc"
+  | .mulComm .. => "elementwise_mul_comm"
 
 /-- The term a rule instance rewrites. -/
 def Rule.lhs : Rule → Term
@@ -170,6 +247,8 @@ def Rule.lhs : Rule → Term
   | .sumScaleRight x s a _ => .reduce .sum (.binary .mul x s) a
   | .sumScaleLeft s x a _ => .reduce .sum (.binary .mul s x) a
   | .sumScaleDiv x s a => .reduce .sum (.binary .div x s) a
+  | .mulAssoc t _ => t
+  | .mulComm t _ _ => t
 
 /-- The term a rule instance gives. -/
 def Rule.rhs : Rule → Term
@@ -194,6 +273,8 @@ def Rule.rhs : Rule → Term
   | .sumScaleRight x s a first => orientMul first (.reduce .sum x a) s
   | .sumScaleLeft s x a first => orientMul first (.reduce .sum x a) s
   | .sumScaleDiv x s a => .binary .div (.reduce .sum x a) s
+  | .mulAssoc t paths => rebuild ((t.factorsAt paths).getD [])
+  | .mulComm t paths perm => rebuild (pickAll ((t.factorsAt paths).getD []) perm)
 
 /-- The rule's side condition, as Python checks it (`pyrunner/rules/replay.py`). -/
 def Rule.side : Rule → Bool
@@ -220,11 +301,34 @@ def Rule.side : Rule → Bool
   | .sumScaleRight x s a _ => decide (a ∉ s.resultAxes ∧ a ∈ x.resultAxes)
   | .sumScaleLeft s x a _ => decide (a ∉ s.resultAxes ∧ a ∈ x.resultAxes)
   | .sumScaleDiv x s a => decide (a ∉ s.resultAxes ∧ a ∈ x.resultAxes)
+  | .mulAssoc t paths => (t.factorsAt paths).isSome && decide (2 ≤ ((t.factorsAt paths).getD []).length)
+  | .mulComm t paths perm => (t.factorsAt paths).isSome && commOk ((t.factorsAt paths).getD []) perm
 
 /-- The rule applied to a term: its result where the term is the instance's `lhs` and the side
 condition holds, `none` otherwise. -/
 def Rule.apply (r : Rule) (t : Term) : Option Term :=
   if t = r.lhs ∧ r.side = true then some r.rhs else none
+
+/-- From `o.bind f = some c`: `o` is some `b` with `f b = some c`. -/
+theorem bind_eq_some_elim {β γ : Type} {o : Option β} {f : β → Option γ} {c : γ}
+    (h : o.bind f = some c) : ∃ b, o = some b ∧ f b = some c := by
+  cases o with
+  | none =>
+    have h' : (none : Option γ) = some c := h
+    cases h'
+  | some b => exact ⟨b, rfl, h⟩
+
+/-- From `o.map f = some c`: `o` is some `b` with `f b = c`. -/
+theorem map_eq_some_elim {β γ : Type} {o : Option β} {f : β → γ} {c : γ}
+    (h : o.map f = some c) : ∃ b, o = some b ∧ f b = c := by
+  cases o with
+  | none =>
+    have h' : (none : Option γ) = some c := h
+    cases h'
+  | some b =>
+    have h' : some (f b) = some c := h
+    cases h'
+    exact ⟨b, rfl, rfl⟩
 
 /-! ## Soundness of each rewrite -/
 
@@ -295,6 +399,163 @@ theorem term_exp_shift (ctx : Ctx α) (fn : UnaryOp) (hfn : fn = .exp ∨ fn = .
       UnaryOp.eval fn (Term.eval ctx (scaleBy c (.binary .sub m n)) i) =
     UnaryOp.eval fn (Term.eval ctx (scaleBy c (.binary .sub x n)) i)
   rw [hadd, hsc]
+
+/-- From `a && b`: `a`. -/
+theorem band_left {a b : Bool} (h : (a && b) = true) : a = true := by
+  cases a <;> cases b <;> first | rfl | exact h
+
+/-- From `a && b`: `b`. -/
+theorem band_right {a b : Bool} (h : (a && b) = true) : b = true := by
+  cases a <;> cases b <;> first | rfl | exact h
+
+/-- The product of the factors' values at an index (`one` for no factor). -/
+def prodEval (ctx : Ctx α) : List Term → Index → α
+  | [], _ => ScalarField.one
+  | f :: fs, i => Term.eval ctx f i * prodEval ctx fs i
+
+theorem prodEval_append (ctx : Ctx α) (i : Index) :
+    ∀ l₁ l₂ : List Term, prodEval ctx (l₁ ++ l₂) i = prodEval ctx l₁ i * prodEval ctx l₂ i
+  | [], l₂ => (ScalarField.one_mul (prodEval ctx l₂ i)).symm
+  | f :: l₁, l₂ => by
+    show Term.eval ctx f i * prodEval ctx (l₁ ++ l₂) i =
+      Term.eval ctx f i * prodEval ctx l₁ i * prodEval ctx l₂ i
+    rw [prodEval_append ctx i l₁ l₂]
+    exact (ScalarField.mul_assoc _ _ _).symm
+
+/-- A left-nested product has the product of its factors' values. -/
+theorem leftProd_eval (ctx : Ctx α) (i : Index) :
+    ∀ (fs : List Term) (acc : Term), Term.eval ctx (leftProd acc fs) i = Term.eval ctx acc i * prodEval ctx fs i
+  | [], acc => (ScalarField.mul_one (Term.eval ctx acc i)).symm
+  | f :: fs, acc => by
+    show Term.eval ctx (leftProd (.binary .mul acc f) fs) i =
+      Term.eval ctx acc i * (Term.eval ctx f i * prodEval ctx fs i)
+    rw [leftProd_eval ctx i fs (.binary .mul acc f)]
+    exact ScalarField.mul_assoc (Term.eval ctx acc i) (Term.eval ctx f i) (prodEval ctx fs i)
+
+/-- A rebuilt product of at least one factor has the product of its factors' values. -/
+theorem rebuild_eval (ctx : Ctx α) (i : Index) :
+    ∀ fs : List Term, fs.isEmpty = false → Term.eval ctx (rebuild fs) i = prodEval ctx fs i
+  | [], h => by
+    have h0 : true = false := h
+    cases h0
+  | f :: fs, _ => leftProd_eval ctx i fs f
+
+/-- A leaf of `Term.factorsAt`: the term is its one factor. -/
+theorem factorsAt_leaf (ctx : Ctx α) (t : Term) (paths : List (List Nat)) (fs : List Term)
+    (h : (if paths = [[]] then some [t] else none) = some fs) : ∀ i, Term.eval ctx t i = prodEval ctx fs i := by
+  intro i
+  by_cases hp : paths = [[]]
+  · rw [if_pos hp] at h
+    cases h
+    exact (ScalarField.mul_one (Term.eval ctx t i)).symm
+  · rw [if_neg hp] at h
+    cases h
+
+/-- The factors `Term.factorsAt` finds multiply to the term's value. -/
+theorem Term.factorsAt_sound (ctx : Ctx α) :
+    ∀ (t : Term) (paths : List (List Nat)) (fs : List Term), t.factorsAt paths = some fs →
+      ∀ i, Term.eval ctx t i = prodEval ctx fs i := by
+  intro t
+  induction t with
+  | input n axes => exact fun paths fs h => factorsAt_leaf ctx (.input n axes) paths fs h
+  | const d => exact fun paths fs h => factorsAt_leaf ctx (.const d) paths fs h
+  | negInf => exact fun paths fs h => factorsAt_leaf ctx .negInf paths fs h
+  | axisSize a => exact fun paths fs h => factorsAt_leaf ctx (.axisSize a) paths fs h
+  | iota a => exact fun paths fs h => factorsAt_leaf ctx (.iota a) paths fs h
+  | unary f x _ => exact fun paths fs h => factorsAt_leaf ctx (.unary f x) paths fs h
+  | ternary f c a b _ _ _ => exact fun paths fs h => factorsAt_leaf ctx (.ternary f c a b) paths fs h
+  | reduce f x ax _ => exact fun paths fs h => factorsAt_leaf ctx (.reduce f x ax) paths fs h
+  | matmul a b ax _ _ => exact fun paths fs h => factorsAt_leaf ctx (.matmul a b ax) paths fs h
+  | binary f a b iha ihb =>
+    intro paths fs h
+    have h1 : (if paths = [[]] then some [Term.binary f a b]
+        else if f = .mul then splitJoin (splitPaths paths) (fun l => Term.factorsAt a l) (fun r => Term.factorsAt b r)
+        else none) = some fs := h
+    by_cases hp : paths = [[]]
+    · rw [if_pos hp] at h1
+      cases h1
+      intro i
+      exact (ScalarField.mul_one (Term.eval ctx (.binary f a b) i)).symm
+    · rw [if_neg hp] at h1
+      by_cases hf : f = .mul
+      · rw [if_pos hf] at h1
+        have h1' : (splitPaths paths).bind (fun lr => (Term.factorsAt a lr.1).bind fun x =>
+            (Term.factorsAt b lr.2).map fun y => x ++ y) = some fs := h1
+        obtain ⟨lr, _, h2⟩ := bind_eq_some_elim h1'
+        have h2' : (Term.factorsAt a lr.1).bind (fun x => (Term.factorsAt b lr.2).map fun y => x ++ y) = some fs := h2
+        obtain ⟨x, hx, h3⟩ := bind_eq_some_elim h2'
+        have h3' : (Term.factorsAt b lr.2).map (fun y => x ++ y) = some fs := h3
+        obtain ⟨y, hy, h4⟩ := map_eq_some_elim h3'
+        have h4' : x ++ y = fs := h4
+        subst hf
+        intro i
+        show Term.eval ctx a i * Term.eval ctx b i = prodEval ctx fs i
+        rw [← h4', prodEval_append ctx i x y, iha lr.1 x hx i, ihb lr.2 y hy i]
+      · rw [if_neg hf] at h1
+        cases h1
+
+/-- `a * (b * c) = b * (a * c)`. -/
+theorem scalar_mul_left_comm (a b c : α) : a * (b * c) = b * (a * c) := by
+  rw [← ScalarField.mul_assoc a b c, ScalarField.mul_comm a b, ScalarField.mul_assoc b a c]
+
+/-- Taking one factor out of a list: the product is that factor times the rest's. -/
+theorem removeOne_prod (ctx : Ctx α) (i : Index) (x : Term) :
+    ∀ (l r : List Term), removeOne x l = some r → prodEval ctx l i = Term.eval ctx x i * prodEval ctx r i
+  | [], r, h => by
+    have h' : (none : Option (List Term)) = some r := h
+    cases h'
+  | y :: l, r, h => by
+    have h' : (if y = x then some l else (removeOne x l).map (y :: ·)) = some r := h
+    by_cases hy : y = x
+    · rw [if_pos hy] at h'
+      cases h'
+      subst hy
+      exact rfl
+    · rw [if_neg hy] at h'
+      obtain ⟨r', hr', h2⟩ := map_eq_some_elim h'
+      have h2' : y :: r' = r := h2
+      cases h2'
+      show Term.eval ctx y i * prodEval ctx l i = Term.eval ctx x i * (Term.eval ctx y i * prodEval ctx r' i)
+      rw [removeOne_prod ctx i x l r' hr']
+      exact scalar_mul_left_comm _ _ _
+
+/-- Lists with the same factors have the same product (commutativity and associativity). -/
+theorem sameFactors_prod (ctx : Ctx α) (i : Index) :
+    ∀ (l₁ l₂ : List Term), sameFactors l₁ l₂ = true → prodEval ctx l₁ i = prodEval ctx l₂ i
+  | [], l₂, h => by
+    have h' : l₂.isEmpty = true := h
+    cases l₂ with
+    | nil => rfl
+    | cons _ _ =>
+      have h0 : false = true := h'
+      cases h0
+  | x :: l₁, l₂, h => by
+    have h' : ((removeOne x l₂).map (sameFactors l₁)).getD false = true := h
+    cases hr : removeOne x l₂ with
+    | none =>
+      rw [hr] at h'
+      have h0 : false = true := h'
+      cases h0
+    | some r =>
+      rw [hr] at h'
+      have h2 : sameFactors l₁ r = true := h'
+      show Term.eval ctx x i * prodEval ctx l₁ i = prodEval ctx l₂ i
+      rw [removeOne_prod ctx i x l₂ r hr, sameFactors_prod ctx i l₁ r h2]
+
+/-- The same factors as a non-empty list are not none. -/
+theorem sameFactors_nonempty :
+    ∀ (l₁ l₂ : List Term), sameFactors l₁ l₂ = true → l₂.isEmpty = false → l₁.isEmpty = false
+  | [], l₂, h, h2 => by
+    have h' : l₂.isEmpty = true := h
+    rw [h'] at h2
+    cases h2
+  | _ :: _, _, _, _ => rfl
+
+/-- At least two factors make a non-empty list. -/
+theorem nonempty_of_two (fs : List Term) (h : 2 ≤ fs.length) : fs.isEmpty = false := by
+  cases fs with
+  | nil => exact absurd h (by decide)
+  | cons _ _ => rfl
 
 /-- Every rule instance whose side condition holds keeps the value at every index (`exp_to_exp2`
 over an exact log2 e, `hlog`; `variance_sum_of_squares` over extents that are not zero, `hsize`). -/
@@ -376,6 +637,38 @@ theorem Rule.sound (ctx : Ctx α) (hlog : ScalarOps.ofDecimal log2eDecimal = (Sc
   | .sumScaleDiv x s a, hs, i => by
     have hc : a ∉ s.resultAxes ∧ a ∈ x.resultAxes := of_decide_eq_true hs
     exact (term_sum_scale_commute_div ctx x s a hc.1 i).symm
+  | .mulAssoc t paths, hs, i => by
+    show Term.eval ctx (rebuild ((t.factorsAt paths).getD [])) i = Term.eval ctx t i
+    cases hf : t.factorsAt paths with
+    | none =>
+      have hs' : ((t.factorsAt paths).isSome && decide (2 ≤ ((t.factorsAt paths).getD []).length)) = true := hs
+      rw [hf] at hs'
+      have h0 : false = true := band_left hs'
+      cases h0
+    | some fs =>
+      have hs' : ((t.factorsAt paths).isSome && decide (2 ≤ ((t.factorsAt paths).getD []).length)) = true := hs
+      rw [hf] at hs'
+      have hlen : 2 ≤ fs.length := of_decide_eq_true (band_right hs')
+      exact (rebuild_eval ctx i fs (nonempty_of_two fs hlen)).trans (Term.factorsAt_sound ctx t paths fs hf i).symm
+  | .mulComm t paths perm, hs, i => by
+    cases hf : t.factorsAt paths with
+    | none =>
+      have hs' : ((t.factorsAt paths).isSome && commOk ((t.factorsAt paths).getD []) perm) = true := hs
+      rw [hf] at hs'
+      have h0 : false = true := band_left hs'
+      cases h0
+    | some fs =>
+      have hs' : ((t.factorsAt paths).isSome && commOk ((t.factorsAt paths).getD []) perm) = true := hs
+      rw [hf] at hs'
+      have hc : ((decide (2 ≤ fs.length) && isPerm perm fs.length) && sameFactors (pickAll fs perm) fs) = true :=
+        band_right hs'
+      have hsame : sameFactors (pickAll fs perm) fs = true := band_right hc
+      have hlen : 2 ≤ fs.length := of_decide_eq_true (band_left (band_left hc))
+      show Term.eval ctx (rebuild (pickAll ((t.factorsAt paths).getD []) perm)) i = Term.eval ctx t i
+      rw [hf]
+      exact (rebuild_eval ctx i (pickAll fs perm)
+          (sameFactors_nonempty _ _ hsame (nonempty_of_two fs hlen))).trans
+        ((sameFactors_prod ctx i _ _ hsame).trans (Term.factorsAt_sound ctx t paths fs hf i).symm)
 
 /-- `Rule.apply_sound`: a rewrite keeps the term's value at every index (`exp_to_exp2` over an exact
 log2 e, `hlog`; `variance_sum_of_squares` over extents that are not zero, `hsize`). -/
@@ -393,27 +686,6 @@ theorem Rule.apply_sound (ctx : Ctx α)
     cases h'
 
 end Sound
-
-/-- From `o.bind f = some c`: `o` is some `b` with `f b = some c`. -/
-theorem bind_eq_some_elim {β γ : Type} {o : Option β} {f : β → Option γ} {c : γ}
-    (h : o.bind f = some c) : ∃ b, o = some b ∧ f b = some c := by
-  cases o with
-  | none =>
-    have h' : (none : Option γ) = some c := h
-    cases h'
-  | some b => exact ⟨b, rfl, h⟩
-
-/-- From `o.map f = some c`: `o` is some `b` with `f b = c`. -/
-theorem map_eq_some_elim {β γ : Type} {o : Option β} {f : β → γ} {c : γ}
-    (h : o.map f = some c) : ∃ b, o = some b ∧ f b = c := by
-  cases o with
-  | none =>
-    have h' : (none : Option γ) = some c := h
-    cases h'
-  | some b =>
-    have h' : some (f b) = some c := h
-    cases h'
-    exact ⟨b, rfl, rfl⟩
 
 /-! ## Positions, rewriting every occurrence, replay -/
 

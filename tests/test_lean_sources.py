@@ -11,6 +11,7 @@ lake expects. `tests/test_lean_protocol.py` covers the subprocess protocol of `l
 from __future__ import annotations
 
 import functools
+import json
 import math
 import re
 from collections.abc import Callable
@@ -473,3 +474,60 @@ def test_lean_tile_checks_are_pythons_interval_reasoning() -> None:
     run = r'run, the rest are masked", skippedOk windowMask queryBlock "(\w+)" (\d+) (\d+) (\d+) (\d+)\)'
     s, block, steps, run_lo, run_hi = re.search(run, src).groups()
     assert masks.visible_steps(pred, s, int(block), int(steps), box) == range(int(run_lo), int(run_hi))
+
+
+def _lean_schedule_examples(name: str = "scheduleExamples") -> list[tuple[str, dict, bool]]:
+    src = code(LEAN_TEST_DIR / "SuperoptTest.lean")
+    body = re.search(rf"def {name} : List \(String × String × Bool\) := \[(.*?)\]\n\n", src, re.S)
+    assert body, f"def {name} not found in tests/lean/SuperoptTest.lean"
+    cases = re.findall(r'\(\s*"((?:[^"\\]|\\.)*)",\s*"((?:[^"\\]|\\.)*)",\s*(true|false)\)', body[1])
+    return [(label, json.loads(json.loads(f'"{text}"')), want == "true") for label, text, want in cases]
+
+
+def test_lean_schedule_examples_are_pythons_answers() -> None:
+    """`tests/lean/SuperoptTest.lean` expects `kernelProblem` (Superopt/Schedule.lean) to accept or refuse
+    each small kernel as `pyrunner.plan.schedule_rules.kernel_problem` does: the same loop forms, the same
+    masked-tile skips (a window narrowed in `visible`, a skip with no mask, fused contractions over
+    different axes, a partial tile left unmasked all refused on both sides)."""
+    from pyrunner.plan.schedule_rules import kernel_problem
+
+    cases = _lean_schedule_examples()
+    assert len(cases) >= 10 and {want for _, _, want in cases} == {True, False}
+    for label, doc, want in cases:
+        assert (kernel_problem(doc["kernel"], doc["sizes"], doc["masks"]) is None) == want, label
+
+
+def test_lean_run_range_is_the_renderers() -> None:
+    """Lean's `runRange` (the steps `maskedSkipOk` lets a block run) on the window example is the step range
+    the renderer and executor run (`masks.visible_steps`), and the Python mirror's scan agrees."""
+    from pyrunner.plan import masks
+    from pyrunner.plan.schedule_rules import run_range
+
+    src = code(LEAN_TEST_DIR / "SuperoptTest.lean")
+    s, block, steps, lo, hi = re.search(
+        r'runRange windowMask queryBlock "(\w+)" (\d+) (\d+) == \((\d+), (\d+)\)', src).groups()
+    body = re.search(r"def windowMask : Pred :=(.*?)\n\n", src, re.S)[1]
+    atoms = [masks.Atom(tuple(sorted((a, int(c)) for a, c in re.findall(r'\("(\w+)", (-?\d+)\)', coef))), int(off))
+             for coef, off in re.findall(r"⟨\[(.*?)\], (-?\d+)⟩", body)]
+    pred = masks.All(tuple(atoms))
+    box = {"t_q": (2048, 2111)}
+    assert masks.visible_steps(pred, s, int(block), int(steps), box) == range(int(lo), int(hi))
+    assert run_range(pred, box, s, int(block), int(steps)) == (int(lo), int(hi))
+
+
+def test_lean_view_examples_are_pythons_answers() -> None:
+    """`viewExamples` (Superopt/Schedule.lean's `viewProblem`): a split whose chunks miss part of the axis, a
+    merge whose parts do not multiply to its extent, a unit axis of extent 2 are refused, as by
+    `pyrunner.plan.schedule_rules.view_problem`."""
+    from pyrunner.plan.schedule_rules import view_problem
+
+    cases = _lean_schedule_examples("viewExamples")
+    assert len(cases) >= 6 and {want for _, _, want in cases} == {True, False}
+    for label, doc, want in cases:
+        sizes: dict[str, int] = {}
+        for t in doc.get("tensors", []):
+            for a, n in zip(t["axes"], t["shape"], strict=True):
+                sizes.setdefault(a, n)
+        for a, n in doc["graph"]["axes"].items():
+            sizes.setdefault(a, n)
+        assert (view_problem(doc, sizes) is None) == want, label

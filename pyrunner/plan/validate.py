@@ -26,6 +26,7 @@ from pyrunner.ir.names import MAX_GRAPH_NAME, MAX_PLAN_NAME, hash_problem, name_
 from pyrunner.plan.analysis import numbered_ops, walk
 from pyrunner.plan.claims import check_bounds, check_costs, check_provenance
 from pyrunner.plan.kernel_checks import check_kernel, check_kernel_static
+from pyrunner.plan.schedule_rules import check_schedule_rules
 from pyrunner.plan.schema import SCHEMA_VERSION, AxisSize, GlobalTensor, Kernel, Map, Op, Plan, Ref, plan_hash
 from pyrunner.plan.views import kernel_graph, plan_graph  # noqa: F401 - plan_graph re-exported
 from pyrunner.rules.replay_plan import check_certificate
@@ -156,6 +157,7 @@ def check_plan(plan: Plan) -> None:
     check_provenance(plan)
     checked_hash(plan)
     check_certificate(plan, tensors)  # after the hash: an edited plan that keeps its hash is told so first
+    check_schedule_rules(plan)  # the loops' forms against their cited rules, as Superopt/Schedule.lean
 
 
 def plan_names(plan: Plan) -> Iterator[tuple[str, object, int]]:

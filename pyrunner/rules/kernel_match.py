@@ -129,6 +129,19 @@ def _value(t: Term, sizes: Mapping[str, int]) -> float | None:
     return constant_value(_EXPR.validate_python(_expr(t)), sizes)
 
 
+def mask_exprs(roots: Sequence[Term]) -> list[dict]:
+    """The plan expressions of the ``where`` conditions among the terms' sub-terms that read no tensor
+    (the masks a kernel computing ``roots`` applies; ``plan.schedule_rules`` checks a loop's skips
+    against them, as ``Superopt/Schedule.lean`` does)."""
+    out: list[dict] = []
+    for t in subterms(roots):
+        if t.op == "ternary" and t.fn == "where" and all(u.op in STATIC_OPS for u in subterms([t.args[0]])):
+            e = _expr(t.args[0])
+            if e not in out:
+                out.append(e)
+    return out
+
+
 def check_kernel_exprs(ki: int, kernel: Kernel, roots: Sequence[Term], sizes: Mapping[str, int]) -> None:
     """PlanError naming the op whose bufferless expression is not one of the kernel's terms', or the
     mask predicate of the kernel's terms that no op evaluates."""

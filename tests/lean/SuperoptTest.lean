@@ -5,7 +5,9 @@ import Superopt.Basic
 
 Runtime checks of the executable parts of the package: the op vocabularies, `resultAxes`, the
 catalog, resizing, option parsing, the rule catalog, the exact number printer, the graph JSON
-writer and the derivation replay (`Rule.apply`, positions, `replay`). The theorems themselves are checked by `lake build` (the kernel).
+writer, the derivation replay (`Rule.apply`, positions, `replay`, the product rebuilds) and the loop-form
+checks of the schedule rules (`kernelProblem`, `runRange`). The theorems themselves are checked by
+`lake build` (the kernel).
 
 `goldenGraphs` holds, for every catalog workload, the text of `json.dumps(graph_to_json(g))` as
 Python prints it; `tests/test_lean_protocol.py` checks that these strings are still what Python
@@ -118,6 +120,109 @@ def tileChecks : List (String × Bool) :=
       !(skippedOk (.and (.atom ⟨[("t_q", 1), ("t_kv", -1)], -100000⟩) (.atom ⟨[("t_kv", 1), ("t_q", -1)], 0⟩))
         queryBlock "t_kv" 64 64 16 33))]
 
+/-- The loop-form checks of `Superopt/Schedule.lean` on small kernels: a sizes object, the kernel's
+masks (plan expressions) and the kernel, with the answer Python's `pyrunner.plan.schedule_rules` gives
+(`tests/test_lean_sources.py` runs these same cases there). -/
+def scheduleExamples : List (String × String × Bool) := [
+  ("a windowed online-softmax loop skipping the window's masked tiles",
+    "{\"sizes\":{\"t_q\":4096,\"t_kv\":4096},\"masks\":[{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}],\"kernel\":{\"name\":\"attn\",\"grid\":[{\"axis\":\"t_q\",\"block\":64}],\"loop\":{\"axis\":\"t_kv\",\"block\":\"bk\",\"visible\":{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}},\"defaults\":{\"bk\":64},\"body\":[{\"op\":\"reduce\",\"fn\":\"max\",\"src\":\"S\",\"dst\":\"m\",\"axis\":\"t_kv\",\"accumulate\":true},{\"op\":\"map\",\"dst\":\"sc\",\"expr\":{\"kind\":\"call\",\"fn\":\"exp2\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"ref\",\"buf\":\"mp\"},{\"kind\":\"ref\",\"buf\":\"m\"}]}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"S\",\"dst\":\"l\",\"axis\":\"t_kv\",\"accumulate\":false},{\"op\":\"gemm\",\"a\":\"P\",\"b\":\"V_s\",\"c\":\"acc\",\"contract\":\"t_kv\",\"clear\":false}],\"fused_rules\":[\"masked_tile_skip\",\"reduction_tiling\",\"online_softmax_rescale\",\"reduction_in_contraction_loop\"]}}",
+    true),
+  ("a window narrowed in loop.visible is refused",
+    "{\"sizes\":{\"t_q\":4096,\"t_kv\":4096},\"masks\":[{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}],\"kernel\":{\"name\":\"attn\",\"grid\":[{\"axis\":\"t_q\",\"block\":64}],\"loop\":{\"axis\":\"t_kv\",\"block\":\"bk\",\"visible\":{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":512}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}},\"defaults\":{\"bk\":64},\"body\":[{\"op\":\"reduce\",\"fn\":\"max\",\"src\":\"S\",\"dst\":\"m\",\"axis\":\"t_kv\",\"accumulate\":true},{\"op\":\"map\",\"dst\":\"sc\",\"expr\":{\"kind\":\"call\",\"fn\":\"exp2\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"ref\",\"buf\":\"mp\"},{\"kind\":\"ref\",\"buf\":\"m\"}]}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"S\",\"dst\":\"l\",\"axis\":\"t_kv\",\"accumulate\":false},{\"op\":\"gemm\",\"a\":\"P\",\"b\":\"V_s\",\"c\":\"acc\",\"contract\":\"t_kv\",\"clear\":false}],\"fused_rules\":[\"masked_tile_skip\",\"reduction_tiling\",\"online_softmax_rescale\",\"reduction_in_contraction_loop\"]}}",
+    false),
+  ("a skip with no mask in the kernel's terms is refused",
+    "{\"sizes\":{\"t_q\":4096,\"t_kv\":4096},\"masks\":[],\"kernel\":{\"name\":\"attn\",\"grid\":[{\"axis\":\"t_q\",\"block\":64}],\"loop\":{\"axis\":\"t_kv\",\"block\":\"bk\",\"visible\":{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}},\"defaults\":{\"bk\":64},\"body\":[{\"op\":\"reduce\",\"fn\":\"max\",\"src\":\"S\",\"dst\":\"m\",\"axis\":\"t_kv\",\"accumulate\":true},{\"op\":\"map\",\"dst\":\"sc\",\"expr\":{\"kind\":\"call\",\"fn\":\"exp2\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"ref\",\"buf\":\"mp\"},{\"kind\":\"ref\",\"buf\":\"m\"}]}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"S\",\"dst\":\"l\",\"axis\":\"t_kv\",\"accumulate\":false},{\"op\":\"gemm\",\"a\":\"P\",\"b\":\"V_s\",\"c\":\"acc\",\"contract\":\"t_kv\",\"clear\":false}],\"fused_rules\":[\"masked_tile_skip\",\"reduction_tiling\",\"online_softmax_rescale\",\"reduction_in_contraction_loop\"]}}",
+    false),
+  ("masked_tile_skip cited by a loop that skips nothing is refused",
+    "{\"sizes\":{\"t_q\":4096,\"t_kv\":4096},\"masks\":[{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}],\"kernel\":{\"name\":\"attn\",\"grid\":[{\"axis\":\"t_q\",\"block\":64}],\"loop\":{\"axis\":\"t_kv\",\"block\":\"bk\"},\"defaults\":{\"bk\":64},\"body\":[{\"op\":\"reduce\",\"fn\":\"max\",\"src\":\"S\",\"dst\":\"m\",\"axis\":\"t_kv\",\"accumulate\":true},{\"op\":\"map\",\"dst\":\"sc\",\"expr\":{\"kind\":\"call\",\"fn\":\"exp2\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"ref\",\"buf\":\"mp\"},{\"kind\":\"ref\",\"buf\":\"m\"}]}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"S\",\"dst\":\"l\",\"axis\":\"t_kv\",\"accumulate\":false},{\"op\":\"gemm\",\"a\":\"P\",\"b\":\"V_s\",\"c\":\"acc\",\"contract\":\"t_kv\",\"clear\":false}],\"fused_rules\":[\"masked_tile_skip\",\"reduction_tiling\",\"online_softmax_rescale\",\"reduction_in_contraction_loop\"]}}",
+    false),
+  ("a loop skipping tiles without citing masked_tile_skip is refused",
+    "{\"sizes\":{\"t_q\":4096,\"t_kv\":4096},\"masks\":[{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}],\"kernel\":{\"name\":\"attn\",\"grid\":[{\"axis\":\"t_q\",\"block\":64}],\"loop\":{\"axis\":\"t_kv\",\"block\":\"bk\",\"visible\":{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}},\"defaults\":{\"bk\":64},\"body\":[{\"op\":\"reduce\",\"fn\":\"max\",\"src\":\"S\",\"dst\":\"m\",\"axis\":\"t_kv\",\"accumulate\":true},{\"op\":\"map\",\"dst\":\"sc\",\"expr\":{\"kind\":\"call\",\"fn\":\"exp2\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"ref\",\"buf\":\"mp\"},{\"kind\":\"ref\",\"buf\":\"m\"}]}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"S\",\"dst\":\"l\",\"axis\":\"t_kv\",\"accumulate\":false},{\"op\":\"gemm\",\"a\":\"P\",\"b\":\"V_s\",\"c\":\"acc\",\"contract\":\"t_kv\",\"clear\":false}],\"fused_rules\":[\"reduction_tiling\",\"online_softmax_rescale\",\"reduction_in_contraction_loop\"]}}",
+    false),
+  ("an online softmax needs its running max over the loop axis",
+    "{\"sizes\":{\"t_q\":4096,\"t_kv\":4096},\"masks\":[{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}],\"kernel\":{\"name\":\"attn\",\"grid\":[{\"axis\":\"t_q\",\"block\":64}],\"loop\":{\"axis\":\"t_kv\",\"block\":\"bk\",\"visible\":{\"kind\":\"call\",\"fn\":\"min\",\"args\":[{\"kind\":\"call\",\"fn\":\"le\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_kv\"},{\"kind\":\"index\",\"axis\":\"t_q\"}]},{\"kind\":\"call\",\"fn\":\"lt\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"index\",\"axis\":\"t_q\"},{\"kind\":\"const\",\"value\":1024}]},{\"kind\":\"index\",\"axis\":\"t_kv\"}]}]}},\"defaults\":{\"bk\":64},\"body\":[{\"op\":\"reduce\",\"fn\":\"max\",\"src\":\"S\",\"dst\":\"m\",\"axis\":\"t_q\",\"accumulate\":true},{\"op\":\"map\",\"dst\":\"sc\",\"expr\":{\"kind\":\"call\",\"fn\":\"exp2\",\"args\":[{\"kind\":\"call\",\"fn\":\"sub\",\"args\":[{\"kind\":\"ref\",\"buf\":\"mp\"},{\"kind\":\"ref\",\"buf\":\"m\"}]}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"S\",\"dst\":\"l\",\"axis\":\"t_kv\",\"accumulate\":false},{\"op\":\"gemm\",\"a\":\"P\",\"b\":\"V_s\",\"c\":\"acc\",\"contract\":\"t_kv\",\"clear\":false}],\"fused_rules\":[\"masked_tile_skip\",\"reduction_tiling\",\"online_softmax_rescale\",\"reduction_in_contraction_loop\"]}}",
+    false),
+  ("tiles of 32 cover a row of 64",
+    "{\"sizes\":{\"m\":64,\"d\":64},\"masks\":[],\"kernel\":{\"name\":\"rows\",\"grid\":[{\"axis\":\"m\",\"block\":16}],\"loop\":{\"axis\":\"d\",\"block\":32},\"body\":[{\"op\":\"load\",\"src\":\"X\",\"dst\":\"X_s\"},{\"op\":\"map\",\"dst\":\"sq\",\"expr\":{\"kind\":\"call\",\"fn\":\"square\",\"args\":[{\"kind\":\"ref\",\"buf\":\"X_s\"}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"sq\",\"dst\":\"ss\",\"axis\":\"d\",\"accumulate\":true}],\"fused_rules\":[\"reduction_tiling\"]}}",
+    true),
+  ("tiles of 48 leave a partial tile of 64 unmasked",
+    "{\"sizes\":{\"m\":64,\"d\":64},\"masks\":[],\"kernel\":{\"name\":\"rows\",\"grid\":[{\"axis\":\"m\",\"block\":16}],\"loop\":{\"axis\":\"d\",\"block\":48},\"body\":[{\"op\":\"load\",\"src\":\"X\",\"dst\":\"X_s\"},{\"op\":\"map\",\"dst\":\"sq\",\"expr\":{\"kind\":\"call\",\"fn\":\"square\",\"args\":[{\"kind\":\"ref\",\"buf\":\"X_s\"}]}},{\"op\":\"reduce\",\"fn\":\"sum\",\"src\":\"sq\",\"dst\":\"ss\",\"axis\":\"d\",\"accumulate\":true}],\"fused_rules\":[\"reduction_tiling\"]}}",
+    false),
+  ("two contractions over the loop axis share an operand",
+    "{\"sizes\":{\"m\":256,\"n\":256,\"d\":512},\"masks\":[],\"kernel\":{\"name\":\"glu\",\"grid\":[{\"axis\":\"m\",\"block\":64},{\"axis\":\"n\",\"block\":64}],\"loop\":{\"axis\":\"d\",\"block\":32},\"body\":[{\"op\":\"load\",\"src\":\"X\",\"dst\":\"X_s\"},{\"op\":\"load\",\"src\":\"A\",\"dst\":\"A_s\"},{\"op\":\"load\",\"src\":\"B\",\"dst\":\"B_s\"},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"A_s\",\"c\":\"ca\",\"contract\":\"d\",\"clear\":false},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"B_s\",\"c\":\"cb\",\"contract\":\"d\",\"clear\":false}],\"fused_rules\":[\"shared_operand_fusion\"]}}",
+    true),
+  ("fused contractions over different axes are refused",
+    "{\"sizes\":{\"m\":256,\"n\":256,\"d\":512},\"masks\":[],\"kernel\":{\"name\":\"glu\",\"grid\":[{\"axis\":\"m\",\"block\":64},{\"axis\":\"n\",\"block\":64}],\"loop\":{\"axis\":\"d\",\"block\":32},\"body\":[{\"op\":\"load\",\"src\":\"X\",\"dst\":\"X_s\"},{\"op\":\"load\",\"src\":\"A\",\"dst\":\"A_s\"},{\"op\":\"load\",\"src\":\"B\",\"dst\":\"B_s\"},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"A_s\",\"c\":\"ca\",\"contract\":\"d\",\"clear\":false},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"B_s\",\"c\":\"cb\",\"contract\":\"n\",\"clear\":false}],\"fused_rules\":[\"shared_operand_fusion\"]}}",
+    false),
+  ("a cited rule needs a loop",
+    "{\"sizes\":{\"m\":64},\"masks\":[],\"kernel\":{\"name\":\"k\",\"grid\":[],\"body\":[],\"fused_rules\":[\"reduction_tiling\"]}}",
+    false)]
+
+
+/-- Whether `kernelProblem` accepts a case of `scheduleExamples` (`none` when its JSON does not parse). -/
+def scheduleCase (text : String) : Option Bool :=
+  match Lean.Json.parse text with
+  | .ok j =>
+    let sizes : List (Axis × Nat) := match j.getObjValD "sizes" with
+      | .obj kvs => kvs.fold (fun acc k v => match natOf v with
+          | some n => acc ++ [(k, n)]
+          | none => acc) []
+      | _ => []
+    let masks := (lField j "masks").filterMap (exprTerm 64)
+    some (kernelProblem sizes masks (j.getObjValD "kernel")).isNone
+  | .error _ => none
+
+/-- The axis-view checks of `Superopt/Schedule.lean` on small plan documents, with the answer of
+Python's `pyrunner.plan.schedule_rules.view_problem`. -/
+def viewExamples : List (String × String × Bool) := [
+  ("chunks of 16 x 256 cover an axis of 4096",
+    "{\"graph\":{\"axes\":{\"t_kv\":4096,\"d\":64}},\"tensors\":[{\"name\":\"K\",\"axes\":[\"c\",\"i\",\"d\"],\"shape\":[16,256,64]}],\"axis_splits\":[{\"axis\":\"t_kv\",\"parts\":[\"c\",\"i\"],\"sizes\":[16,256]}]}",
+    true),
+  ("chunks of 16 x 128 miss half of the axis",
+    "{\"graph\":{\"axes\":{\"t_kv\":4096,\"d\":64}},\"tensors\":[{\"name\":\"K\",\"axes\":[\"c\",\"i\",\"d\"],\"shape\":[16,128,64]}],\"axis_splits\":[{\"axis\":\"t_kv\",\"parts\":[\"c\",\"i\"],\"sizes\":[16,128]}]}",
+    false),
+  ("a merge's parts multiply to its extent",
+    "{\"graph\":{\"axes\":{\"b\":4,\"t\":128}},\"tensors\":[{\"name\":\"X\",\"axes\":[\"bt\"],\"shape\":[512]}],\"axis_merges\":[{\"axis\":\"bt\",\"parts\":[\"b\",\"t\"],\"sizes\":[4,128]}]}",
+    true),
+  ("a merge whose parts do not is refused",
+    "{\"graph\":{\"axes\":{\"b\":4,\"t\":128}},\"tensors\":[{\"name\":\"X\",\"axes\":[\"bt\"],\"shape\":[256]}],\"axis_merges\":[{\"axis\":\"bt\",\"parts\":[\"b\",\"t\"],\"sizes\":[4,128]}]}",
+    false),
+  ("a unit axis has extent 1",
+    "{\"graph\":{\"axes\":{\"t_kv\":4096,\"d\":64}},\"tensors\":[{\"name\":\"Q\",\"axes\":[\"u\",\"d\"],\"shape\":[1,64]}],\"axis_units\":[{\"axis\":\"u\"}]}",
+    true),
+  ("a unit axis of extent 2 is refused",
+    "{\"graph\":{\"axes\":{\"t_kv\":4096,\"d\":64}},\"tensors\":[{\"name\":\"Q\",\"axes\":[\"u\",\"d\"],\"shape\":[2,64]}],\"axis_units\":[{\"axis\":\"u\"}]}",
+    false)]
+
+
+/-- Whether `viewProblem` accepts a case of `viewExamples` (`none` when its JSON does not parse). -/
+def viewCase (text : String) : Option Bool :=
+  match Lean.Json.parse text with
+  | .ok j => some (viewProblem j (planSizes j)).isNone
+  | .error _ => none
+
+/-- The schedule checks: each example gets Python's answer; the run range is Python's `visible_steps`. -/
+def scheduleChecks : List (String × Bool) :=
+  (scheduleExamples.map fun c => (c.1, scheduleCase c.2.1 == some c.2.2)) ++
+  (viewExamples.map fun c => (c.1, viewCase c.2.1 == some c.2.2)) ++
+    [("the window's run range is steps 16..33", runRange windowMask queryBlock "t_kv" 64 64 == (16, 33))]
+
+/-- The product rebuilds: a product tree's factors, regrouped and reordered, and nothing else. -/
+def productChecks : List (String × Bool) :=
+  let x := Term.input "X" ["m", "d"]
+  let sc := Term.input "S" ["m"]
+  let g := Term.input "G" ["d"]
+  let left := Term.binary .mul (Term.binary .mul x sc) g
+  let right := Term.binary .mul x (Term.binary .mul sc g)
+  [("products regroup left-nested", (Rule.mulAssoc right [[0], [1, 0], [1, 1]]).apply right == some left),
+    ("products reorder", (Rule.mulComm left [[0, 0], [0, 1], [1]] [0, 2, 1]).apply left ==
+      some (Term.binary .mul (Term.binary .mul x g) sc)),
+    ("a reorder that is not a permutation is refused",
+      ((Rule.mulComm left [[0, 0], [0, 1], [1]] [0, 0, 1]).apply left).isNone),
+    ("factor paths that miss a leaf are refused", ((Rule.mulAssoc right [[0], [1, 0]]).apply right).isNone),
+    ("factor paths into a non-product are refused",
+      ((Rule.mulAssoc (Term.binary .add x sc) [[0], [1]]).apply (Term.binary .add x sc)).isNone)]
+
 /-- The replay's rules: each applies where its side conditions hold and nowhere else. -/
 def replayChecks : List (String × Bool) :=
   let s := Term.input "S" ["m"]
@@ -171,7 +276,7 @@ def replayChecks : List (String × Bool) :=
     ("replay refuses a step at the wrong place", (replay [Term.reduce .mean (scaledGemm s) "n"]
         [⟨Rule.rowScaleXS x s w "d" false, 0, []⟩]).isNone),
     ("decimals compare as numbers", Term.same (Term.const 1024.0) (Term.const 1024))]
-    ++ tileChecks
+    ++ tileChecks ++ scheduleChecks ++ productChecks
 
 /-- Each check: a label and whether it holds. -/
 def checks : List (String × Bool) := [
