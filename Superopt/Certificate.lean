@@ -253,12 +253,14 @@ def parseStep (j : Lean.Json) (nodes : Array Term) : Except String StepSpec := d
   let output ← jNat (pos.getObjValD "output")
   let path ← (← jList pos "path").mapM jNat
   let result ← jNat (j.getObjValD "term")
-  let factors ← match inst.getObjValD "factors" with
+  let factors : List (List Nat) ← match inst.getObjValD "factors" with
     | .null => pure []
-    | _ => (← jList inst "factors").mapM fun p => do
-      match p with
-      | .arr a => a.toList.mapM jNat
-      | _ => throw "certificate: a factor path is not a list"
+    | _ => do
+      let paths ← jList inst "factors"
+      paths.mapM fun p => do
+        match p with
+        | .arr a => a.toList.mapM jNat
+        | _ => throw "certificate: a factor path is not a list"
   return { rule := rule, axis := axis, fn := fn, choice := choice, scale := scale,
     log2e := constIsLog2e (inst.getObjValD "constant"), factors := factors, output := output, path := path,
     result := result }

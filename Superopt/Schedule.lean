@@ -80,13 +80,13 @@ def extentOf (sizes : List (Axis × Nat)) (a : Axis) : Option Nat :=
 
 /-- The extents the plan's tensors give their axes, then the graph's own axes. -/
 def planSizes (plan : Lean.Json) : List (Axis × Nat) :=
-  let fromTensors := (lField plan "tensors").foldl (fun acc t =>
+  let fromTensors := (lField plan "tensors").foldl (fun (acc : List (Axis × Nat)) (t : Lean.Json) =>
     acc ++ ((lField t "axes").zip (lField t "shape")).filterMap fun p =>
       match p.1, natOf p.2 with
       | .str a, some n => some (a, n)
       | _, _ => none) []
   let fromGraph := match (plan.getObjValD "graph").getObjValD "axes" with
-    | .obj kvs => kvs.fold (fun acc k v => match natOf v with
+    | .obj kvs => kvs.fold (fun (acc : List (Axis × Nat)) (k : String) (v : Lean.Json) => match natOf v with
         | some n => acc ++ [(k, n)]
         | none => acc) []
     | _ => []
@@ -475,21 +475,22 @@ def kernelProblem (sizes : List (Axis × Nat)) (masks : List Term) (k : Lean.Jso
 multiply to the axis's extent, a unit axis have extent 1 and not be a graph axis. -/
 def viewProblem (plan : Lean.Json) (sizes : List (Axis × Nat)) : Option String :=
   let graphAxes : List Axis := match (plan.getObjValD "graph").getObjValD "axes" with
-    | .obj kvs => kvs.fold (fun acc k _ => acc ++ [k]) []
+    | .obj kvs => kvs.fold (fun (acc : List Axis) (k : String) _ => acc ++ [k]) []
     | _ => []
   let pairOk := fun (v : Lean.Json) =>
     match (lField v "sizes").map natOf with
     | [some a, some b] => (extentOf sizes (sField v "axis")).all (· == a * b)
     | _ => false
+  let axisOf := fun (v : Lean.Json) => sField v "axis"
   match (lField plan "axis_merges").find? (fun v => !(pairOk v)) with
-  | some v => some s!"axis_merges: the parts of '{sField v "axis"}' do not multiply to its extent"
+  | some v => some s!"axis_merges: the parts of '{axisOf v}' do not multiply to its extent"
   | none =>
     match (lField plan "axis_splits").find? (fun v => !(pairOk v)) with
-    | some v => some s!"axis_splits: the chunks of '{sField v "axis"}' do not cover it"
+    | some v => some s!"axis_splits: the chunks of '{axisOf v}' do not cover it"
     | none =>
       match (lField plan "axis_units").find? (fun u =>
-          graphAxes.contains (sField u "axis") || !((extentOf sizes (sField u "axis")).all (· == 1))) with
-      | some u => some s!"axis_units: '{sField u "axis"}' is not a new axis of extent 1"
+          graphAxes.contains (axisOf u) || !((extentOf sizes (axisOf u)).all (· == 1))) with
+      | some u => some s!"axis_units: '{axisOf u}' is not a new axis of extent 1"
       | none => none
 
 /-- The `where` conditions of the terms the certificate says each kernel computes (none without a
@@ -512,8 +513,9 @@ def checkSchedule (plan : Lean.Json) : Except String Unit := do
   let kernels := lField plan "kernels"
   let mut ki := 0
   for k in kernels do
+    let name := sField k "name"
     match kernelProblem sizes (masks.getD ki []) k with
-    | some e => throw s!"kernels[{ki}] '{sField k "name"}': {e}"
+    | some e => throw s!"kernels[{ki}] '{name}': {e}"
     | none => pure ()
     ki := ki + 1
   match viewProblem plan sizes with

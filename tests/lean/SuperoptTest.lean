@@ -164,7 +164,7 @@ def scheduleCase (text : String) : Option Bool :=
   match Lean.Json.parse text with
   | .ok j =>
     let sizes : List (Axis × Nat) := match j.getObjValD "sizes" with
-      | .obj kvs => kvs.fold (fun acc k v => match natOf v with
+      | .obj kvs => kvs.fold (fun (acc : List (Axis × Nat)) (k : String) (v : Lean.Json) => match natOf v with
           | some n => acc ++ [(k, n)]
           | none => acc) []
       | _ => []
