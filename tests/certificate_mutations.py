@@ -4,7 +4,8 @@
 ``(label, mutated document)`` pairs, each wrong: a step at another position (one whose sub-term
 differs), another instantiation (one the rule's replay does not turn into the recorded term), a
 recorded term or derived term changed, steps swapped or removed, a kernel's constant, mask or
-loop predicate edited, a kernel's terms swapped. Positions and instantiations that happen to give
+loop predicate edited, a loop's skip removed while still cited, a loop's contraction or reduction moved
+off the loop axis, a kernel's terms swapped. Positions and instantiations that happen to give
 the same rewrite (a shared sub-term's other occurrence) are left out: they certify the same step.
 """
 
@@ -159,6 +160,18 @@ def _get(x, path: tuple):
     return x
 
 
+def _loop_axis_mutations(doc: dict, ki: int, k: dict) -> Iterator[tuple[str, dict]]:
+    """A contraction or reduction of the loop moved off the loop axis (a fused loop over two axes)."""
+    s = k["loop"]["axis"]
+    other = next((g["axis"] for g in k["grid"] if g["axis"] != s), None)
+    for oi, op in enumerate(k["body"]):
+        field = {"gemm": "contract", "reduce": "axis"}.get(op["op"])
+        if other is not None and field is not None and op[field] == s:
+            out = copy.deepcopy(doc)
+            out["kernels"][ki]["body"][oi][field] = other
+            yield f"kernel {ki} body[{oi}]: over {other!r}, not the loop axis", out
+
+
 def _kernel_mutations(doc: dict) -> Iterator[tuple[str, dict]]:
     for ki, k in enumerate(doc["kernels"]):
         for section in ("prologue", "body", "epilogue"):
@@ -184,6 +197,11 @@ def _kernel_mutations(doc: dict) -> Iterator[tuple[str, dict]]:
                 c = _get(out["kernels"][ki]["loop"]["visible"], p)
                 c["value"] = 1e9
                 yield f"kernel {ki} loop.visible: constant 1e9", out
+            out = copy.deepcopy(doc)
+            del out["kernels"][ki]["loop"]["visible"]
+            yield f"kernel {ki} loop.visible removed, masked_tile_skip still cited", out
+        if loop:
+            yield from _loop_axis_mutations(doc, ki, k)
     cert = doc["certificate"]
     writes = [w for k in cert["kernels"] for w in k["writes"]]
     if len(set(writes)) > 1:

@@ -15,6 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
+from certificate_mutations import accepted, mutations
 
 from pyrunner.errors import PlanError
 from pyrunner.ir import catalog
@@ -120,3 +121,15 @@ def test_a_split_that_misses_part_of_the_axis_is_refused() -> None:
     assert "do not cover" in view_problem(doc, {"t_kv": 4096})
     doc["axis_splits"][0]["sizes"] = [16, 256]
     assert view_problem(doc, {"t_kv": 4096}) is None
+
+
+def test_mutated_loop_plans_are_rejected(window_plan: Plan, qkv_plan: Plan) -> None:
+    """The certificate mutations (tests/certificate_mutations.py), loop-form edits included, on plans whose
+    kernels loop: none is accepted."""
+    total, wrong = 0, []
+    for plan in (window_plan, qkv_plan):
+        for label, bad in mutations(_doc(plan)):
+            total += 1
+            if accepted(bad, validate_plan):
+                wrong.append(label)
+    assert total >= 20 and not wrong, (total, wrong[:5])
