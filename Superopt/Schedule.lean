@@ -396,7 +396,7 @@ def gemmOver (s : String) (op : Lean.Json) : Bool := sField op "op" == "gemm" &&
 
 /-- The number of distinct strings. -/
 def distinctCount (l : List String) : Nat :=
-  (l.foldl (fun acc x => if acc.contains x then acc else acc ++ [x]) []).length
+  (l.foldl (fun (acc : List String) (x : String) => if acc.contains x then acc else acc ++ [x]) []).length
 
 /-- The body masks the partial last tile of `s`, or only loaded tiles (zeros past the end) feed the
 sums and contractions over `s` (Python `_masks_tail`). -/
@@ -459,7 +459,7 @@ def kernelProblem (sizes : List (Axis × Nat)) (masks : List Term) (k : Lean.Jso
           | some V =>
             if !(rules.contains "masked_tile_skip") then some "skips tiles without citing masked_tile_skip"
             else
-              let grid := (V.axes.filter (· != s)).foldl (fun acc a =>
+              let grid := (V.axes.filter (· != s)).foldl (fun (acc : List Axis) (a : Axis) =>
                 if acc.contains a then acc else acc ++ [a]) []
               let blocks := grid.filterMap fun a =>
                 ((lField k "grid").find? (fun g => sField g "axis" == a)).bind fun g =>
