@@ -18,9 +18,12 @@ every element.
   outside the run range `[lo, hi)` has an all-false tile; `skipped_steps_masked` proves that then
   every element of every skipped step is masked.
 
-What is not proved here: that an all-false tile leaves every loop state unchanged (the abstract
-evaluation of the loop body in `pyrunner/planner/masking.py`, re-checked by Python's `validate`),
-and that a plan's kernels use these predicates (the certificate's kernel check, Python).
+`Superopt/Schedule.lean` runs `skippedOk` on every plan loop that skips tiles, with the loop's
+`visible` predicate read from the plan's JSON, and checks that predicate's conjuncts are conjuncts of
+the masks of the terms the kernel computes (`maskedSkip_sound`). What is not proved: that an all-false
+tile leaves every loop state unchanged (the abstract evaluation of the loop body in
+`pyrunner/rules/masking.py`, re-checked by Python's `validate`), and that the kernel's ops evaluate
+those masks (Python's `kernel_match`).
 -/
 
 namespace Superopt
