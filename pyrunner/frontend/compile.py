@@ -19,7 +19,8 @@ from pyrunner.errors import UserError
 from pyrunner.frontend.buckets import bucketed, padded_impl
 from pyrunner.frontend.decide import DecisionCache, Measure, decide_once, decision_key
 from pyrunner.frontend.flops import node_flops
-from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
+from pyrunner.frontend.partcache import cached_partition
+from pyrunner.frontend.partition import Partition, region_of, split, stages
 from pyrunner.frontend.progress import NullTracker, Tracker
 from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.report import RegionChoice, Report
@@ -129,6 +130,24 @@ def cached_plan(graph: Any, dtype: str) -> tuple[Plan, bool]:
     return _PLANS[key], hit
 
 
+_IMPLS: dict[tuple[str, int], Impl] = {}
+
+
+def loaded_impl(plan: Plan) -> Impl:
+    """``plan_impl`` once per plan and CUDA device in this process: its kernels compiled and checked once.
+
+    Every decode step of a KV bucket (a new concrete shape, so a new static graph: ``specialize``) plans the
+    same region graph, so it gets the same plan and, here, the same loaded kernels, already verified."""
+    import torch
+
+    from pyrunner.plan.schema import plan_hash
+
+    key = (plan_hash(plan), torch.cuda.current_device() if torch.cuda.is_available() else -1)
+    if key not in _IMPLS:
+        _IMPLS[key] = plan_impl(plan, verify=False)
+    return _IMPLS[key]
+
+
 def naive_plan(graph: Any, dtype: str) -> Plan:
     """The unfused plan (one kernel per op) that a region must beat in the backend."""
     from pyrunner.planner import search
@@ -233,11 +252,11 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                                                   + (f"; {check}" if check else "") + _bucket_note(graph, pads),
                                            flops=flops))
         return []
-    impl = plan_impl(plan, verify=False)
+    impl = loaded_impl(plan)
     if pads:  # planned at the bucket size: pad the inputs' free axes, slice the outputs back
-        loaded_impl = impl
+        whole = impl
         impl = padded_impl(impl, graph, pads)
-        impl.loaded = loaded_impl.loaded  # type: ignore[attr-defined]
+        impl.loaded = whole.loaded  # type: ignore[attr-defined]
     stage = "compile"
     try:
         say(f"  compiling {len(plan.kernels)} kernel(s)")
@@ -250,7 +269,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         if opts.verify:
             stage = "check"
             opts.tracker.start("check")
-            res = loaded.check(device)
+            res = loaded.verified if loaded.verified is not None and loaded.verified.ok else loaded.check(device)
             opts.tracker.done("check")
             check = f"verified ({res.message})"
             say(f"  {check}")
@@ -289,7 +308,7 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
     """Partition ``gm``, compile its regions, splice them in (in place); returns gm and the report."""
     report = Report()
     report.flops_total = sum(node_flops(n, meta) for n in gm.graph.nodes)
-    part: Partition = partition(gm, meta, strict=strict)
+    part: Partition = cached_partition(gm, meta, strict=strict)[0]  # a decode loop cuts its graph once
     for node, why in part.fallbacks:
         report.fallback([node], why)
     chosen: list[tuple[RegionGraph, Impl]] = []

@@ -2,10 +2,10 @@
 
 The cost model ranks plans; only a measurement says whether a region beats
 inductor's code for it at that shape. When the graph is compiled the two are timed
-once on inputs of the region's shapes (``Measure``: CUDA-event medians on the GPU);
-a region that loses leaves its ops in the graph, which the fallback compiler then
-compiles whole, and the decision is written to
-``$SUPEROPT_CACHE_DIR/decisions/<tilelang>/<device>/<dtype>/<graph hash>.json``
+once on inputs of the region's shapes (``Measure``: on the GPU both replayed from CUDA
+graphs, as a model is timed; ``gpu_measure``); a region that loses leaves its ops in
+the graph, which the fallback compiler then compiles whole, and the decision is written to
+``$SUPEROPT_CACHE_DIR/decisions/<tilelang>/<device>/<dtype>/<graph hash>-<method>.json``
 (the region graph fixes the ops and the shape bucket), so a second process, or
 another layer with the same graph, measures nothing. One log line per region
 says what was chosen and why. Without a GPU nothing is measured: the region is
@@ -36,12 +36,30 @@ class Measure(Protocol):
                  fallback: Callable[[], object]) -> tuple[float, float]: ...
 
 
+MEASURED_BY = "graph"
+"""How ``gpu_measure`` times a region and the fallback's code: replayed from one CUDA graph of back-to-back
+calls, as the layer itself is timed (``benchmarks/hf_layers.py``) and as the cost model is fitted (launch per
+kernel under graph replay). Part of every decision's key, so a decision measured otherwise is not reused."""
+
+
 def gpu_measure(label: str, superopt: Callable[[], object],  # noqa: ARG001 - label: for other measures' logs
                 fallback: Callable[[], object]) -> tuple[float, float]:
-    """Median of CUDA-event timings of each (``run.timing.median_us``), warm-up excluded."""
-    from pyrunner.run.timing import median_us
+    """Both timed alike and interleaved (``run.timing.side_by_side_us``, 3 rounds): CUDA-graph replay when
+    both can be captured, else ``do_bench`` with L2 flushed for both. Streamed one call at a time, a region
+    op's host work (argument checks, allocation, one TileLang call per kernel, layout copies: ~300 us for the
+    Llama-3-8B-shaped layer's 3- and 4-kernel regions, run 113) was timed as if it were the kernels', though
+    a model replayed from a CUDA graph never pays it. A side that fails to run loses."""
+    from pyrunner.run.timing import side_by_side_us
 
-    return median_us(superopt), median_us(fallback)
+    try:
+        superopt()
+    except Exception as e:  # noqa: BLE001 - kernels that cannot run lose to code that can
+        log.warning("superopt: %s: the region's kernels failed to run (%s: %s); the fallback compiler's code "
+                    "is kept", label, type(e).__name__, " ".join(str(e).split())[:200])
+        times, _, _ = side_by_side_us({"fallback": fallback}, rounds=3)
+        return float("inf"), times["fallback"]
+    times, _, _ = side_by_side_us({"superopt": superopt, "fallback": fallback}, rounds=3)
+    return times.get("superopt", float("inf")), times["fallback"]
 
 
 @dataclass(frozen=True)
@@ -54,11 +72,13 @@ class DecisionKey:
     dtype: str
     device: str
     tilelang: str
+    method: str = MEASURED_BY
+    """How it was measured (``MEASURED_BY``)."""
 
     def path(self, root: Path) -> Path:
         slug = [re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "unknown" for s in (self.tilelang, self.device,
-                                                                                       self.dtype)]
-        return root / "decisions" / slug[0] / slug[1] / slug[2] / f"{self.graph_hash}.json"
+                                                                                       self.dtype, self.method)]
+        return root / "decisions" / slug[0] / slug[1] / slug[2] / f"{self.graph_hash}-{slug[3]}.json"
 
 
 def decision_key(graph: Any, dtype: str, device: str, tilelang: str | None = None) -> DecisionKey:
