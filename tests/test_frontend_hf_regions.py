@@ -126,3 +126,28 @@ def test_a_decode_loop_cuts_its_graph_once_per_shape_bucket(monkeypatch: pytest.
     assert len(reps) == 9  # the prefill and every decode step ran regions
     # prefill, then past lengths 16 (bucket 16) and 17..23 (bucket 32): three cuts for nine graphs
     assert len(calls) <= 3, calls
+
+
+def test_signature_layouts_worked_out_once_equal_the_general_ones() -> None:
+    """A region op converts its tensors at every call; the steps worked out once per spec (``TensorSpec``)
+    give exactly what the general ``to_plan_layout``/``to_source_layout`` give: here a batched GEMM whose plan
+    stores (batch, rows) merged into one axis."""
+    from pyrunner.frontend.signature import signature
+    from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.plan.validate import plan_graph
+    from pyrunner.plan.views import to_plan_layout, to_source_layout
+    from pyrunner.planner import search
+
+    (plan,) = search(load_graph_file(Path(__file__).parent / "data" / "matmul_batched_short_rows.json"), "bf16",
+                     tuning=False)
+    sig = signature(plan, plan_graph(plan))
+    assert plan.axis_merges  # the case this checks: a merged axis
+    gen = torch.Generator().manual_seed(0)
+    for spec in (*sig.inputs, *sig.outputs):
+        t = torch.randn(spec.shape, generator=gen)
+        stored = spec.to_plan(t)
+        assert torch.equal(stored, to_plan_layout(t, spec.axes, spec.plan_axes, spec.view).contiguous())
+        assert stored.is_contiguous() and tuple(stored.shape) == spec.plan_shape
+        back = spec.from_plan(stored)
+        assert torch.equal(back, to_source_layout(stored, spec.plan_axes, spec.axes, spec.view).contiguous())
+        assert torch.equal(back, t)
