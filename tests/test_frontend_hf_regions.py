@@ -73,14 +73,16 @@ def test_gpu_measure_times_both_alike_and_a_failing_side_loses() -> None:
     def slow() -> None:
         time.sleep(0.002)
 
-    s_us, f_us = gpu_measure("r", fast, slow)
+    s_us, f_us, note = gpu_measure("r", fast, slow)
     assert s_us < f_us and f_us >= 2000
+    d = decide(s_us, f_us, note=note)
+    assert d.choice == "superopt" and note in d.why
 
     def broken() -> None:
         raise RuntimeError("kernel failed")
 
-    s_us, f_us = gpu_measure("r", broken, fast)
-    assert s_us == float("inf") and decide(s_us, f_us).choice == "fallback"
+    s_us, f_us, note = gpu_measure("r", broken, fast)
+    assert s_us == float("inf") and decide(s_us, f_us).choice == "fallback" and "failed" in note
     g = ir.Graph("region", {"t": 8}, (("out0", ir.unary("exp", ir.inp("in0", ("t",)))),), {})
     assert decision_key(g, "bfloat16", "cpu").path(Path("/c")).name.endswith(
         f"-{MEASURED_BY}.json")  # decisions measured otherwise are not reused
