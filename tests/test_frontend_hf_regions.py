@@ -153,3 +153,24 @@ def test_signature_layouts_worked_out_once_equal_the_general_ones() -> None:
         back = spec.from_plan(stored)
         assert torch.equal(back, to_source_layout(stored, spec.plan_axes, spec.axes, spec.view).contiguous())
         assert torch.equal(back, t)
+
+
+def test_the_cut_is_keyed_by_ops_and_shape_buckets() -> None:
+    """Same ops at lengths of one bucket share a key; a length of 1 (a dimension that carries no axis), another
+    bucket or another op does not."""
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partcache import structure_key
+    from pyrunner.frontend.partition import example_values
+
+    def key(fn, n: int) -> str:
+        gm, ex = capture_graph(fn, torch.randn(n, 8), torch.randn(8, 8))
+        return structure_key(gm, example_values(gm, tuple(ex)).__getitem__)
+
+    def f(x, w):
+        return torch.softmax(x @ w, -1) * 2
+
+    def g(x, w):
+        return torch.softmax(x @ w, -1) * 3 + x
+
+    assert key(f, 17) == key(f, 20) == key(f, 32)
+    assert len({key(f, 20), key(f, 1), key(f, 40), key(g, 20)}) == 4

@@ -63,6 +63,10 @@ def _value(v: Any) -> Any:
 
     if isinstance(v, torch.Tensor):
         return ("tensor", tuple(_size(int(d)) for d in v.shape), str(v.dtype))
+    if isinstance(v, bool):
+        return ("bool", v)
+    if isinstance(v, int):  # a size read from a shape: bucketed as the shapes are
+        return ("int", _size(v) if v >= 0 else v)
     if isinstance(v, (list, tuple)):
         return (type(v).__name__, tuple(_value(x) for x in v))
     return type(v).__name__
