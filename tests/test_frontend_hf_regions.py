@@ -174,3 +174,39 @@ def test_the_cut_is_keyed_by_ops_and_shape_buckets() -> None:
 
     assert key(f, 17) == key(f, 20) == key(f, 32)
     assert len({key(f, 20), key(f, 1), key(f, 40), key(g, 20)}) == 4
+
+
+def test_a_cached_decision_draws_no_region_inputs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode steps of one KV bucket share a decision: only the step that measures draws the region's timing
+    inputs (at the Llama-3-8B shape, weights included, seconds of random numbers on the CPU per step)."""
+    import pyrunner.frontend  # noqa: F401 - registers the backend
+    import pyrunner.frontend.compile as comp
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    drawn: list[str] = []
+    real = comp.region_inputs
+
+    def counted(rg, meta, device):
+        drawn.append(rg.label)
+        return real(rg, meta, device)
+
+    monkeypatch.setattr(comp, "region_inputs", counted)
+    measured: list[str] = []
+
+    def measure(label, superopt, fallback):
+        superopt(), fallback()
+        measured.append(label)
+        return 1.0, 2.0
+
+    def step(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v) * 2
+
+    torch._dynamo.reset()
+    c = torch.compile(step, backend="superopt", options={"fallback": "eager", "executor": "reference",
+                                                          "measure": measure})
+    q = torch.randn(1, 2, 1, 8, dtype=torch.float64)
+    with torch.no_grad():
+        for n in range(17, 23):  # one KV bucket (32 keys)
+            k, v = torch.randn(1, 2, n, 8, dtype=torch.float64), torch.randn(1, 2, n, 8, dtype=torch.float64)
+            assert torch.allclose(c(q, k, v), step(q, k, v), rtol=1e-12, atol=1e-12)
+    assert len(measured) == 1 and len(drawn) == 1, (measured, drawn)

@@ -361,23 +361,31 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
             continue
         dtype = choice.plan.dtype if choice.plan else str(meta(rg.inputs[0][1]).dtype).removeprefix("torch.")
         fn = region_callable(rg, impl, meta)
-        xs = region_inputs(rg, meta, device)
+        # Made at the first measurement only: a decision read from the cache (every decode step of a KV
+        # bucket after the first) must not draw the region's inputs, weights included (three 4096 x 14336
+        # random matrices for the Llama-3-8B-shaped MLP, seconds on a CPU), nor compile its fallback.
+        xs: list[Any] = []
         compiled: list[Callable[..., Any]] = []
 
-        def fallback(sub: Any = sub, xs: list = xs, compiled: list = compiled) -> object:
+        def inputs(rg: RegionGraph = rg, xs: list = xs) -> list[Any]:
+            if not xs:
+                xs.extend(region_inputs(rg, meta, device))
+            return xs
+
+        def fallback(sub: Any = sub, inputs: Callable[[], list] = inputs, compiled: list = compiled) -> object:
             if not compiled:
                 # Compiled apart from the graph dynamo is compiling now: inside its tracing context the
                 # fallback compiler would add guards on symbols of its own to dynamo's shape environment,
                 # which then fails to build the graph's guards ("sources must not be empty for symbol").
                 with torch._guards.tracing(None):
-                    compiled.append(compile_fallback(copy.deepcopy(sub), xs))
-            return compiled[0](*xs)
+                    compiled.append(compile_fallback(copy.deepcopy(sub), inputs()))
+            return compiled[0](*inputs())
 
         opts.tracker.start("measure")
         try:
             # keyed by the planned graph: every shape of a bucket (a decode loop's KV lengths) shares one decision
             d, _ = decide_once(rg.label, decision_key(choice.planned or rg.graph, dtype, key_device), measure,
-                               lambda fn=fn, xs=xs: fn(*xs), fallback, cache)
+                               lambda fn=fn, inputs=inputs: fn(*inputs()), fallback, cache)
         finally:
             opts.tracker.done("measure")
         choice.decision = "superopt" if d.choice == "superopt" else "fallback"
