@@ -43,7 +43,9 @@ def _attention_region():
     return bucketed(rg.graph)[0]
 
 
+@pytest.mark.slow
 def test_llama_attention_region_plans_as_the_catalog_causal_attention() -> None:
+    """A guard (~30 s of planning on a small CPU: slow tier)."""
     from pyrunner.frontend.compile import cached_plan
     from pyrunner.ir.catalog import causal_attention
 
