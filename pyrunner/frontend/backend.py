@@ -66,7 +66,7 @@ EXECUTORS = ("auto", "gpu", "plan", "reference")
 
 def resolve_measure(measure: Measure | bool | None, executor: str) -> Measure | None:
     """What times each region against the fallback compiler's code, for the backend and ``optimize`` alike:
-    by default CUDA-event timing on the GPU (``gpu_measure``) and nothing elsewhere; ``True`` asks for it,
+    by default CUDA-graph replay timing on the GPU (``gpu_measure``) and nothing elsewhere; ``True`` asks for it,
     ``False`` turns it off, a callable is used as given (``decide.Measure``)."""
     if measure is None:
         return gpu_measure if executor == "gpu" else None
@@ -123,7 +123,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     shapes is compiled once per concrete shape at run time (``specialize``), each shape's report from
     ``new_report`` (default: a new one in ``LAST_REPORTS``). ``measure`` (a ``decide.Measure``) times each
     region against ``fallback``'s code for its ops when the graph is compiled and keeps the faster
-    (decision cached under ``$SUPEROPT_CACHE_DIR``); default: CUDA-event timing in the backend on a GPU, none
+    (decision cached under ``$SUPEROPT_CACHE_DIR``); default: CUDA-graph replay timing in the backend on a GPU, none
     otherwise (``False``: never measure). ``bucket`` plans free axes at their bucket size (``buckets``). With
     autograd on, each region runs its derived backward (``autograd``); ``backward=False`` leaves such graphs to
     PyTorch."""

@@ -19,7 +19,8 @@ from pyrunner.errors import UserError
 from pyrunner.frontend.buckets import bucketed, padded_impl
 from pyrunner.frontend.decide import DecisionCache, Measure, decide_once, decision_key
 from pyrunner.frontend.flops import node_flops
-from pyrunner.frontend.partition import Partition, partition, region_of, split, stages
+from pyrunner.frontend.partcache import cached_partition
+from pyrunner.frontend.partition import Partition, region_of, split, stages
 from pyrunner.frontend.progress import NullTracker, Tracker
 from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.report import RegionChoice, Report
@@ -129,6 +130,24 @@ def cached_plan(graph: Any, dtype: str) -> tuple[Plan, bool]:
     return _PLANS[key], hit
 
 
+_IMPLS: dict[tuple[str, int], Impl] = {}
+
+
+def loaded_impl(plan: Plan) -> Impl:
+    """``plan_impl`` once per plan and CUDA device in this process: its kernels compiled and checked once.
+
+    Every decode step of a KV bucket (a new concrete shape, so a new static graph: ``specialize``) plans the
+    same region graph, so it gets the same plan and, here, the same loaded kernels, already verified."""
+    import torch
+
+    from pyrunner.plan.schema import plan_hash
+
+    key = (plan_hash(plan), torch.cuda.current_device() if torch.cuda.is_available() else -1)
+    if key not in _IMPLS:
+        _IMPLS[key] = plan_impl(plan, verify=False)
+    return _IMPLS[key]
+
+
 def naive_plan(graph: Any, dtype: str) -> Plan:
     """The unfused plan (one kernel per op) that a region must beat in the backend."""
     from pyrunner.planner import search
@@ -233,11 +252,11 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                                                   + (f"; {check}" if check else "") + _bucket_note(graph, pads),
                                            flops=flops))
         return []
-    impl = plan_impl(plan, verify=False)
+    impl = loaded_impl(plan)
     if pads:  # planned at the bucket size: pad the inputs' free axes, slice the outputs back
-        loaded_impl = impl
+        whole = impl
         impl = padded_impl(impl, graph, pads)
-        impl.loaded = loaded_impl.loaded  # type: ignore[attr-defined]
+        impl.loaded = whole.loaded  # type: ignore[attr-defined]
     stage = "compile"
     try:
         say(f"  compiling {len(plan.kernels)} kernel(s)")
@@ -250,7 +269,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         if opts.verify:
             stage = "check"
             opts.tracker.start("check")
-            res = loaded.check(device)
+            res = loaded.verified if loaded.verified is not None and loaded.verified.ok else loaded.check(device)
             opts.tracker.done("check")
             check = f"verified ({res.message})"
             say(f"  {check}")
@@ -289,7 +308,7 @@ def compile_graph(gm: Any, meta: Callable[[Any], Any], opts: Options, strict: bo
     """Partition ``gm``, compile its regions, splice them in (in place); returns gm and the report."""
     report = Report()
     report.flops_total = sum(node_flops(n, meta) for n in gm.graph.nodes)
-    part: Partition = partition(gm, meta, strict=strict)
+    part: Partition = cached_partition(gm, meta, strict=strict)[0]  # a decode loop cuts its graph once
     for node, why in part.fallbacks:
         report.fallback([node], why)
     chosen: list[tuple[RegionGraph, Impl]] = []
@@ -342,23 +361,31 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
             continue
         dtype = choice.plan.dtype if choice.plan else str(meta(rg.inputs[0][1]).dtype).removeprefix("torch.")
         fn = region_callable(rg, impl, meta)
-        xs = region_inputs(rg, meta, device)
+        # Made at the first measurement only: a decision read from the cache (every decode step of a KV
+        # bucket after the first) must not draw the region's inputs, weights included (three 4096 x 14336
+        # random matrices for the Llama-3-8B-shaped MLP, seconds on a CPU), nor compile its fallback.
+        xs: list[Any] = []
         compiled: list[Callable[..., Any]] = []
 
-        def fallback(sub: Any = sub, xs: list = xs, compiled: list = compiled) -> object:
+        def inputs(rg: RegionGraph = rg, xs: list = xs) -> list[Any]:
+            if not xs:
+                xs.extend(region_inputs(rg, meta, device))
+            return xs
+
+        def fallback(sub: Any = sub, inputs: Callable[[], list] = inputs, compiled: list = compiled) -> object:
             if not compiled:
                 # Compiled apart from the graph dynamo is compiling now: inside its tracing context the
                 # fallback compiler would add guards on symbols of its own to dynamo's shape environment,
                 # which then fails to build the graph's guards ("sources must not be empty for symbol").
                 with torch._guards.tracing(None):
-                    compiled.append(compile_fallback(copy.deepcopy(sub), xs))
-            return compiled[0](*xs)
+                    compiled.append(compile_fallback(copy.deepcopy(sub), inputs()))
+            return compiled[0](*inputs())
 
         opts.tracker.start("measure")
         try:
             # keyed by the planned graph: every shape of a bucket (a decode loop's KV lengths) shares one decision
             d, _ = decide_once(rg.label, decision_key(choice.planned or rg.graph, dtype, key_device), measure,
-                               lambda fn=fn, xs=xs: fn(*xs), fallback, cache)
+                               lambda fn=fn, inputs=inputs: fn(*inputs()), fallback, cache)
         finally:
             opts.tracker.done("measure")
         choice.decision = "superopt" if d.choice == "superopt" else "fallback"

@@ -2,10 +2,10 @@
 
 The cost model ranks plans; only a measurement says whether a region beats
 inductor's code for it at that shape. When the graph is compiled the two are timed
-once on inputs of the region's shapes (``Measure``: CUDA-event medians on the GPU);
-a region that loses leaves its ops in the graph, which the fallback compiler then
-compiles whole, and the decision is written to
-``$SUPEROPT_CACHE_DIR/decisions/<tilelang>/<device>/<dtype>/<graph hash>.json``
+once on inputs of the region's shapes (``Measure``: on the GPU both replayed from CUDA
+graphs, as a model is timed; ``gpu_measure``); a region that loses leaves its ops in
+the graph, which the fallback compiler then compiles whole, and the decision is written to
+``$SUPEROPT_CACHE_DIR/decisions/<tilelang>/<device>/<dtype>/<graph hash>-<method>.json``
 (the region graph fixes the ops and the shape bucket), so a second process, or
 another layer with the same graph, measures nothing. One log line per region
 says what was chosen and why. Without a GPU nothing is measured: the region is
@@ -30,18 +30,42 @@ log = logging.getLogger("pyrunner.frontend")
 
 
 class Measure(Protocol):
-    """Times ``superopt()`` and ``fallback()`` (each runs the region once on its inputs); microseconds each."""
+    """Times ``superopt()`` and ``fallback()`` (each runs the region once on its inputs); microseconds each, and
+    optionally a third value: a note on how, for the report."""
 
     def __call__(self, label: str, superopt: Callable[[], object],
-                 fallback: Callable[[], object]) -> tuple[float, float]: ...
+                 fallback: Callable[[], object]) -> tuple[float, ...] | tuple[float, float, str]: ...
+
+
+MEASURED_BY = "graph"
+"""How ``gpu_measure`` times a region and the fallback's code: replayed from one CUDA graph of back-to-back
+calls, as the layer itself is timed (``benchmarks/hf_layers.py``) and as the cost model is fitted (launch per
+kernel under graph replay). Part of every decision's key, so a decision measured otherwise is not reused."""
 
 
 def gpu_measure(label: str, superopt: Callable[[], object],  # noqa: ARG001 - label: for other measures' logs
-                fallback: Callable[[], object]) -> tuple[float, float]:
-    """Median of CUDA-event timings of each (``run.timing.median_us``), warm-up excluded."""
-    from pyrunner.run.timing import median_us
+                fallback: Callable[[], object]) -> tuple[float, float, str]:
+    """Both timed alike and interleaved (``run.timing.side_by_side_us``, 3 rounds): CUDA-graph replay when
+    both can be captured, else ``do_bench`` with L2 flushed for both. Streamed one call at a time, a region
+    op's host work (argument checks, allocation, one TileLang call per kernel, layout copies: ~300 us for the
+    Llama-3-8B-shaped layer's 3- and 4-kernel regions, run 113) was timed as if it were the kernels', though
+    a model replayed from a CUDA graph never pays it. A side that fails to run loses. The note (third value)
+    says how both were timed and, replayed, what the region took streamed one call at a time (its host work)."""
+    from pyrunner.run.timing import median_us, side_by_side_us
 
-    return median_us(superopt), median_us(fallback)
+    try:
+        superopt()
+    except Exception as e:  # noqa: BLE001 - kernels that cannot run lose to code that can
+        log.warning("superopt: %s: the region's kernels failed to run (%s: %s); the fallback compiler's code "
+                    "is kept", label, type(e).__name__, " ".join(str(e).split())[:200])
+        times, _, _ = side_by_side_us({"fallback": fallback}, rounds=3)
+        return float("inf"), times["fallback"], "its kernels failed to run"
+    times, method, _ = side_by_side_us({"superopt": superopt, "fallback": fallback}, rounds=3)
+    if method.get("superopt") == "graph":
+        note = f"CUDA-graph replay; {median_us(superopt):.2f} us streamed one call at a time"
+    else:
+        note = f"{method.get('superopt', 'do_bench')}: not capturable in a CUDA graph"
+    return times.get("superopt", float("inf")), times["fallback"], note
 
 
 @dataclass(frozen=True)
@@ -54,11 +78,13 @@ class DecisionKey:
     dtype: str
     device: str
     tilelang: str
+    method: str = MEASURED_BY
+    """How it was measured (``MEASURED_BY``)."""
 
     def path(self, root: Path) -> Path:
         slug = [re.sub(r"[^A-Za-z0-9_.-]+", "_", s).strip("_") or "unknown" for s in (self.tilelang, self.device,
-                                                                                       self.dtype)]
-        return root / "decisions" / slug[0] / slug[1] / slug[2] / f"{self.graph_hash}.json"
+                                                                                       self.dtype, self.method)]
+        return root / "decisions" / slug[0] / slug[1] / slug[2] / f"{self.graph_hash}-{slug[3]}.json"
 
 
 def decision_key(graph: Any, dtype: str, device: str, tilelang: str | None = None) -> DecisionKey:
@@ -78,15 +104,19 @@ class Decision:
     superopt_us: float
     fallback_us: float
     sizes: tuple[tuple[str, int], ...] = ()
+    note: str = ""
+    """How it was measured (the measure's own words), for the report."""
 
     @property
     def why(self) -> str:
-        return f"measured {self.superopt_us:.2f} us (Superopt) vs {self.fallback_us:.2f} us (fallback compiler)"
+        return (f"measured {self.superopt_us:.2f} us (Superopt) vs {self.fallback_us:.2f} us (fallback compiler)"
+                + (f"; {self.note}" if self.note else ""))
 
 
-def decide(superopt_us: float, fallback_us: float, sizes: tuple = ()) -> Decision:
+def decide(superopt_us: float, fallback_us: float, sizes: tuple = (), note: str = "") -> Decision:
     """Superopt only when strictly faster; a tie keeps the fallback compiler's code."""
-    return Decision("superopt" if superopt_us < fallback_us else "fallback", superopt_us, fallback_us, sizes)
+    return Decision("superopt" if superopt_us < fallback_us else "fallback", superopt_us, fallback_us, sizes,
+                    " ".join(str(note).split())[:200])
 
 
 class DecisionCache:
@@ -103,7 +133,8 @@ class DecisionCache:
         try:
             d = json.loads(p.read_text())
             out = Decision(str(d["choice"]), float(d["superopt_us"]), float(d["fallback_us"]),
-                           tuple((str(a), int(n)) for a, n in d.get("sizes", ())))
+                           tuple((str(a), int(n)) for a, n in d.get("sizes", ())),
+                           " ".join(str(d.get("note", "")).split())[:200])
         except (OSError, ValueError, KeyError, TypeError):  # absent or unreadable: measure again
             return None
         return out if out.choice in ("superopt", "fallback") and out.sizes == key.sizes else None
@@ -125,8 +156,8 @@ def decide_once(label: str, key: DecisionKey, measure: Measure, superopt: Callab
     if cached is not None:
         d, how = cached, "from the decision cache"
     else:
-        s_us, f_us = measure(label, superopt, fallback)
-        d, how = decide(s_us, f_us, key.sizes), "measured now"
+        got = measure(label, superopt, fallback)
+        d, how = decide(got[0], got[1], key.sizes, got[2] if len(got) > 2 else ""), "measured now"
         try:
             cache.put(key, d)
         except Exception as e:  # noqa: BLE001 - an unwritable cache costs a re-measure, not the model

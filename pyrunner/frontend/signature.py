@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import keyword
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyrunner.errors import PlanError
 from pyrunner.ir.graph import Graph, result_axes
@@ -32,29 +33,53 @@ class TensorSpec:
     plan_axes: tuple[str, ...]
     view: View = View()
 
-    @property
+    @cached_property
     def flat_axes(self) -> tuple[str, ...]:
         """The plan's memory order in graph axis names (merged axes expanded, split axes whole)."""
         return self.view.source_axes(self.plan_axes)
 
-    @property
+    @cached_property
     def flat_shape(self) -> tuple[int, ...]:
         """The shape in ``flat_axes`` order, before the reshape to ``plan_shape``."""
         size = dict(zip(self.axes, self.shape, strict=True))
         return tuple(size[a] for a in self.flat_axes)
 
-    @property
+    @cached_property
     def plan_shape(self) -> tuple[int, ...]:
         size = dict(zip(self.axes, self.shape, strict=True))
         return tuple(self.view.plan_shape(self.plan_axes, size))
 
+    @cached_property
+    def _layout(self) -> tuple[list[int] | None, list[int] | None, list[int] | None, list[int] | None]:
+        """(permute, reshape) into the plan's layout and (reshape, permute) back, worked out once per spec
+        from its own shape: the same steps ``to_plan_layout``/``to_source_layout`` take, without redoing
+        the axis bookkeeping at every call (a region op is called at every step of a model)."""
+        flat = self.flat_axes
+        if sorted(flat) != sorted(self.axes):
+            raise PlanError(f"a tensor with axes {list(self.axes)} cannot be stored as {list(self.plan_axes)}")
+        into = [list(self.axes).index(a) for a in flat] if tuple(flat) != self.axes else None
+        back = [list(flat).index(a) for a in self.axes] if tuple(flat) != self.axes else None
+        if not self.view.reshapes(self.plan_axes):
+            return into, None, None, back
+        return into, list(self.plan_shape), list(self.flat_shape), back
+
     def to_plan(self, x):
         """A caller's tensor (graph axis order) as the plan stores it."""
-        return to_plan_layout(x, self.axes, self.plan_axes, self.view).contiguous()
+        if tuple(x.shape) != self.shape:
+            return to_plan_layout(x, self.axes, self.plan_axes, self.view).contiguous()
+        into, shape, _, _ = self._layout
+        if into is not None:
+            x = x.permute(into)
+        return (x.reshape(shape) if shape is not None else x).contiguous()
 
     def from_plan(self, x):
         """A plan's tensor back in the graph's axis order."""
-        return to_source_layout(x, self.plan_axes, self.axes, self.view).contiguous()
+        if tuple(x.shape) != self.plan_shape:
+            return to_source_layout(x, self.plan_axes, self.axes, self.view).contiguous()
+        _, _, flat, back = self._layout
+        if flat is not None:
+            x = x.reshape(flat)
+        return (x.permute(back) if back is not None else x).contiguous()
 
     def describe(self) -> str:
         return f"{self.name}[{', '.join(f'{a}={n}' for a, n in zip(self.axes, self.shape, strict=True))}] {self.dtype}"
