@@ -16,6 +16,14 @@ per-run deadline (max-autotune is skipped when the deadline is near) and a hard 
 killed or crashed run is still logged, from its checkpoint. One failing workload never stops the
 others.
 
+``--device NAME[,NAME]`` picks the backends the plans are made, rendered and compiled for (default:
+the GPU found here, h200 without one). ``--device h200,a100`` times every workload on the Hopper path
+and on the Ampere path (sm_80, built to run on the newer GPU from its own instruction set, as
+``gpu_sweep --device a100`` does) in one command: the first device's records go to
+``$OUT/results.jsonl`` as before, each other's to ``$OUT/results_<device>.jsonl`` (report in
+``$OUT/<device>/``), every record says its backend (``extra.backend``), and a table of the plan times
+side by side is printed last. Only the GPU's own backend's times enter the tuning database.
+
 ``--alternatives N`` also times the next N distinct plans of each graph (verified and autotuned
 like the first, without baselines; records in ``$OUT/alternatives.jsonl``). Their times land in the
 tuning database, whose measured times the planner prefers, so runs teach it which *plan* is
@@ -113,55 +121,102 @@ def _graphs(args) -> list[tuple[str, object]]:
 
 ALT = "~alt"
 """Job names of alternative plans: ``<tag>~alt<rank>`` (timed without baselines, logged apart)."""
+AT = "@"
+"""Job names of plans for a backend other than the first ``--device``: ``<tag>@<device>``."""
+
+Job = tuple[str, str, Path, str]
+"""(job name, dtype, plan file, device name of the backend it is built for)."""
+
+
+def devices_of(arg: str | None) -> list[str]:
+    """The known device names ``--device`` lists (comma-separated, first = the primary; None: the GPU found
+    here, h200 without one), each once; UserError naming the known ones for an unknown name."""
+    from pyrunner.backend.tilelang.backend import device_name
+    from pyrunner.errors import UserError
+
+    if arg is None:
+        return [device_name(None)]
+    names = [device_name(d) for d in arg.split(",") if d.strip()]
+    if not names:
+        raise UserError("--device: name at least one device (h200, a100)")
+    return list(dict.fromkeys(names))
+
+
+def results_file(out: Path, devices: list[str], device: str) -> Path:
+    """Where ``device``'s records go: ``results.jsonl`` for the first device, ``results_<device>.jsonl`` else."""
+    return out / ("results.jsonl" if device == devices[0] else f"results_{device}.jsonl")
+
+
+def backend_label(device: str) -> str:
+    """What a record says of its backend: ``a100 (tilelang-ampere, sm_80)``."""
+    from pyrunner.backend.tilelang.backend import describe
+
+    return describe(device)
 
 
 def _plan_all(args, work: Path, results: Path, say: Tee,
-              graphs: list[tuple[str, object]] | None = None) -> list[tuple[str, str, Path]]:
-    """Plan every (graph, dtype), with ``--alternatives`` more per graph; a planner failure is logged
-    as a failed record. ``graphs``: ``_graphs(args)`` when the caller has loaded them already."""
+              graphs: list[tuple[str, object]] | None = None) -> list[Job]:
+    """Plan every (device, graph, dtype), with ``--alternatives`` more per graph; a planner failure is
+    logged as a failed record. ``graphs``: ``_graphs(args)`` when the caller has loaded them already."""
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.log.results import append_record, make_record
     from pyrunner.pipeline import best_plan
     from pyrunner.planner.search import ranked_plan_configs
     from pyrunner.target.tuning import committed_tuning
 
-    jobs: list[tuple[str, str, Path]] = []
+    jobs: list[Job] = []
     (work / "plans").mkdir(parents=True, exist_ok=True)
     graphs = _graphs(args) if graphs is None else graphs
-    for dtype in args.dtypes.split(","):
-        for tag, g in graphs:
-            t = time.monotonic()
-            try:
-                plans = best_plan(g, dtype, top=1 + args.alternatives, calibration=args.calibration,
-                                  tuning=committed_tuning())
-                configs = [ranked_plan_configs(g, p, max(args.autotune, 1), args.calibration) for p in plans]
-            except Exception as e:  # noqa: BLE001 - record and go on with the others
-                say(f"PLAN FAILED {g.name} {dtype}: {type(e).__name__}: {e}")
-                append_record(results, make_record(
-                    plan_hash="none", workload=g.name, graph_hash="", shapes=dict(g.sizes), dtype=dtype,
-                    device="planner", status="failed-compile", message=f"planner failed: {type(e).__name__}: {e}"))
-                continue
-            for rank, (plan, ranked) in enumerate(zip(plans, configs, strict=True), 1):
-                name = tag if rank == 1 else f"{tag}{ALT}{rank}"
-                path = work / "plans" / f"{name}_{dtype}.json"
-                path.write_text(plan.model_dump_json(indent=1))
-                path.with_suffix(".configs.json").write_text(json.dumps(ranked))
-                measured = " (measured, tuning database)" if plan.cost.model.get("measured") else ""
-                say(f"planned {name:14s} {dtype:9s} plan {plan.provenance.plan_hash}  {len(plan.kernels)} kernel(s)  "
-                    f"predicted {plan.cost.total_us:.1f} us{measured}  {len(ranked)} ranked config(s)  "
-                    f"({time.monotonic() - t:.1f} s)")
-                jobs.append((name, dtype, path))
+    devices = getattr(args, "devices", None) or devices_of(None)
+    for device in devices:
+        backend = backend_for(device)
+        log = results_file(results.parent, devices, device)
+        at = "" if device == devices[0] else f"{AT}{device}"
+        for dtype in args.dtypes.split(","):
+            for tag, g in graphs:
+                t = time.monotonic()
+                try:
+                    plans = best_plan(g, dtype, backend=backend, top=1 + args.alternatives,
+                                      calibration=args.calibration, tuning=committed_tuning(backend.device.name))
+                    configs = [ranked_plan_configs(g, p, max(args.autotune, 1), args.calibration) for p in plans]
+                except Exception as e:  # noqa: BLE001 - record and go on with the others
+                    say(f"PLAN FAILED {g.name} {dtype} ({device}): {type(e).__name__}: {e}")
+                    append_record(log, make_record(
+                        plan_hash="none", workload=g.name, graph_hash="", shapes=dict(g.sizes), dtype=dtype,
+                        device="planner", status="failed-compile", message=f"planner failed: {type(e).__name__}: {e}",
+                        extra={"backend": backend_label(device)}))
+                    continue
+                jobs += _write_plans(args, work, tag + at, dtype, device, plans, configs, t, say)
+    return jobs
+
+
+def _write_plans(args, work: Path, tag: str, dtype: str, device: str, plans: list, configs: list, t: float,
+                 say: Tee) -> list[Job]:
+    """Each ranked plan and its configs in ``work/plans``, one job each (the first is ``tag``)."""
+    jobs: list[Job] = []
+    for rank, (plan, ranked) in enumerate(zip(plans, configs, strict=True), 1):
+        name = tag if rank == 1 else f"{tag}{ALT}{rank}"
+        path = work / "plans" / f"{name}_{dtype}.json"
+        path.write_text(plan.model_dump_json(indent=1))
+        path.with_suffix(".configs.json").write_text(json.dumps(ranked))
+        measured = " (measured, tuning database)" if plan.cost.model.get("measured") else ""
+        say(f"planned {name:14s} {dtype:9s} plan {plan.provenance.plan_hash}  {len(plan.kernels)} kernel(s)  "
+            f"predicted {plan.cost.total_us:.1f} us{measured}  {len(ranked)} ranked config(s)  "
+            f"for {backend_label(device)}  ({time.monotonic() - t:.1f} s)")
+        jobs.append((name, dtype, path, device))
     return jobs
 
 
 # --- worker processes ---------------------------------------------------------------
 
 def _worker_cmd(args, mode: str, plan: Path, results: Path, work: Path, deadline_s: float,
-                checkpoint: Path | None = None, baselines: str | None = None) -> list[str]:
+                checkpoint: Path | None = None, baselines: str | None = None, device: str | None = None) -> list[str]:
+    device = device or args.devices[0]
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", mode, "--plan", str(plan),
            "--results", str(results), "--work", str(work), "--autotune", str(args.autotune),
            "--deadline-s", f"{deadline_s:.0f}", "--baselines", args.baselines if baselines is None else baselines,
-           "--rounds", str(args.rounds)]
-    if args.tuning_out:
+           "--rounds", str(args.rounds), "--device", device]
+    if args.tuning_out and device == args.native:  # another backend's times are not this GPU's configs
         cmd += ["--tuning-out", str(args.tuning_out)]
     if checkpoint is not None:
         cmd += ["--checkpoint", str(checkpoint)]
@@ -199,6 +254,7 @@ def worker(args) -> int:
         candidates=json.loads(ranked.read_text()) if ranked.exists() else None,
         tuning_out=Path(args.tuning_out) if args.tuning_out and args.worker == "run" else None,
         tuning_db=Path(args.tuning_out) if args.tuning_out and args.worker == "warm" else None,
+        backend=args.device or "h200",
     )
     console = Console(stderr=True, width=120)
     rec = run_plan(plan, opts, console)
@@ -233,12 +289,12 @@ def _warm(args, jobs, results: Path, work: Path, until: float, say: Tee) -> None
     say(f"== warm-up: {len(jobs)} plan(s), {args.jobs} at a time, until {until - time.monotonic():.0f} s from now")
 
     def one(job):
-        name, dtype, plan = job
+        name, dtype, plan, device = job
         left = until - time.monotonic()
         if left < 5:
             return name, dtype, None, 0.0
         rc, secs = _run_proc(_worker_cmd(args, "warm", plan, results, work, left,
-                                         baselines="" if ALT in name else None), left,
+                                         baselines="" if ALT in name else None, device=device), left,
                              work / "logs" / f"warm_{name}_{dtype}.log")
         return name, dtype, rc, secs
 
@@ -273,18 +329,19 @@ def _timed(args, jobs, log_path: Path, work: Path, end: float, say: Tee) -> None
     from pyrunner.log.results import append_record, make_record, read_log
     from pyrunner.run.runner import record_after_exit, record_from_checkpoint
 
-    for i, (name, dtype, plan_path) in enumerate(jobs):
+    for i, (name, dtype, plan_path, device) in enumerate(jobs):
         alt = ALT in name  # an alternative plan: no baselines, its own log
-        results = log_path.with_name("alternatives.jsonl") if alt else log_path
+        own = results_file(log_path.parent, args.devices, device)
+        results = own.with_name(own.name.replace("results", "alternatives")) if alt else own
         left = end - time.monotonic()
         share = left / max(1, min(len(jobs) - i, _runs_that_fit(left)))  # over the jobs that fit
         plan = json.loads(plan_path.read_text())
         phash = plan["provenance"]["plan_hash"]
-        if not runs_now([n for n, _, _ in jobs[i:]], left):
+        if not runs_now([n for n, *_ in jobs[i:]], left):
             say(f"SKIP {name} {dtype}: out of time budget")
             append_record(results, make_record(
                 plan_hash=phash, workload=name, graph_hash=plan["provenance"]["graph_hash"],
-                shapes=_shapes(plan), dtype=plan["dtype"],
+                shapes=_shapes(plan), dtype=plan["dtype"], extra={"backend": backend_label(device)},
                 device="", status="skipped", message="not run: gpu_run time budget exhausted"))
             continue
         hard = max(share, MIN_RUN_S)
@@ -298,7 +355,7 @@ def _timed(args, jobs, log_path: Path, work: Path, end: float, say: Tee) -> None
         log = work / "logs" / f"run_{name}_{dtype}.log"
         say(f"== run {name} {dtype} plan {phash} (deadline {soft:.0f} s, hard limit {hard:.0f} s)")
         rc, secs = _run_proc(_worker_cmd(args, "run", plan_path, pending, work, soft, ck,
-                                         baselines="" if alt else None), hard, log)
+                                         baselines="" if alt else None, device=device), hard, log)
         text = log.read_text(errors="replace")
         say.raw(f"----- log of run {name} {dtype} -----\n{text}")
         written = read_log(pending)
@@ -312,7 +369,7 @@ def _timed(args, jobs, log_path: Path, work: Path, end: float, say: Tee) -> None
         if rec is None:
             tail = " | ".join(text.strip().splitlines()[-3:])[-400:]
             rec = make_record(plan_hash=phash, workload=name, graph_hash=plan["provenance"]["graph_hash"],
-                              shapes=_shapes(plan),
+                              shapes=_shapes(plan), extra={"backend": backend_label(device)},
                               dtype=plan["dtype"], device="", status="failed-launch",
                               message=f"{why}; no checkpoint; log tail: {tail}")
         append_record(results, rec)
@@ -335,6 +392,40 @@ def _seed_tuning(out: Path, say: Tee) -> Path:
     say(f"tuning database: {dst} (seeded from {src if src.exists() else 'nothing'}); "
         f"commit it as benchmarks/tuning/{key}.json")
     return dst
+
+
+def _backends_report(args, say: Tee) -> None:
+    """Which backend each ``--device`` is, and what its kernels are built for on this GPU."""
+    try:
+        from pyrunner.backend.tilelang.compile import local_gpu_arch
+
+        gpu = local_gpu_arch()
+    except Exception:  # noqa: BLE001 - no GPU: the builds are not run here
+        gpu = None
+    from pyrunner.backend.tilelang.backend import backend_for
+
+    for device in args.devices:
+        t = backend_for(device).target
+        built = t.running_on(gpu).gencode() if gpu else "(no GPU here)"
+        say(f"backend {backend_label(device)}: built with {built}"
+            + ("" if device == args.native else "; not this GPU's own backend: its times stay out of the tuning "
+                                                 "database, and A100 times are modelled, not measured"))
+
+
+def side_by_side(by_device: dict, devices: list[str]) -> str:
+    """Plan times of each workload and dtype per backend, the first device's column first, and each other's
+    ratio to it (>1: slower on that path on this GPU)."""
+    first = {(r.workload, r.dtype): r for r in by_device[devices[0]]}
+    others = [d for d in devices[1:] if d in by_device]
+    rows = [("workload", "dtype", *(f"{d} us" for d in [devices[0], *others]), *(f"{d}/{devices[0]}" for d in others))]
+    index = {d: {(r.workload.split(AT)[0], r.dtype): r for r in by_device[d]} for d in others}
+    for (w, dt), r in first.items():
+        us = [r.plan_us, *(getattr(index[d].get((w, dt)), "plan_us", None) for d in others)]
+        ratios = ["-" if u is None or not us[0] else f"{u / us[0]:.2f}" for u in us[1:]]
+        rows.append((w, dt, *("-" if u is None else f"{u:.1f}" for u in us), *ratios))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    return "plan times by backend (on this GPU):\n" + "\n".join(lines)
 
 
 def _pack_sources(work: Path, out: Path) -> None:
@@ -369,6 +460,9 @@ def main(argv: list[str] | None = None) -> int:
                          "benchmarks/tuning/)")
     ap.add_argument("--calibration", type=Path, default=None, help="results log the planner calibrates from")
     ap.add_argument("--work", type=Path, default=Path("/tmp/superopt_gpu_run"))
+    ap.add_argument("--device", default=None, metavar="NAME[,NAME]",
+                    help="backends to plan, render and compile for, first = primary (h200, a100; default: the GPU "
+                         "found here, else h200); a100 on a newer GPU runs its sm_80 build there")
     # worker mode (internal)
     ap.add_argument("--worker", choices=("warm", "run"))
     ap.add_argument("--plan")
@@ -379,6 +473,15 @@ def main(argv: list[str] | None = None) -> int:
     args.autotune = max(1, min(args.autotune, 8))
     if args.worker:
         return worker(args)
+    from pyrunner.backend.tilelang.backend import local_backend_name
+    from pyrunner.errors import UserError
+
+    try:
+        args.devices = devices_of(args.device)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    args.native = local_backend_name()
 
     start = time.monotonic()
     end = start + args.budget_s
@@ -389,10 +492,9 @@ def main(argv: list[str] | None = None) -> int:
     say(f"== gpu_run: budget {args.budget_s:.0f} s, workloads {args.workloads}, dtypes {args.dtypes}, "
         f"graphs {args.graph or []}, autotune {args.autotune}, warm-up jobs {args.jobs}")
     _env_report(say)
+    _backends_report(args, say)
     if args.tuning_out is None:
         args.tuning_out = _seed_tuning(args.out, say)
-    from pyrunner.errors import UserError
-
     try:
         graphs = _graphs(args)  # a missing or malformed graph file is one error line, before any planning
     except UserError as e:
@@ -407,19 +509,30 @@ def main(argv: list[str] | None = None) -> int:
     from pyrunner.log.report import main as report_main
     from pyrunner.log.results import read_log
 
-    report_main(["--log", str(results), "--out", str(args.out)])
     _pack_sources(args.work, args.out)
-    records = latest(read_log(results))
-    table = short_table(records)
-    alts = results.with_name("alternatives.jsonl")
-    if alts.exists():  # the alternatives beside the plan each workload ran with
-        table += "\nalternative plans (tuning database only):\n" + "\n".join(
-            f"  {r.workload:22s} {r.dtype:9s} plan {r.plan_hash}  "
-            f"{'-' if r.plan_us is None else f'{r.plan_us:.1f} us'}  {r.status}" for r in read_log(alts))
+    tables, by_device, all_ok = [], {}, True
+    for device in args.devices:
+        log = results_file(args.out, args.devices, device)
+        if not log.exists():
+            all_ok = False
+            continue
+        report_main(["--log", str(log), "--out", str(args.out if device == args.devices[0] else args.out / device)])
+        records = by_device[device] = latest(read_log(log))
+        all_ok = all_ok and bool(records) and all(r.status == "ok" for r in records)
+        table = (f"{backend_label(device)}:\n" if len(args.devices) > 1 else "") + short_table(records)
+        alts = log.with_name(log.name.replace("results", "alternatives"))
+        if alts.exists():  # the alternatives beside the plan each workload ran with
+            table += "\nalternative plans (tuning database only):\n" + "\n".join(
+                f"  {r.workload:22s} {r.dtype:9s} plan {r.plan_hash}  "
+                f"{'-' if r.plan_us is None else f'{r.plan_us:.1f} us'}  {r.status}" for r in read_log(alts))
+        tables.append(table)
+    if len(by_device) > 1:
+        tables.append(side_by_side(by_device, args.devices))
+    table = "\n\n".join(tables)
     say.raw(table)
     say(f"== done in {time.monotonic() - start:.0f} s; results in {args.out}")
     print("\n" + table, flush=True)
-    return 0 if records and all(r.status == "ok" for r in records) else 1
+    return 0 if all_ok else 1
 
 
 if __name__ == "__main__":

@@ -11,6 +11,9 @@ the notes the command printed and the rendered TileLang source of each plan::
     python benchmarks/plan_snapshot.py --out /tmp/snap-after
     diff -r /tmp/snap-before /tmp/snap-after
 
+``--backward`` snapshots the derived graphs instead: per catalog workload (small shapes, bf16) the
+forward with its saves (``superopt --with-saves``) and the backward (``superopt --backward``).
+
 Outputs belong in /tmp, never in git.
 """
 
@@ -37,11 +40,17 @@ TUNED = (("RMSNorm", "fp16"), ("LayerNormMatmul", "bf16"), ("ScaledAttention", "
 """Catalog workloads at their default sizes, where the committed tuning database has entries."""
 
 
-def cases(quick: bool) -> list[tuple[str, list[str]]]:
-    """(case name, superopt arguments) pairs."""
+def cases(quick: bool, backward: bool = False) -> list[tuple[str, list[str]]]:
+    """(case name, superopt arguments) pairs (``backward``: the derived forward-with-saves and backward)."""
     from pyrunner.ir import catalog
 
     out: list[tuple[str, list[str]]] = []
+    if backward:
+        for name, make in catalog.CATALOG.items():
+            shapes = [f"--shape={a}={min(n, SMALL)}" for a, n in make().sizes.items()]
+            for flag in ("--with-saves", "--backward"):
+                out.append((f"{name}-bf16-small{flag.removeprefix('-')}", [name, *shapes, "--dtype", "bf16", flag]))
+        return out
     for name, make in catalog.CATALOG.items():
         shapes = [f"--shape={a}={min(n, SMALL)}" for a, n in make().sizes.items()]
         out.append((f"{name}-fp16-small", [name, *shapes, "--dtype", "fp16"]))
@@ -54,14 +63,14 @@ def cases(quick: bool) -> list[tuple[str, list[str]]]:
     return out
 
 
-def snapshot(out: Path, only: str | None, quick: bool) -> None:
+def snapshot(out: Path, only: str | None, quick: bool, backward: bool = False) -> None:
     from pyrunner.backend.tilelang.render import render
     from pyrunner.cli import main
     from pyrunner.plan.validate import validate_plan
 
     empty = Path(tempfile.mkdtemp(prefix="snap-no-tuning-"))
     for tuning in ("no-tuning", "tuning"):
-        for name, argv in cases(quick):
+        for name, argv in cases(quick, backward):
             if only and only not in name:
                 continue
             d = out / tuning / name
@@ -91,8 +100,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="folder to write the snapshot to (under /tmp)")
     ap.add_argument("--only", help="only the cases whose name contains this")
     ap.add_argument("--quick", action="store_true", help="leave out the default-shape tuned cases")
+    ap.add_argument("--backward", action="store_true",
+                    help="the derived forward-with-saves and backward graphs of the catalog instead")
     args = ap.parse_args()
-    snapshot(args.out, args.only, args.quick)
+    snapshot(args.out, args.only, args.quick, args.backward)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ Commands::
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
-    python -m pyrunner export PLAN.json --out kernel.py   (a standalone TileLang + torch module)
+    python -m pyrunner export PLAN.json --out kernel.py [--device NAME]   (a standalone TileLang + torch module)
 
 Choices made here: the default dtype is fp16; ``--explain`` writes the explanation to
 stderr so stdout stays pure JSON (pipe-able into a file); with ``--graph`` the graph comes
@@ -26,8 +26,7 @@ from the file and a WORKLOAD name, if given, is ignored (with a note). A config 
 ``PARAM`` (every kernel that has it) or ``KERNEL.PARAM``. Every ``UserError`` prints one
 ``error: ...`` line on stderr and exits 2; argparse usage errors also exit 2. Files are
 written atomically (temp file + rename), so a failed run leaves no half-written output.
-The runner and planner (torch, TileLang) are imported by the commands that use them, so
-``validate``, ``schema`` and ``workloads`` start fast.
+The runner and planner are imported by the commands that use them: ``validate`` starts fast.
 """
 
 from __future__ import annotations
@@ -171,7 +170,7 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     if args.backward or args.with_saves:  # reverse-mode derivation (ir.grad): plan a derived graph instead
         from pyrunner.planner.saves import choose_saves
 
-        derived = choose_saves(graph, DTYPES[args.dtype], calibration)
+        derived = choose_saves(graph, DTYPES[args.dtype], calibration, backend.device)
         graph = derived.graph if args.backward else derived.forward
         _note(f"note: planning {graph.name!r}; the backward reads saved forward outputs "
               f"{', '.join(derived.saved) or '(none)'} and cotangents {', '.join(derived.cotangents)}"
@@ -249,13 +248,14 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pyrunner.backend.tilelang.backend import resolve_backend
     from pyrunner.backend.tilelang.compile import check_fits
     from pyrunner.frontend.export import export_source
     from pyrunner.plan.validate import load_plan
 
-    plan = load_plan(args.plan)
-    check_fits(plan)  # the checks `run` applies before rendering: a kernel that cannot fit is not exported
-    write_text_atomic(args.out, export_source(plan))
+    backend, plan = resolve_backend(args.device), load_plan(args.plan)  # unknown device: one error line
+    check_fits(plan, device=backend.device)  # as `run` checks before rendering: what cannot fit is not exported
+    write_text_atomic(args.out, export_source(plan, args.device))
     _note(f"wrote a standalone TileLang + torch module to {args.out} (call its forward(...))")
     return 0
 
@@ -364,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a plan as one standalone TileLang + torch module")
     p.add_argument("plan", metavar="PLAN.json", help="kernel plan to export")
     p.add_argument("--out", metavar="FILE.py", required=True, help="module to write")
+    p.add_argument("--device", metavar="NAME", help="the backend to render for (h200, a100; default: this GPU's)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("workloads", help="list the workload catalog")

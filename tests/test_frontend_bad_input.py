@@ -149,7 +149,7 @@ def test_equal_regions_are_planned_once(monkeypatch: pytest.MonkeyPatch) -> None
     calls: list[str] = []
     real = comp.plan_region
     monkeypatch.setattr(comp, "_PLANS", {})
-    monkeypatch.setattr(comp, "plan_region", lambda g, dt: calls.append(dt) or real(g, dt))
+    monkeypatch.setattr(comp, "plan_region", lambda g, dt, device=None: calls.append(dt) or real(g, dt, device))
 
     def two_layers(x, w1, w2):
         h = torch.exp(torch.nn.functional.rms_norm(x, (64,)) * w1)

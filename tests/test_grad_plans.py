@@ -144,8 +144,8 @@ def test_composed_training_plans_meet_the_gradient_bound(name: str) -> None:
     """The forward-with-saves plan and the backward plan chained on the CPU executor (what a training step
     runs, bf16 stores included) give every input gradient within ``gradient_bound`` of float64 autograd.
     The bound is derived as the forward's (stores of both halves, the longest reduction) and conditioned
-    on what rounding the saved tensors alone does to the float64 backward; for attention that is the
-    bf16 log-sum-exp, the reason the frontend keeps saves in float32 between the halves."""
+    on what rounding the saved tensors alone does to the float64 backward (attention's log-sum-exp is
+    saved in float32, so little: ``test_saved_statistics``)."""
     g = _small(name)
     bwd = derive(g)
     fwd_plan = search(bwd.forward, "bf16", top=1)[0]

@@ -237,10 +237,11 @@ def test_gpu_run_alternatives_plan_the_next_distinct_plans(tmp_path):
                               dtypes="bfloat16", alternatives=2, autotune=2, calibration=None)
     said: list[str] = []
     jobs = mod._plan_all(args, tmp_path, tmp_path / "results.jsonl", lambda *p: said.append(" ".join(map(str, p))))
-    assert [n for n, _, _ in jobs] == ["RMSNorm", f"RMSNorm{mod.ALT}2", f"RMSNorm{mod.ALT}3"]
-    hashes = {json.loads(p.read_text())["provenance"]["plan_hash"] for _, _, p in jobs}
+    assert [n for n, *_ in jobs] == ["RMSNorm", f"RMSNorm{mod.ALT}2", f"RMSNorm{mod.ALT}3"]
+    hashes = {json.loads(p.read_text())["provenance"]["plan_hash"] for _, _, p, _ in jobs}
     assert len(hashes) == 3  # three distinct plans, each with its own ranked configs
-    assert all(p.with_suffix(".configs.json").exists() for _, _, p in jobs)
+    assert all(p.with_suffix(".configs.json").exists() for _, _, p, _ in jobs)
+    assert {d for *_, d in jobs} == {"h200"}  # no GPU here: the default backend
 
 
 def test_gpu_run_times_the_listed_graphs_first_when_not_all_fit():

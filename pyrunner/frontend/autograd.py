@@ -15,7 +15,7 @@ PyTorch ops (PyTorch's gradients), with one log line.
 
 Saved tensors the forward adds (log-sum-exps, saved contractions) are kept in float32 (or the
 model's dtype when wider) between the halves on the paths this module runs; the GPU plans write
-them in the plan's dtype.
+saved statistics (log-sum-exps) in float32 and saved contractions in the plan's dtype (``ir.grad``).
 """
 
 from __future__ import annotations
@@ -68,13 +68,15 @@ def reference_run(graph: Any) -> Run:
 
 
 def plan_run(loaded: Any) -> Run:
-    """A ``load.LoadedPlan`` as a ``Run``: inputs cast to the plan dtype (masks included, as ``plan_impl``)."""
+    """A ``load.LoadedPlan`` as a ``Run``: inputs cast to the dtype the plan stores each in (the plan dtype,
+    masks included, as ``plan_impl``; float32 for a saved statistic such as a log-sum-exp)."""
     import torch
 
     dt = getattr(torch, loaded.plan.dtype)
+    dts = {s.name: getattr(torch, s.dtype) for s in loaded.sig.inputs}
 
     def run(feed: dict[str, Any]) -> tuple:
-        out = loaded(**{k: v.to(dt) for k, v in feed.items()})
+        out = loaded(**{k: v.to(dts.get(k, dt)) for k, v in feed.items()})
         return out if isinstance(out, tuple) else (out,)
 
     return run
@@ -239,7 +241,7 @@ def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int)
         return impl, RegionChoice(rg, None, decision="reference", flops=flops,
                                   reason=f"float64 interpreter, forward and derived backward (saves {_saves(bwd)})")
     dtype = region_dtype(rg, meta, opts.dtype)
-    tp = plan_training(rg.graph, dtype, cpu_check=opts.executor == "plan" and opts.verify)
+    tp = plan_training(rg.graph, dtype, cpu_check=opts.executor == "plan" and opts.verify, device=opts.device)
     assert tp.forward is not None and tp.backward is not None
     kernels = f"backward {len(tp.backward.kernels)} kernel(s), saves {_saves(tp.bwd)}"
     if opts.executor == "plan":
@@ -248,7 +250,7 @@ def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int)
                                          f"runs these ops and their gradients" + (f"; {tp.check}" if tp.check else ""))
     from pyrunner.frontend.load import LoadedPlan
 
-    fwd, back = LoadedPlan(tp.forward), LoadedPlan(tp.backward)
+    fwd, back = LoadedPlan(tp.forward, backend=opts.device), LoadedPlan(tp.backward, backend=opts.device)
     check = ""
     fwd.compile("cuda")
     back.compile("cuda")

@@ -114,7 +114,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                      axis_names: dict[str, tuple[str, ...]] | None = None, name: str = "graph",
                      source: str = "backend", new_report: Callable[[], Report] | None = None,
                      measure: Measure | bool | None = None, tracker: Tracker | None = None,
-                     bucket: bool = True, backward: bool = True) -> Callable:
+                     bucket: bool = True, backward: bool = True, device: str | None = None) -> Callable:
     """The backend: regions to Superopt kernels, the rest to ``fallback`` (``inductor`` or ``eager``).
 
     ``dtype`` (``bfloat16``/``float16``) plans regions of a float32 model in that dtype (and says so);
@@ -126,7 +126,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     (decision cached under ``$SUPEROPT_CACHE_DIR``); default: CUDA-graph replay timing in the backend on a GPU, none
     otherwise (``False``: never measure). ``bucket`` plans free axes at their bucket size (``buckets``). With
     autograd on, each region runs its derived backward (``autograd``); ``backward=False`` leaves such graphs to
-    PyTorch."""
+    PyTorch. ``device`` (``h200``, ``a100``): the backend regions are planned, rendered and compiled for, as
+    ``superopt --device`` (default: the GPU found at run time, h200 without one)."""
     from pyrunner.frontend.partition import example_values
     from pyrunner.frontend.specialize import Specialized, is_symbolic
 
@@ -140,7 +141,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
             return compile_fx_graph(g, args, fallback=fallback, executor=executor, verify=verify, log=log,
                                     dtype=dtype, report=new_report() if new_report else None, progress=progress,
                                     axis_names=axis_names, name=name, source=source, measure=measure,
-                                    tracker=tracker, bucket=bucket, backward=backward)
+                                    tracker=tracker, bucket=bucket, backward=backward, device=device)
 
         return Specialized(gm, static)
     if report is None:
@@ -156,6 +157,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         report.notes.append(f"regions planned in {dtype} as asked (dtype={dtype!r}); the model's own dtype "
                             f"stays outside them")
     try:
+        device = _device(device)
         values = example_values(gm, tuple(example_inputs))
         measure = resolve_measure(measure, executor)
         beat = executor == "gpu" and measure is None  # not measured: the cost model's word
@@ -163,7 +165,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source, measure=measure,
                        fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket and not training,
-                       segment=training_segment if training else None)
+                       segment=training_segment if training else None, device=device)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     except FrontendError:
         if source == "optimize":
@@ -181,9 +183,20 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     return finish(gm, example_inputs)
 
 
+def _device(device: str | None) -> str:
+    """The known device name ``device`` names (the local GPU's when None); FrontendError otherwise."""
+    from pyrunner.backend.tilelang.backend import device_name
+    from pyrunner.errors import UserError
+
+    try:
+        return device_name(device)
+    except UserError as e:
+        raise FrontendError(f"device={device!r}: {str(e).removeprefix(f'--device {device!r}: ')}") from None
+
+
 def superopt(gm: Any, example_inputs: list, options: dict | None = None) -> Callable:
     """The function registered as ``backend="superopt"``; ``torch.compile(options=...)`` keys are
-    ``compile_fx_graph``'s keywords (``fallback``, ``executor``, ``verify``, ``log``, ``dtype``)."""
+    ``compile_fx_graph``'s keywords (``fallback``, ``executor``, ``verify``, ``log``, ``dtype``, ``device``)."""
     return compile_fx_graph(gm, example_inputs, **(options or {}))
 
 

@@ -79,15 +79,22 @@ def manifest(plan: Plan, config: dict, device: str) -> dict:
             "device": device, "tilelang": tilelang_version()}
 
 
-def compile_cached(plan: Plan, config: dict, device: str) -> tuple[Callable[[dict], None], bool]:
-    """``compile_for_gpu`` through the cache; returns the launcher and whether the entry existed."""
+def compile_cached(plan: Plan, config: dict, device: str,
+                   backend: str | None = None) -> tuple[Callable[[dict], None], bool]:
+    """``compile_for_gpu`` through the cache, for the backend of the device named ``backend`` (None: the
+    local GPU's); returns the launcher and whether the entry existed. A backend other than the GPU's own
+    (an sm_80 build on a Hopper GPU) has entries of its own."""
+    from pyrunner.backend.tilelang.backend import local_backend_name, resolve_backend
     from pyrunner.backend.tilelang.compile import compile_for_gpu
 
+    target = resolve_backend(backend).target
+    if backend is not None and backend.strip().lower() != local_backend_name():
+        device = f"{device}-{_slug(target.arch)}"
     d = entry_dir(plan, config, device)
     meta = d / "entry.json"
     hit = meta.is_file()
     with tilelang_cache_dir(d / "tilelang"):
-        launch = compile_for_gpu(plan, config, work_dir=d / "src")
+        launch = compile_for_gpu(plan, config, work_dir=d / "src", target=target)
     if not hit:
         meta.write_text(json.dumps(manifest(plan, config, device), indent=2) + "\n")
     return launch, hit

@@ -59,6 +59,9 @@ class Options:
     segment: Callable[..., list] | None = None
     """Compiles one segment in place of ``compile_segment`` (same arguments): under autograd,
     ``autograd.training_segment`` (each region with its derived backward)."""
+    device: str | None = None
+    """The device (``backend.tilelang.backend.BACKENDS`` key) regions are planned, rendered and compiled for;
+    None: the GPU found at run time (``backend.local_backend_name``), h200 without one."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -95,27 +98,28 @@ def _kernel_dtype_inside(rg: RegionGraph, meta: Callable[[Any], Any]) -> bool:
     return any(str(meta(src).dtype).removeprefix("torch.") in KERNEL_DTYPES for _, src, _ in rg.inputs)
 
 
-def plan_region(graph: Any, dtype: str) -> Plan:
+def plan_region(graph: Any, dtype: str, device: str | None = None) -> Plan:
     """The one place the frontend asks for a plan: ``pipeline.best_plan``, as the ``superopt`` command does
-    (the committed tuning database of the default device, so both doors hand out the same plan). The
-    lowering gate runs where the kernels will be built (a GPU); without one the plan is only CPU-checked,
-    and TileLang lowering there would cost seconds per region for nothing the check uses."""
+    (the backend of ``device``, default the GPU found at run time, and that device's committed tuning
+    database, so both doors hand out the same plan). The lowering gate runs where the kernels will be
+    built (a GPU); without one the plan is only CPU-checked, and TileLang lowering there would cost
+    seconds per region for nothing the check uses."""
     import torch
 
-    from pyrunner.backend.tilelang.backend import backend_for
+    from pyrunner.backend.tilelang.backend import resolve_backend
     from pyrunner.pipeline import best_plan
     from pyrunner.target.tuning import committed_tuning
 
-    backend = backend_for()
+    backend = resolve_backend(device)
     return best_plan(graph, dtype, backend=backend, tuning=committed_tuning(backend.device.name),
                      lower_check=torch.cuda.is_available())[0]
 
 
-_PLANS: dict[tuple[str, str], Plan] = {}
+_PLANS: dict[tuple[str, str, str | None], Plan] = {}
 _CHECKS: dict[str, str] = {}
 
 
-def cached_plan(graph: Any, dtype: str) -> tuple[Plan, bool]:
+def cached_plan(graph: Any, dtype: str, device: str | None = None) -> tuple[Plan, bool]:
     """``plan_region`` once per distinct region graph and dtype in this process, and whether it was cached.
 
     Regions are named canonically (``region``, ``in<k>``, ``out<k>``), so the layers of a model, or a
@@ -123,18 +127,18 @@ def cached_plan(graph: Any, dtype: str) -> tuple[Plan, bool]:
     from pyrunner.ir.graph_json import graph_to_json
     from pyrunner.plan.schema import canonical_json
 
-    key = (canonical_json(graph_to_json(graph)), dtype)
+    key = (canonical_json(graph_to_json(graph)), dtype, device)
     hit = key in _PLANS
     if not hit:
-        _PLANS[key] = plan_region(graph, dtype)
+        _PLANS[key] = plan_region(graph, dtype, device)
     return _PLANS[key], hit
 
 
-_IMPLS: dict[tuple[str, int], Impl] = {}
+_IMPLS: dict[tuple[str, int, str | None], Impl] = {}
 
 
-def loaded_impl(plan: Plan) -> Impl:
-    """``plan_impl`` once per plan and CUDA device in this process: its kernels compiled and checked once.
+def loaded_impl(plan: Plan, device: str | None = None) -> Impl:
+    """``plan_impl`` once per plan, backend and CUDA device in this process: its kernels compiled and checked once.
 
     Every decode step of a KV bucket (a new concrete shape, so a new static graph: ``specialize``) plans the
     same region graph, so it gets the same plan and, here, the same loaded kernels, already verified."""
@@ -142,17 +146,18 @@ def loaded_impl(plan: Plan) -> Impl:
 
     from pyrunner.plan.schema import plan_hash
 
-    key = (plan_hash(plan), torch.cuda.current_device() if torch.cuda.is_available() else -1)
+    key = (plan_hash(plan), torch.cuda.current_device() if torch.cuda.is_available() else -1, device)
     if key not in _IMPLS:
-        _IMPLS[key] = plan_impl(plan, verify=False)
+        _IMPLS[key] = plan_impl(plan, verify=False, device=device)
     return _IMPLS[key]
 
 
-def naive_plan(graph: Any, dtype: str) -> Plan:
-    """The unfused plan (one kernel per op) that a region must beat in the backend."""
+def naive_plan(graph: Any, dtype: str, device: str | None = None) -> Plan:
+    """The unfused plan (one kernel per op) that a region must beat in the backend, for ``device``'s backend."""
+    from pyrunner.backend.tilelang.backend import resolve_backend
     from pyrunner.planner import search
 
-    return search(graph, dtype, naive=True)[0]
+    return search(graph, dtype, naive=True, device=resolve_backend(device).device)[0]
 
 
 def cpu_check(plan: Plan) -> str:
@@ -212,7 +217,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
         say(f"planning {rg.label}: {len(nodes)} op(s), axes {rg.graph.sizes}"
             + (f"; bucket {', '.join(f'{a} {n} -> {graph.sizes[a]}' for a, n in pads.items())}" if pads else ""))
         try:
-            plan, hit = cached_plan(graph, dtype)
+            plan, hit = cached_plan(graph, dtype, opts.device)
         finally:
             opts.tracker.done("plan")
         say(f"  plan {plan.provenance.plan_hash}: {len(plan.kernels)} kernel(s), {plan.cost.total_us:g} us est., "
@@ -229,7 +234,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     naive = None
     if opts.must_beat_unfused:
         try:
-            naive = naive_plan(graph, dtype).cost.total_us
+            naive = naive_plan(graph, dtype, opts.device).cost.total_us
         except Exception:  # noqa: BLE001 - the ops have no unfused plan either: nothing to compare with
             naive = None
         if naive is not None and plan.cost.total_us >= naive:
@@ -252,7 +257,7 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
                                                   + (f"; {check}" if check else "") + _bucket_note(graph, pads),
                                            flops=flops))
         return []
-    impl = loaded_impl(plan)
+    impl = loaded_impl(plan, opts.device)
     if pads:  # planned at the bucket size: pad the inputs' free axes, slice the outputs back
         whole = impl
         impl = padded_impl(impl, graph, pads)

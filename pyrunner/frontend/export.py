@@ -102,14 +102,17 @@ def _wrapper(sig: Signature) -> list[str]:
     ]
 
 
-def export_source(plan: Plan) -> str:
-    """Source of the standalone module for ``plan`` (validated first)."""
+def export_source(plan: Plan, device: str | None = None) -> str:
+    """Source of the standalone module for ``plan`` (validated first), rendered for the backend of ``device``
+    (``h200``, ``a100``; None: the GPU found at run time, h200 without one), as ``superopt --device``."""
+    from pyrunner.backend.tilelang.backend import resolve_backend
     from pyrunner.frontend.load import read_plan
     from pyrunner.plan.validate import plan_graph
 
+    target = resolve_backend(device).target
     plan = read_plan(plan)
     sig = signature(plan, plan_graph(plan))
-    rendered = render(plan)
+    rendered = render(plan, target)
     tree = ast.parse(rendered)
     first = tree.body[0]
     doc = ast.get_docstring(tree) or ""

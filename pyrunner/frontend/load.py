@@ -37,10 +37,13 @@ def read_plan(plan: Plan | dict | str | os.PathLike) -> Plan:
 class LoadedPlan:
     """Callable form of one plan; see the module docstring."""
 
-    def __init__(self, plan: Plan, *, verify: bool = False, config: dict | None = None) -> None:
+    def __init__(self, plan: Plan, *, verify: bool = False, config: dict | None = None,
+                 backend: str | None = None) -> None:
         from pyrunner.plan.validate import plan_graph
 
         self.plan = plan
+        self.backend = backend
+        """The device name of the backend the kernels are rendered and built for (None: the local GPU's)."""
         self.graph: Graph = plan_graph(plan)
         self.sig: Signature = signature(plan, self.graph)
         self.config = config
@@ -68,7 +71,7 @@ class LoadedPlan:
         from pyrunner.plan.analysis import resolve_config
 
         cfg = resolve_config(self.plan, self.config)
-        self._launch, self.cache_hit = compile_cached(self.plan, cfg, device_key(device))
+        self._launch, self.cache_hit = compile_cached(self.plan, cfg, device_key(device), self.backend)
         return self._launch
 
     def check(self, device: Any = None):

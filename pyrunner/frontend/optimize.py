@@ -88,7 +88,7 @@ def capture(fn: Callable, args: tuple, kwargs: dict, backend: Callable) -> Calla
 def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = None, dtype: str | None = None,
              verify: bool = True, executor: str = "auto", fallback: str = "auto", progress: bool | Tracker = True,
              log: str | os.PathLike | None = None, measure: Measure | bool | None = None, backward: bool = True,
-             **example_kwargs: Any) -> Optimized:
+             device: str | None = None, **example_kwargs: Any) -> Optimized:
     """Capture, plan (compile and verify on a GPU) ``fn`` at the shapes of the example inputs.
 
     Example inputs are given as ``fn`` takes them, by position and keyword (any keyword not named
@@ -105,6 +105,8 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
     table on a terminal's stderr; quiet when stderr is not a terminal or ``progress=False`` (a
     ``progress.Tracker`` may be given instead).
     ``backward=False``: called with autograd on, the graph goes to PyTorch whole (no derived backward).
+    ``device`` (``h200``, ``a100``): the backend regions are planned, rendered and compiled for, as
+    ``superopt --device`` (default: the GPU found at run time, h200 without one).
     """
     from pyrunner.frontend.backend import compile_fx_graph, resolve_executor, resolve_fallback
     from pyrunner.frontend.region import ident
@@ -130,7 +132,8 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
                                 log=str(log) if log else None, dtype=dtype, report=later[-1] if captured else report,
                                 progress=say, axis_names=names, name=f"{name}{len(graphs) - 1 or ''}", tracker=trk,
                                 source="optimize", measure=measure,
-                                new_report=lambda: (later.append(Report()), later[-1])[1], backward=backward)
+                                new_report=lambda: (later.append(Report()), later[-1])[1], backward=backward,
+                                device=device)
 
     captured = False
     trk.start("capture")

@@ -28,17 +28,19 @@ _COUNTER = itertools.count()
 _LOCK = threading.Lock()
 
 
-def plan_impl(plan: Plan, verify: bool = True) -> Impl:
-    """The plan's kernels; inputs cast to the plan dtype (verify: float64 check on first call)."""
+def plan_impl(plan: Plan, verify: bool = True, device: str | None = None) -> Impl:
+    """The plan's kernels, built for the backend of ``device`` (None: the local GPU's); inputs cast to the
+    plan dtype (verify: float64 check on first call)."""
     import torch
 
     from pyrunner.frontend.load import LoadedPlan
 
-    f = LoadedPlan(plan, verify=verify)
+    f = LoadedPlan(plan, verify=verify, backend=device)
     dt = getattr(torch, plan.dtype)
+    dts = {s.name: getattr(torch, s.dtype) for s in f.sig.inputs}
 
     def run(feed: dict[str, Any]) -> tuple:
-        out = f(**{k: v.to(dt) for k, v in feed.items()})
+        out = f(**{k: v.to(dts.get(k, dt)) for k, v in feed.items()})
         return out if isinstance(out, tuple) else (out,)
 
     run.loaded = f  # type: ignore[attr-defined]

@@ -37,35 +37,38 @@ class TrainingPlans:
     check: str = ""
 
 
-_DERIVED: dict[tuple[str, str | None], Backward] = {}
+_DERIVED: dict[tuple[str, str | None, str | None], Backward] = {}
 
 
-def derivation(graph: Graph, dtype: str | None) -> Backward:
+def derivation(graph: Graph, dtype: str | None, device: str | None = None) -> Backward:
     """The backward of ``graph`` with the saves the cost model prefers at ``dtype`` (None: the default
     saves of ``ir.grad.derive``: outputs, log-sum-exps and the D identity's contraction). Once per
-    distinct graph and dtype in a process, as ``compile.cached_plan`` plans: a model's layers share it."""
+    distinct graph and dtype in a process, as ``compile.cached_plan`` plans: a model's layers share it.
+    ``device``: the backend's device whose cost model chooses the saves (None: the local GPU's)."""
     from pyrunner.ir.graph_json import graph_to_json
     from pyrunner.plan.schema import canonical_json
 
-    key = (canonical_json(graph_to_json(graph)), dtype)
+    key = (canonical_json(graph_to_json(graph)), dtype, device)
     if key not in _DERIVED:
         if dtype is None:
             _DERIVED[key] = derive(graph)
         else:
+            from pyrunner.backend.tilelang.backend import resolve_backend
             from pyrunner.planner.saves import choose_saves
 
-            _DERIVED[key] = choose_saves(graph, dtype)
+            _DERIVED[key] = choose_saves(graph, dtype, device=resolve_backend(device).device)
     return _DERIVED[key]
 
 
-def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True) -> TrainingPlans:
-    """Derive, plan forward-with-saves and backward, and (``cpu_check``) check both on the CPU."""
+def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: str | None = None) -> TrainingPlans:
+    """Derive, plan forward-with-saves and backward for the backend of ``device`` (None: the local GPU's), and
+    (``cpu_check``) check both on the CPU."""
     from pyrunner.frontend.compile import cached_plan
     from pyrunner.frontend.compile import cpu_check as check_forward
 
-    bwd = derivation(graph, dtype)
-    fwd_plan, _ = cached_plan(bwd.forward, dtype)
-    back_plan, _ = cached_plan(bwd.graph, dtype)
+    bwd = derivation(graph, dtype, device)
+    fwd_plan, _ = cached_plan(bwd.forward, dtype, device)
+    back_plan, _ = cached_plan(bwd.graph, dtype, device)
     tp = TrainingPlans(bwd, fwd_plan, back_plan)
     if cpu_check:
         tp.check = "; ".join((f"forward {check_forward(fwd_plan)}", cpu_check_backward(graph, bwd, back_plan)))

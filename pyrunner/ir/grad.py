@@ -17,6 +17,11 @@ VJP is ``P * (dP - sum_a(dP * P))``; where P's one use is a contraction ``Y = P 
 identity), and Y is saved too. For attention the backward thus reads Q, K, V, O, LSE and dO only,
 as FlashAttention-2's does; the identity is a structural fact of softmax-then-contract, not an
 attention-specific branch.
+
+A saved tensor that is a statistic (``statistic``: an elementwise function of reductions, such as the
+log-sum-exp) is stored in float32 whatever the plan dtype (``Graph.float32_io`` of both graphs), as
+FlashAttention stores its LSE: the backward reads it inside an exponent, where its rounding error
+(about 2^-8 of a value near log t_kv in bf16) becomes that much relative error in every P.
 """
 
 from __future__ import annotations
@@ -44,6 +49,28 @@ from pyrunner.ir.names import fresh_name
 from pyrunner.ir.vjp import KIND_VJP, Shapes
 
 # --- the backward graph --------------------------------------------------------------------------------
+
+def statistic(t: Term) -> bool:
+    """Whether ``t`` is a statistic of reductions: an elementwise function of ``reduce`` results (and
+    constants) only, so every path from it to an input passes through a reduction (a row maximum, a
+    log-sum-exp; not a contraction, an input or anything elementwise of one)."""
+    memo: dict[Term, bool | None] = {}
+
+    def walk(u: Term) -> bool | None:  # True: a statistic; None: constant (neutral); False: neither
+        if u not in memo:
+            if u.op == "reduce":
+                memo[u] = True
+            elif u.op in ("const", "axis_size"):
+                memo[u] = None
+            elif u.op in ("unary", "binary", "ternary"):
+                got = [walk(a) for a in u.args]
+                memo[u] = None if all(g is None for g in got) else all(g is not False for g in got)
+            else:  # an input, an index, a contraction
+                memo[u] = False
+        return memo[u]
+
+    return walk(t) is True
+
 
 @dataclass(frozen=True)
 class Backward:
@@ -267,15 +294,17 @@ def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str
         raise GraphError(f"backward: every gradient of graph {graph.name!r} is an output's gradient passed "
                          f"through unchanged; there is no backward to compute")
     labels = {t: n for n, t in out_terms}
-    bwd = with_unit_axis(Graph(f"{graph.name}Backward", dict(graph.sizes), tuple(out_terms), labels))
-    check(bwd)
-    read = {t.name for t in bwd.inputs()}
-    cotangents = {k: v for k, v in cot_inputs.items() if k in read or k in aliases.values()}
+    read = {t.name for t in subterms(t for _, t in out_terms) if t.op == "input"}
     extra = tuple((n, t) for n, t in d.extra if n in read)
+    wide = frozenset(n for n, t in extra if statistic(t))  # saved statistics: float32 on both sides
+    bwd = with_unit_axis(Graph(f"{graph.name}Backward", dict(graph.sizes), tuple(out_terms), labels,
+                               float32_io=wide))
+    check(bwd)
+    cotangents = {k: v for k, v in cot_inputs.items() if k in read or k in aliases.values()}
     forward = graph
     if extra:
         forward = Graph(graph.name, dict(graph.sizes), graph.outputs + extra,
-                        {**graph.labels, **{t: n for n, t in extra}})
+                        {**graph.labels, **{t: n for n, t in extra}}, float32_io=graph.float32_io | wide)
         check(forward)
     saved = tuple(n for n, _ in forward.outputs if n in read)
     in_bwd = set(bwd.terms())

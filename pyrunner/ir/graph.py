@@ -242,6 +242,10 @@ class Graph:
     outputs: tuple[tuple[str, Term], ...]
     labels: dict[Term, str] = field(default_factory=dict, compare=False, hash=False)
     _axes: dict[Term, tuple[str, ...]] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    float32_io: frozenset[str] = frozenset()
+    """Inputs and outputs stored in float32 whatever the plan dtype: statistics a derived backward reads
+    (a softmax's log-sum-exp, ``ir.grad``), whose rounding an exponent would turn into relative error.
+    Not part of the graph JSON: a plan carries it as its tensors' dtypes (``plan.views.plan_graph``)."""
 
     def terms(self) -> list[Term]:
         return subterms(t for _, t in self.outputs)
@@ -265,12 +269,13 @@ class Graph:
                 raise GraphError(f"axis {axis!r} must have a positive size, got {n}")
             if n > MAX_AXIS_SIZE:
                 raise GraphError(f"axis {axis!r} has size {n}; the limit is {MAX_AXIS_SIZE} (2**31 - 1)")
-        g = Graph(self.name, {**self.sizes, **overrides}, self.outputs, self.labels)
+        g = Graph(self.name, {**self.sizes, **overrides}, self.outputs, self.labels, float32_io=self.float32_io)
         check(g)
         return g
 
     def with_outputs(self, outputs: tuple[tuple[str, Term], ...]) -> "Graph":
-        return Graph(self.name, self.sizes, outputs, self.labels)
+        names = {n for n, _ in outputs} | {t.name for t in subterms(t for _, t in outputs) if t.op == "input"}
+        return Graph(self.name, self.sizes, outputs, self.labels, float32_io=self.float32_io & names)
 
     def key(self) -> tuple[Term, ...]:
         return tuple(t for _, t in self.outputs)
@@ -372,7 +377,7 @@ def with_unit_axis(g: Graph) -> Graph:
     out_names = {n for n, _ in g.outputs}
     labels = {t: lab for t, lab in g.labels.items() if not (t in widened and lab in out_names)}
     labels.update({widened[t]: n for n, t in g.outputs if t in widened})
-    return Graph(g.name, {**g.sizes, unit: 1}, outputs, labels)
+    return Graph(g.name, {**g.sizes, unit: 1}, outputs, labels, float32_io=g.float32_io)
 
 
 # --- builder DSL ---------------------------------------------------------------

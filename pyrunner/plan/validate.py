@@ -313,9 +313,10 @@ def _check_tensors(plan: Plan, graph: Graph) -> dict[str, GlobalTensor]:
                 raise PlanError(f"{where}: unknown axis {a!r}; graph axes are {sorted(sizes)}")
             if n != sizes[a]:
                 raise PlanError(f"{where}: axis {a!r} has extent {n}, but the graph says {sizes[a]}")
-        want = ("float32", plan.dtype) if t.role == "intermediate" else (plan.dtype,)
-        if t.dtype not in want:
-            raise PlanError(f"{where}: a tensor of role {t.role} must have dtype {' or '.join(want)} "
+        if t.dtype not in ("float32", plan.dtype):
+            what = " or ".join(("float32", plan.dtype)) if t.role == "intermediate" else \
+                f"{plan.dtype} (or float32 for a statistic a backward reads)"  # ``Graph.float32_io``
+            raise PlanError(f"{where}: a tensor of role {t.role} must have dtype {what} "
                             f"(plan dtype {plan.dtype}), got {t.dtype}")
     ins = {x.name: x.axes for x in graph.inputs()}
     outs = {n: result_axes(x) for n, x in graph.outputs}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.graph import Graph
@@ -86,9 +86,11 @@ def view_of(plan: Plan) -> View:
 def plan_graph(plan: Plan) -> Graph:
     """The plan's source graph, as its author wrote it (PlanError if it does not parse)."""
     try:
-        return graph_from_json(plan.graph)
+        g = graph_from_json(plan.graph)
     except GraphError as e:
         raise PlanError(f"graph: {e}") from None
+    wide = frozenset(t.name for t in plan.tensors if t.role != "intermediate" and t.dtype == "float32")
+    return replace(g, float32_io=wide) if wide else g
 
 
 def kernel_graph(plan: Plan, source: Graph | None = None) -> Graph:

@@ -31,7 +31,9 @@ def distinct_outputs(graph: Graph) -> tuple[Graph, dict[str, str]]:
     if not aliases:
         return graph, aliases
     labels = {t: first.get(t, name) for t, name in graph.labels.items()}  # the dropped names name nothing
-    return Graph(graph.name, dict(graph.sizes), tuple(kept), labels), aliases
+    kept_names = {n for n, _ in kept} | {t.name for t in graph.inputs()}
+    return Graph(graph.name, dict(graph.sizes), tuple(kept), labels,
+                 float32_io=graph.float32_io & kept_names), aliases
 
 
 def graph_hash(g: Graph) -> str:

@@ -16,25 +16,27 @@ from pathlib import Path
 from pyrunner.ir.grad import Backward, derive
 from pyrunner.ir.graph import Graph, Term
 from pyrunner.planner.search import search
+from pyrunner.target.device import Device
 
 
-def predicted_us(bwd: Backward, dtype: str, calibration: Path | None = None) -> float:
-    """Predicted time of the best forward-with-saves plan plus the best backward plan."""
-    fwd = search(bwd.forward, dtype, top=1, calibration=calibration)[0]
-    back = search(bwd.graph, dtype, top=1, calibration=calibration)[0]
+def predicted_us(bwd: Backward, dtype: str, calibration: Path | None = None, device: Device | None = None) -> float:
+    """Predicted time of the best forward-with-saves plan plus the best backward plan on ``device``."""
+    fwd = search(bwd.forward, dtype, top=1, calibration=calibration, device=device)[0]
+    back = search(bwd.graph, dtype, top=1, calibration=calibration, device=device)[0]
     return fwd.cost.total_us + back.cost.total_us
 
 
-def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None) -> Backward:
-    """The backward of ``graph`` whose saved contractions the cost model prefers (see the module doc)."""
+def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None, device: Device | None = None) -> Backward:
+    """The backward of ``graph`` whose saved contractions the cost model of ``device`` (default: the
+    search's) prefers (see the module doc)."""
     best = derive(graph)
     if not best.recomputed:
         return best
-    cost = predicted_us(best, dtype, calibration)
+    cost = predicted_us(best, dtype, calibration, device)
     kept: tuple[Term, ...] = ()
     for t in best.recomputed:
         trial = derive(graph, save=kept + (t,))
-        c = predicted_us(trial, dtype, calibration)
+        c = predicted_us(trial, dtype, calibration, device)
         if c < cost:
             best, cost, kept = trial, c, kept + (t,)
     return best

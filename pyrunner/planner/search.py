@@ -349,6 +349,8 @@ class Planner:
         if got is None:
             axes = list(axes_of(t))
             dtype = self.dtype if role != "intermediate" or gemm_operand else "float32"
+            if role != "intermediate" and name in self.source.float32_io:  # a statistic a backward reads
+                dtype = "float32"
             got = GlobalTensor(name=name, axes=axes, shape=[self.sizes[a] for a in axes], dtype=dtype, role=role)
             self._tensors[key] = got
         return got

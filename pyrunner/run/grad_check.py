@@ -113,12 +113,13 @@ def backward_inputs(bwd: Backward, graph: Graph, seed: int) -> dict[str, np.ndar
 def gradient_bound(forward_plan: Plan, backward_plan: Plan, bwd: Backward) -> float:
     """Bound on a gradient's normalised max error against float64 when the forward-with-saves plan and the
     backward plan both run (CPU executor or GPU), derived as the forward bound is (``verify.error_bound``):
-    the saved tensors and the cotangents reach the backward stored in the plan dtype, so the forward's
-    kernels are stores on the gradient's path like the backward's own; the accumulation term is the
-    longest reduction of either graph. Where rounding the backward's computed GEMM operands and its saved
-    inputs (the forward's stored outputs, log-sum-exps) to their dtypes alone moves the float64 backward
-    further (``D = rowsum(dO * O)`` against ``dP`` cancels), the bound is raised as the forward's is
-    (``verify.conditioned_bound``, applied by ``composed_error``)."""
+    the saved tensors and the cotangents reach the backward stored (in the plan dtype; a saved statistic
+    such as a log-sum-exp in float32, ``ir.grad.statistic``), so the forward's kernels are stores on the
+    gradient's path like the backward's own; the accumulation term is the longest reduction of either
+    graph. Where rounding the backward's computed GEMM operands and its saved inputs (the forward's stored
+    outputs and statistics) to their own dtypes alone moves the float64 backward further (``D = rowsum(dO
+    * O)`` against ``dP`` cancels), the bound is raised as the forward's is (``verify.conditioned_bound``,
+    applied by ``composed_error``): with the log-sum-exp in float32 that raise is smaller."""
     from pyrunner.run.verify import error_bound, reduction_length, storage_dtype
 
     n = max(reduction_length(bwd.forward), reduction_length(bwd.graph))

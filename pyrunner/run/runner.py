@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from pyrunner.backend.tilelang.backend import describe
 from pyrunner.backend.tilelang.diagnose import detail, one_line
 from pyrunner.errors import DeviceFitError, UserError
 from pyrunner.files import check_output_file, inside, output_dir, write_text_atomic
@@ -306,7 +307,7 @@ class _Run:
             "plan_hash": self.phash, "workload": self.plan.workload, "graph_hash": self.plan.provenance.graph_hash,
             "shapes": dict(self.graph.sizes), "dtype": self.plan.dtype, "device": "", "status": "skipped",
             "predicted_us": model_prediction(self.plan), "bound": dominant_bound(self.plan),
-            "baselines_us": {}, "extra": {"renderer": GENERATION},
+            "baselines_us": {}, "extra": {"renderer": GENERATION, "backend": describe(self.opts.backend)},
         }
         if self.plan.cost.model.get("measured"):  # the plan's total is a copied measurement: kept apart
             self.fields["extra"]["tuning_db_us"] = self.plan.cost.total_us

@@ -64,6 +64,20 @@ workloads that error is far below the a-priori bound, so their bounds do not mov
 (tests/test_verify.py)."""
 
 
+def _rounded(v: np.ndarray, dtype: str) -> np.ndarray:
+    """``v`` rounded once to ``dtype`` (round to nearest even), back in float64."""
+    if dtype == "bfloat16":
+        import torch
+
+        return torch.from_numpy(v).to(torch.bfloat16).to(torch.float64).numpy()
+    return v.astype({"float16": np.float16, "float32": np.float32}[dtype]).astype(np.float64)
+
+
+def input_dtypes(plan: Plan) -> dict[str, str]:
+    """Each input tensor's dtype: the plan's, or float32 for a statistic (``Graph.float32_io``)."""
+    return {t.name: t.dtype for t in plan.tensors if t.role == "input"}
+
+
 def storage_dtype(plan: Plan) -> str:
     """The dtype whose roundings a plan's check allows: float32 when every buffer and non-input
     global is float32, else the plan's dtype."""
@@ -250,9 +264,10 @@ class GpuVerifier:
         self.plan, self.graph, self.device = plan, graph, device
         self.seed = fresh_seed() if seed is None else seed
         self.a_priori = error_bound(plan.dtype, reduction_length(graph), len(plan.kernels))
-        dt = _tdtype(plan.dtype)
+        dts = input_dtypes(plan)
         raw = random_inputs(graph, self.seed) if inputs is None else dict(inputs)  # a backward's: they belong together
-        self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=dt) for k, v in raw.items()}
+        self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=_tdtype(dts.get(k, plan.dtype)))
+                       for k, v in raw.items()}
         rounded = {k: v.to(torch.float64) for k, v in self.inputs.items()}
         self.ref = self._reference(graph, rounded, reference, None)
         self.operand_error, self.storage_dtype = 0.0, storage_dtype(plan)
@@ -335,13 +350,8 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     seed = fresh_seed() if seed is None else seed
     raw = random_inputs(graph, seed) if inputs is None else {k: np.asarray(v, dtype=np.float64)
                                                               for k, v in inputs.items()}
-    np_dt = {"float16": np.float16, "bfloat16": None, "float32": np.float32}[plan.dtype]
-    if np_dt is None:
-        import torch
-
-        rounded = {k: torch.from_numpy(v).to(torch.bfloat16).to(torch.float64).numpy() for k, v in raw.items()}
-    else:
-        rounded = {k: v.astype(np_dt).astype(np.float64) for k, v in raw.items()}
+    dts = input_dtypes(plan)
+    rounded = {k: _rounded(v, dts.get(k, plan.dtype)) for k, v in raw.items()}
     ref = evaluate(graph, rounded)
     a_priori, operand_error, dtype = bound, 0.0, storage_dtype(plan)
     if given is None and computed_operands(graph):

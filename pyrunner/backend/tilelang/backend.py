@@ -49,3 +49,59 @@ def backend_for(device: str = DEFAULT_BACKEND) -> TileLangBackend:
     if backend is None:
         raise UserError(f"--device {device!r}: no backend for that device; known: {', '.join(sorted(BACKENDS))}")
     return backend
+
+
+def describe(device: str) -> str:
+    """What a record says of the backend of ``device``: ``a100 (tilelang-ampere, sm_80)``."""
+    b = backend_for(device)
+    return f"{device.strip().lower()} ({b.name}, {b.target.arch})"
+
+
+def _number(arch: str) -> int | None:
+    """``sm_90a`` -> 90; None for a string that is not an architecture."""
+    digits = arch.removeprefix("sm_").rstrip("af")
+    return int(digits) if digits.isdigit() else None
+
+
+def backend_name_for_arch(gpu_arch: str) -> str:
+    """The device name of the backend a GPU of architecture ``gpu_arch`` (``sm_90``) is planned for: the one
+    whose instruction set is the GPU's own, else the newest one the GPU runs (an older instruction set
+    built for it: ``CompileTarget.running_on``), else the default. An arch-specific target (``sm_90a``)
+    runs on its own architecture only."""
+    gpu = _number(gpu_arch)
+    if gpu is None:
+        return DEFAULT_BACKEND
+    runnable: list[tuple[int, str]] = []
+    for name, b in BACKENDS.items():
+        own = _number(b.target.arch)
+        if own == gpu:
+            return name
+        if own is not None and own < gpu and not b.target.arch.endswith("a"):
+            runnable.append((own, name))
+    return max(runnable)[1] if runnable else DEFAULT_BACKEND
+
+
+def local_backend_name() -> str:
+    """The device name of the backend for the GPU torch sees at run time; the default without one."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return DEFAULT_BACKEND
+        major, minor = torch.cuda.get_device_capability()
+    except Exception:  # noqa: BLE001 - no usable torch or driver: plan for the default device
+        return DEFAULT_BACKEND
+    return backend_name_for_arch(f"sm_{major}{minor}")
+
+
+def resolve_backend(device: str | None) -> TileLangBackend:
+    """``backend_for(device)``, or the local GPU's backend (``local_backend_name``) when ``device`` is None."""
+    return backend_for(local_backend_name() if device is None else device)
+
+
+def device_name(device: str | None) -> str:
+    """The known device name (a key of ``BACKENDS``) that ``device`` names, or the local GPU's when None;
+    UserError naming the known ones."""
+    name = local_backend_name() if device is None else device.strip().lower()
+    backend_for(name)
+    return name
