@@ -111,7 +111,7 @@ def superopt(graph, small: bool, device: str):
     """The Trainable, its stated gradient bound (conditioned as ``composed_error``), and a note."""
     import torch
 
-    from pyrunner.frontend.compile import cached_plan
+    from pyrunner.frontend.region_plans import cached_plan
     from pyrunner.frontend.trainable import Trainable
     from pyrunner.run.baselines import torch_fn
     from pyrunner.run.grad_check import gradient_bound

@@ -56,7 +56,7 @@ def test_the_backend_of_a_gpu_is_its_own_else_the_newest_it_runs() -> None:
 
 
 def test_a100_plans_are_byte_identical_from_the_cli_the_frontend_the_sweep_and_gpu_run(tmp_path, capsys) -> None:
-    from pyrunner.frontend.compile import plan_region
+    from pyrunner.frontend.region_plans import plan_region
 
     graph = catalog.get("Matmul", SIZES)
     out = tmp_path / "plan.json"
@@ -138,7 +138,7 @@ def test_export_renders_for_the_device_named(tmp_path, capsys) -> None:
 
 def test_optimize_plans_for_the_device_named(monkeypatch) -> None:
     torch = pytest.importorskip("torch")
-    from pyrunner.frontend import compile as fcompile
+    from pyrunner.frontend import region_plans as fcompile
     from pyrunner.frontend.optimize import optimize
 
     asked: list = []

@@ -144,7 +144,7 @@ def test_backend_dtype_option_plans_a_float32_model_in_bfloat16(caplog: pytest.L
 
 def test_equal_regions_are_planned_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two identical layers give one region graph: one search, one CPU check, the same plan for both."""
-    import pyrunner.frontend.compile as comp
+    import pyrunner.frontend.region_plans as comp
 
     calls: list[str] = []
     real = comp.plan_region

@@ -143,8 +143,8 @@ def test_masked_attention_plan_runs_exactly_on_padded_keys() -> None:
     """The plan for the padded graph (bf16, the planner's own kernels on the CPU executor), fed zero-padded
     keys and values and the real mask, gives the unpadded attention within bf16 rounding and no NaN: the
     tiles that hold only padded keys add nothing, even where a whole tile is padding (65 keys -> 128)."""
-    from pyrunner.frontend.compile import plan_region
     from pyrunner.frontend.padmask import mask_values
+    from pyrunner.frontend.region_plans import plan_region
     from pyrunner.run.executor import execute
 
     g = _attention(65)

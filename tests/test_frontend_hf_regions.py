@@ -46,7 +46,7 @@ def _attention_region():
 @pytest.mark.slow
 def test_llama_attention_region_plans_as_the_catalog_causal_attention() -> None:
     """A guard (~30 s of planning on a small CPU: slow tier)."""
-    from pyrunner.frontend.compile import cached_plan
+    from pyrunner.frontend.region_plans import cached_plan
     from pyrunner.ir.catalog import causal_attention
 
     graph = _attention_region()

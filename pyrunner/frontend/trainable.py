@@ -29,8 +29,8 @@ class Trainable:
 
     def __init__(self, plan: Plan, *, verify: bool = False, config: dict | None = None,
                  executor: str = "gpu") -> None:
-        from pyrunner.frontend.compile import cached_plan
         from pyrunner.frontend.load import LoadedPlan
+        from pyrunner.frontend.region_plans import cached_plan
         from pyrunner.frontend.training import derivation
         from pyrunner.plan.validate import plan_graph
 

@@ -63,8 +63,8 @@ def derivation(graph: Graph, dtype: str | None, device: str | None = None) -> Ba
 def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: str | None = None) -> TrainingPlans:
     """Derive, plan forward-with-saves and backward for the backend of ``device`` (None: the local GPU's), and
     (``cpu_check``) check both on the CPU."""
-    from pyrunner.frontend.compile import cached_plan
-    from pyrunner.frontend.compile import cpu_check as check_forward
+    from pyrunner.frontend.region_plans import cached_plan
+    from pyrunner.frontend.region_plans import cpu_check as check_forward
 
     bwd = derivation(graph, dtype, device)
     fwd_plan, _ = cached_plan(bwd.forward, dtype, device)

@@ -1,0 +1,94 @@
+"""A region graph's plan, loaded kernels and CPU check, each made once per process.
+
+The layers of a model, and every decode step of a KV bucket, give the same region graph: these
+caches are why they are planned, compiled and checked once. Planning is deterministic, so a cache
+changes no plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyrunner.errors import UserError
+from pyrunner.frontend.runtime import Impl, plan_impl
+from pyrunner.plan.schema import Plan
+
+
+def plan_region(graph: Any, dtype: str, device: str | None = None) -> Plan:
+    """The one place the frontend asks for a plan: ``pipeline.best_plan``, as the ``superopt`` command does
+    (the backend of ``device``, default the GPU found at run time, and that device's committed tuning
+    database, so both doors hand out the same plan). The lowering gate runs where the kernels will be
+    built (a GPU); without one the plan is only CPU-checked, and TileLang lowering there would cost
+    seconds per region for nothing the check uses."""
+    import torch
+
+    from pyrunner.backend.tilelang.backend import resolve_backend
+    from pyrunner.pipeline import best_plan
+    from pyrunner.target.tuning import committed_tuning
+
+    backend = resolve_backend(device)
+    return best_plan(graph, dtype, backend=backend, tuning=committed_tuning(backend.device.name),
+                     lower_check=torch.cuda.is_available())[0]
+
+
+_PLANS: dict[tuple[str, str, str | None], Plan] = {}
+_CHECKS: dict[str, str] = {}
+
+
+def cached_plan(graph: Any, dtype: str, device: str | None = None) -> tuple[Plan, bool]:
+    """``plan_region`` once per distinct region graph and dtype in this process, and whether it was cached.
+
+    Regions are named canonically (``region``, ``in<k>``, ``out<k>``), so the layers of a model, or a
+    shape seen again, are one graph: planned once. Planning is deterministic, so the cache changes no plan."""
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.plan.schema import canonical_json
+
+    key = (canonical_json(graph_to_json(graph)), dtype, device)
+    hit = key in _PLANS
+    if not hit:
+        _PLANS[key] = plan_region(graph, dtype, device)
+    return _PLANS[key], hit
+
+
+_IMPLS: dict[tuple[str, int, str | None], Impl] = {}
+
+
+def loaded_impl(plan: Plan, device: str | None = None) -> Impl:
+    """``plan_impl`` once per plan, backend and CUDA device in this process: its kernels compiled and checked once.
+
+    Every decode step of a KV bucket (a new concrete shape, so a new static graph: ``specialize``) plans the
+    same region graph, so it gets the same plan and, here, the same loaded kernels, already verified."""
+    import torch
+
+    from pyrunner.plan.schema import plan_hash
+
+    key = (plan_hash(plan), torch.cuda.current_device() if torch.cuda.is_available() else -1, device)
+    if key not in _IMPLS:
+        _IMPLS[key] = plan_impl(plan, verify=False, device=device)
+    return _IMPLS[key]
+
+
+def naive_plan(graph: Any, dtype: str, device: str | None = None) -> Plan:
+    """The unfused plan (one kernel per op) that a region must beat in the backend, for ``device``'s backend."""
+    from pyrunner.backend.tilelang.backend import resolve_backend
+    from pyrunner.planner import search
+
+    return search(graph, dtype, naive=True, device=resolve_backend(device).device)[0]
+
+
+def cpu_check(plan: Plan) -> str:
+    """The plan's tiled algorithm on the CPU executor against float64, at reduced shapes; raises on a miss."""
+    from pyrunner.plan.schema import plan_hash
+    from pyrunner.run.executor import execute
+    from pyrunner.run.runner import graph_of
+    from pyrunner.run.shrink import cpu_check_plan
+    from pyrunner.run.verify import verify_executor
+
+    key = plan_hash(plan)
+    if key not in _CHECKS:
+        small = cpu_check_plan(plan)
+        res = verify_executor(small, graph_of(small), execute, seed=0)
+        if not res.ok:
+            raise UserError(f"CPU check failed: {res.message}")
+        _CHECKS[key] = f"CPU-checked at {dict(graph_of(small).sizes)}"
+    return _CHECKS[key]
