@@ -3,7 +3,10 @@
 Every check draws fresh random inputs (never zeros: ``reference.random_inputs``
 with a fresh seed, recorded in the log), poisons outputs and intermediates with
 NaN so an unwritten element cannot pass, and compares with the graph's float64
-meaning by the normalised max error ``max|out - ref| / max|ref|``.
+meaning by the normalised max error ``max|out - ref| / max|ref|``. It does so twice
+(``DRAWS``): on N(0, 0.5) inputs and on heavy-tailed ones (``reference.outlier_inputs``: an
+outlier of magnitude 10 to 20 in every row and 1% of entries), which expose a plan that clamps
+values or shifts a softmax by the wrong maximum; the bound of each is derived on its own inputs.
 """
 
 from __future__ import annotations
@@ -12,12 +15,20 @@ import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
 from pyrunner.ir.graph import Graph, result_axes
-from pyrunner.ir.reference import computed_operands, evaluate, random_inputs
+from pyrunner.ir.reference import (
+    OUTLIER_MAGNITUDE,
+    OUTLIER_RATE,
+    OUTLIER_SCALE,
+    computed_operands,
+    evaluate,
+    outlier_inputs,
+    random_inputs,
+)
 from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,14 +95,95 @@ def conditioned_bound(a_priori: float, operand_error: float) -> float:
     return max(a_priori, OPERAND_ROUNDING_FACTOR * operand_error)
 
 
-def out_of_range(operand_error: float, dtype: str, seed: int, what: str = "") -> VerifyResult | None:
+DTYPE_MAX: dict[str, float] = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+"""Largest finite value of each storage dtype."""
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One kind of input every check runs on, drawn from the run's seed."""
+
+    name: str
+    magnitudes: tuple[float, ...]
+    """Outlier magnitudes tried in turn until the graph's values fit the plan's dtypes (0: no outliers):
+    a SwiGLU of two +-20 outliers reaches 1.6e5, past float16, and no fp16 output can hold it."""
+
+    def make(self, graph: Graph, seed: int, magnitude: float) -> dict[str, np.ndarray]:
+        return outlier_inputs(graph, seed, magnitude=magnitude) if magnitude else random_inputs(graph, seed)
+
+    def label(self, magnitude: float) -> str:
+        """How a message names a later draw (the first is named by its seed line only)."""
+        return f"on {self.name} inputs (up to {magnitude:g})" if magnitude else f"on {self.name} inputs"
+
+    def describe(self, magnitude: float) -> str:
+        if not magnitude:
+            return "normal, std 0.5"
+        return (f"normal, std {OUTLIER_SCALE:g}, with outliers of magnitude {magnitude / 2:g} to {magnitude:g} "
+                f"in every row and {OUTLIER_RATE:.0%} of entries")
+
+
+NORMAL = Draw("normal", (0.0,))
+OUTLIERS = Draw("outlier", (OUTLIER_MAGNITUDE, OUTLIER_MAGNITUDE / 2, OUTLIER_MAGNITUDE / 4))
+DRAWS: tuple[Draw, ...] = (NORMAL, OUTLIERS)
+"""The inputs every check runs on, in order (a failure on one ends the check)."""
+GIVEN = "inputs given by the caller"
+
+
+def checkable(ref: Mapping[str, object], operand_error: float, out_dtypes: Mapping[str, str]) -> bool:
+    """Whether a kernel can be checked on a draw: its float64 reference is finite, fits each output's
+    storage dtype, and stays finite with the graph's computed GEMM operands rounded to the storage
+    dtype (all three depend on the graph and its inputs alone, never on the plan's kernels)."""
+    for name, r in ref.items():
+        if hasattr(r, "isfinite"):  # a torch tensor, possibly on the device
+            peak = float(r.abs().max()) if r.numel() else 0.0  # type: ignore[attr-defined]
+        else:
+            arr = np.asarray(r)
+            peak = float(np.max(np.abs(arr))) if arr.size else 0.0
+        if not math.isfinite(peak) or peak > DTYPE_MAX[out_dtypes.get(name, "float32")]:
+            return False
+    return math.isfinite(operand_error)
+
+
+T = TypeVar("T")
+
+
+def drawn(draws: tuple[Draw, ...], graph: Graph, seed: int, prepare: Callable[[str, dict[str, np.ndarray]], T],
+          fits: Callable[[T], bool], dtype: str) -> tuple[list[tuple[str, T]], list[str]]:
+    """Each draw prepared (``prepare(description, inputs)``) at the first of its magnitudes that ``fits``
+    (the first draw as it comes: it is judged, overflow included, as before outliers were drawn), with
+    the label its messages carry; and a note for each draw no magnitude of which fits."""
+    out: list[tuple[str, T]] = []
+    skipped: list[str] = []
+    for i, draw in enumerate(draws):
+        for m in draw.magnitudes:
+            prepared = prepare(draw.describe(m), draw.make(graph, seed, m))
+            if i == 0 or fits(prepared):
+                out.append(("" if i == 0 else draw.label(m), prepared))
+                break
+        else:
+            skipped.append(not_checked(draw, dtype, seed))
+    return out, skipped
+
+
+def output_dtypes(plan: Plan) -> dict[str, str]:
+    return {gt.name: gt.dtype for gt in plan.tensors if gt.role == "output"}
+
+
+def not_checked(draw: Draw, dtype: str, seed: int) -> str:
+    """The note of a draw skipped because the graph itself overflows on every magnitude of it."""
+    return (f"{draw.name} inputs not checked: the graph's float64 values overflow or leave {dtype} on "
+            f"them ({draw.describe(draw.magnitudes[-1])}, seed {seed})")
+
+
+def out_of_range(operand_error: float, dtype: str, seed: int, what: str = "",
+                 inputs: str = "normal, std 0.5") -> VerifyResult | None:
     """A failed verdict where rounding the graph's computed GEMM operands to ``dtype`` sends the float64
     reference out of range (an operand error of inf: the values overflow ``dtype`` on these inputs), else
     None. No bound can be conditioned on that, and an infinite one would pass any output."""
     if math.isfinite(operand_error):
         return None
     return VerifyResult(False, float("nan"), float("nan"), seed, {}, (
-        f"{what}the graph's computed GEMM operands overflow {dtype} on these random inputs (normal, std 0.5, "
+        f"{what}the graph's computed GEMM operands overflow {dtype} on these random inputs ({inputs}, "
         f"seed {seed}): rounded to {dtype}, the float64 reference is no longer finite, so no kernel that "
         f"stores them in {dtype} can be checked against it"))
 
@@ -177,13 +269,14 @@ def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "") -> VerifyResult:
+def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "",
+          inputs: str = "normal, std 0.5") -> VerifyResult:
     """Turn per-output errors into a verdict with a message naming the worst output."""
     unfinite = sorted(k for k, e in errors.items() if math.isnan(e))
     if unfinite:
         return VerifyResult(False, float("nan"), bound, seed, dict(errors), (
             f"{what}the float64 reference of output {unfinite[0]!r} is not finite on these random inputs "
-            f"(normal, std 0.5, seed {seed}): the graph overflows or divides by zero in float64 itself, "
+            f"({inputs}, seed {seed}): the graph overflows or divides by zero in float64 itself, "
             "so no kernel can be checked against it"))
     worst = max(errors, key=lambda k: errors[k]) if errors else ""
     err = errors[worst] if errors else float("inf")
@@ -205,7 +298,7 @@ def output_axes(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bound: float, seed: int,
             axes: Mapping[str, list[str]] | None = None, graph: Graph | None = None,
-            what: str = "") -> VerifyResult:
+            what: str = "", inputs: str = "normal, std 0.5") -> VerifyResult:
     """Compare numpy outputs (axes ``axes``, a permutation of the graph's) with the float64 reference
     (a missing output is a failure)."""
     want = output_axes(graph) if graph is not None else {}
@@ -218,7 +311,7 @@ def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bo
         if axes and name in axes and name in want:
             o = to_source_layout(np.asarray(o), axes[name], want[name], View())
         errs[name] = max_error(o, r)
-    return judge(errs, bound, seed, what)
+    return judge(errs, bound, seed, what, inputs)
 
 
 # --- the GPU check -------------------------------------------------------------
@@ -232,6 +325,18 @@ def _tdtype(name: str):
     return getattr(torch, _TORCH_DTYPES[name])
 
 
+@dataclass
+class _DeviceDraw:
+    """One draw of the GPU check: inputs on the device, their float64 reference and its bound."""
+
+    describe: str
+    inputs: dict
+    ref: dict
+    a_priori: float
+    operand_error: float
+    bound: float
+
+
 class GpuVerifier:
     """Inputs and float64 reference drawn once per run; ``check(launch)`` per candidate.
 
@@ -240,29 +345,46 @@ class GpuVerifier:
     with ``run.baselines.torch_fn`` in float64 on the device (same semantics as
     ``ir.reference.evaluate``, which tests/test_baselines.py checks on every catalog
     workload) because numpy's einsum takes minutes at full shapes; ``"numpy"`` uses
-    ``reference.evaluate`` itself.
+    ``reference.evaluate`` itself. Every draw of ``DRAWS`` is checked (normal inputs, then
+    outliers), as on the CPU; ``inputs`` (a backward's saved tensors) are checked alone. ``inputs``,
+    ``ref``, ``bound`` and ``tensors()`` are the first draw's (timing and baselines use those).
     """
 
     def __init__(self, plan: Plan, graph: Graph, seed: int | None = None, device: str = "cuda",
-                 reference: str = "torch", inputs: Mapping[str, np.ndarray] | None = None) -> None:
-        import torch
-
-        self.plan, self.graph, self.device = plan, graph, device
+                 reference: str = "torch", inputs: Mapping[str, np.ndarray] | None = None,
+                 draws: tuple[Draw, ...] = DRAWS) -> None:
+        self.plan, self.graph, self.device, self._reference_kind = plan, graph, device, reference
         self.seed = fresh_seed() if seed is None else seed
+        self.storage_dtype = storage_dtype(plan)
         self.a_priori = error_bound(plan.dtype, reduction_length(graph), len(plan.kernels))
-        dt = _tdtype(plan.dtype)
-        raw = random_inputs(graph, self.seed) if inputs is None else dict(inputs)  # a backward's: they belong together
-        self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=dt) for k, v in raw.items()}
-        rounded = {k: v.to(torch.float64) for k, v in self.inputs.items()}
-        self.ref = self._reference(graph, rounded, reference, None)
-        self.operand_error, self.storage_dtype = 0.0, storage_dtype(plan)
-        if computed_operands(graph):
-            moved = self._reference(graph, rounded, reference, self.storage_dtype)
-            self.operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in self.ref.items())
-            del moved
-        self.bound = conditioned_bound(self.a_priori, self.operand_error)
+        self.draws: list[tuple[str, _DeviceDraw]] = []
+        self.skipped: list[str] = []
+        if inputs is not None:  # a backward's: they belong together
+            self.draws.append(("", self._draw(GIVEN, inputs)))
+        else:
+            dts = output_dtypes(plan)
+            self.draws, self.skipped = drawn(draws, graph, self.seed, self._draw,
+                                             lambda d: checkable(d.ref, d.operand_error, dts), self.storage_dtype)
+        first = self.draws[0][1]
+        self.inputs, self.ref = first.inputs, first.ref
+        self.operand_error, self.bound = first.operand_error, first.bound
         self._axes = output_axes(graph)
         self.view = view_of(plan)
+
+    def _draw(self, describe: str, raw: Mapping[str, np.ndarray]) -> _DeviceDraw:
+        import torch
+
+        dt = _tdtype(self.plan.dtype)
+        inputs = {k: torch.from_numpy(np.asarray(v)).to(device=self.device, dtype=dt) for k, v in raw.items()}
+        rounded = {k: v.to(torch.float64) for k, v in inputs.items()}
+        ref = self._reference(self.graph, rounded, self._reference_kind, None)
+        operand_error = 0.0
+        if computed_operands(self.graph):
+            moved = self._reference(self.graph, rounded, self._reference_kind, self.storage_dtype)
+            operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in ref.items())
+            del moved
+        bound = conditioned_bound(self.a_priori, operand_error)
+        return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound)
 
     def _reference(self, graph: Graph, rounded: dict, reference: str, operand_dtype: str | None) -> dict:
         """The float64 outputs (``operand_dtype``: with computed GEMM operands rounded to it)."""
@@ -277,87 +399,152 @@ class GpuVerifier:
         with torch.no_grad():
             return torch_fn(graph, operand_dtype)(**rounded)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Global tensors of the plan: inputs filled, everything else poisoned with NaN."""
+    def tensors(self, inputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Global tensors of the plan: inputs (default: the first draw's) filled, everything else poisoned
+        with NaN."""
         import torch
 
+        inputs = self.inputs if inputs is None else inputs
         out: dict[str, torch.Tensor] = {}
         graph_in = {t.name: t.axes for t in self.graph.inputs()}
         for gt in self.plan.tensors:
             if gt.role == "input":
-                x = to_plan_layout(self.inputs[gt.name], graph_in[gt.name], gt.axes, self.view)
+                x = to_plan_layout(inputs[gt.name], graph_in[gt.name], gt.axes, self.view)
                 out[gt.name] = x.to(_tdtype(gt.dtype)).contiguous()
             else:
                 out[gt.name] = torch.full(gt.shape, float("nan"), dtype=_tdtype(gt.dtype), device=self.device)
         return out
 
     def check(self, launch: Callable[[dict], object], what: str = "") -> VerifyResult:
-        """Run launch once on fresh poisoned buffers and compare every graph output."""
+        """Run launch once per draw on fresh poisoned buffers and compare every graph output; the
+        first failing draw is the verdict."""
+        passes: list[tuple[str, VerifyResult]] = []
+        for label, d in self.draws:
+            res = self._check_draw(launch, d, f"{what}{label}: " if label else what)
+            if not res.ok:
+                return res
+            passes.append((label, res))
+        return combined(passes, self.skipped)
+
+    def _check_draw(self, launch: Callable[[dict], object], d: _DeviceDraw, what: str) -> VerifyResult:
         import torch
 
-        unchecked = out_of_range(self.operand_error, self.storage_dtype, self.seed, what)
+        unchecked = out_of_range(d.operand_error, self.storage_dtype, self.seed, what, d.describe)
         if unchecked is not None:
             return unchecked
-        t = self.tensors()
+        t = self.tensors(d.inputs)
         launch(t)
         torch.cuda.synchronize() if self.device.startswith("cuda") else None
         axes = {gt.name: gt.axes for gt in self.plan.tensors if gt.role == "output"}
         errs: dict[str, float] = {}
-        for name, ref in self.ref.items():
+        for name, ref in d.ref.items():
             if name not in t:
                 errs[name] = float("inf")
                 continue
             o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.view)
             errs[name] = _max_error_torch(o, ref)
-        res = judge(errs, self.bound, self.seed, what)
-        res.message += _raised(self.a_priori, self.bound, self.operand_error, self.storage_dtype)
+        res = judge(errs, d.bound, self.seed, what, d.describe)
+        res.message += _raised(d.a_priori, d.bound, d.operand_error, self.storage_dtype)
         return res
 
     def check_fn(self, fn: Callable[..., Mapping[str, torch.Tensor]]) -> float:
-        """Normalised max error of a baseline (a ``run.baselines`` function); informative only."""
+        """Normalised max error of a baseline (a ``run.baselines`` function) on the first draw; informative only."""
         outs = fn(**self.inputs)
         return max(_max_error_torch(outs[n], r) for n, r in self.ref.items())
 
 
 # --- the CPU executor check ----------------------------------------------------
 
-def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
-                    bound: float | None = None, inputs: Mapping[str, np.ndarray] | None = None) -> VerifyResult:
-    """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``.
-
-    Inputs are rounded to the plan dtype first (what the kernel would see), so
-    the remaining error is the executor's own arithmetic and roundings. ``inputs`` (default:
-    ``random_inputs(graph, seed)``) lets a caller give values that belong together, such as a
-    backward graph's saved tensors computed from its forward inputs (``run.grad_check``).
-    """
-    given = bound
-    bound = executor_bound(plan, graph) if bound is None else bound
-    seed = fresh_seed() if seed is None else seed
-    raw = random_inputs(graph, seed) if inputs is None else {k: np.asarray(v, dtype=np.float64)
-                                                              for k, v in inputs.items()}
-    np_dt = {"float16": np.float16, "bfloat16": None, "float32": np.float32}[plan.dtype]
+def _rounded(raw: Mapping[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
+    """Inputs as a kernel storing ``dtype`` sees them, back in float64."""
+    np_dt = {"float16": np.float16, "bfloat16": None, "float32": np.float32}[dtype]
     if np_dt is None:
         import torch
 
-        rounded = {k: torch.from_numpy(v).to(torch.bfloat16).to(torch.float64).numpy() for k, v in raw.items()}
-    else:
-        rounded = {k: v.astype(np_dt).astype(np.float64) for k, v in raw.items()}
+        return {k: torch.from_numpy(np.asarray(v, dtype=np.float64)).to(torch.bfloat16).to(torch.float64).numpy()
+                for k, v in raw.items()}
+    return {k: np.asarray(v, dtype=np.float64).astype(np_dt).astype(np.float64) for k, v in raw.items()}
+
+
+def combined(passes: list[tuple[str, VerifyResult]], skipped: list[str]) -> VerifyResult:
+    """One verdict from the passing checks of several draws (label, result; the first's label empty): the
+    error and bound of the draw nearest its bound, a message naming each draw's error and any draw the
+    graph itself could not be checked on. ``per_output`` is the first draw's."""
+    first = passes[0][1]
+    worst = max((r for _, r in passes), key=lambda r: r.error / r.bound if r.bound > 0 else math.inf)
+    rest = [f"{label} {r.error:.2e} <= {r.bound:.0e}" for label, r in passes[1:]]
+    msg = "; ".join([first.message, *rest, *skipped])
+    return VerifyResult(True, worst.error, worst.bound, first.seed, dict(first.per_output), msg)
+
+
+@dataclass
+class _Prepared:
+    """One draw of the CPU check: inputs rounded to the plan dtype, their reference and its bound."""
+
+    describe: str
+    rounded: dict[str, np.ndarray]
+    ref: dict[str, np.ndarray]
+    a_priori: float
+    operand_error: float
+
+
+def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: str,
+             bound: float | None) -> _Prepared:
+    rounded = _rounded(raw, plan.dtype)
     ref = evaluate(graph, rounded)
-    a_priori, operand_error, dtype = bound, 0.0, storage_dtype(plan)
-    if given is None and computed_operands(graph):
-        moved = evaluate(graph, rounded, operand_rounding(dtype))
+    a_priori = executor_bound(plan, graph) if bound is None else bound
+    operand_error = 0.0
+    if bound is None and computed_operands(graph):
+        moved = evaluate(graph, rounded, operand_rounding(storage_dtype(plan)))
         operand_error = finite_max(max_error(moved[n], r) for n, r in ref.items())
-        unchecked = out_of_range(operand_error, dtype, seed, "CPU executor: ")
-        if unchecked is not None:
-            return unchecked
-        bound = conditioned_bound(a_priori, operand_error)
+    return _Prepared(describe, rounded, ref, a_priori, operand_error)
+
+
+def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
+                    bound: float | None = None, inputs: Mapping[str, np.ndarray] | None = None,
+                    draws: tuple[Draw, ...] = DRAWS) -> VerifyResult:
+    """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``, on every
+    draw of ``DRAWS`` (normal inputs, then outliers; the first failure is the verdict).
+
+    Inputs are rounded to the plan dtype first (what the kernel would see), so
+    the remaining error is the executor's own arithmetic and roundings. ``inputs`` (default: each
+    draw of ``DRAWS`` from ``seed``) lets a caller give values that belong together, such as a
+    backward graph's saved tensors computed from its forward inputs (``run.grad_check``): those
+    are checked alone. A later draw is taken at the largest of its outlier magnitudes on which the
+    graph's own values fit the plan's dtypes (``checkable``), and skipped with a note where none does.
+    """
+    seed = fresh_seed() if seed is None else seed
+    if inputs is not None:
+        return _executor_once(plan, graph, execute, seed, _prepare(plan, graph, inputs, GIVEN, bound), "")
+    dts = output_dtypes(plan)
+    prepared, skipped = drawn(draws, graph, seed, lambda desc, raw: _prepare(plan, graph, raw, desc, bound),
+                              lambda p: checkable(p.ref, p.operand_error, dts), storage_dtype(plan))
+    passes: list[tuple[str, VerifyResult]] = []
+    for label, prep in prepared:
+        res = _executor_once(plan, graph, execute, seed, prep, label)
+        if not res.ok:
+            return res
+        passes.append((label, res))
+    return combined(passes, skipped)
+
+
+def _executor_once(plan: Plan, graph: Graph, execute: Callable, seed: int, prep: _Prepared,
+                   label: str) -> VerifyResult:
+    """The CPU check on one prepared draw."""
+    what = f"CPU executor {label}: " if label else "CPU executor: "
+    dtype = storage_dtype(plan)
+    unchecked = out_of_range(prep.operand_error, dtype, seed, what, prep.describe)
+    if unchecked is not None:
+        return unchecked
+    bound = conditioned_bound(prep.a_priori, prep.operand_error)
     view = view_of(plan)  # execute() hands outputs back in source axis names, in the plan's order
     axes = {gt.name: list(view.source_axes(gt.axes)) for gt in plan.tensors if gt.role == "output"}
     try:
-        outs = execute(plan, rounded)
+        outs = execute(plan, prep.rounded)
     except Exception as e:  # noqa: BLE001 - any executor failure is a failed plan
         return VerifyResult(False, float("inf"), bound, seed, {},
+                            f"CPU executor {label}: failed: {type(e).__name__}: {e}" if label else
                             f"CPU executor failed: {type(e).__name__}: {e}")
-    res = compare(outs, ref, bound, seed, axes, graph, "CPU executor: ")
-    res.message += _raised(a_priori, bound, operand_error, dtype)
+    res = compare(outs, prep.ref, bound, seed, axes, graph, what, prep.describe)
+    res.message += _raised(prep.a_priori, bound, prep.operand_error, dtype)
     return res
