@@ -23,7 +23,7 @@ import re
 import shutil
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,11 +34,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from pyrunner.backend.tilelang.diagnose import detail, one_line
-from pyrunner.errors import DeviceFitError, UserError
+from pyrunner.errors import DeviceFitError, PlanError, UserError
 from pyrunner.files import check_output_file, inside, output_dir, write_text_atomic
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
-from pyrunner.plan.analysis import resolve_config
+from pyrunner.plan.analysis import resolve_config, safe_repr
 from pyrunner.plan.schema import Plan
 from pyrunner.plan.validate import check_config, check_values
 from pyrunner.run.runtime import COMPILE_MODES, GpuRuntime, TileLangRuntime
@@ -132,6 +132,9 @@ def default_config(plan: Plan) -> Config:
 
 def resolve(plan: Plan, config: dict | None) -> Config:
     """A full per-kernel config from a partial one: ``{kernel: {param: v}}`` or flat ``{param: v}``."""
+    if config is not None and not isinstance(config, Mapping):  # load(plan, config=[1, 2]): one error, no traceback
+        raise PlanError(f"config must be a mapping ({{kernel: {{param: value}}}} or {{param: value}}), "
+                        f"got {safe_repr(config)}")
     if not config:
         return default_config(plan)
     if all(isinstance(v, dict) for v in config.values()):
