@@ -21,10 +21,11 @@ from pyrunner.plan.schema import Plan, plan_document, with_hash
 from pyrunner.plan.validate import plan_graph
 from pyrunner.planner import search
 from pyrunner.planner.search import Budget
+from pyrunner.run.draws import NORMAL
 from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import cpu_check_plan
-from pyrunner.run.verify import NORMAL, GpuVerifier, verify_executor
+from pyrunner.run.verify import GpuVerifier, verify_executor
 
 SEEDS = range(3)
 

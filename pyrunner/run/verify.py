@@ -7,6 +7,10 @@ meaning by the normalised max error ``max|out - ref| / max|ref|``. It does so tw
 (``DRAWS``): on N(0, 0.5) inputs and on heavy-tailed ones (``reference.outlier_inputs``: an
 outlier of magnitude 10 to 20 in every row and 1% of entries), which expose a plan that clamps
 values or shifts a softmax by the wrong maximum; the bound of each is derived on its own inputs.
+
+Why one module: the CPU executor check and the GPU check apply one bound formula, one judgement and one
+way of combining draws, and their messages must read alike; split, they drift apart (the inputs they
+draw are ``run.draws``).
 """
 
 from __future__ import annotations
@@ -15,21 +19,14 @@ import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from pyrunner.ir.graph import Graph, result_axes
-from pyrunner.ir.reference import (
-    OUTLIER_MAGNITUDE,
-    OUTLIER_RATE,
-    OUTLIER_SCALE,
-    computed_operands,
-    evaluate,
-    outlier_inputs,
-    random_inputs,
-)
+from pyrunner.ir.reference import computed_operands, evaluate
 from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
+from pyrunner.run.draws import DRAWS, GIVEN, Draw, checkable, drawn, output_dtypes
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -93,86 +90,6 @@ def operand_rounding(dtype: str) -> Callable[[np.ndarray], np.ndarray]:
 def conditioned_bound(a_priori: float, operand_error: float) -> float:
     """The bound a check applies: the a-priori one, raised where the graph's own operand rounding needs it."""
     return max(a_priori, OPERAND_ROUNDING_FACTOR * operand_error)
-
-
-DTYPE_MAX: dict[str, float] = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
-"""Largest finite value of each storage dtype."""
-
-
-@dataclass(frozen=True)
-class Draw:
-    """One kind of input every check runs on, drawn from the run's seed."""
-
-    name: str
-    magnitudes: tuple[float, ...]
-    """Outlier magnitudes tried in turn until the graph's values fit the plan's dtypes (0: no outliers):
-    a SwiGLU of two +-20 outliers reaches 1.6e5, past float16, and no fp16 output can hold it."""
-
-    def make(self, graph: Graph, seed: int, magnitude: float) -> dict[str, np.ndarray]:
-        return outlier_inputs(graph, seed, magnitude=magnitude) if magnitude else random_inputs(graph, seed)
-
-    def label(self, magnitude: float) -> str:
-        """How a message names a later draw (the first is named by its seed line only)."""
-        return f"on {self.name} inputs (up to {magnitude:g})" if magnitude else f"on {self.name} inputs"
-
-    def describe(self, magnitude: float) -> str:
-        if not magnitude:
-            return "normal, std 0.5"
-        return (f"normal, std {OUTLIER_SCALE:g}, with outliers of magnitude {magnitude / 2:g} to {magnitude:g} "
-                f"in every row and {OUTLIER_RATE:.0%} of entries")
-
-
-NORMAL = Draw("normal", (0.0,))
-OUTLIERS = Draw("outlier", (OUTLIER_MAGNITUDE, OUTLIER_MAGNITUDE / 2, OUTLIER_MAGNITUDE / 4))
-DRAWS: tuple[Draw, ...] = (NORMAL, OUTLIERS)
-"""The inputs every check runs on, in order (a failure on one ends the check)."""
-GIVEN = "inputs given by the caller"
-
-
-def checkable(ref: Mapping[str, object], operand_error: float, out_dtypes: Mapping[str, str]) -> bool:
-    """Whether a kernel can be checked on a draw: its float64 reference is finite, fits each output's
-    storage dtype, and stays finite with the graph's computed GEMM operands rounded to the storage
-    dtype (all three depend on the graph and its inputs alone, never on the plan's kernels)."""
-    for name, r in ref.items():
-        if hasattr(r, "isfinite"):  # a torch tensor, possibly on the device
-            peak = float(r.abs().max()) if r.numel() else 0.0  # type: ignore[attr-defined]
-        else:
-            arr = np.asarray(r)
-            peak = float(np.max(np.abs(arr))) if arr.size else 0.0
-        if not math.isfinite(peak) or peak > DTYPE_MAX[out_dtypes.get(name, "float32")]:
-            return False
-    return math.isfinite(operand_error)
-
-
-T = TypeVar("T")
-
-
-def drawn(draws: tuple[Draw, ...], graph: Graph, seed: int, prepare: Callable[[str, dict[str, np.ndarray]], T],
-          fits: Callable[[T], bool], dtype: str) -> tuple[list[tuple[str, T]], list[str]]:
-    """Each draw prepared (``prepare(description, inputs)``) at the first of its magnitudes that ``fits``
-    (the first draw as it comes: it is judged, overflow included, as before outliers were drawn), with
-    the label its messages carry; and a note for each draw no magnitude of which fits."""
-    out: list[tuple[str, T]] = []
-    skipped: list[str] = []
-    for i, draw in enumerate(draws):
-        for m in draw.magnitudes:
-            prepared = prepare(draw.describe(m), draw.make(graph, seed, m))
-            if i == 0 or fits(prepared):
-                out.append(("" if i == 0 else draw.label(m), prepared))
-                break
-        else:
-            skipped.append(not_checked(draw, dtype, seed))
-    return out, skipped
-
-
-def output_dtypes(plan: Plan) -> dict[str, str]:
-    return {gt.name: gt.dtype for gt in plan.tensors if gt.role == "output"}
-
-
-def not_checked(draw: Draw, dtype: str, seed: int) -> str:
-    """The note of a draw skipped because the graph itself overflows on every magnitude of it."""
-    return (f"{draw.name} inputs not checked: the graph's float64 values overflow or leave {dtype} on "
-            f"them ({draw.describe(draw.magnitudes[-1])}, seed {seed})")
 
 
 def out_of_range(operand_error: float, dtype: str, seed: int, what: str = "",
