@@ -156,3 +156,17 @@ def test_a_graph_whose_values_leave_float16_on_large_outliers_is_checked_on_smal
     assert np.abs(evaluate(g, outlier_inputs(g, 0))["Y"]).max() > 65504  # on this seed
     res = verify_executor(plan, graph_of(plan), partial(execute, audit=True), seed=0)
     assert res.ok and "on outlier inputs (up to 10)" in res.message, res.message
+
+
+def test_a_draw_is_checkable_only_where_the_graph_itself_fits_the_dtypes() -> None:
+    """The rule that lowers an outlier draw's magnitude: the reference must be finite, fit each output's
+    dtype, and survive the graph's own operand rounding (a move of half or more: it does not)."""
+    from pyrunner.run.draws import LOST_OPERAND_ERROR, checkable
+
+    ref = {"Y": np.array([1.0, -3.0])}
+    assert checkable(ref, 0.0, {"Y": "float16"})
+    assert not checkable(ref, LOST_OPERAND_ERROR, {"Y": "float16"})
+    assert not checkable(ref, float("inf"), {"Y": "float16"})
+    assert not checkable({"Y": np.array([1e5])}, 0.0, {"Y": "float16"})
+    assert checkable({"Y": np.array([1e5])}, 0.0, {"Y": "bfloat16"})
+    assert not checkable({"Y": np.array([np.nan])}, 0.0, {"Y": "float32"})
