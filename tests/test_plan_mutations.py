@@ -5,14 +5,19 @@ negated, the constant a mask compares an index with (a window, a band, a causal 
 partial last tile of an output zeroed (a tail), an arithmetic constant negated. Each edit keeps a
 well-formed plan with its hash recomputed, and the plan is read schema-only (no certificate replay),
 so the CPU check alone stands between the edit and a pass: at the shapes ``cpu_check_plan`` chooses,
-with ``audit`` on, every edited plan must fail. Edits that cannot change a value are not made:
-constants below 1e-3 in magnitude (an epsilon) or 1e4 and above (a masked-out fill), and zeros.
+with ``audit`` on, on both of its draws (normal inputs, then outliers), every edited plan must fail.
+Edits that cannot change a value are not made: constants below 1e-3 in magnitude (an epsilon) or 1e4
+and above (a masked-out fill), and zeros.
+
+Before the outlier draw, 1 of the 100 passed: attention with sinks with the 0.125 scale negated in the
+kernel computing the softmax's row maximum. That maximum is only the exponent's shift, so the edit changes
+nothing until the shifted exponent overflows, which N(0, 0.5) inputs never reach
+(tests/test_outlier_check.py holds that plan as a fast test).
 """
 
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -28,10 +33,6 @@ from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import cpu_check_plan
 from pyrunner.run.verify import verify_executor
-
-HEAVY = pytest.mark.skipif(not os.environ.get("SUPEROPT_SLOW"),
-                           reason="100 plans CPU-checked at their check shapes "
-                                  "(7 minutes on two cores; an expected failure today): set SUPEROPT_SLOW=1")
 
 ROOT = Path(__file__).resolve().parent.parent
 WANTED = 100
@@ -168,6 +169,9 @@ def _base_graphs() -> Iterator[tuple[str, object]]:
 
 
 KINDS = ("predicate", "mask constant", "tail", "constant")
+MASK_CONSTANTS = """With every axis at most SMALL long, one mask constant of the catalog and corpus bites: the band
+width of benchmarks/graphs/band_mask_softmax.json. The sliding window (1024) and the causal prefix (1792)
+exceed the extents, and the other masks compare two indices (causal). So that kind is held to one edit."""
 PER_KIND = WANTED // len(KINDS)
 
 
@@ -208,15 +212,7 @@ def _mutants() -> list[tuple[str, str, dict]]:
     return out
 
 
-SHIFT_ONLY = ("1 of the 100 still passes: benchmarks/graphs/attention_sinks.json with the 0.125 scale negated in the "
-              "kernel computing the softmax's row maximum. That maximum is only the shift of the exponent, so the "
-              "edit changes nothing until the shifted exponent overflows, which the check's N(0, 0.5) inputs never "
-              "reach: it needs the outlier inputs issue 46 asks for (heavy tails, +-20 at 1%)")
-
-
 @pytest.mark.slow
-@HEAVY
-@pytest.mark.xfail(strict=True, reason=SHIFT_ONLY)
 def test_a_hundred_edited_plans_all_fail_the_cpu_check() -> None:
     passed: list[str] = []
     kinds: dict[str, int] = {}
@@ -230,7 +226,8 @@ def test_a_hundred_edited_plans_all_fail_the_cpu_check() -> None:
         kinds[kind] = kinds.get(kind, 0) + 1
     assert not passed, f"{len(passed)} of {len(mutants)} edited plans pass the CPU check:\n" + "\n".join(passed)
     assert len(mutants) == WANTED, f"only {len(mutants)} plans could be edited"
-    assert all(kinds.get(k, 0) >= 10 for k in KINDS), kinds
+    assert all(kinds.get(k, 0) >= 10 for k in KINDS if k != "mask constant"), kinds
+    assert kinds.get("mask constant", 0) >= 1, (kinds, MASK_CONSTANTS)
 
 
 def test_each_edit_changes_the_plan_it_is_made_in() -> None:

@@ -312,7 +312,6 @@ def test_output_aliased_to_an_input_is_rejected_at_load() -> None:
 def test_nan_output_leaves_a_failed_verification_record(tmp_path: Path, monkeypatch, capsys) -> None:
     from pyrunner.run import executor, runner
 
-    monkeypatch.setattr(runner, "gpu_available", lambda: False)
     monkeypatch.setattr(runner.shutil, "which", lambda name: None)
     monkeypatch.setattr("pyrunner.backend.tilelang.compile.lower_to_cuda", lambda plan, cfg, **kw: {})
     real = executor.execute

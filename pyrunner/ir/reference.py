@@ -102,3 +102,36 @@ def random_inputs(g: Graph, seed: int, scale: float = 0.5) -> dict[str, np.ndarr
         x[x == 0.0] = scale * 0.5
         out[t.name] = x
     return out
+
+
+OUTLIER_SCALE = 1.0
+"""Standard deviation of the bulk of ``outlier_inputs``: twice ``random_inputs``' (a wider scale)."""
+OUTLIER_MAGNITUDE = 20.0
+"""Largest magnitude of an outlier entry; each is drawn uniformly from [magnitude / 2, magnitude] with a
+random sign, so none is clamped back by ``min``/``max`` near the bulk and no two cancel exactly."""
+OUTLIER_RATE = 0.01
+"""Share of the entries of every input made outliers, on top of the one each row gets."""
+
+
+def outlier_inputs(g: Graph, seed: int, scale: float = OUTLIER_SCALE, magnitude: float = OUTLIER_MAGNITUDE,
+                   rate: float = OUTLIER_RATE) -> dict[str, np.ndarray]:
+    """Heavy-tailed inputs: normal (std ``scale``) with at least one outlier in every row (along the last axis)
+    and ``rate`` of all entries outliers of magnitude ``magnitude / 2`` to ``magnitude``, random signs.
+
+    Why: N(0, 0.5) values never leave [-4, 4] and make every row's maximum look alike, so a plan that
+    clamps its inputs or outputs, or takes a softmax's shift from the wrong values, computes the right
+    answer on them. A row holding one large entry exposes both (the CPU and GPU checks run these as well)."""
+    rng = np.random.default_rng([seed, 46])
+    out: dict[str, np.ndarray] = {}
+    for t in sorted(g.inputs(), key=lambda t: t.name):
+        shape = tuple(g.sizes[a] for a in t.axes)
+        x = rng.standard_normal(shape) * scale
+        x[x == 0.0] = scale * 0.5
+        hit = rng.random(shape) < rate
+        if x.size:
+            rows = x.reshape(-1, shape[-1]) if shape else x.reshape(1, 1)
+            picks = rng.integers(0, rows.shape[1], size=rows.shape[0])
+            hit.reshape(rows.shape)[np.arange(rows.shape[0]), picks] = True
+        size = rng.uniform(magnitude / 2, magnitude, size=shape) * rng.choice([-1.0, 1.0], size=shape)
+        out[t.name] = np.where(hit, size, x)
+    return out

@@ -23,7 +23,7 @@ import re
 import shutil
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
@@ -35,14 +35,14 @@ from rich.table import Table
 
 from pyrunner.backend.tilelang.backend import describe
 from pyrunner.backend.tilelang.diagnose import detail, one_line
-from pyrunner.errors import DeviceFitError, UserError
+from pyrunner.errors import DeviceFitError, PlanError, UserError
 from pyrunner.files import check_output_file, inside, output_dir, write_text_atomic
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
-from pyrunner.plan.analysis import resolve_config
+from pyrunner.plan.analysis import resolve_config, safe_repr
 from pyrunner.plan.schema import Plan
 from pyrunner.plan.validate import check_config, check_values
-from pyrunner.run.timing import device_name, gpu_available, graph_bench_ms, kernel_times_us, median_us, side_by_side_us
+from pyrunner.run.runtime import COMPILE_MODES, GpuRuntime, TileLangRuntime
 from pyrunner.run.verify import GpuVerifier, fresh_seed, verify_executor
 from pyrunner.target.layout import GENERATION
 
@@ -55,7 +55,6 @@ timing with eager and torch.compile (cached by the warm-up) comes next. Runs 45-
 whole, process start included; a flat 25 s stopped nearly every run after its first config."""
 SLOW_BASELINES_S = 12.0
 """Kept back on top where max-autotune or FlexAttention is timed too (their compiles can miss the cache)."""
-COMPILE_MODES = {"torch_compile": None, "max_autotune": "max-autotune-no-cudagraphs"}
 
 Config = dict[str, dict[str, int]]
 
@@ -92,6 +91,9 @@ class RunOptions:
     """Where to write the best config measured (None: nothing is written)."""
     rounds: int = 3
     """Interleaved timing rounds of the plan and its baselines."""
+    runtime: GpuRuntime | None = None
+    """The device the GPU path runs on (``run.runtime``; None: ``TileLangRuntime``, TileLang on CUDA, whose
+    ``available()`` says whether torch sees a GPU). Tests pass a fake to run the GPU path on the CPU."""
     backend: str = "h200"
     """The TileLang backend (``backend.tilelang.backend.BACKENDS``) the plan is fit-checked, rendered and
     compiled for (``--device``); a backend older than the GPU runs there from its own instruction set.
@@ -131,6 +133,9 @@ def default_config(plan: Plan) -> Config:
 
 def resolve(plan: Plan, config: dict | None) -> Config:
     """A full per-kernel config from a partial one: ``{kernel: {param: v}}`` or flat ``{param: v}``."""
+    if config is not None and not isinstance(config, Mapping):  # load(plan, config=[1, 2]): one error, no traceback
+        raise PlanError(f"config must be a mapping ({{kernel: {{param: value}}}} or {{param: value}}), "
+                        f"got {safe_repr(config)}")
     if not config:
         return default_config(plan)
     if all(isinstance(v, dict) for v in config.values()):
@@ -297,6 +302,7 @@ class _Run:
     graph: Graph
     opts: RunOptions
     console: Console
+    runtime: GpuRuntime = field(default_factory=TileLangRuntime)
     phash: str = ""
     fields: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -349,9 +355,9 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
     """
     opts = opts or RunOptions()
     console = console or Console(stderr=True)
-    run = _Run(plan, graph or graph_of(plan), opts, console)
-    use_gpu = gpu_available() and not opts.force_cpu
-    run.fields["device"] = device_name() if use_gpu else "cpu"
+    run = _Run(plan, graph or graph_of(plan), opts, console, opts.runtime or TileLangRuntime())
+    use_gpu = not opts.force_cpu and run.runtime.available()
+    run.fields["device"] = run.runtime.name() if use_gpu else "cpu"
     run.fields["seed"] = opts.seed if opts.seed is not None else fresh_seed()
     try:
         cfg = resolve(plan, opts.config)
@@ -423,41 +429,8 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
 
 # --- with a GPU ------------------------------------------------------------------
 
-def _compile(plan: Plan, cfg: Config, opts: RunOptions) -> Callable:
-    from pyrunner.backend.tilelang.compile import compile_for_gpu
-
-    return compile_for_gpu(plan, cfg, target=_target(opts))
-
-
-def _compiled(graph: Graph, mode: str | None) -> Callable:
-    import torch
-
-    from pyrunner.run.baselines import torch_fn
-
-    torch._dynamo.reset()
-    return torch.compile(torch_fn(graph), mode=mode)
-
-
-def warm_baselines(graph: Graph, dtype: str, names: tuple[str, ...] = ("torch_compile", "max_autotune"),
-                   seed: int = 0) -> None:
-    """Compile the torch.compile baselines once so their on-disk caches are hot (gpu_run's warm phase)."""
-    import torch
-
-    from pyrunner.ir.reference import random_inputs
-    from pyrunner.run.flex import flex_fn
-
-    dt = getattr(torch, dtype)
-    inputs = {k: torch.from_numpy(v).to("cuda", dt) for k, v in random_inputs(graph, seed).items()}
-    with torch.no_grad():
-        for name in names:
-            try:
-                if name in COMPILE_MODES:
-                    _compiled(graph, COMPILE_MODES[name])(**inputs)
-                elif name == "flex" and (fn := flex_fn(graph)) is not None:
-                    fn(**inputs)
-                torch.cuda.synchronize()
-            except Exception:  # noqa: BLE001, S112 - the timed run records the failure; warm the others
-                continue
+def _compile(run: _Run, cfg: Config) -> Callable:
+    return run.runtime.compile(run.plan, cfg, _target(run.opts))
 
 
 def autotune_reserve_s(opts: RunOptions, graph: Graph | None = None) -> float:
@@ -486,13 +459,13 @@ def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -
             fn = launch if i == 0 else None
             if fn is None:
                 check_fits(run.plan, c, _target(run.opts))
-                fn = _compile(run.plan, c, run.opts)
+                fn = _compile(run, c)
             res = verifier.check(fn)
             if not res.ok:
                 entry["status"] = f"failed-verification: {res.message}"
             else:
                 t = verifier.tensors()
-                entry["time_us"] = _config_time_us(lambda fn=fn, t=t: fn(t), run.opts)
+                entry["time_us"] = _config_time_us(run, lambda fn=fn, t=t: fn(t))
                 if best[0] is None or entry["time_us"] < best[0]:
                     best = (entry["time_us"], c, fn)
         except Exception as e:  # noqa: BLE001 - a bad config is skipped, not fatal
@@ -502,21 +475,16 @@ def _autotune(run: _Run, verifier: GpuVerifier, cfg: Config, launch: Callable) -
     return best[1], best[2]
 
 
-def _config_time_us(fn: Callable, opts: RunOptions) -> float:
-    """One autotuning measurement: CUDA-graph replay (as the final timing), else do_bench."""
-    try:
-        return graph_bench_ms(fn, rep_ms=opts.rep_ms / 2) * 1e3
-    except Exception:  # noqa: BLE001 - not capturable
-        return median_us(fn, opts.warmup_ms, opts.rep_ms)
+def _config_time_us(run: _Run, fn: Callable) -> float:
+    """One autotuning measurement (the runtime's: CUDA-graph replay as the final timing, else do_bench)."""
+    return run.runtime.time_us(fn, run.opts.warmup_ms, run.opts.rep_ms)
 
 
 def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
-    import torch
-
     plan, opts = run.plan, run.opts
     try:
         with run.step("compiling with TileLang"):
-            launch = _compile(plan, cfg, opts)
+            launch = _compile(run, cfg)
     except Exception as e:  # noqa: BLE001
         # a config the device model accepted can still fail in TileLang (its own shared-memory
         # scratch, say): unless the user pinned it, fall back to the next autotuning candidate
@@ -524,7 +492,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
         for c in fallbacks:
             try:
                 check_fits(plan, c, _target(opts))
-                launch = _compile(plan, c, opts)
+                launch = _compile(run, c)
             except Exception:  # noqa: BLE001, S112 - try the next one
                 continue
             run.notes.append(f"config {cfg} failed to compile ({_err(e)}); used the next candidate")
@@ -534,10 +502,10 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
         else:
             return _fail(run, "failed-compile", e)
     if opts.warm_only:  # the baselines' caches first: a warm-up cut short leaves only autotuning cold
-        warm_baselines(run.graph, plan.dtype, tuple(b for b in opts.baselines if b in COMPILE_MODES or b == "flex"))
+        run.runtime.warm(run.graph, plan.dtype, tuple(b for b in opts.baselines if b in COMPILE_MODES or b == "flex"))
         for c in autotune_candidates(plan, cfg, opts)[1:]:
             try:
-                _compile(plan, c, opts)
+                _compile(run, c)
             except Exception:  # noqa: BLE001, S112 - the timed run reports it
                 continue
         return run.finish("skipped", "warm-up only")
@@ -558,7 +526,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
     # a provisional plan time, so a run killed while its baselines compile still logs one
     best = [t.get("time_us") for t in run.fields["extra"].get("autotune", []) if t.get("config") == cfg]
     try:
-        provisional = best[0] if best and best[0] else _config_time_us(lambda: launch(verifier.tensors()), opts)
+        provisional = best[0] if best and best[0] else _config_time_us(run, lambda: launch(verifier.tensors()))
         run.fields["plan_us"] = provisional
         run.fields["extra"]["timing"] = {"method": {"plan": "provisional (autotuning measurement)"}}
         run.checkpoint()
@@ -569,7 +537,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
         fns = {"plan": lambda: launch(tensors)}
         fns.update(_prepare_baselines(run, verifier))
         with run.step(f"timing the plan and {len(fns) - 1} baseline(s) side by side"):
-            times, method, rounds = side_by_side_us(fns, opts.rounds, opts.warmup_ms, opts.rep_ms)
+            times, method, rounds = run.runtime.side_by_side_us(fns, opts.rounds, opts.warmup_ms, opts.rep_ms)
         if "plan" not in times:
             raise RuntimeError("the plan could not be timed")
         run.fields["plan_us"] = times["plan"]
@@ -579,15 +547,15 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
         run.fields["extra"]["timing"] = {"method": method, "rounds_us": rounds, "warmup_ms": opts.warmup_ms,
                                          "rep_ms": opts.rep_ms}
         try:
-            run.fields["kernel_times_us"] = kernel_times_us(lambda: launch(tensors), [k.name for k in plan.kernels])
+            run.fields["kernel_times_us"] = run.runtime.kernel_times_us(lambda: launch(tensors),
+                                                                       [k.name for k in plan.kernels])
         except Exception as e:  # noqa: BLE001 - per-kernel times are informative
             run.notes.append(f"per-kernel times unavailable: {_err(e)}")
     except Exception as e:  # noqa: BLE001
         return run.finish("failed-launch", _err(e))
     run.checkpoint()
     _record_tuning(run)
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    run.runtime.release()
     return run.finish("ok", res.message)
 
 
@@ -626,32 +594,18 @@ def _prepare_baselines(run: _Run, verifier: GpuVerifier) -> dict[str, Callable]:
     """
     import torch
 
-    from pyrunner.run.baselines import torch_fn, vendor_fn
-    from pyrunner.run.flex import flex_fn
-
     opts, graph = run.opts, run.graph
     inputs = verifier.inputs
     errors: dict[str, float] = {}
     out: dict[str, Callable] = {}
     for name in opts.baselines:
-        if name == "vendor":
-            v = vendor_fn(graph)
-            if v is None:
-                continue
-            key, fn = v
-        elif name == "flex":
-            f = flex_fn(graph)
-            if f is None:
-                continue
-            key, fn = "flex_attention", f
-        elif name in COMPILE_MODES:
-            key, fn = name, None
-        else:
-            key, fn = name, torch_fn(graph)
+        made = run.runtime.baseline(graph, name)
+        if made is None:
+            continue
+        key, build = made
         try:
             with run.step(f"baseline {key}"), torch.no_grad():
-                if fn is None:
-                    fn = _compiled(graph, COMPILE_MODES[name])
+                fn = build()
                 errors[key] = verifier.check_fn(fn)  # first call also compiles
 
                 def call(fn=fn):

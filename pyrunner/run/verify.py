@@ -3,7 +3,14 @@
 Every check draws fresh random inputs (never zeros: ``reference.random_inputs``
 with a fresh seed, recorded in the log), poisons outputs and intermediates with
 NaN so an unwritten element cannot pass, and compares with the graph's float64
-meaning by the normalised max error ``max|out - ref| / max|ref|``.
+meaning by the normalised max error ``max|out - ref| / max|ref|``. It does so twice
+(``DRAWS``): on N(0, 0.5) inputs and on heavy-tailed ones (``reference.outlier_inputs``: an
+outlier of magnitude 10 to 20 in every row and 1% of entries), which expose a plan that clamps
+values or shifts a softmax by the wrong maximum; the bound of each is derived on its own inputs.
+
+Why one module: the CPU executor check and the GPU check apply one bound formula, one judgement and one
+way of combining draws, and their messages must read alike; split, they drift apart (the inputs they
+draw are ``run.draws``).
 """
 
 from __future__ import annotations
@@ -17,8 +24,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pyrunner.ir.graph import Graph, result_axes
-from pyrunner.ir.reference import computed_operands, evaluate, random_inputs
+from pyrunner.ir.reference import computed_operands, evaluate
 from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
+from pyrunner.run.draws import DRAWS, GIVEN, Draw, checkable, drawn, output_dtypes
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -64,20 +72,6 @@ workloads that error is far below the a-priori bound, so their bounds do not mov
 (tests/test_verify.py)."""
 
 
-def _rounded(v: np.ndarray, dtype: str) -> np.ndarray:
-    """``v`` rounded once to ``dtype`` (round to nearest even), back in float64."""
-    if dtype == "bfloat16":
-        import torch
-
-        return torch.from_numpy(v).to(torch.bfloat16).to(torch.float64).numpy()
-    return v.astype({"float16": np.float16, "float32": np.float32}[dtype]).astype(np.float64)
-
-
-def input_dtypes(plan: Plan) -> dict[str, str]:
-    """Each input tensor's dtype: the plan's, or float32 for a statistic (``Graph.float32_io``)."""
-    return {t.name: t.dtype for t in plan.tensors if t.role == "input"}
-
-
 def storage_dtype(plan: Plan) -> str:
     """The dtype whose roundings a plan's check allows: float32 when every buffer and non-input
     global is float32, else the plan's dtype."""
@@ -98,14 +92,15 @@ def conditioned_bound(a_priori: float, operand_error: float) -> float:
     return max(a_priori, OPERAND_ROUNDING_FACTOR * operand_error)
 
 
-def out_of_range(operand_error: float, dtype: str, seed: int, what: str = "") -> VerifyResult | None:
+def out_of_range(operand_error: float, dtype: str, seed: int, what: str = "",
+                 inputs: str = "normal, std 0.5") -> VerifyResult | None:
     """A failed verdict where rounding the graph's computed GEMM operands to ``dtype`` sends the float64
     reference out of range (an operand error of inf: the values overflow ``dtype`` on these inputs), else
     None. No bound can be conditioned on that, and an infinite one would pass any output."""
     if math.isfinite(operand_error):
         return None
     return VerifyResult(False, float("nan"), float("nan"), seed, {}, (
-        f"{what}the graph's computed GEMM operands overflow {dtype} on these random inputs (normal, std 0.5, "
+        f"{what}the graph's computed GEMM operands overflow {dtype} on these random inputs ({inputs}, "
         f"seed {seed}): rounded to {dtype}, the float64 reference is no longer finite, so no kernel that "
         f"stores them in {dtype} can be checked against it"))
 
@@ -191,13 +186,14 @@ def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
-def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "") -> VerifyResult:
+def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "",
+          inputs: str = "normal, std 0.5") -> VerifyResult:
     """Turn per-output errors into a verdict with a message naming the worst output."""
     unfinite = sorted(k for k, e in errors.items() if math.isnan(e))
     if unfinite:
         return VerifyResult(False, float("nan"), bound, seed, dict(errors), (
             f"{what}the float64 reference of output {unfinite[0]!r} is not finite on these random inputs "
-            f"(normal, std 0.5, seed {seed}): the graph overflows or divides by zero in float64 itself, "
+            f"({inputs}, seed {seed}): the graph overflows or divides by zero in float64 itself, "
             "so no kernel can be checked against it"))
     worst = max(errors, key=lambda k: errors[k]) if errors else ""
     err = errors[worst] if errors else float("inf")
@@ -219,7 +215,7 @@ def output_axes(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bound: float, seed: int,
             axes: Mapping[str, list[str]] | None = None, graph: Graph | None = None,
-            what: str = "") -> VerifyResult:
+            what: str = "", inputs: str = "normal, std 0.5") -> VerifyResult:
     """Compare numpy outputs (axes ``axes``, a permutation of the graph's) with the float64 reference
     (a missing output is a failure)."""
     want = output_axes(graph) if graph is not None else {}
@@ -232,7 +228,7 @@ def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bo
         if axes and name in axes and name in want:
             o = to_source_layout(np.asarray(o), axes[name], want[name], View())
         errs[name] = max_error(o, r)
-    return judge(errs, bound, seed, what)
+    return judge(errs, bound, seed, what, inputs)
 
 
 # --- the GPU check -------------------------------------------------------------
@@ -246,6 +242,18 @@ def _tdtype(name: str):
     return getattr(torch, _TORCH_DTYPES[name])
 
 
+@dataclass
+class _DeviceDraw:
+    """One draw of the GPU check: inputs on the device, their float64 reference and its bound."""
+
+    describe: str
+    inputs: dict
+    ref: dict
+    a_priori: float
+    operand_error: float
+    bound: float
+
+
 class GpuVerifier:
     """Inputs and float64 reference drawn once per run; ``check(launch)`` per candidate.
 
@@ -254,30 +262,47 @@ class GpuVerifier:
     with ``run.baselines.torch_fn`` in float64 on the device (same semantics as
     ``ir.reference.evaluate``, which tests/test_baselines.py checks on every catalog
     workload) because numpy's einsum takes minutes at full shapes; ``"numpy"`` uses
-    ``reference.evaluate`` itself.
+    ``reference.evaluate`` itself. Every draw of ``DRAWS`` is checked (normal inputs, then
+    outliers), as on the CPU; ``inputs`` (a backward's saved tensors) are checked alone. ``inputs``,
+    ``ref``, ``bound`` and ``tensors()`` are the first draw's (timing and baselines use those).
     """
 
     def __init__(self, plan: Plan, graph: Graph, seed: int | None = None, device: str = "cuda",
-                 reference: str = "torch", inputs: Mapping[str, np.ndarray] | None = None) -> None:
-        import torch
-
-        self.plan, self.graph, self.device = plan, graph, device
+                 reference: str = "torch", inputs: Mapping[str, np.ndarray] | None = None,
+                 draws: tuple[Draw, ...] = DRAWS) -> None:
+        self.plan, self.graph, self.device, self._reference_kind = plan, graph, device, reference
         self.seed = fresh_seed() if seed is None else seed
+        self.storage_dtype = storage_dtype(plan)
         self.a_priori = error_bound(plan.dtype, reduction_length(graph), len(plan.kernels))
-        dts = input_dtypes(plan)
-        raw = random_inputs(graph, self.seed) if inputs is None else dict(inputs)  # a backward's: they belong together
-        self.inputs = {k: torch.from_numpy(v).to(device=device, dtype=_tdtype(dts.get(k, plan.dtype)))
-                       for k, v in raw.items()}
-        rounded = {k: v.to(torch.float64) for k, v in self.inputs.items()}
-        self.ref = self._reference(graph, rounded, reference, None)
-        self.operand_error, self.storage_dtype = 0.0, storage_dtype(plan)
-        if computed_operands(graph):
-            moved = self._reference(graph, rounded, reference, self.storage_dtype)
-            self.operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in self.ref.items())
-            del moved
-        self.bound = conditioned_bound(self.a_priori, self.operand_error)
+        self.draws: list[tuple[str, _DeviceDraw]] = []
+        self.skipped: list[str] = []
+        if inputs is not None:  # a backward's: they belong together
+            self.draws.append(("", self._draw(GIVEN, inputs)))
+        else:
+            dts = output_dtypes(plan)
+            self.draws, self.skipped = drawn(draws, graph, self.seed, self._draw,
+                                             lambda d: checkable(d.ref, d.operand_error, dts), self.storage_dtype)
+        first = self.draws[0][1]
+        self.inputs, self.ref = first.inputs, first.ref
+        self.operand_error, self.bound = first.operand_error, first.bound
         self._axes = output_axes(graph)
         self.view = view_of(plan)
+
+    def _draw(self, describe: str, raw: Mapping[str, np.ndarray]) -> _DeviceDraw:
+        import torch
+
+        dts = input_dtypes(self.plan)
+        inputs = {k: torch.from_numpy(np.asarray(v)).to(device=self.device, dtype=_tdtype(dts.get(k, self.plan.dtype)))
+                  for k, v in raw.items()}
+        rounded = {k: v.to(torch.float64) for k, v in inputs.items()}
+        ref = self._reference(self.graph, rounded, self._reference_kind, None)
+        operand_error = 0.0
+        if computed_operands(self.graph):
+            moved = self._reference(self.graph, rounded, self._reference_kind, self.storage_dtype)
+            operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in ref.items())
+            del moved
+        bound = conditioned_bound(self.a_priori, operand_error)
+        return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound)
 
     def _reference(self, graph: Graph, rounded: dict, reference: str, operand_dtype: str | None) -> dict:
         """The float64 outputs (``operand_dtype``: with computed GEMM operands rounded to it)."""
@@ -292,82 +317,162 @@ class GpuVerifier:
         with torch.no_grad():
             return torch_fn(graph, operand_dtype)(**rounded)
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        """Global tensors of the plan: inputs filled, everything else poisoned with NaN."""
+    def tensors(self, inputs: Mapping[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+        """Global tensors of the plan: inputs (default: the first draw's) filled, everything else poisoned
+        with NaN."""
         import torch
 
+        inputs = self.inputs if inputs is None else inputs
         out: dict[str, torch.Tensor] = {}
         graph_in = {t.name: t.axes for t in self.graph.inputs()}
         for gt in self.plan.tensors:
             if gt.role == "input":
-                x = to_plan_layout(self.inputs[gt.name], graph_in[gt.name], gt.axes, self.view)
+                x = to_plan_layout(inputs[gt.name], graph_in[gt.name], gt.axes, self.view)
                 out[gt.name] = x.to(_tdtype(gt.dtype)).contiguous()
             else:
                 out[gt.name] = torch.full(gt.shape, float("nan"), dtype=_tdtype(gt.dtype), device=self.device)
         return out
 
     def check(self, launch: Callable[[dict], object], what: str = "") -> VerifyResult:
-        """Run launch once on fresh poisoned buffers and compare every graph output."""
+        """Run launch once per draw on fresh poisoned buffers and compare every graph output; the
+        first failing draw is the verdict."""
+        passes: list[tuple[str, VerifyResult]] = []
+        for label, d in self.draws:
+            res = self._check_draw(launch, d, f"{what}{label}: " if label else what)
+            if not res.ok:
+                return res
+            passes.append((label, res))
+        return combined(passes, self.skipped)
+
+    def _check_draw(self, launch: Callable[[dict], object], d: _DeviceDraw, what: str) -> VerifyResult:
         import torch
 
-        unchecked = out_of_range(self.operand_error, self.storage_dtype, self.seed, what)
+        unchecked = out_of_range(d.operand_error, self.storage_dtype, self.seed, what, d.describe)
         if unchecked is not None:
             return unchecked
-        t = self.tensors()
+        t = self.tensors(d.inputs)
         launch(t)
         torch.cuda.synchronize() if self.device.startswith("cuda") else None
         axes = {gt.name: gt.axes for gt in self.plan.tensors if gt.role == "output"}
         errs: dict[str, float] = {}
-        for name, ref in self.ref.items():
+        for name, ref in d.ref.items():
             if name not in t:
                 errs[name] = float("inf")
                 continue
             o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.view)
             errs[name] = _max_error_torch(o, ref)
-        res = judge(errs, self.bound, self.seed, what)
-        res.message += _raised(self.a_priori, self.bound, self.operand_error, self.storage_dtype)
+        res = judge(errs, d.bound, self.seed, what, d.describe)
+        res.message += _raised(d.a_priori, d.bound, d.operand_error, self.storage_dtype)
         return res
 
     def check_fn(self, fn: Callable[..., Mapping[str, torch.Tensor]]) -> float:
-        """Normalised max error of a baseline (a ``run.baselines`` function); informative only."""
+        """Normalised max error of a baseline (a ``run.baselines`` function) on the first draw; informative only."""
         outs = fn(**self.inputs)
         return max(_max_error_torch(outs[n], r) for n, r in self.ref.items())
 
 
 # --- the CPU executor check ----------------------------------------------------
 
+def _rounded_one(v: np.ndarray, dtype: str) -> np.ndarray:
+    """``v`` rounded once to ``dtype`` (round to nearest even), back in float64."""
+    v = np.asarray(v, dtype=np.float64)
+    if dtype == "bfloat16":
+        import torch
+
+        return torch.from_numpy(v).to(torch.bfloat16).to(torch.float64).numpy()
+    return v.astype({"float16": np.float16, "float32": np.float32}[dtype]).astype(np.float64)
+
+
+def input_dtypes(plan: Plan) -> dict[str, str]:
+    """Each input tensor's dtype: the plan's, or float32 for a statistic (``Graph.float32_io``)."""
+    return {t.name: t.dtype for t in plan.tensors if t.role == "input"}
+
+
+def _rounded(raw: Mapping[str, np.ndarray], plan: Plan) -> dict[str, np.ndarray]:
+    """Inputs as the plan's kernels see them (each stored in its own dtype), back in float64."""
+    dts = input_dtypes(plan)
+    return {k: _rounded_one(v, dts.get(k, plan.dtype)) for k, v in raw.items()}
+
+
+def combined(passes: list[tuple[str, VerifyResult]], skipped: list[str]) -> VerifyResult:
+    """One verdict from the passing checks of several draws (label, result; the first's label empty): the
+    error and bound of the draw nearest its bound, a message naming each draw's error and any draw the
+    graph itself could not be checked on. ``per_output`` is the first draw's."""
+    first = passes[0][1]
+    worst = max((r for _, r in passes), key=lambda r: r.error / r.bound if r.bound > 0 else math.inf)
+    rest = [f"{label} {r.error:.2e} <= {r.bound:.0e}" for label, r in passes[1:]]
+    msg = "; ".join([first.message, *rest, *skipped])
+    return VerifyResult(True, worst.error, worst.bound, first.seed, dict(first.per_output), msg)
+
+
+@dataclass
+class _Prepared:
+    """One draw of the CPU check: inputs rounded to the plan dtype, their reference and its bound."""
+
+    describe: str
+    rounded: dict[str, np.ndarray]
+    ref: dict[str, np.ndarray]
+    a_priori: float
+    operand_error: float
+
+
+def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: str,
+             bound: float | None) -> _Prepared:
+    rounded = _rounded(raw, plan)
+    ref = evaluate(graph, rounded)
+    a_priori = executor_bound(plan, graph) if bound is None else bound
+    operand_error = 0.0
+    if bound is None and computed_operands(graph):
+        moved = evaluate(graph, rounded, operand_rounding(storage_dtype(plan)))
+        operand_error = finite_max(max_error(moved[n], r) for n, r in ref.items())
+    return _Prepared(describe, rounded, ref, a_priori, operand_error)
+
+
 def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
-                    bound: float | None = None, inputs: Mapping[str, np.ndarray] | None = None) -> VerifyResult:
-    """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``.
+                    bound: float | None = None, inputs: Mapping[str, np.ndarray] | None = None,
+                    draws: tuple[Draw, ...] = DRAWS) -> VerifyResult:
+    """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``, on every
+    draw of ``DRAWS`` (normal inputs, then outliers; the first failure is the verdict).
 
     Inputs are rounded to the plan dtype first (what the kernel would see), so
-    the remaining error is the executor's own arithmetic and roundings. ``inputs`` (default:
-    ``random_inputs(graph, seed)``) lets a caller give values that belong together, such as a
-    backward graph's saved tensors computed from its forward inputs (``run.grad_check``).
+    the remaining error is the executor's own arithmetic and roundings. ``inputs`` (default: each
+    draw of ``DRAWS`` from ``seed``) lets a caller give values that belong together, such as a
+    backward graph's saved tensors computed from its forward inputs (``run.grad_check``): those
+    are checked alone. A later draw is taken at the largest of its outlier magnitudes on which the
+    graph's own values fit the plan's dtypes (``checkable``), and skipped with a note where none does.
     """
-    given = bound
-    bound = executor_bound(plan, graph) if bound is None else bound
     seed = fresh_seed() if seed is None else seed
-    raw = random_inputs(graph, seed) if inputs is None else {k: np.asarray(v, dtype=np.float64)
-                                                              for k, v in inputs.items()}
-    dts = input_dtypes(plan)
-    rounded = {k: _rounded(v, dts.get(k, plan.dtype)) for k, v in raw.items()}
-    ref = evaluate(graph, rounded)
-    a_priori, operand_error, dtype = bound, 0.0, storage_dtype(plan)
-    if given is None and computed_operands(graph):
-        moved = evaluate(graph, rounded, operand_rounding(dtype))
-        operand_error = finite_max(max_error(moved[n], r) for n, r in ref.items())
-        unchecked = out_of_range(operand_error, dtype, seed, "CPU executor: ")
-        if unchecked is not None:
-            return unchecked
-        bound = conditioned_bound(a_priori, operand_error)
+    if inputs is not None:
+        return _executor_once(plan, graph, execute, seed, _prepare(plan, graph, inputs, GIVEN, bound), "")
+    dts = output_dtypes(plan)
+    prepared, skipped = drawn(draws, graph, seed, lambda desc, raw: _prepare(plan, graph, raw, desc, bound),
+                              lambda p: checkable(p.ref, p.operand_error, dts), storage_dtype(plan))
+    passes: list[tuple[str, VerifyResult]] = []
+    for label, prep in prepared:
+        res = _executor_once(plan, graph, execute, seed, prep, label)
+        if not res.ok:
+            return res
+        passes.append((label, res))
+    return combined(passes, skipped)
+
+
+def _executor_once(plan: Plan, graph: Graph, execute: Callable, seed: int, prep: _Prepared,
+                   label: str) -> VerifyResult:
+    """The CPU check on one prepared draw."""
+    what = f"CPU executor {label}: " if label else "CPU executor: "
+    dtype = storage_dtype(plan)
+    unchecked = out_of_range(prep.operand_error, dtype, seed, what, prep.describe)
+    if unchecked is not None:
+        return unchecked
+    bound = conditioned_bound(prep.a_priori, prep.operand_error)
     view = view_of(plan)  # execute() hands outputs back in source axis names, in the plan's order
     axes = {gt.name: list(view.source_axes(gt.axes)) for gt in plan.tensors if gt.role == "output"}
     try:
-        outs = execute(plan, rounded)
+        outs = execute(plan, prep.rounded)
     except Exception as e:  # noqa: BLE001 - any executor failure is a failed plan
         return VerifyResult(False, float("inf"), bound, seed, {},
+                            f"CPU executor {label}: failed: {type(e).__name__}: {e}" if label else
                             f"CPU executor failed: {type(e).__name__}: {e}")
-    res = compare(outs, ref, bound, seed, axes, graph, "CPU executor: ")
-    res.message += _raised(a_priori, bound, operand_error, dtype)
+    res = compare(outs, prep.ref, bound, seed, axes, graph, what, prep.describe)
+    res.message += _raised(prep.a_priori, bound, prep.operand_error, dtype)
     return res

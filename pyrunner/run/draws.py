@@ -1,0 +1,108 @@
+"""The inputs every numerical check runs on (``DRAWS``), and when a draw can be checked at all.
+
+Why: the CPU executor check and the GPU check must draw the same inputs (a plan that passes one on
+values the other never sees is a hole): both take their draws, and the rule that lowers an outlier
+draw's magnitude where the graph's own values leave the plan's dtypes, from here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+from pyrunner.ir.reference import OUTLIER_MAGNITUDE, OUTLIER_RATE, OUTLIER_SCALE, outlier_inputs, random_inputs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pyrunner.ir.graph import Graph
+    from pyrunner.plan.schema import Plan
+
+DTYPE_MAX: dict[str, float] = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38, "float32": 3.4028234663852886e38}
+"""Largest finite value of each storage dtype."""
+
+
+@dataclass(frozen=True)
+class Draw:
+    """One kind of input every check runs on, drawn from the run's seed."""
+
+    name: str
+    magnitudes: tuple[float, ...]
+    """Outlier magnitudes tried in turn until the graph's values fit the plan's dtypes (0: no outliers):
+    a SwiGLU of two +-20 outliers reaches 1.6e5, past float16, and no fp16 output can hold it."""
+
+    def make(self, graph: Graph, seed: int, magnitude: float) -> dict[str, np.ndarray]:
+        return outlier_inputs(graph, seed, magnitude=magnitude) if magnitude else random_inputs(graph, seed)
+
+    def label(self, magnitude: float) -> str:
+        """How a message names a later draw (the first is named by its seed line only)."""
+        return f"on {self.name} inputs (up to {magnitude:g})" if magnitude else f"on {self.name} inputs"
+
+    def describe(self, magnitude: float) -> str:
+        if not magnitude:
+            return "normal, std 0.5"
+        return (f"normal, std {OUTLIER_SCALE:g}, with outliers of magnitude {magnitude / 2:g} to {magnitude:g} "
+                f"in every row and {OUTLIER_RATE:.0%} of entries")
+
+
+NORMAL = Draw("normal", (0.0,))
+OUTLIERS = Draw("outlier", (OUTLIER_MAGNITUDE, OUTLIER_MAGNITUDE / 2, OUTLIER_MAGNITUDE / 4))
+DRAWS: tuple[Draw, ...] = (NORMAL, OUTLIERS)
+"""The inputs every check runs on, in order (a failure on one ends the check)."""
+GIVEN = "inputs given by the caller"
+
+
+LOST_OPERAND_ERROR = 0.5
+"""A draw on which rounding the graph's computed GEMM operands to the storage dtype moves the float64
+reference by this much (normalised) or more is not checkable: the operands under- or overflow the dtype
+(an RBF smoother's exp(-d^2) weights of outliers all round to 0, and the 0/0 that follows is the graph's,
+not the plan's). The first draw is judged as before; a later one is taken at a smaller magnitude."""
+
+
+def checkable(ref: Mapping[str, object], operand_error: float, out_dtypes: Mapping[str, str]) -> bool:
+    """Whether a kernel can be checked on a draw: its float64 reference is finite, fits each output's
+    storage dtype, and stays finite and within ``LOST_OPERAND_ERROR`` with the graph's computed GEMM
+    operands rounded to the storage dtype (all depend on the graph and its inputs alone, never on the
+    plan's kernels)."""
+    for name, r in ref.items():
+        if hasattr(r, "isfinite"):  # a torch tensor, possibly on the device
+            peak = float(r.abs().max()) if r.numel() else 0.0  # type: ignore[attr-defined]
+        else:
+            arr = np.asarray(r)
+            peak = float(np.max(np.abs(arr))) if arr.size else 0.0
+        if not math.isfinite(peak) or peak > DTYPE_MAX[out_dtypes.get(name, "float32")]:
+            return False
+    return math.isfinite(operand_error) and operand_error < LOST_OPERAND_ERROR
+
+
+T = TypeVar("T")
+
+
+def drawn(draws: tuple[Draw, ...], graph: Graph, seed: int, prepare: Callable[[str, dict[str, np.ndarray]], T],
+          fits: Callable[[T], bool], dtype: str) -> tuple[list[tuple[str, T]], list[str]]:
+    """Each draw prepared (``prepare(description, inputs)``) at the first of its magnitudes that ``fits``
+    (the first draw as it comes: it is judged, overflow included, as before outliers were drawn), with
+    the label its messages carry; and a note for each draw no magnitude of which fits."""
+    out: list[tuple[str, T]] = []
+    skipped: list[str] = []
+    for i, draw in enumerate(draws):
+        for m in draw.magnitudes:
+            prepared = prepare(draw.describe(m), draw.make(graph, seed, m))
+            if i == 0 or fits(prepared):
+                out.append(("" if i == 0 else draw.label(m), prepared))
+                break
+        else:
+            skipped.append(not_checked(draw, dtype, seed))
+    return out, skipped
+
+
+def output_dtypes(plan: Plan) -> dict[str, str]:
+    return {gt.name: gt.dtype for gt in plan.tensors if gt.role == "output"}
+
+
+def not_checked(draw: Draw, dtype: str, seed: int) -> str:
+    """The note of a draw skipped because the graph itself overflows on every magnitude of it."""
+    return (f"{draw.name} inputs not checked: the graph's float64 values overflow or leave {dtype} on "
+            f"them ({draw.describe(draw.magnitudes[-1])}, seed {seed})")
