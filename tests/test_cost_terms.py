@@ -60,7 +60,8 @@ def test_launch_is_paid_once_per_kernel() -> None:
     graph = catalog.get("RMSNorm", {"m": 64, "d": 256, "n": 256})
     planner, kc, tb = _one_kernel(graph)
     base = _time(planner, kc, tb, DEFAULT_MACHINE)
-    later = _time(planner, kc, tb, Machine(terms=replace(HOPPER_TERMS, launch_us=HOPPER_TERMS.launch_us + 3.0)))
+    later = _time(planner, kc, tb,
+                  Machine(DEFAULT_MACHINE.device, replace(HOPPER_TERMS, launch_us=HOPPER_TERMS.launch_us + 3.0)))
     assert later - base == pytest.approx(3.0, abs=1e-6)
     assert base < 4 * HOPPER_TERMS.launch_us
 
@@ -78,7 +79,7 @@ def test_attention_exponentials_overlap_with_its_mma() -> None:
     planner, kc, tb = _one_kernel(graph, gemm=True)
 
     def at(overlap: float) -> float:
-        return _time(planner, kc, tb, Machine(terms=replace(HOPPER_TERMS, cc_overlap=overlap)))
+        return _time(planner, kc, tb, Machine(DEFAULT_MACHINE.device, replace(HOPPER_TERMS, cc_overlap=overlap)))
 
     assert at(0.0) > at(HOPPER_TERMS.cc_overlap) > at(1.0) or HOPPER_TERMS.cc_overlap in (0.0, 1.0)
     assert at(0.0) > at(0.5) > at(1.0)
@@ -95,8 +96,8 @@ def test_first_reads_from_l2_only_where_the_data_stays_there() -> None:
         planner, kc, tb = _one_kernel(graph)
         facts = LoweringFacts.of(kc.low, tb, m)
         assert l2_resident(facts, m) is resident
-        off = Machine(terms=replace(HOPPER_TERMS, l2_bw_share=0.0))
-        on = Machine(terms=replace(HOPPER_TERMS, l2_bw_share=0.6))
+        off = Machine(DEFAULT_MACHINE.device, replace(HOPPER_TERMS, l2_bw_share=0.0))
+        on = Machine(DEFAULT_MACHINE.device, replace(HOPPER_TERMS, l2_bw_share=0.6))
         assert first_read_bw(facts, off) == hbm
         assert first_read_bw(facts, on) == (max(hbm, 0.6 * m.device.l2_bw) if resident else hbm)
         if resident:

@@ -111,10 +111,11 @@ def samples(logs, planner_factory, m: Machine = DEFAULT_MACHINE, current_only: b
 
 def same_target(rec: dict, m: Machine) -> bool:
     """Whether a record was measured on ``m``'s device with ``m``'s backend (a record without a backend
-    field predates the second backend: TileLang's Hopper code), so a calibration is per backend and device."""
+    field predates the second backend: TileLang's Hopper code; the GPU sweep's names the architecture after
+    it, ``tilelang-ampere (sm_80)``), so a calibration is per backend and device."""
     from pyrunner.target.tuning import HOPPER_BACKEND, device_key
 
-    backend = (rec.get("extra") or {}).get("backend") or HOPPER_BACKEND
+    backend = str((rec.get("extra") or {}).get("backend") or HOPPER_BACKEND).split(" ")[0]
     return device_key(str(rec.get("device", ""))) == device_key(m.device.name) and backend == m.terms.backend
 
 

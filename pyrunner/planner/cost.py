@@ -17,7 +17,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
-from pyrunner.backend.tilelang.hopper import HOPPER_TERMS
+from pyrunner.backend.tilelang.targets import target_for
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param, resolve, thread_reads_staged
 from pyrunner.planner.banks import SharedReads, extra_wavefronts, shared_reads
@@ -29,7 +29,12 @@ from pyrunner.target.device import DEFAULT_TARGET, DTYPE_BYTES, Device
 from pyrunner.target.fit import FitModel, fitting_space, staged_tiles_fit
 
 __all__ = ["DEFAULT_MACHINE", "DTYPE_BYTES", "Machine", "best_config", "estimate", "fitting_space", "grid_blocks",
-           "param_space", "ranked_configs", "structure_class"]
+           "machine_for", "param_space", "ranked_configs", "structure_class"]
+
+
+UNFITTED = "unfitted_terms"
+"""Key of a plan's ``cost.model`` set where the backend's terms are not fitted to any run on its device
+(``CostTerms.fitted``): every time in the plan is modelled from the device description."""
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,8 @@ class Machine:
     """A device (``pyrunner.target``), the backend's cost terms (``target.cost_terms``: what its code
     achieves there, the values in the backend module) and calibrated per-structure scales."""
 
-    device: Device = field(default=DEFAULT_TARGET)
-    terms: CostTerms = field(default=HOPPER_TERMS)
+    device: Device
+    terms: CostTerms
     structure_scale: tuple[tuple[str, float], ...] = ()  # structure class -> measured/predicted (calibration)
 
     @property
@@ -67,6 +72,8 @@ class Machine:
         out.update({f.name: getattr(self.terms, f.name) for f in fields(self.terms)
                     if type(getattr(self.terms, f.name)) in (int, float)})
         out.update({f"scale[{c}]": v for c, v in self.structure_scale})
+        if not self.terms.fitted:  # no run of this backend on this device: the plan's times are modelled only
+            out[UNFITTED] = 1.0
         return {k: float(v) for k, v in out.items()}
 
     def scale_for(self, cls: str) -> float:
@@ -78,7 +85,12 @@ class Machine:
         return dict(self.structure_scale).get(cls, default)
 
 
-DEFAULT_MACHINE = Machine()
+def machine_for(device: Device) -> Machine:
+    """The uncalibrated cost model of ``device``: its numbers and the terms of the backend rendering for it."""
+    return Machine(device, target_for(device).terms)
+
+
+DEFAULT_MACHINE = machine_for(DEFAULT_TARGET)
 """The cost model of the default target device, uncalibrated (``planner.calibration`` fits one from a log)."""
 
 

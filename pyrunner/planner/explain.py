@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pyrunner.plan.analysis import default_value, kernel_ops
 from pyrunner.plan.schema import Gemm, Kernel, Plan, Reduce
+from pyrunner.planner.cost import UNFITTED
 
 
 def _kernel_words(k: Kernel, tensors: dict[str, list[str]]) -> list[str]:
@@ -32,7 +33,9 @@ def time_words(plan: Plan) -> str:
     """The plan's time, saying whether it is the cost model's prediction or a tuning-database measurement
     (never a measurement called "predicted")."""
     if not plan.cost.model.get("measured"):
-        return f"predicted {plan.cost.total_us:.1f} us by the cost model"
+        modelled = (" (modelled from the device description alone: no run of this backend on this GPU exists)"
+                    if plan.cost.model.get(UNFITTED) else "")
+        return f"predicted {plan.cost.total_us:.1f} us by the cost model{modelled}"
     model = plan.cost.model.get("model_total_us")
     return (f"measured {plan.cost.total_us:.1f} us (tuning database, at its tuned config)"
             + (f"; the cost model predicted {model:.1f} us" if model is not None else ""))

@@ -60,7 +60,15 @@ from pyrunner.plan.schema import (
 from pyrunner.planner.aliases import distinct_outputs, graph_hash, with_aliases
 from pyrunner.planner.calibration import calibrate
 from pyrunner.planner.coschedule import pairings
-from pyrunner.planner.cost import DEFAULT_MACHINE, DTYPE_BYTES, Estimate, Machine, grid_blocks, ranked_configs
+from pyrunner.planner.cost import (
+    DEFAULT_MACHINE,
+    DTYPE_BYTES,
+    Estimate,
+    Machine,
+    grid_blocks,
+    machine_for,
+    ranked_configs,
+)
 from pyrunner.planner.lower import (
     Infeasible,
     Lowered,
@@ -811,7 +819,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         plans = search(unique, dtype, top=top, naive=naive, calibration=calibration, budget=budget, tuning=tuning,
                        device=device)
         return [with_aliases(p, graph, aliases) for p in plans]
-    machine = calibrate(calibration, Planner, DEFAULT_MACHINE if device is None else Machine(device))
+    machine = calibrate(calibration, Planner, DEFAULT_MACHINE if device is None else machine_for(device))
     planner = Planner(graph, dtype, machine)
     searched = [(planner, planner.candidates(naive=naive, budget=budget))]
     merged, merges = (graph, []) if naive else merge_all(graph)
@@ -858,7 +866,7 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
     bias = 1.0
     if tuning is not False and tuning.entries:
         modelled = [p.cost.total_us for _, _, p in ranked]
-        ranked = [(u, i, prefer_measured(p, tuning)) for u, i, p in ranked]
+        ranked = [(u, i, prefer_measured(p, tuning, machine)) for u, i, p in ranked]
         bias = model_bias([(p.cost.total_us, model) for (_, _, p), model in zip(ranked, modelled, strict=True)
                            if p.cost.model.get("measured")])
 
@@ -951,12 +959,13 @@ MODEL_TOTAL = "model_total_us"
 measurement (``cost.model["measured"]``): a prediction and a measurement are never one number."""
 
 
-def prefer_measured(plan: Plan, db) -> Plan:
+def prefer_measured(plan: Plan, db, machine: Machine = DEFAULT_MACHINE) -> Plan:
     """The plan at its tuned config with its measured time as the estimate, where ``db`` (a
-    ``target.tuning.TuningDB``) has it."""
+    ``target.tuning.TuningDB``) has it for ``machine``'s device and backend (an A100 plan never takes an
+    H200 time, whichever database it is given)."""
     from pyrunner.target.tuning import apply_tuned
 
-    entry = db.lookup(plan)
+    entry = db.lookup(plan, machine.device.name, backend=machine.terms.backend)
     if entry is None:
         return plan
     tuned = apply_tuned(plan, entry)

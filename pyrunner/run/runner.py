@@ -561,6 +561,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
 
 def _record_tuning(run: _Run) -> None:
     """Write the config just timed into the tuning file (opts.tuning_out) when it beats the stored one."""
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.target.tuning import measured_forms, tuning_key
 
     opts = run.opts
@@ -568,10 +569,14 @@ def _record_tuning(run: _Run) -> None:
         return
     tried = run.fields["extra"].get("autotune") or []
     default = next((t.get("time_us") for t in tried if t.get("config") == default_config(run.plan)), None)
+    # filed under the backend that rendered the plan: an Ampere build timed on an H200 never becomes an
+    # H200 entry of the Hopper backend (nor, through the record, a Hopper calibration sample)
+    backend = backend_for(opts.backend).name
+    run.fields["extra"]["backend"] = backend
     try:  # the record names its database key, so a results log alone can rebuild the entry
         forms = measured_forms(run.plan)
-        run.fields["extra"]["tuning"] = {"key": tuning_key(run.plan, run.fields["device"]), "forms": forms,
-                                         "default_us": default}
+        run.fields["extra"]["tuning"] = {"key": tuning_key(run.plan, run.fields["device"], backend=backend),
+                                         "forms": forms, "default_us": default}
     except Exception as e:  # noqa: BLE001 - tuning bookkeeping must not fail a run
         run.notes.append(f"tuning key not recorded: {_err(e)}")
     if opts.tuning_out is None:
@@ -579,7 +584,7 @@ def _record_tuning(run: _Run) -> None:
     try:
         db = _tuning_db(opts, run.fields["device"])
         changed = db.record(run.plan, run.fields["config"], run.fields["plan_us"], run.fields["device"],
-                            tried=max(1, len(tried)), default_us=default)
+                            tried=max(1, len(tried)), default_us=default, backend=backend)
         db.save(opts.tuning_out)
         run.notes.append("tuning database updated" if changed else "tuning database kept its faster entry")
     except Exception as e:  # noqa: BLE001 - tuning bookkeeping must not fail a run

@@ -3,7 +3,8 @@
 Why apart from ``target.device``: a ``Device`` holds the hardware's numbers (SMs, bandwidth, FLOP/s,
 limits); these are what one renderer's kernels achieve there (efficiencies, pipeline factors, scales
 measured on its kernels, its launch cost under CUDA-graph replay), so a second backend on the same GPU
-has its own. Each backend module holds its values (``backend.tilelang.hopper.HOPPER_TERMS``);
+has its own. Each backend module holds its values (``backend.tilelang.hopper.HOPPER_TERMS``,
+``backend.tilelang.ampere.AMPERE_TERMS``) on its compile target (``CompileTarget.terms``);
 ``planner.cost.Machine`` carries them, and calibrations and tuning entries are filed under ``backend``.
 No value is stated here.
 """
@@ -19,6 +20,9 @@ class CostTerms:
 
     backend: str
     """The name calibrations and tuning entries are keyed by (``tilelang-hopper``)."""
+    fitted: bool
+    """Whether the values are fitted to this backend's runs on its device; False: modelled from the device
+    description alone, so every time the planner gives for it is a model's (``superopt --explain`` says so)."""
     compute_efficiency: float
     """Generated-code efficiency on tensor cores."""
     memory_efficiency: float

@@ -3,7 +3,7 @@
 One subclass per instruction set (``hopper.Hopper``: wgmma, TMA, warp-specialised forms, dependent
 launch; ``ampere.Ampere``: mma.sync, cp.async pipelines). The renderer, the compiler and the lowering
 check take a target as an argument and ask it, so none of them names a GPU. A leaf (only
-``target.device``).
+``target.device`` and ``target.cost_terms``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from pyrunner.target.cost_terms import CostTerms
 from pyrunner.target.device import Device
 
 NVCC_FLAGS = ("-std=c++20", "-w", "-Xcudafe", "--diag_suppress=177", "-lineinfo")
@@ -41,6 +42,8 @@ class CompileTarget:
     """Programmatic dependent launch (``T.pdl_trigger`` / ``T.pdl_sync``: griddepcontrol, sm_90 and later)."""
     archs: ClassVar[tuple[str, ...]] = ()
     """Architectures of the devices this instruction set serves."""
+    terms: ClassVar[CostTerms]
+    """The cost model's constants for this instruction set's code (the subclass's module states them)."""
 
     def __post_init__(self) -> None:
         if self.device.arch not in self.archs:

@@ -15,26 +15,12 @@ from pyrunner.backend.tilelang.compile_target import NVCC_FLAGS, CompileTarget
 from pyrunner.target.cost_terms import CostTerms
 from pyrunner.target.device import H200
 
-__all__ = ["HOPPER", "NVCC_FLAGS", "Hopper"]
-
-
-@dataclass(frozen=True)
-class Hopper(CompileTarget):
-    """A Hopper GPU (compute capability 9.0, ``sm_90a``: wgmma and TMA) as a TileLang compile target."""
-
-    family: ClassVar[str] = "hopper"
-    async_forms: ClassVar[bool] = True
-    tma_pipelines: ClassVar[bool] = True
-    dependent_launch: ClassVar[bool] = True
-    archs: ClassVar[tuple[str, ...]] = ("sm_90a",)
-
-
-HOPPER = Hopper(H200)
-"""The Hopper target plans are rendered for by default."""
+__all__ = ["HOPPER", "HOPPER_TERMS", "NVCC_FLAGS", "Hopper"]
 
 
 HOPPER_TERMS = CostTerms(
     backend="tilelang-hopper",
+    fitted=True,  # to H200 runs (below)
     # Fitted (issue 41) over every committed H200 side-by-side record and tuning entry, 531 plans, each
     # re-predicted at its timed config (``planner.model_error``); they were 0.80, 0.85, 0.12 us, 4.0 us,
     # 0.75 and no overlap, which over-predicted 83% of the plans (median error 35%, mean 48%).
@@ -91,3 +77,20 @@ HOPPER_TERMS = CostTerms(
 )
 """The cost model's constants for TileLang's Hopper code (``target.cost_terms``), with the runs they
 come from."""
+
+
+@dataclass(frozen=True)
+class Hopper(CompileTarget):
+    """A Hopper GPU (compute capability 9.0, ``sm_90a``: wgmma and TMA) as a TileLang compile target."""
+
+    family: ClassVar[str] = "hopper"
+    async_forms: ClassVar[bool] = True
+    tma_pipelines: ClassVar[bool] = True
+    dependent_launch: ClassVar[bool] = True
+    archs: ClassVar[tuple[str, ...]] = ("sm_90a",)
+    terms: ClassVar[CostTerms] = HOPPER_TERMS
+
+
+HOPPER = Hopper(H200)
+"""The Hopper target plans are rendered for by default."""
+

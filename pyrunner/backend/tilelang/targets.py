@@ -6,9 +6,12 @@ line here; a new instruction set is one more module beside ``hopper.py`` and ``a
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pyrunner.backend.tilelang.ampere import AMPERE
 from pyrunner.backend.tilelang.compile_target import CompileTarget
 from pyrunner.backend.tilelang.hopper import HOPPER
+from pyrunner.target.device import Device
 
 TARGETS: dict[str, CompileTarget] = {"h200": HOPPER, "a100": AMPERE}
 """Compile targets by device name (the keys of ``target.device.DEVICES`` that have a renderer)."""
@@ -19,3 +22,12 @@ DEFAULT_TARGET_NAME = "h200"
 def default_target() -> CompileTarget:
     """The target a plan is rendered for when the caller names none."""
     return TARGETS[DEFAULT_TARGET_NAME]
+
+
+def target_for(device: Device) -> CompileTarget:
+    """The compile target rendering for ``device``: the one whose instruction set serves its architecture
+    (so the cost model of an A100 gets the Ampere backend's terms, never Hopper's)."""
+    for t in TARGETS.values():
+        if device.arch in t.archs:
+            return t if t.device == device else replace(t, device=device)
+    raise ValueError(f"no TileLang target renders for {device.name} ({device.arch})")
