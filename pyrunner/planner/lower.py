@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from pyrunner.ir.axes import axes_of
-from pyrunner.ir.graph import Term, subterms
+from pyrunner.ir.graph import Term, index_only
 from pyrunner.ir.ops import REDUCTIONS, UNARY
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import MMA_K_ALIGN, block_param, constant_value, expr_refs, op_buffers, substitute_refs
@@ -111,8 +111,7 @@ def const_expr(v: float) -> Const:
 
 def static(t: Term) -> bool:
     """t depends only on indices and constants (a mask predicate, say): computed where it is used."""
-    return all(x.op in ("iota", "const", "axis_size") or x.op in ELEMENTWISE_OPS for x in subterms([t])) \
-        and t.op != "const" and t.op != "axis_size"
+    return index_only(t) and t.op != "const" and t.op != "axis_size"
 
 
 def static_expr(t: Term) -> Expr:

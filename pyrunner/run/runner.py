@@ -34,7 +34,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pyrunner.backend.tilelang.diagnose import detail, one_line
-from pyrunner.errors import DeviceFitError, UserError
+from pyrunner.errors import DeviceFitError, PlanError, UserError
 from pyrunner.files import check_output_file, inside, output_dir, write_text_atomic
 from pyrunner.ir.graph import Graph
 from pyrunner.log.results import RunRecord, append_record, make_record
@@ -344,8 +344,14 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
     """Run one validated plan; returns the record it appended to ``opts.results``.
 
     Raises DeviceFitError (a UserError) when the plan cannot fit the device,
-    after logging it; every other failure becomes a failed record.
+    after logging it, and PlanError, logging nothing, when it exceeds what TileLang is asked to lower
+    (``backend.tilelang.limits``); every other failure becomes a failed record.
     """
+    from pyrunner.backend.tilelang.limits import size_problem
+
+    too_big = size_problem(plan)  # before anything is rendered, lowered or logged
+    if too_big is not None:
+        raise PlanError(f"plan {plan.provenance.plan_hash}: {too_big}")
     opts = opts or RunOptions()
     console = console or Console(stderr=True)
     run = _Run(plan, graph or graph_of(plan), opts, console)
