@@ -8,7 +8,7 @@ import pytest
 from pyrunner.backend.tilelang import limits
 from pyrunner.errors import PlanError
 from pyrunner.ir import catalog
-from pyrunner.ir.graph import index_only, inp, result_axes, unary
+from pyrunner.ir.graph import axis_size, binary, const, index_only, inp, iota, result_axes, unary, where
 from pyrunner.planner import search
 
 
@@ -27,6 +27,16 @@ def test_a_deep_chain_is_typed_once_and_compared_once() -> None:
     assert a is not b and a == b
     assert a._same is b or b._same is a
     assert a != unary("exp", b) and not index_only(a)
+
+
+def test_memoised_facts_hold_for_equal_terms_built_apart() -> None:
+    """Equal leaves built as distinct objects each get their own memoised facts (a traversal that
+    dedups by equality would visit one of them and leave the other unset)."""
+    mask = binary("lt", iota("n"), axis_size("n"))
+    t = where(mask, binary("mul", inp("X", ["m", "n"]), const(0.0)), const(0.0))
+    assert result_axes(t) == ("m", "n")
+    assert index_only(binary("add", mask, const(1.0))) and not index_only(t)
+    assert index_only(where(mask, const(0.0), const(0.0)))
 
 
 def test_a_plan_over_the_lowering_limits_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

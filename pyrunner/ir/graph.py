@@ -239,16 +239,7 @@ def result_axes(t: Term, memo: dict[Term, tuple[str, ...]] | None = None) -> tup
     terms themselves (``Term._axes``), so each term of a graph is typed once however often it is asked.
     ``memo`` is filled too, for callers that read it."""
     if t._axes is None:
-        if t.op in ("input", "const", "axis_size"):
-            object.__setattr__(t, "_axes", t.axes if t.op == "input" else ())
-        else:
-            for u in subterms([t], lambda x: [a for a in x.args if a._axes is None]):
-                if u._axes is not None:
-                    continue
-                kind = TERM_KINDS.get(u.op)
-                if kind is None:
-                    raise GraphError(f"unknown op {u.op!r}")
-                object.__setattr__(u, "_axes", kind.axes(u, [x._axes for x in u.args]))
+        _fill(t, "_axes", _typed)
     if memo is not None:
         memo[t] = t._axes
     return t._axes
@@ -262,10 +253,32 @@ def index_only(t: Term) -> bool:
     """Whether every term below t (t too) is one of ``INDEX_OPS`` (a mask predicate, a scale built of
     sizes): iterative, memoised on the terms, so asking it of every term of a deep graph is linear."""
     if t._index_only is None:
-        for u in subterms([t], lambda x: [a for a in x.args if a._index_only is None]):
-            if u._index_only is None:
-                object.__setattr__(u, "_index_only", u.op in INDEX_OPS and all(a._index_only for a in u.args))
+        _fill(t, "_index_only", lambda u: u.op in INDEX_OPS and all(a._index_only for a in u.args))
     return bool(t._index_only)
+
+
+def _typed(u: Term) -> tuple[str, ...]:
+    kind = TERM_KINDS.get(u.op)
+    if kind is None:
+        raise GraphError(f"unknown op {u.op!r}")
+    return kind.axes(u, [x._axes for x in u.args])
+
+
+def _fill(t: Term, attr: str, compute: Callable[[Term], object]) -> None:
+    """Set ``attr`` on t and every object below it where it is unset, operands first: iterative, and
+    by object rather than by equality (equal terms built apart each get their own value)."""
+    stack = [t]
+    while stack:
+        u = stack[-1]
+        if getattr(u, attr) is not None:
+            stack.pop()
+            continue
+        pending = [a for a in u.args if getattr(a, attr) is None]
+        if pending:
+            stack.extend(pending)
+            continue
+        object.__setattr__(u, attr, compute(u))
+        stack.pop()
 
 
 # --- whole graphs ------------------------------------------------------------
