@@ -40,7 +40,11 @@ TUNED = (("RMSNorm", "fp16"), ("LayerNormMatmul", "bf16"), ("ScaledAttention", "
 """Catalog workloads at their default sizes, where the committed tuning database has entries."""
 
 
-def cases(quick: bool, backward: bool = False) -> list[tuple[str, list[str]]]:
+CORPUS = ("tests/data", "benchmarks/graphs")
+"""Folders of graph files ``--corpus`` adds (every one, at axes capped like ``GRAPHS``)."""
+
+
+def cases(quick: bool, corpus: bool = False, backward: bool = False) -> list[tuple[str, list[str]]]:
     """(case name, superopt arguments) pairs (``backward``: the derived forward-with-saves and backward)."""
     from pyrunner.ir import catalog
 
@@ -54,23 +58,28 @@ def cases(quick: bool, backward: bool = False) -> list[tuple[str, list[str]]]:
     for name, make in catalog.CATALOG.items():
         shapes = [f"--shape={a}={min(n, SMALL)}" for a, n in make().sizes.items()]
         out.append((f"{name}-fp16-small", [name, *shapes, "--dtype", "fp16"]))
-    for path in GRAPHS:
+    paths = list(GRAPHS)
+    if corpus:
+        paths += [str(p.relative_to(ROOT)) for d in CORPUS for p in sorted((ROOT / d).glob("*.json"))
+                  if str(p.relative_to(ROOT)) not in GRAPHS]
+    for path in paths:
         g = json.loads((ROOT / path).read_text())
         shapes = [f"--shape={a}={min(n, 4 * SMALL)}" for a, n in g.get("axes", {}).items()]
-        out.append((f"{Path(path).stem}-bf16", ["--graph", str(ROOT / path), *shapes, "--dtype", "bf16"]))
+        stem = Path(path).stem if path in GRAPHS else f"{Path(path).parent.name}-{Path(path).stem}"
+        out.append((f"{stem}-bf16", ["--graph", str(ROOT / path), *shapes, "--dtype", "bf16"]))
     if not quick:
         out += [(f"{name}-{dtype}-default", [name, "--dtype", dtype]) for name, dtype in TUNED]
     return out
 
 
-def snapshot(out: Path, only: str | None, quick: bool, backward: bool = False) -> None:
+def snapshot(out: Path, only: str | None, quick: bool, corpus: bool = False, backward: bool = False) -> None:
     from pyrunner.backend.tilelang.render import render
     from pyrunner.cli import main
     from pyrunner.plan.validate import validate_plan
 
     empty = Path(tempfile.mkdtemp(prefix="snap-no-tuning-"))
     for tuning in ("no-tuning", "tuning"):
-        for name, argv in cases(quick, backward):
+        for name, argv in cases(quick, corpus, backward):
             if only and only not in name:
                 continue
             d = out / tuning / name
@@ -100,10 +109,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True, help="folder to write the snapshot to (under /tmp)")
     ap.add_argument("--only", help="only the cases whose name contains this")
     ap.add_argument("--quick", action="store_true", help="leave out the default-shape tuned cases")
+    ap.add_argument("--corpus", action="store_true",
+                    help="also every graph file of tests/data and benchmarks/graphs (axes capped at 1024)")
     ap.add_argument("--backward", action="store_true",
                     help="the derived forward-with-saves and backward graphs of the catalog instead")
     args = ap.parse_args()
-    snapshot(args.out, args.only, args.quick, args.backward)
+    snapshot(args.out, args.only, args.quick, args.corpus, args.backward)
 
 
 if __name__ == "__main__":

@@ -105,6 +105,10 @@ def _buildable(graph: Graph, dtype: str, plans: list[Plan], top: int, naive: boo
         if not good:
             raise UserError(f"TileLang cannot build the naive plan of graph {graph.name!r}: {first_why}")
         return good
+    naive_skipped = next((s for s in skipped if s.plan.provenance.planner.endswith("-naive")), None)
+    if naive_skipped is not None:  # the search fell back to the naive plan already, and it does not build
+        raise UserError(f"TileLang cannot build any plan of graph {graph.name!r}, the naive plan included: "
+                        f"{naive_skipped.why}")
     (fallback,) = search(graph, dtype, top=1, naive=True, calibration=calibration, tuning=tuning,
                          device=backend.device)
     why = backend.lowering_problem(fallback)

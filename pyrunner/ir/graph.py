@@ -45,6 +45,15 @@ class Term:
     axes: tuple[str, ...] = ()
     value: float = 0.0
     _hash: int = field(default=0, compare=False, repr=False)
+    _axes: tuple[str, ...] | None = field(default=None, init=False, compare=False, repr=False)
+    """``result_axes`` of this term, kept once computed (terms are immutable): asked of every term of
+    a deep graph, it would otherwise walk the subgraph below each one (quadratic)."""
+    _index_only: bool | None = field(default=None, init=False, compare=False, repr=False)
+    """``index_only`` of this term, kept once computed (as ``_axes``)."""
+    _same: "Term | None" = field(default=None, init=False, compare=False, repr=False)
+    """A term found structurally equal to this one (``__eq__``): equal terms built apart (a graph read
+    twice, a plan's certificate replayed) compare in constant time after their first comparison,
+    which on a deep chain would otherwise walk the whole chain each time (quadratic)."""
 
     def __post_init__(self) -> None:
         h = hash((self.op, self.args, self.fn, self.axis, self.name, self.axes, self.value))
@@ -60,16 +69,21 @@ class Term:
         if not isinstance(other, Term):
             return NotImplemented
         stack: list[tuple[Term, Term]] = [(self, other)]
-        seen: set[tuple[int, int]] = set()
+        seen: dict[tuple[int, int], tuple[Term, Term]] = {}
         while stack:
             a, b = stack.pop()
+            a, b = _representative(a), _representative(b)
             if a is b or (id(a), id(b)) in seen:
                 continue
-            seen.add((id(a), id(b)))
+            seen[(id(a), id(b))] = (a, b)
             if (a._hash != b._hash or a.op != b.op or a.fn != b.fn or a.axis != b.axis or a.name != b.name
                     or a.axes != b.axes or a.value != b.value or len(a.args) != len(b.args)):
                 return False
             stack.extend(zip(a.args, b.args, strict=True))
+        for a, b in seen.values():  # every pair compared is equal: remember it
+            a, b = _representative(a), _representative(b)
+            if a is not b:
+                object.__setattr__(b, "_same", a)
         return True
 
     def __repr__(self) -> str:
@@ -77,6 +91,18 @@ class Term:
 
     def replace_args(self, args: tuple["Term", ...]) -> "Term":
         return Term(self.op, args, self.fn, self.axis, self.name, self.axes, self.value)
+
+
+def _representative(t: Term) -> Term:
+    """The term ``t`` was last found equal to, following ``Term._same`` links (shortened on the way)."""
+    root = t
+    while root._same is not None:
+        root = root._same
+    while t._same is not None and t._same is not root:
+        nxt = t._same
+        object.__setattr__(t, "_same", root)
+        t = nxt
+    return root
 
 
 # --- term constructors -------------------------------------------------------
@@ -209,22 +235,50 @@ def softmax_source(t: Term) -> tuple[Term, str] | None:
 
 
 def result_axes(t: Term, memo: dict[Term, tuple[str, ...]] | None = None) -> tuple[str, ...]:
-    """Named axes of a term's value (order is the canonical memory order); iterative, memoised."""
-    if memo is None:
-        memo = {}
-    elif t in memo:
-        return memo[t]
-    if t.op in ("input", "const", "axis_size"):
-        memo[t] = t.axes if t.op == "input" else ()
-        return memo[t]
-    for u in subterms([t], lambda x: [a for a in x.args if a not in memo]):
-        if u in memo:
+    """Named axes of a term's value (order is the canonical memory order); iterative, memoised on the
+    terms themselves (``Term._axes``), so each term of a graph is typed once however often it is asked.
+    ``memo`` is filled too, for callers that read it."""
+    if t._axes is None:
+        _fill(t, "_axes", _typed)
+    if memo is not None:
+        memo[t] = t._axes
+    return t._axes
+
+
+INDEX_OPS = ("iota", "const", "axis_size", "unary", "binary", "ternary")
+"""Ops of a term that reads no tensor: indices, constants, sizes and elementwise functions of them."""
+
+
+def index_only(t: Term) -> bool:
+    """Whether every term below t (t too) is one of ``INDEX_OPS`` (a mask predicate, a scale built of
+    sizes): iterative, memoised on the terms, so asking it of every term of a deep graph is linear."""
+    if t._index_only is None:
+        _fill(t, "_index_only", lambda u: u.op in INDEX_OPS and all(a._index_only for a in u.args))
+    return bool(t._index_only)
+
+
+def _typed(u: Term) -> tuple[str, ...]:
+    kind = TERM_KINDS.get(u.op)
+    if kind is None:
+        raise GraphError(f"unknown op {u.op!r}")
+    return kind.axes(u, [x._axes for x in u.args])
+
+
+def _fill(t: Term, attr: str, compute: Callable[[Term], object]) -> None:
+    """Set ``attr`` on t and every object below it where it is unset, operands first: iterative, and
+    by object rather than by equality (equal terms built apart each get their own value)."""
+    stack = [t]
+    while stack:
+        u = stack[-1]
+        if getattr(u, attr) is not None:
+            stack.pop()
             continue
-        kind = TERM_KINDS.get(u.op)
-        if kind is None:
-            raise GraphError(f"unknown op {u.op!r}")
-        memo[u] = kind.axes(u, [memo[x] for x in u.args])
-    return memo[t]
+        pending = [a for a in u.args if getattr(a, attr) is None]
+        if pending:
+            stack.extend(pending)
+            continue
+        object.__setattr__(u, attr, compute(u))
+        stack.pop()
 
 
 # --- whole graphs ------------------------------------------------------------

@@ -201,6 +201,9 @@ class LoweringFacts:
     moved: list[tuple[str, tuple[str, ...]]] | None = None
     blocks_seen: dict = field(default_factory=dict, compare=False, repr=False)
     """``_BlockTerms`` by tile extents: one config search prices many configs of the same tiles."""
+    shared_terms: dict | None = field(default=None, compare=False, repr=False)
+    """``_BlockTerms`` by tile extents (their elementwise work aside) shared with every lowering of the
+    same ``tile_terms_key`` (``planner.memo``: kernels that differ only in elementwise work)."""
 
     @staticmethod
     def of(low: Lowered, tensor_bytes: dict[str, int], m: Machine) -> LoweringFacts:
@@ -235,6 +238,16 @@ class _BlockTerms:
     once_passes: float
 
 
+def tile_terms_key(low: Lowered, facts: LoweringFacts, tensor_bytes: dict[str, int]) -> tuple:
+    """Everything ``_block_terms`` reads of a lowering besides its elementwise work (``ew_by_axes``),
+    with the bytes of the tensors it moves: lowerings with equal keys (and equal axis extents) share
+    those terms per tile extents."""
+    return (tuple((g.axis, g.block) for g in low.grid), low.stream, repr(low.visible),
+            tuple((ld.tensor, tuple(ld.axes), ld.in_loop, tensor_bytes[ld.tensor]) for ld in low.loads),
+            tuple((g.m_axis, g.n_axis, g.k_axis, g.streamed, g.flops) for g in low.gemms),
+            tuple((n, axes, tensor_bytes[n]) for n, axes in facts.moved or ()), repr(facts.shared_reads))
+
+
 def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
                  facts: LoweringFacts, terms: CostTerms) -> _BlockTerms:
     blocks = _blocks(low, cfg, sizes)
@@ -242,6 +255,25 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
     seen = facts.blocks_seen.get(key)
     if seen is not None:
         return seen
+    base = facts.shared_terms.get(key) if facts.shared_terms is not None else None
+    if base is None:
+        base = _tile_terms(low, blocks, cfg, sizes, tensor_bytes, facts, terms)
+        if facts.shared_terms is not None:
+            facts.shared_terms[key] = base
+    # a value is computed once per block of each grid axis it lacks
+    split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
+    again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
+    ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
+    trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
+    out = _BlockTerms(base.blocks, base.n_blocks, base.n_iter, base.run, base.reread, base.dram, base.flops,
+                      base.gemm_terms, ew, trans, base.loop_elements, base.step_passes, base.once_passes)
+    facts.blocks_seen[key] = out
+    return out
+
+
+def _tile_terms(low: Lowered, blocks: dict[str, int], cfg: dict[str, int], sizes: dict[str, int],
+                tensor_bytes: dict[str, int], facts: LoweringFacts, terms: CostTerms) -> _BlockTerms:
+    """``_BlockTerms`` of one set of tile extents, its elementwise work left at 0 (``_block_terms``)."""
     n_blocks = grid_blocks(low, cfg, sizes)
     n_iter = -(-sizes[low.stream] // blocks[low.stream]) if low.stream else 1
     run = visible_fraction(low, blocks, sizes)  # loop steps left after masked tiles are skipped
@@ -270,19 +302,12 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
         m_eff = min(1.0, bm / terms.m_full_rows) ** 0.5
         work = g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis)
         gemm_terms.append((work, k_eff, m_eff))
-    # a value is computed once per block of each grid axis it lacks
-    split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
-    again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
-    ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
-    trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
     loop_elements = sum(math.prod(blocks.get(a, 1) for a in ld.axes) for ld in low.loads if ld.in_loop)
     # maps that read a shared tile across its rows replay each warp read once per bank conflict
     # (``planner.banks``); the replays stall the warps that issue the loads, so they add
     step_passes, once_passes = extra_wavefronts(low, blocks, facts.shared_reads)
-    out = _BlockTerms(blocks, n_blocks, n_iter, run, reread, dram, flops, gemm_terms, ew, trans, loop_elements,
-                      step_passes, once_passes)
-    facts.blocks_seen[key] = out
-    return out
+    return _BlockTerms(blocks, n_blocks, n_iter, run, reread, dram, flops, gemm_terms, 0.0, 0.0, loop_elements,
+                       step_passes, once_passes)
 
 
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
@@ -397,27 +422,61 @@ def wide_steps(low: Lowered, sizes: dict[str, int], facts: LoweringFacts, m: Mac
     return short_reduction_grid(low, sizes, m.device.sms) and not l2_resident(facts, m)
 
 
-def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
-                tensor_bytes: dict[str, int], fit: FitModel, m: Machine = DEFAULT_MACHINE) -> Estimate | None:
-    """The cheapest config of ``space`` that fits the device (``fit``), or None."""
+Verdict = tuple[int, int, bool] | None
+"""One config's fit verdict for the config search: None where it does not fit the device, else its
+shared bytes per block, registers per thread and whether it is a chain config that does not render
+asynchronously (``_rank_key``'s first term)."""
+
+
+def config_verdicts(space: Mapping[str, list[int]], fit: FitModel) -> list[Verdict]:
+    """The fit verdict of every config of ``space``, in the order ``best_config`` walks them (sorted
+    parameter names, ``itertools.product``). They depend on the fit model alone, so kernels whose fit
+    models agree share them (``planner.memo``)."""
     names = sorted(space)
-    facts = LoweringFacts.of(low, tensor_bytes, m)
-    wide = wide_steps(low, sizes, facts, m)
-    best: tuple[tuple, Estimate] | None = None
+    out: list[Verdict] = []
     for values in itertools.product(*(space[n] for n in names)):
         cfg = dict(zip(names, values))
         why, fp = fit.check(cfg)
-        if why is not None:
+        out.append(None if why is not None else
+                   (fp.smem_bytes, fp.regs_per_thread, fit.chain and not fit.renders_async(cfg)))
+    return out
+
+
+def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
+                tensor_bytes: dict[str, int], fit: FitModel, m: Machine = DEFAULT_MACHINE,
+                verdicts: list[Verdict] | None = None, facts: LoweringFacts | None = None) -> Estimate | None:
+    """The cheapest config of ``space`` that fits the device (``fit``), or None. ``verdicts``:
+    ``config_verdicts(space, fit)``, ``facts``: ``LoweringFacts.of(low, tensor_bytes, m)``, where the
+    caller has them."""
+    names = sorted(space)
+    facts = facts or LoweringFacts.of(low, tensor_bytes, m)
+    wide = wide_steps(low, sizes, facts, m)
+    if verdicts is None:
+        verdicts = config_verdicts(space, fit)
+    # configs whose rank key loses on a term known before pricing are not priced (the first term
+    # decides: a chain config that renders asynchronously beats every one that does not; with
+    # ``small_first``, the smallest tiles and threads come first): the same config wins
+    fast_chain = any(v is not None and not v[2] for v in verdicts)
+    smallest = min((_size(dict(zip(names, values)), low.stream)
+                    for values, v in zip(itertools.product(*(space[n] for n in names)), verdicts, strict=True)
+                    if v is not None), default=0) if facts.long_rows else 0
+    best: tuple[tuple, Estimate] | None = None
+    for values, verdict in zip(itertools.product(*(space[n] for n in names)), verdicts, strict=True):
+        if verdict is None or (fast_chain and verdict[2] and not facts.long_rows):
             continue
-        est = estimate(low, cfg, sizes, tensor_bytes, fp.smem_bytes, m, facts, fp.regs_per_thread)
-        key = _rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows, wide)
+        cfg = dict(zip(names, values))
+        if facts.long_rows and _size(cfg, low.stream) > smallest:
+            continue
+        smem, regs, slow_chain = verdict
+        est = estimate(low, cfg, sizes, tensor_bytes, smem, m, facts, regs)
+        key = _rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows, wide, slow_chain)
         if best is None or key < best[0]:
             best = key, est
     return None if best is None else best[1]
 
 
 def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None,
-              small_first: bool = False, wide_steps: bool = False) -> tuple:
+              small_first: bool = False, wide_steps: bool = False, slow_chain: bool | None = None) -> tuple:
     """How configs rank: a flash-style chain's configs that render asynchronously first (measured:
     attention 241 us under T.Pipelined, 208-219 asynchronously, a gap this model does not price),
     then predicted time, then larger tiles, a step counted up to 256 (wider steps hold more
@@ -432,10 +491,18 @@ def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | 
     head's softmax statistics over 32000 on 128 blocks, 72.0 us at steps of 1024, 63.0 at 2048, both
     modelled alike at the bandwidth bound)."""
     step = cfg.get(block_param(stream), 0) if stream else 0
-    size = sum(cfg.values()) - step + min(step, 256)
+    size = _size(cfg, stream)
     if small_first:  # the bandwidth model gives these configs near-equal times: the measured order decides
         return (False, size, round(time_us, 3), step)
-    return (fit.chain and not fit.renders_async(cfg), round(time_us, 3), -size, -step if wide_steps else step)
+    if slow_chain is None:
+        slow_chain = fit.chain and not fit.renders_async(cfg)
+    return (slow_chain, round(time_us, 3), -size, -step if wide_steps else step)
+
+
+def _size(cfg: Mapping[str, int], stream: str | None) -> int:
+    """How large a config's tiles are for ``_rank_key``: its values summed, a step counted up to 256."""
+    step = cfg.get(block_param(stream), 0) if stream else 0
+    return sum(cfg.values()) - step + min(step, 256)
 
 
 def ranked_configs(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],

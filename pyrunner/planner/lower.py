@@ -31,7 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from pyrunner.ir.axes import axes_of
-from pyrunner.ir.graph import Term
+from pyrunner.ir.graph import Term, index_only
 from pyrunner.ir.ops import REDUCTIONS, UNARY
 from pyrunner.plan import masks
 from pyrunner.plan.analysis import MMA_K_ALIGN, block_param, constant_value, expr_refs, op_buffers, substitute_refs
@@ -111,43 +111,7 @@ def const_expr(v: float) -> Const:
 
 def static(t: Term) -> bool:
     """t depends only on indices and constants (a mask predicate, say): computed where it is used."""
-    return t.op != "const" and t.op != "axis_size" and _index_only(t)
-
-
-_INDEX_ONLY: dict[int, tuple[Term, bool]] = {}
-"""id(term) -> (the term, whether it is built from indices and constants by elementwise ops only). Asked
-for every elementwise term of every kernel lowered, it was a walk of the term's whole cone each time
-(quadratic in a chain); the term is held, so its id is not reused while the entry lives."""
-_INDEX_ONLY_LIMIT = 1 << 20
-
-
-def _index_only(t: Term) -> bool:
-    """Every subterm of ``t`` is an index, a constant or an elementwise op (memoised by object, operands first)."""
-    hit = _INDEX_ONLY.get(id(t))
-    if hit is not None and hit[0] is t:
-        return hit[1]
-    if len(_INDEX_ONLY) > _INDEX_ONLY_LIMIT:
-        _INDEX_ONLY.clear()
-    stack = [t]
-    while stack:  # operands first, without recursion (1000-op chains)
-        cur = stack[-1]
-        if _known(cur):
-            stack.pop()
-            continue
-        elementwise = cur.op in ELEMENTWISE_OPS
-        missing = [a for a in cur.args if not _known(a)] if elementwise else []
-        if missing:
-            stack.extend(missing)
-            continue
-        ok = cur.op in ("iota", "const", "axis_size") or (elementwise and all(_INDEX_ONLY[id(a)][1] for a in cur.args))
-        _INDEX_ONLY[id(cur)] = (cur, ok)
-        stack.pop()
-    return _INDEX_ONLY[id(t)][1]
-
-
-def _known(t: Term) -> bool:
-    hit = _INDEX_ONLY.get(id(t))
-    return hit is not None and hit[0] is t
+    return index_only(t) and t.op != "const" and t.op != "axis_size"
 
 
 def static_expr(t: Term) -> Expr:

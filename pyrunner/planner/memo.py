@@ -13,9 +13,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, block_param
+from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, AxisRole, block_param
 from pyrunner.plan.schema import Kernel, StreamLoop
-from pyrunner.planner.cost import Estimate, Machine, best_config, fitting_space
+from pyrunner.planner.cost import (
+    Estimate,
+    LoweringFacts,
+    Machine,
+    Verdict,
+    best_config,
+    config_verdicts,
+    fitting_space,
+    tile_terms_key,
+)
 from pyrunner.planner.lower import Lowered
 from pyrunner.planner.space import param_space
 from pyrunner.target.fit import FitModel
@@ -67,6 +76,42 @@ def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tu
     return (structure, measures, low.ew_by_axes), tok
 
 
+def _fit_key(fit: FitModel, space: dict[str, list[int]], sizes: dict[str, int]) -> tuple:
+    """What ``cost.config_verdicts`` reads of a kernel: the fit model's config-independent summary
+    (never its ops: two kernels that differ in an elementwise op but hold the same tiles, fragments
+    and GEMMs get the same verdicts) and the space in the order the search walks it, names replaced
+    by their order of first appearance, with the extent behind every axis."""
+    names = set(sizes) | {b.name for b in fit.kernel.buffers}
+    tok: dict[str, str] = {}
+
+    def walk(x: object) -> object:
+        if isinstance(x, str):
+            if x.startswith(BLOCK_PREFIX) and x[len(BLOCK_PREFIX):] in sizes:
+                return BLOCK_PREFIX + str(walk(x[len(BLOCK_PREFIX):]))
+            if x not in names:
+                return x
+            if x not in tok:
+                tok[x] = f"#{len(tok)}"
+            return tok[x]
+        if isinstance(x, AxisRole):
+            return walk((x.axis, x.kind, x.block, x.size))
+        if isinstance(x, dict):
+            return tuple((walk(k), walk(v)) for k, v in x.items())
+        if isinstance(x, (list, tuple)):
+            return tuple(walk(v) for v in x)
+        if x is None or isinstance(x, (int, float)):
+            return x
+        raise TypeError(f"_fit_key: {type(x).__name__} not tokenised")
+
+    structure = walk((
+        [(p, space[p]) for p in sorted(space)],
+        fit.roles, fit._stages, fit.kernel.threads, fit.shared, fit._frag_specs, fit._peak_sets, fit.reductions,
+        fit.acc_row_reductions, fit.gemms, fit._launch, fit.asynchronous, fit.chain,
+        getattr(fit, "chain_gemms", None), getattr(fit, "loaded_axes", None), getattr(fit, "store_tiles", None),
+    ))
+    return structure, tuple((t, sizes.get(n)) for n, t in tok.items())
+
+
 def _rename_params(d: dict, mapping: dict[str, str]) -> dict:
     out = {}
     for p, v in d.items():
@@ -103,6 +148,8 @@ class TileMemo:
         self._memo: dict[tuple, tuple[Estimate | None, str | None]] = {}
         self._spaces: dict[tuple, dict[str, list[int]]] = {}
         self._keys: dict[int, tuple[tuple, dict[str, str]]] = {}
+        self._verdict_memo: dict[tuple, list[Verdict]] = {}
+        self._tile_terms: dict[tuple, dict] = {}
 
     def best(self, low: Lowered, name: str, nbytes: dict[str, int]) -> tuple[Kernel, Estimate | None, str | None]:
         """The kernel, its cheapest fitting config's estimate (None if none fits) and, then, why not."""
@@ -112,7 +159,8 @@ class TileMemo:
         if key not in self._memo:
             fit = FitModel(kernel, self.sizes, self.machine.device)
             why = hopeless(fit, kernel.params)
-            est = None if why else best_config(low, kernel.params, self.sizes, nbytes, fit, self.machine)
+            est = None if why else best_config(low, kernel.params, self.sizes, nbytes, fit, self.machine,
+                                                self._verdicts(fit, kernel.params), self._facts(low, nbytes))
             if est is None:
                 self._memo[key] = None, why or _smallest_why(fit, kernel.params)
             else:
@@ -122,6 +170,21 @@ class TileMemo:
             back = {t: n for n, t in tok.items()}
             est = replace(est, config=_rename_params(est.config, back))
         return kernel, est, why
+
+    def _facts(self, low: Lowered, nbytes: dict[str, int]) -> LoweringFacts:
+        """``cost.LoweringFacts`` of a lowering, sharing its per-tile terms with every lowering of
+        this planner that differs from it only in elementwise work (``cost.tile_terms_key``)."""
+        facts = LoweringFacts.of(low, nbytes, self.machine)
+        shared = self._tile_terms.setdefault(tile_terms_key(low, facts, nbytes), {})
+        return replace(facts, shared_terms=shared)
+
+    def _verdicts(self, fit: FitModel, space: dict[str, list[int]]) -> list[Verdict]:
+        """``cost.config_verdicts``, shared by kernels whose fit models agree (``_fit_key``)."""
+        key = _fit_key(fit, space, self.sizes)
+        got = self._verdict_memo.get(key)
+        if got is None:
+            got = self._verdict_memo[key] = config_verdicts(space, fit)
+        return got
 
     def fitting(self, kernel: Kernel, defaults: dict[str, int]) -> dict[str, list[int]]:
         """``cost.fitting_space`` of a kernel this memo chose a config for, shared by isomorphic kernels."""

@@ -117,6 +117,14 @@ DEPENDENT_MERGE_WORK = 20_000
 MERGE_WORK = 16
 """Budget a merge attempt costs per term it lowers: unlike a partition, whose kernels mostly come from
 the cache, each merge lowers a new kernel and searches its tiles (tens of milliseconds)."""
+MAX_KERNEL_TERMS = 60
+"""Most terms one kernel's cone may hold (its own computation and the tensors it reads). A kernel
+recomputes the elementwise work between the tensors it reads and what it stores, so in a deep chain
+of softmaxes or norms each reduction's cone reaches back to the input: lowering and tile-searching
+them all is quadratic in depth, and TileLang's lowering of one such kernel takes minutes and
+gigabytes (``backend.tilelang.limits.MAX_KERNEL_OPS``). Larger cones are refused (the search then cuts
+them, or falls back to the naive plan).
+The largest catalog or corpus graph has 37 terms, so no plan of theirs is affected."""
 VARIANT_TERMS = 6000
 """Variants x graph terms kept below this: large graphs get fewer derivation variants."""
 
@@ -383,6 +391,12 @@ class Planner:
             for why in self._why.get(key, ()):
                 self._reject(why)
             return self._cache[key], leaves
+        if len(terms) > MAX_KERNEL_TERMS:
+            why = (f"a kernel would compute {len(terms)} terms (at most {MAX_KERNEL_TERMS} fuse into one: "
+                   "elementwise work is recomputed in every kernel that reads it, so deep chains grow each cone)")
+            self._cache[key], self._why[key] = None, [why]
+            self._reject(why)
+            return None, leaves
         mixed = self._mixes_split_stages(kernel_computes(root, terms, boundary))
         if mixed:
             self._cache[key], self._why[key] = None, [mixed]

@@ -351,8 +351,14 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
     """Run one validated plan; returns the record it appended to ``opts.results``.
 
     Raises DeviceFitError (a UserError) when the plan cannot fit the device,
-    after logging it; every other failure becomes a failed record.
+    after logging it, and PlanError, logging nothing, when it exceeds what TileLang is asked to lower
+    (``backend.tilelang.limits``); every other failure becomes a failed record.
     """
+    from pyrunner.backend.tilelang.limits import size_problem
+
+    too_big = size_problem(plan)  # before anything is rendered, lowered or logged
+    if too_big is not None:
+        raise PlanError(f"plan {plan.provenance.plan_hash}: {too_big}")
     opts = opts or RunOptions()
     console = console or Console(stderr=True)
     run = _Run(plan, graph or graph_of(plan), opts, console, opts.runtime or TileLangRuntime())

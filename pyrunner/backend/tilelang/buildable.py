@@ -22,6 +22,11 @@ if TYPE_CHECKING:
 def lowering_problem(plan: Plan, target: CompileTarget | None = None) -> str | None:
     """One line saying why TileLang cannot lower ``plan`` for ``target`` (default: ``targets.default_target``),
     or None (also without TileLang)."""
+    from pyrunner.backend.tilelang.limits import size_problem
+
+    too_big = size_problem(plan)
+    if too_big is not None:  # refused before TileLang spends minutes on it
+        return too_big
     try:
         import tilelang  # noqa: F401
     except ImportError:  # nothing to check against here; the GPU run will say

@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 
 from pyrunner.backend.tilelang.compile_target import NVCC_FLAGS, CompileTarget
+from pyrunner.backend.tilelang.limits import size_problem
 from pyrunner.backend.tilelang.render import PASS_CONFIGS, kernel_pass_configs, render
 from pyrunner.backend.tilelang.targets import default_target
 from pyrunner.errors import DeviceFitError, PlanError
@@ -78,6 +79,9 @@ def rendered_module(plan: Plan, work_dir: Path | None = None, target: CompileTar
     Importing runs the module, so this is only called where TileLang needs the prim_funcs
     (lowering to CUDA, compiling); the source holds no user string that is not a checked name.
     """
+    too_big = size_problem(plan)
+    if too_big is not None:
+        raise PlanError(f"plan {plan.provenance.plan_hash}: {too_big}")
     source = render(plan, target)
     digest = hashlib.sha256(source.encode()).hexdigest()[:16]
     return load_module(source, Path(work_dir or _scratch_dir()) / f"plan_{digest}.py")
