@@ -38,7 +38,10 @@ def pytest_configure(config: pytest.Config) -> None:
     import plan_cache
 
     cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: plans are shared in-process only
-    root = None if cache is None else cache.mkdir("superopt-plans")
+    try:
+        root = None if cache is None else cache.mkdir("superopt-plans")
+    except OSError:  # a read-only checkout: plans are shared in-process only
+        root = None
     if root is not None and not hasattr(config, "workerinput"):  # the controller, before any worker starts
         plan_cache.prune(root)
     plan_cache.configure(root)
