@@ -1,6 +1,7 @@
 """Shared pytest setup: the `gpu` marker, skipped with a reason where no CUDA GPU exists;
 property tests derandomized under CI (same examples every run, so a landing is reproducible;
-locally they keep exploring new examples)."""
+locally they keep exploring new examples); the shared plan cache (tests/plan_cache.py) in pytest's
+cache folder, off for tests that use ``monkeypatch``."""
 
 from __future__ import annotations
 
@@ -34,6 +35,23 @@ if str(ROOT) not in sys.path:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped, saying so, where none is present")
+    import plan_cache
+
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider: plans are shared in-process only
+    try:
+        root = None if cache is None else cache.mkdir("superopt-plans")
+    except OSError:  # a read-only checkout: plans are shared in-process only
+        root = None
+    if root is not None and not hasattr(config, "workerinput"):  # the controller, before any worker starts
+        plan_cache.prune(root)
+    plan_cache.configure(root)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    import plan_cache
+
+    plan_cache.enable("monkeypatch" not in getattr(item, "fixturenames", ()))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 import pytest
+from plan_cache import search
 
 from pyrunner.backend.tilelang.emulate import EmulationError, emulate
 from pyrunner.backend.tilelang.lowered import releases_in_flight
@@ -22,7 +23,6 @@ from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.analysis import op_reads_writes
 from pyrunner.plan.schedule import async_schedule, chain_schedule, gemm_operand_loads, issue_order, mainloop_schedule
 from pyrunner.plan.schema import Gemm, Map, Ref
-from pyrunner.planner import search
 from pyrunner.run.executor import round_to
 from pyrunner.run.runner import graph_of
 from pyrunner.run.verify import compare, executor_bound

@@ -12,12 +12,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+from plan_cache import search
 
 from pyrunner.backend.tilelang.compile import check_fits, compile_cubin, lower_to_cuda
 from pyrunner.backend.tilelang.lowered import tma_races, warp_specialised_thread_reads
 from pyrunner.errors import GraphError
 from pyrunner.ir.graph_json import load_graph_file
-from pyrunner.planner import search
 from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import scale_down

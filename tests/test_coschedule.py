@@ -5,12 +5,12 @@ priced as the longer of the two, and nothing else about the plan changes."""
 from __future__ import annotations
 
 import pytest
+from plan_cache import search
 
 from pyrunner.backend.tilelang.render import render
 from pyrunner.ir import catalog
 from pyrunner.plan import passes
 from pyrunner.plan.analysis import plan_geometry
-from pyrunner.planner import search
 from pyrunner.planner.coschedule import waits_after_loop
 from pyrunner.target.device import H200
 

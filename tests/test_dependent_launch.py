@@ -10,6 +10,7 @@ import re
 
 import numpy as np
 import pytest
+from plan_cache import search
 
 from pyrunner.backend.tilelang.emulate import EmulationError, emulate
 from pyrunner.backend.tilelang.render import render
@@ -17,7 +18,6 @@ from pyrunner.ir import catalog
 from pyrunner.ir.reference import evaluate, random_inputs
 from pyrunner.plan.dependent_launch import dependent_launches
 from pyrunner.plan.schedule import kernel_form
-from pyrunner.planner import search
 from pyrunner.run.executor import round_to
 from pyrunner.run.runner import graph_of
 from pyrunner.run.verify import compare, executor_bound

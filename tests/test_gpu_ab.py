@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import gpu_ab  # noqa: E402
+from plan_cache import search  # noqa: E402
 
 from pyrunner.backend.tilelang.render import render  # noqa: E402
 from pyrunner.ir import catalog  # noqa: E402
-from pyrunner.planner import search  # noqa: E402
 
 
 def _plan(name: str, sizes: dict | None = None):
@@ -60,8 +60,9 @@ def test_without_sunk_inputs_waits_for_the_statistics_before_the_loop() -> None:
 
 
 def test_without_staged_loads_loads_each_step_itself() -> None:
+    from plan_cache import search
+
     from pyrunner.ir.graph_json import load_graph_file
-    from pyrunner.planner import search
 
     plan = search(load_graph_file(ROOT / "benchmarks" / "graphs" / "lm_head.json"), "bf16", top=1)[0]
     src = render(plan)
@@ -101,11 +102,11 @@ def test_config_variants_source_edits_keep_the_kernel_right(edit: str) -> None:
     from registers) change only how the result leaves the block: the edited module still computes
     the graph on the CPU emulator, and ``+unguard`` lifts only the shared-memory bound."""
     import numpy as np
+    from plan_cache import search
 
     from pyrunner.backend.tilelang.emulate import emulate
     from pyrunner.ir import catalog
     from pyrunner.ir.reference import evaluate, random_inputs
-    from pyrunner.planner import search
     from pyrunner.run.executor import round_to
     from pyrunner.run.runner import graph_of
     from pyrunner.run.verify import compare, executor_bound

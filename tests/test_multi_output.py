@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from plan_cache import search
 from plan_fixtures import assert_scaled_plan_matches_float64
 
 from pyrunner.backend.tilelang.compile import check_fits, compile_cubin, lower_to_cuda
@@ -17,7 +18,6 @@ from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Load, Store, with_hash
 from pyrunner.plan.validate import check_plan
-from pyrunner.planner import search
 from pyrunner.planner.lower import Infeasible, lower
 from pyrunner.planner.merge import Group, merge_siblings, topological
 from pyrunner.planner.search import Planner, derive

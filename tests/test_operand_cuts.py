@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from plan_cache import search
+
 from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.analysis import thread_reads_staged
-from pyrunner.planner import search
 from pyrunner.planner.cost import estimate
 from pyrunner.planner.search import Planner, derive
 from pyrunner.run.executor import execute

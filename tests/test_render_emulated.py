@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+from plan_cache import search
 from test_corpus import case_graph, planned_cases
 
 from pyrunner.backend.tilelang.emulate import EmulationError, emulate, execute_rendered
@@ -15,7 +16,6 @@ from pyrunner.backend.tilelang.render import render
 from pyrunner.backend.tilelang.structure import structure_problems
 from pyrunner.ir import catalog
 from pyrunner.ir.reference import evaluate, random_inputs
-from pyrunner.planner import search
 from pyrunner.run.executor import round_to
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import scale_down

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import pytest
+from plan_cache import search
 
 from pyrunner.backend.tilelang.compile import lower_to_cuda
 from pyrunner.backend.tilelang.render import gemm_merges, render
@@ -18,7 +19,6 @@ from pyrunner.ir import catalog
 from pyrunner.plan.analysis import resolve_config
 from pyrunner.plan.passes import defer_loop_reductions, optimize
 from pyrunner.plan.schema import Gemm, Map, Reduce, Ref, with_hash
-from pyrunner.planner import search
 from pyrunner.run.executor import execute
 from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import verify_executor

@@ -5,11 +5,11 @@ from __future__ import annotations
 import itertools
 
 import pytest
+from plan_cache import search
 
 from pyrunner.backend.tilelang.compile import check_fits
 from pyrunner.ir import catalog as workloads
 from pyrunner.plan.schema import axis_sizes
-from pyrunner.planner import search
 from pyrunner.planner.cost import DEFAULT_MACHINE as MACHINE
 from pyrunner.planner.cost import fitting_space
 from pyrunner.target import DEFAULT_TARGET, DEVICES, device_named

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+from plan_cache import search
 
 from pyrunner.errors import UserError
 from pyrunner.ir import catalog
 from pyrunner.plan.schedule import FORM_VERSIONS, plan_forms
-from pyrunner.planner import search
 from pyrunner.planner.search import model_bias, prefer_measured, ranked_plan_configs
 from pyrunner.run.runner import RunOptions, _tuned_entry, autotune_candidates, default_config
 from pyrunner.target.tuning import TuningDB, device_key, structure_hash, tuning_key

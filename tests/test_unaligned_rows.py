@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from plan_cache import search
 
 from pyrunner.backend.tilelang import render as render_module
 from pyrunner.backend.tilelang.emulate import execute_rendered
@@ -22,7 +23,6 @@ from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.passes import defer_online_sums, rendered_kernel
 from pyrunner.plan.schema import Reduce
-from pyrunner.planner import search
 from pyrunner.planner.cost import param_space, staged_loads_fit, synchronous_loop
 from pyrunner.planner.tiles import SYNC_STEP_MAX, stream_steps
 from pyrunner.run.runner import graph_of
