@@ -132,3 +132,13 @@ def gemma2_layer(seq: int = HF_SEQ, hidden: int = 64, heads: int = 4, kv_heads: 
 
 
 HF_BLOCKS = {"llama": llama_layer, "qwen2": qwen2_layer, "gpt2": gpt2_block, "gemma2": gemma2_layer}
+
+
+def decode_inputs(block: str, x: torch.Tensor, cfg, n: int, seed: int) -> tuple[torch.Tensor, dict]:
+    """One decode token at position ``n`` and its keyword inputs (rotary tables at that position)."""
+    import importlib
+
+    mod = importlib.import_module(f"transformers.models.{block}.modeling_{block}")
+    rotary = getattr(mod, f"{'Llama' if block == 'llama' else 'Qwen2'}RotaryEmbedding")(cfg)
+    x1 = torch.randn(1, 1, x.shape[-1], generator=torch.Generator().manual_seed(seed))
+    return x1, {"attention_mask": None, "use_cache": True, "position_embeddings": rotary(x1, torch.tensor([[n]]))}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from frontend_models import HF_BLOCKS
+from frontend_models import HF_BLOCKS, decode_inputs
 
 import pyrunner
 
@@ -93,16 +93,6 @@ def test_other_blocks_plan_on_the_cpu_path(block: str, capsys: pytest.CaptureFix
     _planned(block, capsys)
 
 
-def _decode_inputs(block: str, x: torch.Tensor, cfg, n: int, seed: int) -> tuple[torch.Tensor, dict]:
-    """One decode token at position ``n`` and its keyword inputs (rotary tables at that position)."""
-    import importlib
-
-    mod = importlib.import_module(f"transformers.models.{block}.modeling_{block}")
-    rotary = getattr(mod, f"{'Llama' if block == 'llama' else 'Qwen2'}RotaryEmbedding")(cfg)
-    x1 = torch.randn(1, 1, x.shape[-1], generator=torch.Generator().manual_seed(seed))
-    return x1, {"attention_mask": None, "use_cache": True, "position_embeddings": rotary(x1, torch.tensor([[n]]))}
-
-
 @pytest.mark.parametrize("block", ["llama", "qwen2"])
 def test_decode_step_with_kv_cache(block: str) -> None:
     """One decode step (one query token, ``past_key_values``): the layer maps with no model failure -- only
@@ -117,7 +107,7 @@ def test_decode_step_with_kv_cache(block: str) -> None:
     cache = DynamicCache(config=cfg)
     with torch.no_grad():
         m(x, past_key_values=cache, use_cache=True, **kw)  # prefill fills the cache
-    x1, step = _decode_inputs(block, x, cfg, x.shape[1], 7)
+    x1, step = decode_inputs(block, x, cfg, x.shape[1], 7)
     opt = pyrunner.optimize(m, x1, executor="reference", progress=False, past_key_values=copy.deepcopy(cache), **step)
     assert opt.report.regions and opt.report.flop_share >= MIN_SHARE
     assert len(opt.report.fallbacks) == 2 and all("torch.cat" in why for _, why in opt.report.fallbacks)
@@ -146,7 +136,7 @@ def test_decode_loop_of_a_layer_keeps_its_regions(block: str) -> None:
         for f, cache in zip((m, c), caches, strict=True):
             f(x, past_key_values=cache, use_cache=True, **kw)
         for i in range(8):
-            x1, step = _decode_inputs(block, x, cfg, x.shape[1] + i, 100 + i)
+            x1, step = decode_inputs(block, x, cfg, x.shape[1] + i, 100 + i)
             want = _first(m(x1, past_key_values=caches[0], **step))
             got = _first(c(x1, past_key_values=caches[1], **step))
             assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64, i

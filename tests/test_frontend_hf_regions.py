@@ -93,8 +93,8 @@ def test_gpu_measure_times_both_alike_and_a_failing_side_loses() -> None:
 def test_a_decode_loop_cuts_its_graph_once_per_shape_bucket(monkeypatch: pytest.MonkeyPatch) -> None:
     """Eight decode steps of the layer under the backend: each step is a new static graph (a new KV length),
     but steps whose lengths share a bucket reuse one cut into regions; every step still matches eager."""
+    from frontend_models import decode_inputs
     from transformers.cache_utils import DynamicCache
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
     import pyrunner.frontend  # noqa: F401 - registers the backend
     import pyrunner.frontend.partcache as pc
@@ -119,10 +119,7 @@ def test_a_decode_loop_cuts_its_graph_once_per_shape_bucket(monkeypatch: pytest.
         for f, cache in zip((m, c), caches, strict=True):
             f(x, past_key_values=cache, use_cache=True, **kw)
         for i in range(8):
-            n = x.shape[1] + i
-            x1 = torch.randn(1, 1, x.shape[-1], generator=torch.Generator().manual_seed(100 + i))
-            step = {"attention_mask": None, "use_cache": True,
-                    "position_embeddings": LlamaRotaryEmbedding(cfg)(x1, torch.tensor([[n]]))}
+            x1, step = decode_inputs("llama", x, cfg, x.shape[1] + i, 100 + i)
             want = m(x1, past_key_values=caches[0], **step)[0]
             got = c(x1, past_key_values=caches[1], **step)[0]
             assert float((got - want).abs().max() / want.abs().max()) <= 1e-5, i

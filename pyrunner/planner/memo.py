@@ -44,9 +44,10 @@ def kernel_of(low: Lowered, name: str, space: dict[str, list[int]]) -> Kernel:
     )
 
 
-def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tuple[tuple, dict[str, str]]:
-    names = set(sizes) | {b.name for b in low.buffers} | set(low.reads) | set(low.writes)
-    tok: dict[str, str] = {}
+def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *, strict: bool):
+    """A walk that replaces every name in ``names`` by its order of first appearance (``tok``), so two
+    kernels equal up to renaming give one key; ``strict``: dict keys renamed too and an unknown type
+    raises (the fit key must never hold an object compared by identity)."""
 
     def walk(x: object) -> object:
         if isinstance(x, str):
@@ -57,11 +58,23 @@ def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tu
             if x not in tok:
                 tok[x] = f"#{len(tok)}"
             return tok[x]
+        if isinstance(x, AxisRole):
+            return walk((x.axis, x.kind, x.block, x.size))
         if isinstance(x, dict):
-            return tuple((k, walk(v)) for k, v in x.items())
+            return tuple(((walk(k) if strict else k), walk(v)) for k, v in x.items())
         if isinstance(x, (list, tuple)):
             return tuple(walk(v) for v in x)
+        if strict and not (x is None or isinstance(x, (int, float))):
+            raise TypeError(f"_fit_key: {type(x).__name__} not tokenised")
         return x
+
+    return walk
+
+
+def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tuple[tuple, dict[str, str]]:
+    names = set(sizes) | {b.name for b in low.buffers} | set(low.reads) | set(low.writes)
+    tok: dict[str, str] = {}
+    walk = _renamer(names, sizes, tok, strict=False)
 
     structure = walk((
         [(g.axis, g.block) for g in low.grid],
@@ -83,25 +96,7 @@ def _fit_key(fit: FitModel, space: dict[str, list[int]], sizes: dict[str, int]) 
     by their order of first appearance, with the extent behind every axis."""
     names = set(sizes) | {b.name for b in fit.kernel.buffers}
     tok: dict[str, str] = {}
-
-    def walk(x: object) -> object:
-        if isinstance(x, str):
-            if x.startswith(BLOCK_PREFIX) and x[len(BLOCK_PREFIX):] in sizes:
-                return BLOCK_PREFIX + str(walk(x[len(BLOCK_PREFIX):]))
-            if x not in names:
-                return x
-            if x not in tok:
-                tok[x] = f"#{len(tok)}"
-            return tok[x]
-        if isinstance(x, AxisRole):
-            return walk((x.axis, x.kind, x.block, x.size))
-        if isinstance(x, dict):
-            return tuple((walk(k), walk(v)) for k, v in x.items())
-        if isinstance(x, (list, tuple)):
-            return tuple(walk(v) for v in x)
-        if x is None or isinstance(x, (int, float)):
-            return x
-        raise TypeError(f"_fit_key: {type(x).__name__} not tokenised")
+    walk = _renamer(names, sizes, tok, strict=True)
 
     structure = walk((
         [(p, space[p]) for p in sorted(space)],
