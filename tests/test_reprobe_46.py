@@ -41,3 +41,58 @@ def test_load_with_a_malformed_config_is_one_plan_error(plan, kind: str) -> None
         load(plan, config=config)
     msg = str(e.value)
     assert "\n" not in msg and len(msg) < 300, msg
+
+
+@pytest.mark.parametrize("axes", [{"x": 5}, ["t", "d"], {"x": [1, 2]}, {3: "td"}])
+def test_optimize_with_malformed_axes_is_one_frontend_error(axes) -> None:
+    """``optimize(fn, x, axes={"x": 5})`` raised ``TypeError: 'int' object is not iterable``."""
+    torch = pytest.importorskip("torch")
+    from pyrunner.frontend.errors import FrontendError
+    from pyrunner.frontend.optimize import optimize
+
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    with pytest.raises(FrontendError, match="axes") as e:
+        optimize(lambda x: torch.exp(x) * 2, x, axes=axes, executor="plan", progress=False)
+    assert "\n" not in str(e.value)
+
+
+def test_an_optimized_function_called_with_a_list_is_one_frontend_error() -> None:
+    """A tensor argument given as a list reached the user's code through dynamo (torch's TypeError)."""
+    torch = pytest.importorskip("torch")
+    from pyrunner.frontend.errors import FrontendError
+    from pyrunner.frontend.optimize import optimize
+
+    def f(x):
+        return torch.exp(x) * 2
+
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    opt = optimize(f, x, executor="plan", progress=False)
+    assert torch.equal(opt(x), f(x))
+    for call in (lambda: opt([1.0, 2.0]), lambda: opt(x=[1.0])):  # by position or by keyword
+        with pytest.raises(FrontendError, match="argument 'x' was a torch.Tensor when optimized, called with list"):
+            call()
+    with pytest.raises(FrontendError, match="f: "):
+        opt(x, x)  # more arguments than f takes: one line, not dynamo's traceback
+
+
+@pytest.mark.parametrize("options", [{"bogus": 1}, {"fallback": "nope"}, {"executor": "warp"}])
+def test_backend_options_it_cannot_take_leave_the_graph_to_inductor_in_one_line(
+        options: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """``torch.compile(backend="superopt", options={"bogus": 1})`` raised a TypeError that dynamo wrapped in
+    BackendCompilerFailed with its traceback; now the graph goes to inductor, saying why in one line."""
+    torch = pytest.importorskip("torch")
+    import pyrunner.frontend  # noqa: F401 - registers the backend
+    from pyrunner.frontend.backend import LAST_REPORTS
+
+    def f(x):
+        return torch.exp(x) * 2
+
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING", logger="pyrunner.frontend"):
+        got = torch.compile(f, backend="superopt", options=options)(x)
+    assert torch.allclose(got, f(x))
+    lines = [r.getMessage() for r in caplog.records if "goes to inductor" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert str(next(iter(options))) in lines[0] or str(next(iter(options.values()))) in lines[0]
+    assert LAST_REPORTS[-1].fallbacks and not LAST_REPORTS[-1].regions

@@ -194,10 +194,35 @@ def _device(device: str | None) -> str:
         raise FrontendError(f"device={device!r}: {str(e).removeprefix(f'--device {device!r}: ')}") from None
 
 
+BACKEND_OPTIONS = ("fallback", "executor", "verify", "log", "dtype", "device", "measure", "bucket", "backward")
+"""The ``torch.compile(backend="superopt", options=...)`` keys: ``compile_fx_graph``'s user-facing keywords."""
+
+
+def option_problem(options: dict) -> str | None:
+    """What is wrong with ``options`` (unknown keys, a fallback or executor no one has), or None."""
+    unknown = sorted(map(str, set(options) - set(BACKEND_OPTIONS)))
+    if unknown:
+        return f"unknown option(s) {', '.join(unknown)}; known: {', '.join(BACKEND_OPTIONS)}"
+    if options.get("fallback", "inductor") not in FALLBACKS:
+        return f"fallback {options['fallback']!r}: choose one of {', '.join(FALLBACKS)}"
+    if options.get("executor", "auto") not in EXECUTORS:
+        return f"executor {options['executor']!r}: choose one of {', '.join(EXECUTORS)}"
+    return None
+
+
 def superopt(gm: Any, example_inputs: list, options: dict | None = None) -> Callable:
     """The function registered as ``backend="superopt"``; ``torch.compile(options=...)`` keys are
-    ``compile_fx_graph``'s keywords (``fallback``, ``executor``, ``verify``, ``log``, ``dtype``, ``device``)."""
-    return compile_fx_graph(gm, example_inputs, **(options or {}))
+    ``BACKEND_OPTIONS``. Options it cannot take leave the whole graph to inductor with one log line:
+    an exception here would reach the user wrapped by dynamo, with its traceback."""
+    options = dict(options or {})
+    problem = option_problem(options)
+    if problem is not None:
+        report = Report()  # its fallback line is the one log line
+        report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1] or [],
+                        f"{problem}; the graph goes to inductor")
+        LAST_REPORTS.append(report)
+        return _inductor(gm, example_inputs)
+    return compile_fx_graph(gm, example_inputs, **options)
 
 
 def register() -> None:

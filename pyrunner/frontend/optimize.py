@@ -50,7 +50,28 @@ class Optimized:
         """The first captured graph, with its regions spliced in (a graph break gives more)."""
         return self.graph_modules[0] if self.graph_modules else None
 
+    tensor_slots: frozenset[str | int] = frozenset()
+    """Parameters (names; positions where ``fn`` has no signature) that held a tensor in the example call:
+    a call must give tensors there too."""
+
+    def _bound(self, args: tuple, kwargs: dict) -> dict[str | int, Any]:
+        sig = getattr(self, "__signature__", None)
+        if sig is not None:
+            try:
+                return dict(sig.bind(*args, **kwargs).arguments)
+            except TypeError as e:
+                raise FrontendError(f"{self.__name__}: {e}") from None
+        return {**dict(enumerate(args)), **kwargs}
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import torch
+
+        if self.tensor_slots:
+            given = self._bound(args, kwargs)
+            for where in sorted(self.tensor_slots, key=str):
+                if where in given and not isinstance(given[where], torch.Tensor):
+                    raise FrontendError(f"{self.__name__}: argument {where!r} was a torch.Tensor when optimized, "
+                                        f"called with {type(given[where]).__name__}")
         return self.compiled(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -113,7 +134,7 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
 
     resolved = resolve_executor(executor)
     fallback = resolve_fallback(fallback, resolved)
-    names = {k: tuple(v) for k, v in (axes or {}).items()}
+    names = axis_names(axes)
     trk = tracker(progress)
     say = trk.say
     report = Report()
@@ -146,8 +167,31 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
     if isinstance(trk, RichTracker):
         trk.console.print(report)
     opt = Optimized(fn, compiled, report, graphs)
+    opt.tensor_slots = _tensor_slots(opt, example_args, example_kwargs)
     opt.later_reports = later
     return opt
+
+
+def _tensor_slots(opt: Optimized, args: tuple, kwargs: dict) -> frozenset[str | int]:
+    import torch
+
+    return frozenset(k for k, v in opt._bound(args, kwargs).items() if isinstance(v, torch.Tensor))
+
+
+def axis_names(axes: Any) -> dict[str, tuple[str, ...]]:
+    """``axes`` (``{"x": "td"}`` or ``{"x": ["t", "d"]}``) as names per input; anything else is one error line."""
+    if axes is None:
+        return {}
+    if not isinstance(axes, dict):
+        raise FrontendError(f"axes must map input names to axis names (e.g. {{'x': 'td'}}), not {type(axes).__name__}")
+    out: dict[str, tuple[str, ...]] = {}
+    for k, v in axes.items():
+        names = tuple(v) if isinstance(v, (str, list, tuple)) else None
+        if not isinstance(k, str) or names is None or not all(isinstance(n, str) for n in names):
+            raise FrontendError(f"axes[{k!r}]: give the input's axis names as a string or a list of strings "
+                                f"(e.g. 'td'), not {type(v).__name__}")
+        out[k] = names
+    return out
 
 
 def capture_graph(fn: Callable, *args: Any, **kwargs: Any) -> tuple[Any, list]:
