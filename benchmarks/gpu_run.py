@@ -178,7 +178,8 @@ def _plan_all(args, work: Path, results: Path, say: Tee,
                 try:
                     plans = best_plan(g, dtype, backend=backend, top=1 + args.alternatives,
                                       calibration=args.calibration, tuning=committed_tuning(backend.device.name))
-                    configs = [ranked_plan_configs(g, p, max(args.autotune, 1), args.calibration) for p in plans]
+                    configs = [ranked_plan_configs(g, p, max(args.autotune, 1), args.calibration, backend.device)
+                               for p in plans]
                 except Exception as e:  # noqa: BLE001 - record and go on with the others
                     say(f"PLAN FAILED {g.name} {dtype} ({device}): {type(e).__name__}: {e}")
                     append_record(log, make_record(
@@ -402,8 +403,12 @@ def _backends_report(args, say: Tee) -> None:
         gpu = local_gpu_arch()
     except Exception:  # noqa: BLE001 - no GPU: the builds are not run here
         gpu = None
-    from pyrunner.backend.tilelang.backend import backend_for
+    from pyrunner.backend.tilelang.backend import backend_for, unknown_gpu_note
+    from pyrunner.run.timing import device_name
 
+    note = unknown_gpu_note(device_name(), args.native) if gpu else None
+    if note is not None:  # an H100: planned for the backend its architecture runs, with that device's numbers
+        say(f"note: {note}")
     for device in args.devices:
         t = backend_for(device).target
         built = t.running_on(gpu).gencode() if gpu else "(no GPU here)"

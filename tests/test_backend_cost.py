@@ -116,3 +116,64 @@ def test_calibration_matches_records_by_backend_and_device() -> None:
     assert not same_target(hopper, machine_for(A100))
     assert not same_target({"device": "A100", "extra": {"backend": "tilelang-ampere"}}, DEFAULT_MACHINE)
     assert same_target({"device": "A100", "extra": {"backend": "tilelang-ampere (sm_80)"}}, machine_for(A100))
+
+
+def _a100_plan_and_h200_only_config():
+    """An A100 Matmul plan and a config of its kernel outside its space that fits the H200's 227 KiB of shared
+    memory per block but not the A100's 163 KiB: 128 x 256 output tiles, 64 deep, 4 stages of bf16 (192 KiB)."""
+    graph = catalog.get("Matmul", {"m": 2048, "d": 2048, "n": 2048})
+    plan = search(graph, "bf16", tuning=False, device=A100)[0]
+    (k,) = plan.kernels
+    cfg = {k.name: {**k.defaults, "block_m": 128, "block_n": 256, "block_d": 64, "stages": 4}}
+    assert 256 not in k.params["block_n"]  # widened: not in the space
+    return graph, plan, cfg
+
+
+def test_a_tuned_config_is_fitted_against_the_device_the_plan_is_made_for(tmp_path: Path) -> None:
+    """``apply_tuned`` and the database lookup fit a tuned config against the plan's device: an A100 plan never
+    takes a config that only the H200's shared memory holds (the planner's measured-time path included)."""
+    from pyrunner.errors import UserError
+    from pyrunner.target.tuning import Entry, apply_tuned, tuning_key
+
+    graph, plan, cfg = _a100_plan_and_h200_only_config()
+    entry = Entry(workload=plan.workload, config=cfg, time_us=1.0)
+    (k,) = plan.kernels
+    assert apply_tuned(plan, entry, H200).kernels[0].defaults == cfg[k.name]  # the H200 holds it
+    with pytest.raises(UserError, match="does not fit the A100"):
+        apply_tuned(plan, entry, A100)
+    db = TuningDB(tmp_path / "db.json", {tuning_key(plan, "A100", backend=AMPERE_TERMS.backend): entry})
+    assert db.lookup(plan, "A100", backend=AMPERE_TERMS.backend, fit=H200) is entry  # found; only the fit refuses
+    assert db.lookup(plan, "A100", backend=AMPERE_TERMS.backend) is None
+    assert search(graph, "bf16", tuning=db, device=A100)[0].cost.model.get("measured") is None
+
+
+def test_a_time_taken_on_any_a100_is_the_a100_planners(tmp_path: Path) -> None:
+    """The driver's names of A100 parts (``NVIDIA A100-SXM4-80GB``) file their times as the A100's: the A100
+    plan reads them, and its calibration counts their records."""
+    graph = catalog.get("Matmul", MATMUL)
+    plan = search(graph, "bf16", tuning=False, device=A100)[0]
+    db = TuningDB(tmp_path / "db.json")
+    db.record(plan, default_config(plan), 1.0, "NVIDIA A100-SXM4-80GB", backend=AMPERE_TERMS.backend)
+    measured = search(graph, "bf16", tuning=db, device=A100)[0]
+    assert measured.cost.model.get("measured") == 1.0
+    rec = {"device": "NVIDIA A100 80GB PCIe", "extra": {"backend": "tilelang-ampere (sm_80)"}}
+    assert same_target(rec, machine_for(A100)) and not same_target(rec, DEFAULT_MACHINE)
+
+
+def test_a_run_starts_from_its_own_backends_tuned_config(tmp_path: Path) -> None:
+    """The runner reads the entry of its backend on this GPU, fitted against the backend's device: an Ampere
+    build on an H200 starts from the Ampere entry timed there, never from the Hopper backend's."""
+    from pyrunner.run.runner import _tuned_entry
+
+    graph = catalog.get("Matmul", MATMUL)
+    plan = search(graph, "bf16", tuning=False, device=A100)[0]
+    (k,) = plan.kernels
+    hopper, ampere = default_config(plan), {k.name: {**k.defaults, "stages": 1}}
+    assert hopper != ampere
+    path = tmp_path / "db.json"
+    db = TuningDB(path)
+    db.record(plan, hopper, 1.0, "NVIDIA H200")
+    db.record(plan, ampere, 2.0, "NVIDIA H200", backend=AMPERE_TERMS.backend)
+    db.save()
+    assert _tuned_entry(plan, "NVIDIA H200", RunOptions(tuning_db=path, backend="a100")).config == ampere
+    assert _tuned_entry(plan, "NVIDIA H200", RunOptions(tuning_db=path)).config == hopper

@@ -55,6 +55,25 @@ def test_the_backend_of_a_gpu_is_its_own_else_the_newest_it_runs() -> None:
     assert device_name(None) == "h200" and device_name(" A100 ") == "a100"
 
 
+def test_a_gpu_name_picks_its_backend_and_an_unknown_gpu_is_said_so(monkeypatch) -> None:
+    """Any A100 part plans for the a100 backend; an H100 (no device entry) runs the backend its architecture
+    runs, and gpu_run says that its plans use that backend's device numbers and where its times are filed."""
+    from pyrunner.backend.tilelang.backend import unknown_gpu_note
+
+    assert backend_for("NVIDIA A100-SXM4-80GB") is backend_for("a100") and device_name("NVIDIA H200 NVL") == "h200"
+    assert unknown_gpu_note("NVIDIA A100 80GB PCIe", "a100") is None
+    note = unknown_gpu_note("NVIDIA H100 80GB HBM3", backend_name_for_arch("sm_90"))
+    assert "not a known device" in note and "H200's numbers" in note and "'h100_80gb_hbm3'" in note
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-40GB")
+    assert local_backend_name() == "a100"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert local_backend_name() == "h200"  # by architecture: sm_90 runs the Hopper backend
+
+
 def test_a100_plans_are_byte_identical_from_the_cli_the_frontend_the_sweep_and_gpu_run(tmp_path, capsys) -> None:
     from pyrunner.frontend.region_plans import plan_region
 

@@ -56,8 +56,34 @@ def test_planner_and_fit_check_share_one_device() -> None:
 def test_an_unknown_device_is_one_clear_error() -> None:
     from pyrunner.errors import UserError
 
-    with pytest.raises(UserError, match="unknown device 'b200'; known: a100, h200"):
+    with pytest.raises(UserError, match=r"^unknown device 'b200': no device numbers for it; known: a100 \(NVIDIA "):
         device_named("b200")
+    # an H100 is not an H200: no numbers are borrowed; the line names its model and the known devices
+    h100 = r"'NVIDIA H100 80GB HBM3' \(model 'h100'\): no device numbers .* h200 \(NVIDIA H200, NVIDIA H200 NVL\)"
+    with pytest.raises(UserError, match=h100):
+        device_named("NVIDIA H100 80GB HBM3")
+
+
+@pytest.mark.parametrize(("gpu", "key"), [
+    ("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA A100 80GB PCIe", "a100"),
+    ("NVIDIA A100-PCIE-40GB", "a100"), ("A100-SXM4-40GB", "a100"),
+    ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1f)", "a100"),
+    ("NVIDIA H200", "h200"), ("NVIDIA H200 NVL", "h200"), (" H200 ", "h200"), ("a100", "a100")])
+def test_a_gpu_name_the_driver_reports_names_its_device(gpu: str, key: str) -> None:
+    """``torch.cuda.get_device_name`` and ``nvidia-smi`` name the product (memory, form factor); the device is
+    its model's entry."""
+    from pyrunner.target.device import REPORTED_NAMES, device_key_of
+
+    assert device_key_of(gpu) == key and device_named(gpu) is DEVICES[key]
+    assert all(device_key_of(n) == k for k, names in REPORTED_NAMES.items() for n in names)
+
+
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA GH200 480GB", "NVIDIA A10", "Tesla V100-SXM2-16GB",
+                                 "NVIDIA A1000", "", "a100x"])
+def test_a_gpu_without_an_entry_names_no_device(gpu: str) -> None:
+    from pyrunner.target.device import device_key_of
+
+    assert device_key_of(gpu) is None
 
 
 @pytest.mark.slow

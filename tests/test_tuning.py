@@ -27,8 +27,13 @@ def _other_config(plan):
 
 
 def test_device_key_normalises_names():
-    assert device_key("NVIDIA H200") == "h200"
+    """A known device's every GPU name is its key (the planner of that device reads the times taken on it);
+    an unknown GPU's times are kept under its own name."""
+    assert device_key("NVIDIA H200") == device_key("NVIDIA H200 NVL") == device_key("H200") == "h200"
+    for name in ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"):
+        assert device_key(name) == "a100", name
     assert device_key("NVIDIA H100 80GB HBM3") == "h100_80gb_hbm3"
+    assert TuningDB.for_device("NVIDIA A100 80GB PCIe").path.name == "a100.json"
 
 
 def test_structure_hash_ignores_tile_values_but_not_structure():
@@ -149,20 +154,25 @@ def test_committed_database_is_valid():
         assert key.split("|")[3] == "h200" and e.time_us > 0
 
 
-@pytest.mark.parametrize("name", ["Matmul", "SwiGLU", "RMSNormMLP", "Attention"])
-def test_ranked_configs_fit_and_start_with_the_planners_choice(name):
+@pytest.mark.parametrize(("name", "device"), [("Matmul", None), ("SwiGLU", None), ("RMSNormMLP", None),
+                                            ("Attention", None), ("LayerNormMatmul", "a100")])
+def test_ranked_configs_fit_and_start_with_the_planners_choice(name, device):
+    """For the device the plan is made for: an A100 plan's configs are ranked and fitted by the A100's model
+    (LayerNormMatmul's A100 plan is one whose first config by the H200's model is another)."""
     from pyrunner.backend.tilelang.compile import check_fits
     from pyrunner.errors import DeviceFitError
+    from pyrunner.target.device import DEVICES
 
     g = catalog.get(name)
-    plan = search(g, "bf16", tuning=False)[0]
-    cfgs = ranked_plan_configs(g, plan, 6)
+    target = DEVICES[device] if device else None
+    plan = search(g, "bf16", tuning=False, device=target)[0]
+    cfgs = ranked_plan_configs(g, plan, 6, device=target)
     assert cfgs and cfgs[0] == default_config(plan)
     assert len({json.dumps(c, sort_keys=True) for c in cfgs}) == len(cfgs)
     fitting = 0
     for c in cfgs:
         try:
-            check_fits(plan, c)
+            check_fits(plan, c, target)
             fitting += 1
         except DeviceFitError:
             pass

@@ -982,14 +982,15 @@ def prefer_measured(plan: Plan, db, machine: Machine = DEFAULT_MACHINE) -> Plan:
     entry = db.lookup(plan, machine.device.name, backend=machine.terms.backend)
     if entry is None:
         return plan
-    tuned = apply_tuned(plan, entry)
+    tuned = apply_tuned(plan, entry, machine.device)
     cost = tuned.cost.model_copy(update={"total_us": round(entry.time_us, 3),
                                          "model": {**tuned.cost.model, "measured": 1.0,
                                                    MODEL_TOTAL: plan.cost.total_us}})
     return with_hash(tuned.model_copy(update={"cost": cost}))
 
 
-def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path | None = None) -> list[dict]:
+def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path | None = None,
+                        device: Device | None = None) -> list[dict]:
     """Up to ``n`` whole-plan configs for autotuning, best first by the cost model, from the fitting space.
 
     Each kernel's configs are ranked on their own (kernels run one after another, so their
@@ -1001,7 +1002,7 @@ def ranked_plan_configs(graph: Graph, plan: Plan, n: int = 8, calibration: Path 
 
     original = graph
     graph, aliases = distinct_outputs(graph)
-    machine = calibrate(calibration, Planner)
+    machine = calibrate(calibration, Planner, DEFAULT_MACHINE if device is None else machine_for(device))
     if plan.axis_merges or plan.axis_splits or plan.axis_units:
         from pyrunner.plan.views import merged_graph, merges_of, splits_of, units_of
 

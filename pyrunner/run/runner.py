@@ -97,20 +97,17 @@ class RunOptions:
     backend: str = "h200"
     """The TileLang backend (``backend.tilelang.backend.BACKENDS``) the plan is fit-checked, rendered and
     compiled for (``--device``); a backend older than the GPU runs there from its own instruction set.
-    Any but the default one starts from the plan's default config: the committed tuning database holds
-    the GPU's own backend's configs (``use_tuned`` is switched off)."""
+    A tuned config is taken only from an entry of this backend on this GPU (``_tuned_entry``): an Ampere
+    build timed on an H200 never starts from the Hopper backend's config, nor from an A100's."""
 
     def __post_init__(self) -> None:
         self.results, self.out_dir = Path(self.results), Path(self.out_dir)
         unknown = [x for x in self.baselines if x not in BASELINES]
         if unknown:
             raise UserError(f"--baselines: unknown baseline(s) {unknown}; choose from {', '.join(BASELINES)}")
-        from pyrunner.backend.tilelang.backend import DEFAULT_BACKEND, backend_for
+        from pyrunner.backend.tilelang.backend import device_name
 
-        self.backend = self.backend.strip().lower()
-        backend_for(self.backend)  # an unknown device: one error line naming the known ones
-        if self.backend != DEFAULT_BACKEND:
-            self.use_tuned = False
+        self.backend = device_name(self.backend)  # an unknown device: one error line naming the known ones
 
 
 # --- small helpers -------------------------------------------------------------
@@ -208,11 +205,15 @@ def _tuning_db(opts: RunOptions, device: str):
 
 
 def _tuned_entry(plan: Plan, device: str, opts: RunOptions):
-    """The tuning database's entry for this plan on this device (the CPU plans for the default target)."""
+    """The tuning database's entry for this plan on this device (the CPU plans for the default target) with
+    this run's backend, its config fitted against the backend's device (the one the plan is made for)."""
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.target.tuning import DEFAULT_DEVICE
 
+    backend = backend_for(opts.backend)
     try:
-        return _tuning_db(opts, device).lookup(plan, DEFAULT_DEVICE if device == "cpu" else device)
+        return _tuning_db(opts, device).lookup(plan, DEFAULT_DEVICE if device == "cpu" else device,
+                                               backend=backend.name, fit=backend.device)
     except UserError:
         return None
 

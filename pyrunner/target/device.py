@@ -6,6 +6,7 @@ no other module states a device number.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from pyrunner.errors import UserError
@@ -137,10 +138,47 @@ DEVICES: dict[str, Device] = {"h200": H200, "a100": A100}
 DEFAULT_TARGET: Device = H200
 """The device a plan is made for when the caller names none (planning needs no GPU)."""
 
+REPORTED_NAMES: dict[str, tuple[str, ...]] = {
+    "h200": ("NVIDIA H200", "NVIDIA H200 NVL"),
+    "a100": ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"),
+}
+"""What the driver calls each device's products (``torch.cuda.get_device_name``, ``nvidia-smi
+--query-gpu=name``). Each is the entry of its model number whatever its memory size and form factor:
+the entry's numbers are one variant's (the A100's HBM bandwidth is the 40 GB SXM4's; the 80 GB parts
+have about 2.0 TB/s), so a time modelled for another variant is that variant's only as far as they agree."""
+
+_PREFIX = re.compile(r"^(?:gpu\s+\d+\s*:\s*)?(?:nvidia\s+)?(?:tesla\s+)?", re.I)
+_SUFFIX = re.compile(r"\s*\(uuid:[^)]*\)\s*$", re.I)
+
+
+def gpu_model(name: str) -> str:
+    """The model number a GPU name leads with, lower case: 'NVIDIA A100-SXM4-40GB' -> 'a100', 'NVIDIA H200 NVL'
+    -> 'h200', 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-...)' (``nvidia-smi -L``) -> 'h100', 'a100' -> 'a100'."""
+    s = _SUFFIX.sub("", _PREFIX.sub("", name.strip()))
+    return re.split(r"[\s_-]+", s.lower(), maxsplit=1)[0]
+
+
+def device_key_of(name: str) -> str | None:
+    """The key of ``DEVICES`` that ``name`` (a key, any case, or a GPU name the driver reports) names, or None."""
+    key = name.strip().lower()
+    if key in DEVICES:
+        return key
+    model = gpu_model(name)
+    return model if model in DEVICES else None
+
+
+def known_devices() -> str:
+    """The known devices and GPU names each answers to, for an error line: ``a100 (NVIDIA A100-SXM4-40GB, ...)``."""
+    return ", ".join(f"{k} ({', '.join(REPORTED_NAMES.get(k, ()))})" for k in sorted(DEVICES))
+
 
 def device_named(name: str) -> Device:
-    """The device called ``name`` (case-insensitive); UserError naming the known ones otherwise."""
-    device = DEVICES.get(name.strip().lower())
-    if device is None:
-        raise UserError(f"unknown device {name!r}; known: {', '.join(sorted(DEVICES))}")
-    return device
+    """The device called ``name``: a key of ``DEVICES`` (case-insensitive) or a GPU name the driver reports
+    (``NVIDIA A100-SXM4-80GB`` is the A100). UserError for any other name, saying what is known: an
+    unknown GPU (an H100, a B200) has no numbers here, and none are borrowed from a neighbour."""
+    key = device_key_of(name)
+    if key is None:
+        model = gpu_model(name)
+        what = f" (model {model!r})" if model and model != name.strip().lower() else ""
+        raise UserError(f"unknown device {name!r}{what}: no device numbers for it; known: {known_devices()}")
+    return DEVICES[key]

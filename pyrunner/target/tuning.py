@@ -31,6 +31,7 @@ from pathlib import Path
 from pyrunner.errors import UserError
 from pyrunner.plan.schedule import plan_forms
 from pyrunner.plan.schema import Plan, axis_sizes, canonical_json
+from pyrunner.target.device import Device, device_key_of, device_named
 from pyrunner.target.layout import staged_loop_loads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +52,13 @@ def measured_forms(plan: Plan) -> str:
 
 
 def device_key(name: str) -> str:
-    """File-name form of a device name: 'NVIDIA H100 80GB HBM3' -> 'h100_80gb_hbm3'."""
+    """Key and file-name form of a device name: the known device it names (``target.device.device_key_of``:
+    'NVIDIA A100-SXM4-80GB' and 'A100' -> 'a100', 'NVIDIA H200 NVL' -> 'h200'), so a time measured on a GPU
+    is found again by the planner of its device; any other GPU's name made a file name ('NVIDIA H100 80GB
+    HBM3' -> 'h100_80gb_hbm3'): its times are kept apart, under a key no plan is made for."""
+    known = device_key_of(name)
+    if known is not None:
+        return known
     s = re.sub(r"^nvidia\s+", "", name.strip(), flags=re.I).lower()
     return re.sub(r"[^a-z0-9]+", "_", s).strip("_") or "unknown"
 
@@ -125,22 +132,22 @@ def widened(plan: Plan, config: Config) -> Plan:
     return plan.model_copy(update={"kernels": kernels})
 
 
-def _fits_device(plan: Plan, config: Config) -> bool:
+def _fits_device(plan: Plan, config: Config, device: Device) -> bool:
     from pyrunner.plan.analysis import resolve_config
     from pyrunner.target.fit import fits
 
     values = resolve_config(plan, config)
     sizes = axis_sizes(plan)
-    return all(fits(k, values[k.name], sizes) is None for k in plan.kernels)
+    return all(fits(k, values[k.name], sizes, device) is None for k in plan.kernels)
 
 
-def _reachable(plan: Plan, config: Config) -> Plan | None:
+def _reachable(plan: Plan, config: Config, device: Device) -> Plan | None:
     """The plan whose space holds ``config`` (the plan itself, or it widened by the config where
-    the config passes the value rules and fits the device), or None."""
+    the config passes the value rules and fits ``device``, the one the plan is made for), or None."""
     if _valid(plan, config):
         return plan
     wide = widened(plan, config)
-    return wide if _valid(wide, config) and _fits_device(wide, config) else None
+    return wide if _valid(wide, config) and _fits_device(wide, config, device) else None
 
 
 def _valid(plan: Plan, config: Config) -> bool:
@@ -193,11 +200,12 @@ class TuningDB:
         return cls.load(d / f"{device_key(device)}.json")
 
     def lookup(self, plan: Plan, device: str = DEFAULT_DEVICE, tl_version: str | None = None,
-               backend: str = HOPPER_BACKEND) -> Entry | None:
+               backend: str = HOPPER_BACKEND, fit: Device | None = None) -> Entry | None:
         """The tuned entry for this plan's structure and shapes on ``device`` with ``backend``, if any and
-        still valid."""
+        still valid: its config in the plan's space, or outside it and fitting ``fit``, the device the plan is
+        made for (default: the known device ``device`` names; UserError for an unknown one)."""
         e = self.entries.get(tuning_key(plan, device, tl_version, backend))
-        if e is None or _reachable(plan, e.config) is None:
+        if e is None or not (_valid(plan, e.config) or _reachable(plan, e.config, fit or device_named(device))):
             return None
         if "forms" in e.extra and e.extra["forms"] != measured_forms(plan):
             return None  # measured under other code: stale
@@ -244,11 +252,12 @@ def committed_tuning(device: str = DEFAULT_DEVICE) -> TuningDB:
     return TuningDB.for_device(device)
 
 
-def apply_tuned(plan: Plan, entry: Entry) -> Plan:
+def apply_tuned(plan: Plan, entry: Entry, device: Device) -> Plan:
     """The plan with its kernels' defaults set to the tuned config (the runner's default).
 
     A kernel whose space lacked a tuned value gets it added, and its space is pruned again
-    around the tuned config so that every config it offers still fits the device."""
+    around the tuned config so that every config it offers still fits ``device``, the one the plan is
+    made for (an A100 plan against the A100's shared memory, never the default target's)."""
     from pyrunner.target.fit import FitModel, fitting_space
 
     wide = plan if _valid(plan, entry.config) else widened(plan, entry.config)
@@ -260,9 +269,10 @@ def apply_tuned(plan: Plan, entry: Entry) -> Plan:
         tuned = {**k.defaults, **entry.config[k.name]}
         params = k.params
         if params != old.params:  # widened: this kernel's fit check, once, also prunes its space
-            model = FitModel(k, sizes)
+            model = FitModel(k, sizes, device)
             if model.why_not(tuned) is not None:
-                raise UserError(f"tuned config {entry.config[k.name]} of kernel {k.name!r} does not fit the device")
+                raise UserError(f"tuned config {entry.config[k.name]} of kernel {k.name!r} does not fit the "
+                                f"{device.name}")
             params = fitting_space(params, tuned, lambda cfg, model=model: model.why_not(cfg) is None)
         kernels.append(k.model_copy(update={"defaults": tuned, "params": params}))
     return plan.model_copy(update={"kernels": kernels})

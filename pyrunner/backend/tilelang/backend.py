@@ -16,7 +16,7 @@ from pyrunner.backend.tilelang.compile_target import CompileTarget
 from pyrunner.backend.tilelang.targets import DEFAULT_TARGET_NAME, TARGETS
 from pyrunner.errors import UserError
 from pyrunner.plan.schema import Plan
-from pyrunner.target.device import Device
+from pyrunner.target.device import Device, device_key_of
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,10 @@ DEFAULT_BACKEND = DEFAULT_TARGET_NAME
 
 
 def backend_for(device: str = DEFAULT_BACKEND) -> TileLangBackend:
-    """The backend of the device called ``device`` (case-insensitive); UserError naming the known ones."""
-    backend = BACKENDS.get(device.strip().lower())
+    """The backend of the device called ``device``: a device name (case-insensitive) or a GPU name the driver
+    reports (``target.device.device_key_of``: ``NVIDIA A100-SXM4-80GB`` is a100); UserError naming the known
+    ones otherwise."""
+    backend = BACKENDS.get(device_key_of(device) or device.strip().lower())
     if backend is None:
         raise UserError(f"--device {device!r}: no backend for that device; known: {', '.join(sorted(BACKENDS))}")
     return backend
@@ -54,7 +56,7 @@ def backend_for(device: str = DEFAULT_BACKEND) -> TileLangBackend:
 def describe(device: str) -> str:
     """What a record says of the backend of ``device``: ``a100 (tilelang-ampere, sm_80)``."""
     b = backend_for(device)
-    return f"{device.strip().lower()} ({b.name}, {b.target.arch})"
+    return f"{device_name(device)} ({b.name}, {b.target.arch})"
 
 
 def _number(arch: str) -> int | None:
@@ -82,16 +84,34 @@ def backend_name_for_arch(gpu_arch: str) -> str:
 
 
 def local_backend_name() -> str:
-    """The device name of the backend for the GPU torch sees at run time; the default without one."""
+    """The device name of the backend for the GPU torch sees at run time: the known device its name names
+    (any A100 is a100), else the one its architecture runs (``backend_name_for_arch``); the default without
+    one. ``unknown_gpu_note`` says when the GPU is not a known device."""
     try:
         import torch
 
         if not torch.cuda.is_available():
             return DEFAULT_BACKEND
         major, minor = torch.cuda.get_device_capability()
+        name = torch.cuda.get_device_name()
     except Exception:  # noqa: BLE001 - no usable torch or driver: plan for the default device
         return DEFAULT_BACKEND
-    return backend_name_for_arch(f"sm_{major}{minor}")
+    known = device_key_of(name)
+    return known if known in BACKENDS else backend_name_for_arch(f"sm_{major}{minor}")
+
+
+def unknown_gpu_note(gpu_name: str, backend: str) -> str | None:
+    """One line for a GPU that is not a known device (``target.device.device_named`` refuses its name), run
+    with the backend ``backend``: its plans are made with that backend's device numbers, not its own, and
+    its times are filed under its own name; None for a known GPU."""
+    if device_key_of(gpu_name) is not None:
+        return None
+    from pyrunner.target.tuning import device_key
+
+    b = backend_for(backend)
+    return (f"this GPU ({gpu_name}) is not a known device (known: {', '.join(sorted(BACKENDS))}): plans for it are "
+            f"made with the {b.device.name}'s numbers ({describe(backend)}), and its times are filed under "
+            f"'{device_key(gpu_name)}', which no plan reads")
 
 
 def resolve_backend(device: str | None) -> TileLangBackend:
@@ -100,8 +120,8 @@ def resolve_backend(device: str | None) -> TileLangBackend:
 
 
 def device_name(device: str | None) -> str:
-    """The known device name (a key of ``BACKENDS``) that ``device`` names, or the local GPU's when None;
-    UserError naming the known ones."""
-    name = local_backend_name() if device is None else device.strip().lower()
+    """The known device name (a key of ``BACKENDS``) that ``device`` names (a device name or a GPU name the
+    driver reports), or the local GPU's when None; UserError naming the known ones."""
+    name = local_backend_name() if device is None else device_key_of(device) or device.strip().lower()
     backend_for(name)
     return name
