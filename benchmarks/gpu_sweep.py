@@ -11,7 +11,8 @@ wheels first); ``--dry`` runs anywhere: it plans, renders and lowers to CUDA and
     bash benchmarks/gpu_sweep.sh --device a100 --jobs 15 --shapes small
 
 Each case (graph x shape) runs in its own worker process (``--jobs`` at a time): plan the best
-bf16 plan (``pipeline.best_plan``, as ``superopt`` hands it out), compile it
+bf16 plan (``pipeline.best_plan`` with the backend's committed tuning database, as ``superopt`` hands
+it out), compile it
 (``backend.tilelang.compile.compile_for_gpu``) and
 check it once on fresh random inputs with the runner's verifier (``run.verify.GpuVerifier``:
 NaN-poisoned outputs, float64 reference, per-dtype bound). A worker records its progress line
@@ -195,10 +196,13 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str = "h2
     try:
         from pyrunner.ir.graph_json import graph_from_json
         from pyrunner.pipeline import best_plan
+        from pyrunner.target.tuning import committed_tuning
 
         graph = graph_from_json(case.graph)
         notes: list = []
-        (plan,) = best_plan(graph, case.dtype, backend=backend, notes=notes.append)  # as `superopt` hands it out
+        # as `superopt --device` hands it out: the backend's committed tuning database included
+        (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name),
+                            notes=notes.append)
         skipped = [n.text for n in notes if n.kind in ("skipped", "naive-fallback")]
         if skipped:
             rec.extra["skipped"] = skipped

@@ -1,8 +1,8 @@
 """One door for the device: ``superopt --device``, ``optimize(device=)``, ``export --device``, ``gpu_sweep`` and
 ``gpu_run --device`` all hand out ``pipeline.best_plan``'s plan for the backend named.
 
-For the Ampere backend (``a100``) the CLI, the frontend's call site, the GPU sweep and the seed-timing
-runner give byte-identical plans for the same graph, dtype and (empty) tuning database; plans for a100 and
+For each backend (``a100``, ``h200``) the CLI, the frontend's call site, the GPU sweep and the seed-timing
+runner give byte-identical plans for the same graph, dtype and tuning database; plans for a100 and
 h200 differ where the device numbers must move them (the modelled times); ``gpu_run --device h200,a100``
 plans every workload once per backend, names the backend in each job and writes each device's records
 apart; the default backend is the GPU found at run time (h200 without one).
@@ -74,33 +74,47 @@ def test_a_gpu_name_picks_its_backend_and_an_unknown_gpu_is_said_so(monkeypatch)
     assert local_backend_name() == "h200"  # by architecture: sm_90 runs the Hopper backend
 
 
-def test_a100_plans_are_byte_identical_from_the_cli_the_frontend_the_sweep_and_gpu_run(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("device", ["a100", "h200"])
+def test_plans_are_byte_identical_from_the_cli_the_frontend_the_sweep_and_gpu_run(device, tmp_path, monkeypatch):
+    """Each door plans with the backend's committed tuning database: here one (``SUPEROPT_TUNING_DIR``) in
+    which the plan was measured at another config, so every door must hand out that tuned plan."""
     from pyrunner.frontend.region_plans import plan_region
+    from pyrunner.target.tuning import TuningDB, committed_tuning
 
     graph = catalog.get("Matmul", SIZES)
+    backend = backend_for(device)
+    (model,) = best_plan(graph, "bfloat16", backend=backend, lower_check=False)
+    (k,) = model.kernels
+    param = next(p for p, values in sorted(k.params.items()) if len(values) > 1)
+    tuned = {k.name: {**k.defaults, param: next(v for v in k.params[param] if v != k.defaults[param])}}
+    db = TuningDB.for_device(backend.device.name, tmp_path / "tuning")
+    assert db.record(model, tuned, 1.0, backend.device.name, backend=backend.name)
+    db.save()
+    monkeypatch.setenv("SUPEROPT_TUNING_DIR", str(tmp_path / "tuning"))
+    (direct,) = best_plan(graph, "bfloat16", backend=backend, tuning=committed_tuning(backend.device.name),
+                          lower_check=False)
+    assert direct.cost.model.get("measured") == 1.0 and dict(direct.kernels[0].defaults) == tuned[k.name]
     out = tmp_path / "plan.json"
     shapes = [f"--shape={a}={n}" for a, n in SIZES.items()]
-    assert cli.main(["superopt", "Matmul", *shapes, "--dtype", "bf16", "--device", "a100", "--out", str(out)]) == 0
-    from_cli = out.read_text()
-    (direct,) = best_plan(graph, "bfloat16", backend=backend_for("a100"), lower_check=False)
-    assert from_cli == json.dumps(plan_document(direct), indent=2) + "\n"
+    assert cli.main(["superopt", "Matmul", *shapes, "--dtype", "bf16", "--device", device, "--out", str(out)]) == 0
+    assert out.read_text() == json.dumps(plan_document(direct), indent=2) + "\n"
     # the frontend's call site (optimize and the backend plan every region through it)
-    assert _canon(plan_region(graph, "bfloat16", "a100")) == _canon(direct)
+    assert _canon(plan_region(graph, "bfloat16", device)) == _canon(direct)
     # the GPU sweep's case (dry: planned and lowered to CUDA, no GPU)
     sweep = _module("gpu_sweep")
     case = sweep.Case("Matmul@small", "catalog", graph_to_json(graph), "small", "bfloat16")
-    rec = sweep.run_case(case, tmp_path / "sweep.jsonl", True, tmp_path / "work", "a100")
+    rec = sweep.run_case(case, tmp_path / "sweep.jsonl", True, tmp_path / "work", device)
     assert rec.status == "lowered", rec.message
-    assert rec.plan_hash == direct.provenance.plan_hash and "tilelang-ampere (sm_80)" in rec.extra["backend"]
-    # the seed-timing runner's plan file
+    assert rec.plan_hash == direct.provenance.plan_hash
+    assert f"{backend.name} ({backend.target.arch})" in rec.extra["backend"]
+    # the seed-timing runner's plan file, both backends in one run
     run = _module("gpu_run")
     args = argparse.Namespace(devices=["h200", "a100"], dtypes="bfloat16", alternatives=0, autotune=1,
                               calibration=None)
     jobs = run._plan_all(args, tmp_path / "w", tmp_path / "results.jsonl", lambda *p: None, [("Matmul", graph)])
     assert [(n, d) for n, _, _, d in jobs] == [("Matmul", "h200"), (f"Matmul{run.AT}a100", "a100")]
-    assert _canon(load_plan(jobs[1][2])) == _canon(direct)
-    (hopper,) = best_plan(graph, "bfloat16", backend=backend_for("h200"), lower_check=False)
-    assert _canon(load_plan(jobs[0][2])) == _canon(hopper)
+    (job,) = [j for j in jobs if j[3] == device]
+    assert _canon(load_plan(job[2])) == _canon(direct)
 
 
 def test_a100_and_h200_plans_differ_where_the_device_numbers_move_them() -> None:

@@ -975,8 +975,8 @@ measurement (``cost.model["measured"]``): a prediction and a measurement are nev
 
 def prefer_measured(plan: Plan, db, machine: Machine = DEFAULT_MACHINE) -> Plan:
     """The plan at its tuned config with its measured time as the estimate, where ``db`` (a
-    ``target.tuning.TuningDB``) has it for ``machine``'s device and backend (an A100 plan never takes an
-    H200 time, whichever database it is given)."""
+    ``target.tuning.TuningDB``) has it for ``machine``'s device and backend (an A100 plan never takes a
+    time measured on another device, whichever database it is given)."""
     from pyrunner.target.tuning import apply_tuned
 
     entry = db.lookup(plan, machine.device.name, backend=machine.terms.backend)

@@ -98,7 +98,7 @@ class RunOptions:
     """The TileLang backend (``backend.tilelang.backend.BACKENDS``) the plan is fit-checked, rendered and
     compiled for (``--device``); a backend older than the GPU runs there from its own instruction set.
     A tuned config is taken only from an entry of this backend on this GPU (``_tuned_entry``): an Ampere
-    build timed on an H200 never starts from the Hopper backend's config, nor from an A100's."""
+    build timed on a Hopper GPU never starts from the Hopper backend's config, nor from an A100's."""
 
     def __post_init__(self) -> None:
         self.results, self.out_dir = Path(self.results), Path(self.out_dir)
@@ -576,8 +576,8 @@ def _record_tuning(run: _Run) -> None:
         return
     tried = run.fields["extra"].get("autotune") or []
     default = next((t.get("time_us") for t in tried if t.get("config") == default_config(run.plan)), None)
-    # filed under the backend that rendered the plan: an Ampere build timed on an H200 never becomes an
-    # H200 entry of the Hopper backend (nor, through the record, a Hopper calibration sample)
+    # filed under the backend that rendered the plan: an Ampere build timed on a Hopper GPU never becomes
+    # an entry of the Hopper backend (nor, through the record, a Hopper calibration sample)
     backend = backend_for(opts.backend).name
     run.fields["extra"]["backend"] = backend
     try:  # the record names its database key, so a results log alone can rebuild the entry

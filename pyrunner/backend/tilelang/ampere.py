@@ -28,7 +28,7 @@ AMPERE_TERMS = CostTerms(
     fitted=False,  # no A100 run exists: the values below are modelled (see each line)
     # None of these is measured on an A100 (no A100 run exists): each is the Hopper figure's physical
     # counterpart for the code this path renders, so every A100 time the planner gives is modelled.
-    # A100's ``tc_flops`` is the vendor peak (312 TFLOP/s), not a measured ceiling as H200's is:
+    # A100's ``tc_flops`` is the vendor peak (312 TFLOP/s), not a measured ceiling as the Hopper device's is:
     # cuBLAS/CUTLASS bf16 GEMMs on mma.sync reach about 85-90% of it at large shapes (~270-280).
     compute_efficiency=0.88,
     # a copy reaches about 0.88 of A100's 1.56 TB/s peak; cp.async loads are issued by the computing
