@@ -62,6 +62,15 @@ def test_a100_is_a_device_and_a_backend() -> None:
     assert backend_for("h200").name == "tilelang-hopper"
 
 
+def test_only_the_device_table_and_the_hopper_backend_name_the_h200() -> None:
+    """Hopper specifics live in the Hopper backend and the H200's numbers in the device table; every other
+    module asks the backend or the device it is given (``grep -rn H200 pyrunner``)."""
+    root = Path(__file__).resolve().parents[1] / "pyrunner"
+    allowed = {root / "target" / "device.py", root / "backend" / "tilelang" / "hopper.py"}
+    named = sorted(str(p.relative_to(root)) for p in root.rglob("*.py") if p not in allowed and "H200" in p.read_text())
+    assert named == []
+
+
 def test_targets_check_their_instruction_set_and_build_flags() -> None:
     assert AMPERE.target == {"kind": "cuda", "arch": "sm_80"} and AMPERE.sm_count == 108
     assert HOPPER.target == {"kind": "cuda", "arch": "sm_90a"}
