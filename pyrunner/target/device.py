@@ -144,8 +144,9 @@ REPORTED_NAMES: dict[str, tuple[str, ...]] = {
 }
 """What the driver calls each device's products (``torch.cuda.get_device_name``, ``nvidia-smi
 --query-gpu=name``). Each is the entry of its model number whatever its memory size and form factor:
-the entry's numbers are one variant's (the A100's HBM bandwidth is the 40 GB SXM4's; the 80 GB parts
-have about 2.0 TB/s), so a time modelled for another variant is that variant's only as far as they agree."""
+the entry's numbers are one variant's (the A100's HBM bandwidth is the 40 GB parts' 1,555 GB/s; NVIDIA's A100
+datasheet gives the 80 GB parts 1,935 GB/s in PCIe and 2,039 GB/s in SXM), so a time modelled for another
+variant is that variant's only as far as they agree. No entry is made from a neighbour's numbers."""
 
 _PREFIX = re.compile(r"^(?:gpu\s+\d+\s*:\s*)?(?:nvidia\s+)?(?:tesla\s+)?", re.I)
 _SUFFIX = re.compile(r"\s*\(uuid:[^)]*\)\s*$", re.I)
