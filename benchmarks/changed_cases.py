@@ -38,22 +38,38 @@ def case_hashes(root: Path, sweep_args: argparse.Namespace, built: bool = False)
     import gpu_sweep
 
     out: dict[str, str] = {}
+    device = getattr(sweep_args, "device", "h200")
     with tempfile.TemporaryDirectory(prefix="changed_cases_built_") as tmp:
         for n, case in enumerate(gpu_sweep.collect(sweep_args)):
-            out[case.id] = _case_hash(case, built, Path(tmp) / f"case_{n}.py")
+            out[case.id] = _case_hash(case, built, Path(tmp) / f"case_{n}.py", device)
     return out
 
 
-def _case_hash(case, built: bool, module_path: Path) -> str:
-    """Hash of one case's rendered source (or built prim_funcs); an error counts as a change."""
+def _plan_and_source(case, device: str) -> tuple[object, str]:
+    """The case's plan and rendered source as ``gpu_sweep --device`` plans and renders them: the backend of
+    ``device`` with its committed tuning database."""
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir.graph_json import graph_from_json
     from pyrunner.pipeline import best_plan
     from pyrunner.target.tuning import committed_tuning
 
+    graph = graph_from_json(case.graph)
+    if device == "h200":  # the default backend: also what a tree from before ``--device`` plans and renders
+        (plan,) = best_plan(graph, case.dtype, tuning=committed_tuning())
+        return plan, render(plan)
+    from pyrunner.backend.tilelang.backend import backend_for
+
+    backend = backend_for(device)
+    (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name))
+    return plan, render(plan, backend.target)
+
+
+def _case_hash(case, built: bool, module_path: Path, device: str = "h200") -> str:
+    """Hash of one case's rendered source (or built prim_funcs) for the backend of ``device``; an error counts
+    as a change."""
     try:
-        (plan,) = best_plan(graph_from_json(case.graph), case.dtype, tuning=committed_tuning())  # as the sweep
-        src = render(plan).replace(plan.provenance.plan_hash, "PLAN")
+        plan, src = _plan_and_source(case, device)
+        src = src.replace(plan.provenance.plan_hash, "PLAN")
         if built:
             from pyrunner.backend.tilelang.compile import load_module
 

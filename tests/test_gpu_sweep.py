@@ -111,3 +111,16 @@ def test_changed_cases_finds_nothing_against_the_tree_itself(tmp_path: Path) -> 
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert out.read_text() == ""
     assert "0 of 4 case(s) render differently from HEAD" in proc.stderr
+
+
+def test_changed_cases_plans_and_renders_for_the_swept_backend() -> None:
+    """``changed_cases.py -- --device a100`` hashes what the Ampere sweep builds (the A100 plan, rendered for
+    sm_80), not the Hopper rendering."""
+    import changed_cases
+
+    args = gpu_sweep.parser().parse_args(["--only", "Matmul", "--shapes", "small", "--random", "0"])
+    (case,) = gpu_sweep.collect(args)
+    plans = {d: changed_cases._plan_and_source(case, d) for d in ("h200", "a100")}
+    assert "'arch': 'sm_80'" in plans["a100"][1] and "'arch': 'sm_90a'" in plans["h200"][1]
+    assert changed_cases._case_hash(case, False, Path("unused.py"), "a100") != \
+        changed_cases._case_hash(case, False, Path("unused.py"), "h200")
