@@ -8,6 +8,7 @@ passes where ``default`` fails names the lowering feature at fault.
 
 Run on the GPU machine through gpu_run.sh's environment:
     SCRIPT=benchmarks/gpu_diagnose.py TOTAL_S=300 OUT=/tmp/diag bash benchmarks/gpu_run.sh --cases A,B
+    SCRIPT=benchmarks/gpu_diagnose.py TOTAL_S=300 bash benchmarks/gpu_run.sh --device a100 --cases A   # Ampere
 Writes ``diagnose.jsonl`` (one record per case x variant) under ``--out`` and prints a table last.
 """
 
@@ -50,20 +51,31 @@ def _case(case_id: str):
     raise SystemExit(f"error: no sweep case {case_id!r}")
 
 
-def worker(case_id: str, variant: str) -> dict:
-    import torch
-
-    from pyrunner.backend.tilelang.compile import TARGET, rendered_module
+def sweep_plan(case_id: str, device: str = "h200"):
+    """The graph and plan ``gpu_sweep --device`` ran for the case: the backend of ``device`` with its committed
+    tuning database (``(graph, plan, backend)``)."""
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.ir.graph_json import graph_from_json
     from pyrunner.pipeline import best_plan
-    from pyrunner.plan.analysis import resolve_config
-    from pyrunner.run.bisect import bisect_kernels
-    from pyrunner.run.verify import GpuVerifier
     from pyrunner.target.tuning import committed_tuning
 
     case = _case(case_id)
     graph = graph_from_json(case.graph)
-    (plan,) = best_plan(graph, case.dtype, tuning=committed_tuning())  # the plan the sweep ran
+    backend = backend_for(device)
+    (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name))
+    return graph, plan, backend
+
+
+def worker(case_id: str, variant: str, device: str = "h200") -> dict:
+    import torch
+
+    from pyrunner.backend.tilelang.compile import local_gpu_arch, rendered_module
+    from pyrunner.plan.analysis import resolve_config
+    from pyrunner.run.bisect import bisect_kernels
+    from pyrunner.run.verify import GpuVerifier
+
+    graph, plan, backend = sweep_plan(case_id, device)
+    target = backend.target.running_on(local_gpu_arch())  # an sm_80 build on a newer GPU, as the sweep builds it
     spec = VARIANTS[variant]
     over = {k.name: {"stages": spec["stages"]} for k in plan.kernels
             if "stages" in spec and k.loop is not None and isinstance(k.loop.stages, str)}
@@ -79,11 +91,12 @@ def worker(case_id: str, variant: str) -> dict:
         prov = plan.provenance.model_copy(update={"plan_hash": ""})
         plan = plan.model_copy(update={"kernels": widened, "provenance": prov})
     values = resolve_config(plan, over or None)
-    module = rendered_module(plan)
+    module = rendered_module(plan, None, target)
     module.PASS_CONFIGS = {**module.PASS_CONFIGS, **spec.get("pass", {})}
     t0 = time.monotonic()
-    kernels = module.compile_kernels(values, target=TARGET)
-    rec: dict = {"case": case_id, "variant": variant, "compile_s": round(time.monotonic() - t0, 1),
+    kernels = module.compile_kernels(values, target=target.target)
+    rec: dict = {"case": case_id, "variant": variant, "device": device,
+                 "compile_s": round(time.monotonic() - t0, 1),
                  "config": values, "structure": [k.name for k in plan.kernels]}
     args = {name: a for name, _, a in module.KERNELS}
 
@@ -111,11 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=400, help="wall-clock budget for everything")
+    ap.add_argument("--device", default="h200", metavar="NAME",
+                    help="the backend the sweep ran the cases for (h200, a100), as gpu_sweep --device")
     ap.add_argument("--worker", nargs=2, metavar=("CASE", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         try:
-            print("RECORD " + json.dumps(worker(*args.worker), default=str), flush=True)
+            print("RECORD " + json.dumps(worker(*args.worker, args.device), default=str), flush=True)
         except Exception as e:  # noqa: BLE001 - reported as the case's record
             import traceback
 
@@ -125,6 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.cases:
         ap.error("--cases is required")
+    from pyrunner.backend.tilelang.backend import device_name
+    from pyrunner.errors import UserError
+
+    try:
+        args.device = device_name(args.device)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     jobs = [(c, v) for c in args.cases.split(",") for v in args.variants.split(",")]
@@ -136,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         if left < 20:
             return {"case": job[0], "variant": job[1], "ok": False, "failure": "skipped: budget spent"}
         try:
-            p = subprocess.run([sys.executable, __file__, "--worker", *job], capture_output=True, text=True,
-                               timeout=left)
+            p = subprocess.run([sys.executable, __file__, "--worker", *job, "--device", args.device],
+                               capture_output=True, text=True, timeout=left)
             text = p.stdout + p.stderr
         except subprocess.TimeoutExpired as e:
             text = f"timeout after {left:.0f} s\n{e.stdout or ''}"
