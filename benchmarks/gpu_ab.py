@@ -102,7 +102,7 @@ FEATURES = {
 
 
 def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, warm_only: bool = False) -> dict:
-    from pyrunner.backend.tilelang.compile import TARGET, load_module
+    from pyrunner.backend.tilelang.compile import load_module
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir import catalog
     from pyrunner.ir.graph_json import load_graph_file
@@ -139,7 +139,7 @@ def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, 
     for variant, src in (("with", source), ("without", without)):
         module = load_module(src, work / f"{re.sub(r'[^A-Za-z0-9_]', '_', graph_name)}_{dtype}_{variant}.py")
         t0 = time.monotonic()
-        kernels = module.compile_kernels(cfg, target=TARGET)
+        kernels = module.compile_kernels(cfg)
         rec[f"{variant}_compile_s"] = round(time.monotonic() - t0, 1)
         if warm_only:  # TileLang's kernel cache now holds it: the measuring process compiles in seconds
             continue

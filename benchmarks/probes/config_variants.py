@@ -161,13 +161,13 @@ def variant_source(plan, spec: str) -> tuple[str, dict[str, dict[str, int]]]:
 
 
 def compile_variant(graph_name: str, dtype: str, spec: str, work: Path):
-    from pyrunner.backend.tilelang.compile import TARGET, load_module
+    from pyrunner.backend.tilelang.compile import load_module
 
     graph, plan = plan_for(graph_name, dtype)
     source, cfg = variant_source(plan, spec)
     tag = re.sub(r"[^A-Za-z0-9_]", "_", f"{graph_name}_{dtype}_{spec}")[:120]
     module = load_module(source, work / f"{tag}.py")
-    return graph, plan, module, module.compile_kernels(cfg, target=TARGET), cfg
+    return graph, plan, module, module.compile_kernels(cfg), cfg
 
 
 def vendor_kernels(fn) -> list[str]:

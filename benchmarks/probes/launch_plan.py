@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pyrunner.backend.tilelang.compile import TARGET, load_module
+    from pyrunner.backend.tilelang.compile import load_module
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir import catalog
     from pyrunner.ir.graph_json import load_graph_file
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     (plan,) = best_plan(graph, args.dtype, tuning=committed_tuning())
     cfg = resolve_config(plan)
     module = load_module(render(plan), Path("/tmp/superopt_launch") / "plan.py")
-    kernels = module.compile_kernels(cfg, target=TARGET)
+    kernels = module.compile_kernels(cfg)
     tensors = GpuVerifier(plan, graph, device="cuda").tensors()
     for _ in range(args.launches):
         module.launch(tensors, cfg, kernels=kernels)
