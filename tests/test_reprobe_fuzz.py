@@ -42,6 +42,8 @@ LIMIT_S = 60.0
 LIMIT_KB = 2 * 1024 * 1024
 GUARD_BYTES = 4 << 30
 """Address-space cap of each child: a regression fails the memory bound without taking the machine."""
+GUARD_CPU_S = int(LIMIT_S) + 5
+"""CPU-time cap of each child (SIGXCPU past it): a regression fails the time bound within a minute."""
 ENV = {k: v for k, v in os.environ.items() if k != "SUPEROPT_NO_LOWER_CHECK"}
 
 pytestmark = pytest.mark.slow
@@ -60,6 +62,7 @@ class Ran:
 
 def _guard() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (GUARD_BYTES, GUARD_BYTES))
+    resource.setrlimit(resource.RLIMIT_CPU, (GUARD_CPU_S, GUARD_CPU_S + 5))
 
 
 def cli(*argv: str | Path, timeout: float = 20 * LIMIT_S) -> Ran:
