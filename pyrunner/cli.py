@@ -248,12 +248,18 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from pyrunner.backend.tilelang.limits import size_problem
+    from pyrunner.plan.validate import load_plan
+
+    plan = load_plan(args.plan)  # a bad plan is refused before the backend (TileLang, torch) is imported
+    too_big = size_problem(plan)  # as `run` refuses before rendering: what TileLang is not asked to lower
+    if too_big is not None:
+        raise UserError(f"{args.plan}: {too_big}")
     from pyrunner.backend.tilelang.backend import resolve_backend
     from pyrunner.backend.tilelang.compile import check_fits
     from pyrunner.frontend.export import export_source
-    from pyrunner.plan.validate import load_plan
 
-    backend, plan = resolve_backend(args.device), load_plan(args.plan)  # unknown device: one error line
+    backend = resolve_backend(args.device)  # unknown device: one error line
     check_fits(plan, device=backend.device)  # as `run` checks before rendering: what cannot fit is not exported
     write_text_atomic(args.out, export_source(plan, args.device))
     _note(f"wrote a standalone TileLang + torch module to {args.out} (call its forward(...))")

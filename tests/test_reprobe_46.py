@@ -96,3 +96,51 @@ def test_backend_options_it_cannot_take_leave_the_graph_to_inductor_in_one_line(
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert str(next(iter(options))) in lines[0] or str(next(iter(options.values()))) in lines[0]
     assert LAST_REPORTS[-1].fallbacks and not LAST_REPORTS[-1].regions
+
+
+@pytest.mark.parametrize(("kw", "words"), [
+    ({"dtype": "float64"}, "dtype 'float64'"), ({"dtype": "int8"}, "dtype 'int8'"), ({"dtype": 16}, "dtype 16"),
+    ({"dtype": ""}, "dtype ''"), ({"verify": "no"}, "verify 'no'"), ({"backward": 0}, "backward 0"),
+])
+def test_optimize_refuses_a_dtype_or_flag_it_would_coerce(kw: dict, words: str) -> None:
+    """``dtype="float64"`` was refused region by region after capture (``dtype=""`` read as none),
+    ``verify="no"`` read as true: each is now one FrontendError before anything is captured."""
+    torch = pytest.importorskip("torch")
+    from pyrunner.frontend.errors import FrontendError
+    from pyrunner.frontend.optimize import optimize
+
+    x = torch.randn(8, 16, dtype=torch.bfloat16)
+    with pytest.raises(FrontendError, match=words) as e:
+        optimize(lambda x: x * 2, x, executor="plan", progress=False, **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_optimize_of_something_not_callable_is_one_frontend_error() -> None:
+    """Before: dynamo's ``AssertionError: A callable function is expected``, with its traceback."""
+    torch = pytest.importorskip("torch")
+    from pyrunner.frontend.errors import FrontendError
+    from pyrunner.frontend.optimize import optimize
+
+    with pytest.raises(FrontendError, match="not int"):
+        optimize(3, torch.randn(8, 16), executor="plan", progress=False)
+
+
+@pytest.mark.parametrize("options", [{"dtype": "float64"}, {"bucket": "x"}, {"verify": 1}, {"device": "tpu"}])
+def test_backend_options_of_the_wrong_value_name_the_problem(options: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """The whole graph goes to inductor, its one line naming the option (a device no backend has said
+    only 'a bad option', after an empty node list)."""
+    torch = pytest.importorskip("torch")
+    import pyrunner.frontend  # noqa: F401 - registers the backend
+
+    def f(x):
+        return torch.exp(x) * 2
+
+    x = torch.randn(8, 16)
+    torch._dynamo.reset()
+    with caplog.at_level("WARNING", logger="pyrunner.frontend"):
+        got = torch.compile(f, backend="superopt", options=options)(x)
+    assert torch.allclose(got, f(x))
+    lines = [r.getMessage() for r in caplog.records if "inductor" in r.getMessage()]
+    key, value = next(iter(options.items()))
+    assert len(lines) == 1 and "\n" not in lines[0] and f"{key}" in lines[0] and repr(value) in lines[0], lines
+    assert "PyTorch: :" not in lines[0]

@@ -72,3 +72,22 @@ def test_the_planner_refuses_kernel_cones_past_the_cap() -> None:
     plan = search(g, "fp16", tuning=False)[0]
     assert len(plan.kernels) > 1
     assert all(len(k.prologue) + len(k.body) + len(k.epilogue) <= limits.MAX_KERNEL_OPS for k in plan.kernels)
+
+
+def test_a_plan_over_the_expression_limits_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Map's expression may be a tree of any width within the depth limit (issue 46: three 4,096-leaf trees
+    took 140 CPU-s to lower and run on the CPU): the nodes of a kernel's and a plan's expressions are capped."""
+    from pyrunner.run.runner import run_plan
+
+    plan = search(catalog.get("RMSNorm", {"m": 64, "d": 256}), "fp16", tuning=False)[0]
+    assert limits.size_problem(plan) is None
+    nodes = [limits.expr_nodes(k) for k in plan.kernels]
+    assert max(nodes) > 1
+    monkeypatch.setattr(limits, "MAX_KERNEL_EXPR_NODES", max(nodes) - 1)
+    why = limits.size_problem(plan)
+    assert why is not None and f"has {max(nodes)} expression nodes" in why and "\n" not in why
+    with pytest.raises(PlanError, match="expression nodes"):
+        run_plan(plan)
+    monkeypatch.setattr(limits, "MAX_KERNEL_EXPR_NODES", max(nodes))
+    monkeypatch.setattr(limits, "MAX_PLAN_EXPR_NODES", sum(nodes) - 1)
+    assert f"the plan has {sum(nodes)} expression nodes" in (limits.size_problem(plan) or "")

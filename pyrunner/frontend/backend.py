@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pyrunner.frontend.autograd import training_segment
-from pyrunner.frontend.compile import Options, Report, compile_graph
+from pyrunner.frontend.compile import KERNEL_DTYPES, Options, Report, compile_graph
 from pyrunner.frontend.decide import Measure, gpu_measure
 from pyrunner.frontend.errors import FrontendError
 from pyrunner.frontend.progress import NullTracker, Tracker
@@ -167,10 +167,11 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                        fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket and not training,
                        segment=training_segment if training else None, device=device)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
-    except FrontendError:
+    except FrontendError as e:
         if source == "optimize":
             raise  # a wrong optimize() argument (axes= names, say): the caller's error, in one line
-        report.fallback([], "the superopt backend was given a bad option; the whole graph goes to " + fallback)
+        report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1],
+                        f"the superopt backend was given a bad option ({e}); the whole graph goes to {fallback}")
         return finish(gm, example_inputs)
     except Exception as e:  # noqa: BLE001 - a frontend failure must never fail the model
         report.fallback([], f"the superopt backend failed on this graph ({type(e).__name__}: {e}); "
@@ -207,7 +208,31 @@ def option_problem(options: dict) -> str | None:
         return f"fallback {options['fallback']!r}: choose one of {', '.join(FALLBACKS)}"
     if options.get("executor", "auto") not in EXECUTORS:
         return f"executor {options['executor']!r}: choose one of {', '.join(EXECUTORS)}"
+    return flag_problem(options) or dtype_problem(options.get("dtype"))
+
+
+FLAGS = ("verify", "bucket", "backward")
+"""Options that are True or False: any other value (``"no"``, 0) would be read as its truthiness."""
+
+
+def flag_problem(options: dict) -> str | None:
+    """The first of ``FLAGS`` in ``options`` that is not a bool, as one line, or None."""
+    for k in FLAGS:
+        if k in options and not isinstance(options[k], bool):
+            shown = repr(options[k])
+            return f"{k} {shown[:60] + '...' if len(shown) > 60 else shown}: give True or False"
     return None
+
+
+def dtype_problem(dtype: Any) -> str | None:
+    """What is wrong with a ``dtype`` option, or None. Only the kernels' dtypes are taken, as written: a
+    region planned in another dtype (``float64``, ``int8``) or an alias would be a silent coercion, and
+    each region refusing it on its own said so once per region, after capture."""
+    if dtype is None or (isinstance(dtype, str) and dtype in KERNEL_DTYPES):
+        return None
+    shown = repr(dtype)
+    shown = shown[:60] + "..." if len(shown) > 60 else shown
+    return f"dtype {shown}: kernels are planned in {' or '.join(KERNEL_DTYPES)}"
 
 
 def superopt(gm: Any, example_inputs: list, options: dict | None = None) -> Callable:

@@ -129,9 +129,20 @@ def optimize(fn: Callable, *example_args: Any, axes: dict[str, Any] | None = Non
     ``device`` (``h200``, ``a100``): the backend regions are planned, rendered and compiled for, as
     ``superopt --device`` (default: the GPU found at run time, h200 without one).
     """
-    from pyrunner.frontend.backend import compile_fx_graph, resolve_executor, resolve_fallback
+    from pyrunner.frontend.backend import (
+        compile_fx_graph,
+        dtype_problem,
+        flag_problem,
+        resolve_executor,
+        resolve_fallback,
+    )
     from pyrunner.frontend.region import ident
 
+    if not callable(fn):  # dynamo's own check is an AssertionError with its traceback
+        raise FrontendError(f"optimize: the first argument must be a function or module, not {type(fn).__name__}")
+    problem = flag_problem({"verify": verify, "backward": backward}) or dtype_problem(dtype)
+    if problem:
+        raise FrontendError(problem)
     resolved = resolve_executor(executor)
     fallback = resolve_fallback(fallback, resolved)
     names = axis_names(axes)

@@ -359,7 +359,7 @@ def run_plan(plan: Plan, opts: RunOptions | None = None, console: Console | None
 
     too_big = size_problem(plan)  # before anything is rendered, lowered or logged
     if too_big is not None:
-        raise PlanError(f"plan {plan.provenance.plan_hash}: {too_big}")
+        raise PlanError(f"plan {hash_of(plan)}: {too_big}")
     opts = opts or RunOptions()
     console = console or Console(stderr=True)
     run = _Run(plan, graph or graph_of(plan), opts, console, opts.runtime or TileLangRuntime())
