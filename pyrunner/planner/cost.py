@@ -312,6 +312,14 @@ def _tile_terms(low: Lowered, blocks: dict[str, int], cfg: dict[str, int], sizes
 
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
              smem: int, m: Machine = DEFAULT_MACHINE, facts: LoweringFacts | None = None, regs: int = 0) -> Estimate:
+    """Predicted time of one kernel under ``cfg`` (``_estimated``, as an ``Estimate``)."""
+    time_us, flops, nbytes, bound = _estimated(low, cfg, sizes, tensor_bytes, smem, m, facts, regs)
+    return Estimate(time_us=time_us, flops=flops, bytes=nbytes, bound=bound, smem=smem, config=cfg)
+
+
+def _estimated(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
+               smem: int, m: Machine = DEFAULT_MACHINE, facts: LoweringFacts | None = None,
+               regs: int = 0) -> tuple[float, float, float, str]:
     """Predicted time of one kernel under ``cfg``; ``smem`` is its shared memory per block and ``regs``
     its registers per thread (occupancy; registers are counted only for a kernel holding long rows
     whole, whose blocks each load, reduce and store once, with a register-heavy tile: run 64); ``facts``:
@@ -383,8 +391,7 @@ def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_by
     bound = "compute" if t_compute >= t_mem else "memory"
     if m.launch_us > body * 1e6:
         bound = "latency"
-    return Estimate(time_us=time_us, flops=flops + ew, bytes=dram + reread, bound=bound, smem=smem,
-                    config=cfg)
+    return time_us, flops + ew, dram + reread, bound
 
 
 def overlapped(a: float, b: float, overlap: float) -> float:
@@ -460,7 +467,8 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
     smallest = min((_size(dict(zip(names, values)), low.stream)
                     for values, v in zip(itertools.product(*(space[n] for n in names)), verdicts, strict=True)
                     if v is not None), default=0) if facts.long_rows else 0
-    best: tuple[tuple, Estimate] | None = None
+    # (rank key, the estimate's numbers, config, shared bytes): an ``Estimate`` is built for the winner only
+    best: tuple[tuple, tuple[float, float, float, str], dict[str, int], int] | None = None
     for values, verdict in zip(itertools.product(*(space[n] for n in names)), verdicts, strict=True):
         if verdict is None or (fast_chain and verdict[2] and not facts.long_rows):
             continue
@@ -468,11 +476,14 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
         if facts.long_rows and _size(cfg, low.stream) > smallest:
             continue
         smem, regs, slow_chain = verdict
-        est = estimate(low, cfg, sizes, tensor_bytes, smem, m, facts, regs)
-        key = _rank_key(fit, cfg, est.time_us, low.stream, facts.long_rows, wide, slow_chain)
+        got = _estimated(low, cfg, sizes, tensor_bytes, smem, m, facts, regs)
+        key = _rank_key(fit, cfg, got[0], low.stream, facts.long_rows, wide, slow_chain)
         if best is None or key < best[0]:
-            best = key, est
-    return None if best is None else best[1]
+            best = key, got, cfg, smem
+    if best is None:
+        return None
+    _, (time_us, flops, nbytes, bound), cfg, smem = best
+    return Estimate(time_us=time_us, flops=flops, bytes=nbytes, bound=bound, smem=smem, config=cfg)
 
 
 def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None,

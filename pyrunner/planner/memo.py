@@ -50,6 +50,11 @@ def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *, str
     raises (the fit key must never hold an object compared by identity)."""
 
     def walk(x: object) -> object:
+        kind = type(x)  # the common exact types first (the walk runs over every op of every kernel lowered)
+        if kind is tuple or kind is list:
+            return tuple([walk(v) for v in x])
+        if kind is int or kind is float or kind is bool or x is None:
+            return x
         if isinstance(x, str):
             if x.startswith(BLOCK_PREFIX) and x[len(BLOCK_PREFIX):] in sizes:
                 return BLOCK_PREFIX + str(walk(x[len(BLOCK_PREFIX):]))
@@ -146,11 +151,14 @@ class TileMemo:
         self._verdict_memo: dict[tuple, list[Verdict]] = {}
         self._tile_terms: dict[tuple, dict] = {}
 
-    def best(self, low: Lowered, name: str, nbytes: dict[str, int]) -> tuple[Kernel, Estimate | None, str | None]:
-        """The kernel, its cheapest fitting config's estimate (None if none fits) and, then, why not."""
+    def best(self, low: Lowered, name: str,
+             nbytes: dict[str, int]) -> tuple[Kernel, Estimate | None, str | None, FitModel | None]:
+        """The kernel, its cheapest fitting config's estimate (None if none fits) and, then, why not; and
+        the kernel's fit model where the search built one (the caller keeps it rather than build it again)."""
         kernel = kernel_of(low, name, param_space(low, self.sizes, self.machine.device.sms))
         key, tok = _tokenise(low, self.sizes, nbytes)
         self._keys[id(kernel)] = key, tok
+        fit = None
         if key not in self._memo:
             fit = FitModel(kernel, self.sizes, self.machine.device)
             why = hopeless(fit, kernel.params)
@@ -164,7 +172,7 @@ class TileMemo:
         if est is not None:
             back = {t: n for n, t in tok.items()}
             est = replace(est, config=_rename_params(est.config, back))
-        return kernel, est, why
+        return kernel, est, why, fit
 
     def _facts(self, low: Lowered, nbytes: dict[str, int]) -> LoweringFacts:
         """``cost.LoweringFacts`` of a lowering, sharing its per-tile terms with every lowering of

@@ -414,13 +414,13 @@ class Planner:
             except Infeasible as e:
                 whys.append(str(e))
                 continue
-            kernel, est, why = self.tiles.best(low, outs[0], nbytes)
+            kernel, est, why, fit = self.tiles.best(low, outs[0], nbytes)
             if est is None:
                 what = " and ".join(brief(r, 60) for r in roots)
                 whys.append(f"the smallest tile of the kernel computing {what} does not fit the device: {why}")
                 continue
             if best is None or est.time_us < best.est.time_us:
-                best = KernelChoice(low, kernel, est, self.sizes, self.machine)
+                best = KernelChoice(low, kernel, est, self.sizes, self.machine, fit)
         self._cache[key] = best
         if best is None:
             self._why[key] = whys
