@@ -26,8 +26,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 from gpu_sweep import small_sizes  # noqa: E402
 
+SLOW = {"attention_qk_norm": "the fast tier's slowest test (about 15 CPU-s, most of it planning); the slow tier "
+                             "checks it here and at its own size (tests/test_corpus.py), and the fast tier plans "
+                             "it at the sweep's real shape (tests/test_render_bridges.py)"}
+"""Cases run in the slow tier only, with the reason."""
+
 CASES = [pytest.param(("catalog", n), id=n) for n in catalog.CATALOG]
-CASES += [pytest.param(("corpus", p), id=p.stem) for p in corpus_files() if p.stem not in PLANNER_XFAIL]
+CASES += [pytest.param(("corpus", p), id=p.stem, marks=[pytest.mark.slow] if p.stem in SLOW else [])
+          for p in corpus_files() if p.stem not in PLANNER_XFAIL]
 
 
 @pytest.mark.parametrize("case", CASES)

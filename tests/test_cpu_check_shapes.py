@@ -32,7 +32,7 @@ _CACHE: dict[str, str] = {}
 
 def _swa_text() -> str:
     if "swa" not in _CACHE:
-        g = catalog.sliding_window_attention(h=2, t_q=1024, t_kv=1024, d=64, window=int(WINDOW))
+        g = catalog.sliding_window_attention(h=2, t_q=384, t_kv=384, d=64, window=int(WINDOW))
         _CACHE["swa"] = json.dumps(plan_document(search(g, "fp16", tuning=False)[0]))
     return _CACHE["swa"]
 
