@@ -267,22 +267,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
-    from pyrunner.ir import catalog as workloads
-    from pyrunner.ir.graph import show
+    from pyrunner.ir.catalog import listing
 
-    rows = [("workload", "seed", "axes (default sizes)", "inputs", "computes")]
-    for name, make in workloads.CATALOG.items():
-        g = make()
-        rows.append((
-            name,
-            "yes" if name in workloads.SEED_WORKLOADS else "",
-            " ".join(f"{a}={n}" for a, n in g.sizes.items()),
-            " ".join(f"{t.name}[{','.join(t.axes)}]" for t in g.inputs()),
-            "; ".join(f"{n} = {show(t)}" for n, t in g.outputs),
-        ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+    sys.stdout.write(listing())
     return 0
 
 

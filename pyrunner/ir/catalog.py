@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from pyrunner.errors import GraphError
-from pyrunner.ir.graph import Graph, GraphBuilder
+from pyrunner.ir.graph import Graph, GraphBuilder, show
 
 
 def attention(h: int = 16, t_q: int = 4096, t_kv: int = 4096, d: int = 128) -> Graph:
@@ -161,3 +161,20 @@ def get(name: str, sizes: dict[str, int] | None = None) -> Graph:
         raise GraphError(f"unknown workload {name!r}; the catalog has: {', '.join(CATALOG)}")
     g = CATALOG[key]()
     return g.with_sizes(sizes or {})
+
+
+def listing() -> str:
+    """The catalog as the text table ``python -m pyrunner workloads`` prints (one row per workload)."""
+    rows = [("workload", "seed", "axes (default sizes)", "inputs", "computes")]
+    for name, make in CATALOG.items():
+        g = make()
+        rows.append((
+            name,
+            "yes" if name in SEED_WORKLOADS else "",
+            " ".join(f"{a}={n}" for a, n in g.sizes.items()),
+            " ".join(f"{t.name}[{','.join(t.axes)}]" for t in g.inputs()),
+            "; ".join(f"{n} = {show(t)}" for n, t in g.outputs),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return "".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1] + "\n"
+                   for r in rows)
