@@ -75,14 +75,11 @@ def test_an_optimized_function_called_with_a_list_is_one_frontend_error() -> Non
         opt(x, x)  # more arguments than f takes: one line, not dynamo's traceback
 
 
-@pytest.mark.parametrize("options", [{"bogus": 1}, {"fallback": "nope"}, {"executor": "warp"}])
-def test_backend_options_it_cannot_take_leave_the_graph_to_inductor_in_one_line(
-        options: dict, caplog: pytest.LogCaptureFixture) -> None:
-    """``torch.compile(backend="superopt", options={"bogus": 1})`` raised a TypeError that dynamo wrapped in
-    BackendCompilerFailed with its traceback; now the graph goes to inductor, saying why in one line."""
+def _inductor_lines(options: dict, caplog: pytest.LogCaptureFixture, words: str) -> list[str]:
+    """Compiles a small function with the superopt backend under ``options``; checks the result equals
+    eager's and returns the log lines containing ``words``."""
     torch = pytest.importorskip("torch")
     import pyrunner.frontend  # noqa: F401 - registers the backend
-    from pyrunner.frontend.backend import LAST_REPORTS
 
     def f(x):
         return torch.exp(x) * 2
@@ -92,7 +89,17 @@ def test_backend_options_it_cannot_take_leave_the_graph_to_inductor_in_one_line(
     with caplog.at_level("WARNING", logger="pyrunner.frontend"):
         got = torch.compile(f, backend="superopt", options=options)(x)
     assert torch.allclose(got, f(x))
-    lines = [r.getMessage() for r in caplog.records if "goes to inductor" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+
+@pytest.mark.parametrize("options", [{"bogus": 1}, {"fallback": "nope"}, {"executor": "warp"}])
+def test_backend_options_it_cannot_take_leave_the_graph_to_inductor_in_one_line(
+        options: dict, caplog: pytest.LogCaptureFixture) -> None:
+    """``torch.compile(backend="superopt", options={"bogus": 1})`` raised a TypeError that dynamo wrapped in
+    BackendCompilerFailed with its traceback; now the graph goes to inductor, saying why in one line."""
+    from pyrunner.frontend.backend import LAST_REPORTS
+
+    lines = _inductor_lines(options, caplog, "goes to inductor")
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert str(next(iter(options))) in lines[0] or str(next(iter(options.values()))) in lines[0]
     assert LAST_REPORTS[-1].fallbacks and not LAST_REPORTS[-1].regions
@@ -129,18 +136,7 @@ def test_optimize_of_something_not_callable_is_one_frontend_error() -> None:
 def test_backend_options_of_the_wrong_value_name_the_problem(options: dict, caplog: pytest.LogCaptureFixture) -> None:
     """The whole graph goes to inductor, its one line naming the option (a device no backend has said
     only 'a bad option', after an empty node list)."""
-    torch = pytest.importorskip("torch")
-    import pyrunner.frontend  # noqa: F401 - registers the backend
-
-    def f(x):
-        return torch.exp(x) * 2
-
-    x = torch.randn(8, 16)
-    torch._dynamo.reset()
-    with caplog.at_level("WARNING", logger="pyrunner.frontend"):
-        got = torch.compile(f, backend="superopt", options=options)(x)
-    assert torch.allclose(got, f(x))
-    lines = [r.getMessage() for r in caplog.records if "inductor" in r.getMessage()]
+    lines = _inductor_lines(options, caplog, "inductor")
     key, value = next(iter(options.items()))
     assert len(lines) == 1 and "\n" not in lines[0] and f"{key}" in lines[0] and repr(value) in lines[0], lines
     assert "PyTorch: :" not in lines[0]
