@@ -170,8 +170,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     except FrontendError as e:
         if source == "optimize":
             raise  # a wrong optimize() argument (axes= names, say): the caller's error, in one line
-        report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1],
-                        f"the superopt backend was given a bad option ({e}); the whole graph goes to {fallback}")
+        report.fallback(_first_call(gm), f"the superopt backend was given a bad option ({e}); the whole graph "
+                        f"goes to {fallback}")
         return finish(gm, example_inputs)
     except Exception as e:  # noqa: BLE001 - a frontend failure must never fail the model
         report.fallback([], f"the superopt backend failed on this graph ({type(e).__name__}: {e}); "
@@ -193,6 +193,17 @@ def _device(device: str | None) -> str:
         return device_name(device)
     except UserError as e:
         raise FrontendError(f"device={device!r}: {str(e).removeprefix(f'--device {device!r}: ')}") from None
+
+
+def _first_call(gm: Any) -> list:
+    """The graph's first call node, for a whole-graph fallback line to point at (none in an empty graph)."""
+    return [n for n in gm.graph.nodes if n.op.startswith("call")][:1]
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)`` cut to 60 characters, for an error line about a user's option."""
+    shown = repr(value)
+    return shown[:60] + "..." if len(shown) > 60 else shown
 
 
 BACKEND_OPTIONS = ("fallback", "executor", "verify", "log", "dtype", "device", "measure", "bucket", "backward")
@@ -219,8 +230,7 @@ def flag_problem(options: dict) -> str | None:
     """The first of ``FLAGS`` in ``options`` that is not a bool, as one line, or None."""
     for k in FLAGS:
         if k in options and not isinstance(options[k], bool):
-            shown = repr(options[k])
-            return f"{k} {shown[:60] + '...' if len(shown) > 60 else shown}: give True or False"
+            return f"{k} {_shown(options[k])}: give True or False"
     return None
 
 
@@ -230,9 +240,7 @@ def dtype_problem(dtype: Any) -> str | None:
     each region refusing it on its own said so once per region, after capture."""
     if dtype is None or (isinstance(dtype, str) and dtype in KERNEL_DTYPES):
         return None
-    shown = repr(dtype)
-    shown = shown[:60] + "..." if len(shown) > 60 else shown
-    return f"dtype {shown}: kernels are planned in {' or '.join(KERNEL_DTYPES)}"
+    return f"dtype {_shown(dtype)}: kernels are planned in {' or '.join(KERNEL_DTYPES)}"
 
 
 def superopt(gm: Any, example_inputs: list, options: dict | None = None) -> Callable:
@@ -243,8 +251,7 @@ def superopt(gm: Any, example_inputs: list, options: dict | None = None) -> Call
     problem = option_problem(options)
     if problem is not None:
         report = Report()  # its fallback line is the one log line
-        report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1] or [],
-                        f"{problem}; the graph goes to inductor")
+        report.fallback(_first_call(gm), f"{problem}; the graph goes to inductor")
         LAST_REPORTS.append(report)
         return _inductor(gm, example_inputs)
     return compile_fx_graph(gm, example_inputs, **options)
