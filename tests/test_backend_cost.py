@@ -116,6 +116,11 @@ def test_calibration_matches_records_by_backend_and_device() -> None:
     assert not same_target(hopper, machine_for(A100))
     assert not same_target({"device": "A100", "extra": {"backend": "tilelang-ampere"}}, DEFAULT_MACHINE)
     assert same_target({"device": "A100", "extra": {"backend": "tilelang-ampere (sm_80)"}}, machine_for(A100))
+    # ``describe``'s form, which the runner's records start with and gpu_run's own records keep: the backend is
+    # the hyphenated word, not the device name in front of it
+    described = {"device": "NVIDIA H200", "extra": {"backend": "h200 (tilelang-hopper, sm_90a)"}}
+    assert same_target(described, DEFAULT_MACHINE) and not same_target(described, machine_for(A100))
+    assert same_target({"device": "A100", "extra": {"backend": "a100 (tilelang-ampere, sm_80)"}}, machine_for(A100))
 
 
 def _a100_plan_and_h200_only_config():

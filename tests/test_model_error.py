@@ -67,6 +67,25 @@ def test_tuning_entries_are_read_per_backend(tmp_path: Path) -> None:
     assert len(tuning_entries(path, generation=2, backend="tilelang-ampere")) == 1
 
 
+def test_records_are_samples_of_their_own_backends_model_only(tmp_path: Path) -> None:
+    """The Ampere path timed on an H200 (``gpu_run --device a100``) is no sample of the Hopper model, though its
+    record names the same GPU; a record without a backend is Hopper's."""
+    from pyrunner.log.results import RunRecord
+
+    def rec(plan_us: float, backend: str | None) -> str:
+        extra = {"timing": {"rounds_us": {"plan": [1.0], "torch_compile": [1.0]}}}
+        if backend:
+            extra["backend"] = backend
+        return RunRecord(plan_hash="p", workload="RMSNorm", graph_hash="g", shapes={"m": 64}, dtype="bfloat16",
+                         device="NVIDIA H200", status="ok", plan_us=plan_us, baselines_us={"torch_compile": 2.0},
+                         config={"k0": {"threads": 128}}, extra=extra).model_dump_json() + "\n"
+
+    (tmp_path / "h200-run9-x.jsonl").write_text(rec(1.0, None) + rec(3.0, "a100 (tilelang-ampere, sm_80)"))
+    for newest in (False, True):
+        assert [t.measured_us for t in side_by_side_records(tmp_path, newest)] == [1.0]
+        assert [t.measured_us for t in side_by_side_records(tmp_path, newest, backend="tilelang-ampere")] == [3.0]
+
+
 @pytest.mark.slow
 def test_the_model_predicts_every_committed_record_within_the_bar() -> None:
     """Every side-by-side record and tuning entry of the current renderer (531 plans): uncalibrated

@@ -92,3 +92,33 @@ def test_report_tables_command(tmp_path: Path) -> None:
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a folder" in bad.stderr
     with pytest.raises(UserError):
         newest_rows(tmp_path / "nope")
+
+
+def test_a_second_backends_row_stands_beside_the_hopper_row(tmp_path: Path) -> None:
+    """The Ampere path timed on the same GPU (``gpu_run --device a100``) is another row of the case, never the
+    newer record that replaces the Hopper one; a record without a backend is Hopper's."""
+    hopper = _rec(plan=10.0, ts="2026-12-01T00:00:00")  # no backend field: an old Hopper record
+    named = _rec(plan=9.0, ts="2026-12-02T00:00:00")
+    named["extra"]["backend"] = "tilelang-hopper"  # the runner's form: the same backend as no field
+    ampere = _rec(plan=12.0, ts="2026-12-03T00:00:00")  # newest, but another backend's
+    ampere["extra"]["backend"] = "a100 (tilelang-ampere, sm_80)"  # the form gpu_run's own records take
+    _write(tmp_path, "h200-run5-a.jsonl", hopper, named)
+    _write(tmp_path, "h200-run6-ampere.jsonl", ampere)
+    rows = newest_rows(tmp_path)
+    assert sorted(r.record.plan_us for r in rows) == [9.0, 12.0]  # the Ampere record replaced nothing
+    assert sorted((r.backend, r.record.plan_us) for r in rows) == [("tilelang-ampere", 12.0), ("tilelang-hopper", 9.0)]
+    text = render(rows)
+    hop = text.index("| G | bf16 | m=64 | 9.0 |")
+    amp = text.index("| G (tilelang-ampere) | bf16 | m=64 | 12.0 |")
+    assert hop < amp and text.count("| G") == 2  # the Hopper row first, the Ampere path's beside it
+    assert "| all, tilelang-ampere (1) |" in text and "| all (1) |" in text  # summaries kept apart
+
+
+def test_record_backend_reads_every_form_writers_use() -> None:
+    from pyrunner.log.results import record_backend
+
+    assert record_backend({}) == record_backend({"backend": None}) == "tilelang-hopper"
+    assert record_backend({"backend": "tilelang-ampere"}) == "tilelang-ampere"  # runner.py
+    assert record_backend({"backend": "tilelang-ampere (sm_80)"}) == "tilelang-ampere"  # gpu_sweep.py
+    assert record_backend({"backend": "a100 (tilelang-ampere, sm_80)"}) == "tilelang-ampere"  # describe()
+    assert record_backend({"backend": "h200 (tilelang-hopper, sm_90a)"}) == "tilelang-hopper"

@@ -13,6 +13,8 @@ import datetime as _dt
 import json
 import math
 import os
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +28,20 @@ TOOL_VERSION = "0.1.0"
 Status = Literal["ok", "failed-verification", "failed-compile", "failed-launch", "skipped"]
 PRIMARY_BASELINE = "torch_compile"
 """The baseline the headline speedup (and the report's geomean) is taken against."""
+UNNAMED_BACKEND = "tilelang-hopper"
+"""The backend of a record whose ``extra`` names none: every record made before a second backend existed is
+TileLang's Hopper backend's (``target.tuning.HOPPER_BACKEND`` keys tuning entries the same way)."""
+_BACKEND_WORD = re.compile(r"[a-z][a-z0-9]*-[a-z0-9]+")
+
+
+def record_backend(extra: Mapping) -> str:
+    """The backend a record's ``extra`` names, in any form its writers use: ``tilelang-ampere`` (the runner),
+    ``tilelang-ampere (sm_80)`` (the GPU sweep), ``a100 (tilelang-ampere, sm_80)`` (``backend.describe``, as
+    gpu_run's own records say it): the first hyphenated word, else the first word; ``UNNAMED_BACKEND`` for a
+    record that names none. One reading, so a Hopper record with the field and one without are one case."""
+    text = str(extra.get("backend") or "").strip().lower()
+    found = _BACKEND_WORD.search(text)
+    return found.group(0) if found else (text.split() or [UNNAMED_BACKEND])[0]
 
 
 class LogError(UserError):

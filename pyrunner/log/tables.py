@@ -4,8 +4,11 @@ Why generated: a figure typed into a README drifts from its record, and a plan t
 its baselines (an alternative, a probe) reads like a side-by-side result. Here a row exists only
 for a **side-by-side record**: status ``ok`` (so verified against float64 first), a plan time,
 torch.compile measured, and the plan and every baseline it reports timed in the same call (each
-has its rounds in ``extra.timing.rounds_us``). Per case (workload, dtype, shapes) the newest such
-record is the row; speedups are recomputed from the times. Each row names its run and its file.
+has its rounds in ``extra.timing.rounds_us``). Per case (workload, dtype, shapes, backend) the newest
+such record is the row; speedups are recomputed from the times. Each row names its run and its file.
+The backend is part of the case because ``gpu_run --device h200,a100`` times the Ampere path (an sm_80
+build) on the same GPU: its row stands beside the Hopper row, marked with the backend's name, instead of
+replacing it (``log.results.record_backend``; a record without the field is Hopper's).
 
 ``benchmarks/RESULTS.md`` is this module's output over ``benchmarks/results/``; a test fails when
 the committed file differs from what the records generate. README's short table is the seed
@@ -22,7 +25,14 @@ from pathlib import Path
 from pyrunner.errors import UserError
 from pyrunner.files import check_output_file, output_dir, write_text_atomic
 from pyrunner.ir import catalog
-from pyrunner.log.results import PRIMARY_BASELINE, RunRecord, read_log_counted, speedups
+from pyrunner.log.results import (
+    PRIMARY_BASELINE,
+    UNNAMED_BACKEND,
+    RunRecord,
+    read_log_counted,
+    record_backend,
+    speedups,
+)
 
 RESULTS_DIR = Path("benchmarks/results")
 TABLES_FILE = "RESULTS.md"
@@ -47,9 +57,14 @@ class Row:
         return m.group(1) if m else "-"
 
     @property
+    def backend(self) -> str:
+        """The backend that made and rendered the plan (``log.results.record_backend``)."""
+        return record_backend(self.record.extra)
+
+    @property
     def key(self) -> tuple:
         r = self.record
-        return r.workload, r.dtype, tuple(sorted(r.shapes.items()))
+        return r.workload, r.dtype, tuple(sorted(r.shapes.items())), self.backend
 
 
 def side_by_side(r: RunRecord) -> bool:
@@ -106,11 +121,17 @@ HEAD = ["workload", "dtype", "shape", "plan (us)", "torch.compile", "best baseli
         "vs best", "run (file)"]
 
 
+def _marked(row: Row) -> str:
+    """The row's workload, followed by its backend's name when that is not the unnamed (Hopper) one."""
+    name = _cell(row.record.workload)
+    return name if row.backend == UNNAMED_BACKEND else f"{name} ({_cell(row.backend)})"
+
+
 def _line(row: Row) -> str:
     r = row.record
     best = r.best_baseline or PRIMARY_BASELINE
     shape = _cell(" ".join(f"{a}={n}" for a, n in r.shapes.items()))
-    cells = [_cell(r.workload), DTYPES.get(r.dtype, _cell(r.dtype)), shape,
+    cells = [_marked(row), DTYPES.get(r.dtype, _cell(r.dtype)), shape,
              _us(r.plan_us), _us(r.baselines_us.get(PRIMARY_BASELINE)),
              f"{_us(r.baselines_us.get(best))} ({NAMES.get(best, _cell(best))})",
              _x(r.speedups.get(PRIMARY_BASELINE)), _x(r.speedup_vs_best), f"{row.run} (`{_cell(row.file)}`)"]
@@ -131,7 +152,8 @@ def _is_seed(row: Row) -> bool:
 def _order(row: Row) -> tuple:
     r = row.record
     seed = SEEDS.index(r.workload) if r.workload in SEEDS else len(SEEDS)
-    return seed, r.workload.lower(), r.workload, r.dtype, tuple(sorted(r.shapes.items()))
+    return (seed, r.workload.lower(), r.workload, r.dtype, tuple(sorted(r.shapes.items())),
+            row.backend != UNNAMED_BACKEND, row.backend)
 
 
 def seed_table(rows: list[Row]) -> str:
@@ -139,15 +161,37 @@ def seed_table(rows: list[Row]) -> str:
     return table(sorted((r for r in rows if _is_seed(r)), key=_order))
 
 
+def _backends(rows: list[Row]) -> list[str]:
+    """The backends the rows were made with: the unnamed (Hopper) one first, then the others by name."""
+    return sorted({r.backend for r in rows}, key=lambda b: (b != UNNAMED_BACKEND, b))
+
+
 def _summary(rows: list[Row]) -> list[str]:
+    """Geomeans per backend: one backend's times never average with another's."""
     out = ["| rows | vs torch.compile (geomean) | vs best baseline (geomean) | at least 0.95x the best |",
            "|---|---|---|---|"]
-    for name, sel in (("seeds", [r for r in rows if _is_seed(r)]), ("all", rows)):
+    groups = []
+    for b in _backends(rows):
+        mine = [r for r in rows if r.backend == b]
+        tag = "" if b == UNNAMED_BACKEND else f", {_cell(b)}"
+        groups += [(f"seeds{tag}", [r for r in mine if _is_seed(r)]), (f"all{tag}", mine)]
+    for name, sel in groups or [("seeds", []), ("all", [])]:
         tc = _geomean([r.record.speedups[PRIMARY_BASELINE] for r in sel])
         vs = [r.record.speedup_vs_best for r in sel if r.record.speedup_vs_best is not None]
         near = sum(v >= 0.95 for v in vs)
         out.append(f"| {name} ({len(sel)}) | {_x(tc)} | {_x(_geomean(vs))} | {near} of {len(vs)} |")
     return out
+
+
+def _backend_note(rows: list[Row]) -> list[str]:
+    """A line naming the other backends' rows, when there are any (none: the text is what it always was)."""
+    others = [b for b in _backends(rows) if b != UNNAMED_BACKEND]
+    if not others:
+        return []
+    named = ", ".join(f"`({_cell(b)})`" for b in others)
+    return [f"A case is also its backend: rows marked {named} were planned, rendered and built by that backend",
+            "(`gpu_run.py --device`; the Ampere path is an sm_80 build) and timed on the device the record names;",
+            f"unmarked rows are {UNNAMED_BACKEND}'s. Each backend's rows have their own summary lines."]
 
 
 def render(rows: list[Row]) -> str:
@@ -168,6 +212,7 @@ def render(rows: list[Row]) -> str:
         "Where the planner changed a case's plan after its newest side-by-side run, the row is the older",
         "plan's time until a run re-times it (`bash benchmarks/gpu_run.sh --graph ...`).",
         f"Device(s): {_cell(', '.join(devices)) or '-'}.",
+        *_backend_note(rows),
         "",
         "## Summary",
         "",

@@ -111,11 +111,12 @@ def samples(logs, planner_factory, m: Machine = DEFAULT_MACHINE, current_only: b
 
 def same_target(rec: dict, m: Machine) -> bool:
     """Whether a record was measured on ``m``'s device with ``m``'s backend (a record without a backend
-    field predates the second backend: TileLang's Hopper code; the GPU sweep's names the architecture after
-    it, ``tilelang-ampere (sm_80)``), so a calibration is per backend and device."""
-    from pyrunner.target.tuning import HOPPER_BACKEND, device_key
+    field predates the second backend: TileLang's Hopper code; ``log.results.record_backend`` reads every
+    form writers give it), so a calibration is per backend and device."""
+    from pyrunner.log.results import record_backend
+    from pyrunner.target.tuning import device_key
 
-    backend = str((rec.get("extra") or {}).get("backend") or HOPPER_BACKEND).split(" ")[0]
+    backend = record_backend(rec.get("extra") or {})
     return device_key(str(rec.get("device", ""))) == device_key(m.device.name) and backend == m.terms.backend
 
 

@@ -181,10 +181,12 @@ class Timed:
 
 
 def side_by_side_records(results_dir: Path = RESULTS_DIR, newest_only: bool = False,
-                         device: Device = DEFAULT_MACHINE.device) -> list[Timed]:
-    """Every side-by-side record of the folder (``log.tables.side_by_side``) measured on ``device``; with
-    ``newest_only``, the newest per case (the rows of ``benchmarks/RESULTS.md``)."""
-    from pyrunner.log.results import read_log_counted
+                         device: Device = DEFAULT_MACHINE.device,
+                         backend: str = DEFAULT_MACHINE.terms.backend) -> list[Timed]:
+    """Every side-by-side record of the folder (``log.tables.side_by_side``) measured on ``device`` with
+    ``backend`` (``log.results.record_backend``: the Ampere path timed on a Hopper GPU is no sample of the Hopper
+    model); with ``newest_only``, the newest per case (the rows of ``benchmarks/RESULTS.md``)."""
+    from pyrunner.log.results import read_log_counted, record_backend
     from pyrunner.log.tables import newest_rows, side_by_side
     from pyrunner.target.tuning import device_key
 
@@ -194,7 +196,8 @@ def side_by_side_records(results_dir: Path = RESULTS_DIR, newest_only: bool = Fa
         rows = [(p.name, r) for p in sorted(results_dir.glob("*.jsonl")) for r in read_log_counted(p)[0]
                 if side_by_side(r)]
     return [Timed(f, r.workload, r.dtype, dict(r.shapes), r.config, float(r.plan_us)) for f, r in rows
-            if r.config and r.plan_us and device_key(r.device) == device_key(device.name)]
+            if r.config and r.plan_us and device_key(r.device) == device_key(device.name)
+            and record_backend(r.extra) == backend]
 
 
 def tuning_entries(path: Path = TUNING_FILE, generation: int | None = None,

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pyrunner.errors import UserError
+from pyrunner.log.results import UNNAMED_BACKEND
 from pyrunner.plan.schedule import plan_forms
 from pyrunner.plan.schema import Plan, axis_sizes, canonical_json
 from pyrunner.target.device import Device, device_key_of, device_named
@@ -86,7 +87,7 @@ def structure_hash(plan: Plan) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-HOPPER_BACKEND = "tilelang-hopper"
+HOPPER_BACKEND = UNNAMED_BACKEND
 """The backend every entry without a backend field in its key was measured with (keys name another
 backend as a seventh field, so two backends timed on one GPU keep their entries apart)."""
 
