@@ -37,8 +37,11 @@ def case_hashes(root: Path, sweep_args: argparse.Namespace, built: bool = False)
         sys.path.insert(0, str(p))
     import gpu_sweep
 
+    # the default device as the tree under ``root`` names it (``target.tuning`` re-exports it in every tree)
+    from pyrunner.target.tuning import DEFAULT_DEVICE
+
     out: dict[str, str] = {}
-    device = getattr(sweep_args, "device", "h200")
+    device = getattr(sweep_args, "device", None) or DEFAULT_DEVICE
     with tempfile.TemporaryDirectory(prefix="changed_cases_built_") as tmp:
         for n, case in enumerate(gpu_sweep.collect(sweep_args)):
             out[case.id] = _case_hash(case, built, Path(tmp) / f"case_{n}.py", device)
@@ -51,10 +54,10 @@ def _plan_and_source(case, device: str) -> tuple[object, str]:
     from pyrunner.backend.tilelang.render import render
     from pyrunner.ir.graph_json import graph_from_json
     from pyrunner.pipeline import best_plan
-    from pyrunner.target.tuning import committed_tuning
+    from pyrunner.target.tuning import DEFAULT_DEVICE, committed_tuning
 
     graph = graph_from_json(case.graph)
-    if device == "h200":  # the default backend: also what a tree from before ``--device`` plans and renders
+    if device == DEFAULT_DEVICE:  # the default backend: also what a tree from before ``--device`` plans, renders
         (plan,) = best_plan(graph, case.dtype, tuning=committed_tuning())
         return plan, render(plan)
     from pyrunner.backend.tilelang.backend import backend_for
@@ -64,7 +67,7 @@ def _plan_and_source(case, device: str) -> tuple[object, str]:
     return plan, render(plan, backend.target)
 
 
-def _case_hash(case, built: bool, module_path: Path, device: str = "h200") -> str:
+def _case_hash(case, built: bool, module_path: Path, device: str) -> str:
     """Hash of one case's rendered source (or built prim_funcs) for the backend of ``device``; an error counts
     as a change."""
     try:

@@ -51,22 +51,23 @@ def _case(case_id: str):
     raise SystemExit(f"error: no sweep case {case_id!r}")
 
 
-def sweep_plan(case_id: str, device: str = "h200"):
-    """The graph and plan ``gpu_sweep --device`` ran for the case: the backend of ``device`` with its committed
-    tuning database (``(graph, plan, backend)``)."""
+def sweep_plan(case_id: str, device: str | None = None):
+    """The graph and plan ``gpu_sweep --device`` ran for the case: the backend of ``device`` (None: the default
+    device) with its committed tuning database (``(graph, plan, backend)``)."""
     from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.ir.graph_json import graph_from_json
     from pyrunner.pipeline import best_plan
+    from pyrunner.target.device import DEFAULT_DEVICE
     from pyrunner.target.tuning import committed_tuning
 
     case = _case(case_id)
     graph = graph_from_json(case.graph)
-    backend = backend_for(device)
+    backend = backend_for(device or DEFAULT_DEVICE)
     (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name))
     return graph, plan, backend
 
 
-def worker(case_id: str, variant: str, device: str = "h200") -> dict:
+def worker(case_id: str, variant: str, device: str) -> dict:
     import torch
 
     from pyrunner.backend.tilelang.compile import local_gpu_arch, rendered_module
@@ -118,13 +119,15 @@ def worker(case_id: str, variant: str, device: str = "h200") -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pyrunner.target.device import DEFAULT_DEVICE
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="", help="comma-separated sweep case ids")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=400, help="wall-clock budget for everything")
-    ap.add_argument("--device", default="h200", metavar="NAME",
+    ap.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
                     help="the backend the sweep ran the cases for (h200, a100), as gpu_sweep --device")
     ap.add_argument("--worker", nargs=2, metavar=("CASE", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)

@@ -244,6 +244,7 @@ def worker(args) -> int:
 
     from pyrunner.plan.validate import load_plan
     from pyrunner.run.runner import RunOptions, print_record, run_plan
+    from pyrunner.target.device import DEFAULT_DEVICE
 
     plan = load_plan(args.plan)
     ranked = Path(args.plan).with_suffix(".configs.json")
@@ -255,7 +256,7 @@ def worker(args) -> int:
         candidates=json.loads(ranked.read_text()) if ranked.exists() else None,
         tuning_out=Path(args.tuning_out) if args.tuning_out and args.worker == "run" else None,
         tuning_db=Path(args.tuning_out) if args.tuning_out and args.worker == "warm" else None,
-        backend=args.device or "h200",
+        backend=args.device or DEFAULT_DEVICE,
     )
     console = Console(stderr=True, width=120)
     rec = run_plan(plan, opts, console)
@@ -382,7 +383,8 @@ def _seed_tuning(out: Path, say: Tee) -> Path:
     import shutil
 
     from pyrunner.run.timing import device_name
-    from pyrunner.target.tuning import DEFAULT_DEVICE, TuningDB, device_key
+    from pyrunner.target.device import DEFAULT_DEVICE
+    from pyrunner.target.tuning import TuningDB, device_key
 
     dev = device_name()
     key = device_key(dev if dev != "cpu" else DEFAULT_DEVICE)

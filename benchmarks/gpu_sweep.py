@@ -176,15 +176,16 @@ def _emit(path: Path, rec: Record) -> None:
         fh.write(json.dumps(asdict(rec), allow_nan=False, default=str) + "\n")
 
 
-def run_case(case: Case, results: Path, dry: bool, work: Path, device: str = "h200") -> Record:
-    """Plan, compile, verify one case for the backend of ``device``; every stage reached is appended to
-    ``results``."""
+def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | None = None) -> Record:
+    """Plan, compile, verify one case for the backend of ``device`` (None: the default device); every stage
+    reached is appended to ``results``."""
     from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.backend.tilelang.diagnose import detail, one_line
+    from pyrunner.target.device import DEFAULT_DEVICE
 
     t0 = time.monotonic()
     rec = Record(case.id, case.source, case.shape, case.dtype, dict(case.graph["axes"]))
-    backend = backend_for(device)
+    backend = backend_for(device or DEFAULT_DEVICE)
     rec.extra["backend"] = f"{backend.name} ({backend.target.arch})"
     _emit(results, rec)
 
@@ -327,11 +328,14 @@ def _run_worker(args, case: Case, idx: int, end: float, log: Log) -> dict:
     return rec
 
 
-def summarize(records: list[dict], dry: bool, seconds: float, device: str = "h200") -> dict:
+def summarize(records: list[dict], dry: bool, seconds: float, device: str | None = None) -> dict:
+    """The sweep's figures for ``device`` (None: the default device)."""
+    from pyrunner.target.device import DEFAULT_DEVICE
+
     failed = [r for r in records if r["status"].startswith("failed") or r["status"] == "timeout"]
     return {
         "mode": "dry (no GPU)" if dry else "gpu",
-        "device": device,
+        "device": device or DEFAULT_DEVICE,
         "seconds": round(seconds, 1),
         "cases": len(records),
         "planned": sum(r["stage"] in ("planned", "compiled", "verified") for r in records),
@@ -345,7 +349,7 @@ def summarize(records: list[dict], dry: bool, seconds: float, device: str = "h20
 
 
 def table(s: dict) -> str:
-    lines = [f"== GPU sweep ({s['mode']}, --device {s.get('device', 'h200')}): {s['cases']} cases in "
+    lines = [f"== GPU sweep ({s['mode']}, --device {s['device']}): {s['cases']} cases in "
              f"{s['seconds']:.0f} s",
              f"   planned {s['planned']} / compiled {s['compiled']} / GPU-verified {s['gpu_verified']} / "
              f"failed {s['failed']} / skipped {s['skipped']}"]
@@ -356,6 +360,8 @@ def table(s: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The sweep's options (``benchmarks/changed_cases.py`` collects the same cases with them)."""
+    from pyrunner.target.device import DEFAULT_DEVICE
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu_sweep")))
     ap.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="wall-clock budget for everything")
@@ -373,7 +379,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cases", help="only these case ids (NAME@SHAPE/DTYPE), comma-separated, or @FILE with "
                     "one per line (benchmarks/changed_cases.py writes it)")
     ap.add_argument("--dry", action="store_true", help="no GPU: plan, render, lower to CUDA only")
-    ap.add_argument("--device", default="h200", metavar="NAME",
+    ap.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
                     help="the backend to plan, render and compile for (h200, or a100: sm_80, run on a newer GPU "
                          "from its own instruction set)")
     ap.add_argument("--work", type=Path, default=None)

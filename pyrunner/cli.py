@@ -42,12 +42,11 @@ from pathlib import Path
 
 from pyrunner.errors import UserError
 from pyrunner.files import write_text_atomic
+from pyrunner.target.device import DEFAULT_DEVICE
 
 COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads", "export")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 DEFAULT_DTYPE = "fp16"
-DEFAULT_DEVICE = "h200"
-"""What ``superopt --device`` plans for by default (``backend.tilelang.backend.BACKENDS`` has the others)."""
 SCHEMA_FILE = Path(__file__).parent / "schema" / "plan.schema.json"
 
 

@@ -71,6 +71,37 @@ def test_only_the_device_table_and_the_hopper_backend_name_the_h200() -> None:
     assert named == []
 
 
+def _device_names_in(path: Path) -> list[str]:
+    """``path:line`` of each string naming a device by its key (``"h200"``) or its tuning file (``h200.json``),
+    docstrings and the keys of dict literals (a per-device table) aside."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    skip = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    skip |= {id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys if k is not None}
+    files = re.compile(r"\b(?:" + "|".join(DEVICES) + r")\.json\b")
+    return [f"{path.name}:{n.lineno}" for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in skip
+            and (n.value.strip().lower() in DEVICES or files.search(n.value))]
+
+
+def test_the_default_device_is_named_in_the_device_table_only() -> None:
+    """One default device (``target.device.DEFAULT_DEVICE``): the CLI, the tuning database, the compile targets,
+    the runner, the model-error report and the GPU scripts import it, and the model-error report derives its
+    tuning file from its device, so changing the default is one line."""
+    from pyrunner.planner import model_error
+    from pyrunner.target import device, tuning
+
+    root = Path(__file__).resolve().parents[1]
+    files = [*(root / "pyrunner").rglob("*.py"), *(root / "benchmarks").glob("*.py")]
+    named = sorted(n for p in files if p != root / "pyrunner" / "target" / "device.py" for n in _device_names_in(p))
+    assert named == []
+    assert cli.DEFAULT_DEVICE == tuning.DEFAULT_DEVICE == device.DEFAULT_DEVICE in DEVICES
+    assert device.DEFAULT_TARGET is DEVICES[device.DEFAULT_DEVICE]
+    assert model_error.tuning_file(A100) == tuning.tuning_path("a100", tuning.TUNING_DIR)
+    assert model_error.tuning_file().name == f"{device.DEFAULT_DEVICE}.json"
+
+
 def test_targets_check_their_instruction_set_and_build_flags() -> None:
     assert AMPERE.target == {"kind": "cuda", "arch": "sm_80"} and AMPERE.sm_count == 108
     assert HOPPER.target == {"kind": "cuda", "arch": "sm_90a"}

@@ -322,9 +322,10 @@ def _persistent_case(name: str, monkeypatch: pytest.MonkeyPatch):
 
     from pyrunner.backend.tilelang import targets
     from pyrunner.backend.tilelang.hopper import Hopper
+    from pyrunner.target.device import DEFAULT_DEVICE
 
     default = targets.default_target()
-    monkeypatch.setitem(targets.TARGETS, targets.DEFAULT_TARGET_NAME, Hopper(replace(default.device, sms=3)))
+    monkeypatch.setitem(targets.TARGETS, DEFAULT_DEVICE, Hopper(replace(default.device, sms=3)))
     return _small_case(name, PERSISTENT[name])
 
 

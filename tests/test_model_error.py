@@ -86,6 +86,15 @@ def test_records_are_samples_of_their_own_backends_model_only(tmp_path: Path) ->
         assert [t.measured_us for t in side_by_side_records(tmp_path, newest, backend="tilelang-ampere")] == [3.0]
 
 
+def test_the_tuning_file_read_by_default_is_the_default_devices() -> None:
+    from pyrunner.planner.model_error import tuning_file
+    from pyrunner.target.device import A100
+
+    assert tuning_file() == ROOT / "benchmarks" / "tuning" / f"{DEFAULT_MACHINE.device.name.lower()}.json"
+    assert tuning_file(A100) == ROOT / "benchmarks" / "tuning" / "a100.json"
+    assert tuning_entries() == tuning_entries(tuning_file())  # the default file is read (committed entries)
+
+
 @pytest.mark.slow
 def test_the_model_predicts_every_committed_record_within_the_bar() -> None:
     """Every side-by-side record and tuning entry of the current renderer (531 plans): uncalibrated

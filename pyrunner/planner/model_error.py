@@ -35,7 +35,14 @@ from pyrunner.target.device import Device
 GRAPH_DIRS = ("benchmarks/graphs", "tests/data")
 """Folders whose graph files the timed records name (``gpu_run.py --graph``)."""
 RESULTS_DIR = Path("benchmarks/results")
-TUNING_FILE = Path("benchmarks/tuning/h200.json")
+
+
+def tuning_file(device: Device = DEFAULT_MACHINE.device) -> Path:
+    """The committed tuning database of ``device`` (``benchmarks/tuning/<device>.json``, ``target.tuning``'s
+    name for it), which the report reads by default: the default device decides it, no file name here."""
+    from pyrunner.target.tuning import TUNING_DIR, tuning_path
+
+    return tuning_path(device.name, TUNING_DIR)
 
 
 @dataclass(frozen=True)
@@ -200,16 +207,18 @@ def side_by_side_records(results_dir: Path = RESULTS_DIR, newest_only: bool = Fa
             and record_backend(r.extra) == backend]
 
 
-def tuning_entries(path: Path = TUNING_FILE, generation: int | None = None,
+def tuning_entries(path: Path | None = None, generation: int | None = None,
                    backend: str = DEFAULT_MACHINE.terms.backend) -> list[Timed]:
-    """Every entry of a tuning database file of the current renderer generation (``generation``) measured
-    with ``backend`` (``target.tuning.tuning_key``: a key names a backend other than Hopper's)."""
+    """Every entry of a tuning database file (default: ``tuning_file()``) of the current renderer generation
+    (``generation``) measured with ``backend`` (``target.tuning.tuning_key``: a key names a backend other than
+    Hopper's)."""
     import json
 
     from pyrunner.target.layout import GENERATION
     from pyrunner.target.tuning import HOPPER_BACKEND
 
     gen = GENERATION if generation is None else generation
+    path = tuning_file() if path is None else path
     try:
         entries = json.loads(path.read_text()).get("entries", {})
     except (OSError, ValueError) as e:

@@ -20,7 +20,6 @@ from pyrunner.errors import UserError
 from pyrunner.planner.cost import DEFAULT_MACHINE, Machine
 from pyrunner.planner.model_error import (
     RESULTS_DIR,
-    TUNING_FILE,
     Graphs,
     Sample,
     samples,
@@ -161,7 +160,8 @@ def report(sets: dict[str, list[Sample]], worst: int = 0, m: Machine = DEFAULT_M
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="pyrunner report --model-error", description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=RESULTS_DIR, help="folder of results logs")
-    ap.add_argument("--tuning", type=Path, default=TUNING_FILE, help="tuning database file")
+    ap.add_argument("--tuning", type=Path, default=None,
+                    help="tuning database file (default: the committed one of the default device)")
     ap.add_argument("--worst", type=int, default=0, help="also list the N samples the model misses most")
     args = ap.parse_args(argv)
     if not args.results.is_dir():

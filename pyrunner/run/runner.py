@@ -44,6 +44,7 @@ from pyrunner.plan.schema import Plan
 from pyrunner.plan.validate import check_config, check_values
 from pyrunner.run.runtime import COMPILE_MODES, GpuRuntime, TileLangRuntime
 from pyrunner.run.verify import GpuVerifier, fresh_seed, verify_executor
+from pyrunner.target.device import DEFAULT_DEVICE
 from pyrunner.target.layout import GENERATION
 
 BASELINES = ("eager", "vendor", "torch_compile", "max_autotune", "flex")
@@ -94,7 +95,7 @@ class RunOptions:
     runtime: GpuRuntime | None = None
     """The device the GPU path runs on (``run.runtime``; None: ``TileLangRuntime``, TileLang on CUDA, whose
     ``available()`` says whether torch sees a GPU). Tests pass a fake to run the GPU path on the CPU."""
-    backend: str = "h200"
+    backend: str = DEFAULT_DEVICE
     """The TileLang backend (``backend.tilelang.backend.BACKENDS``) the plan is fit-checked, rendered and
     compiled for (``--device``); a backend older than the GPU runs there from its own instruction set.
     A tuned config is taken only from an entry of this backend on this GPU (``_tuned_entry``): an Ampere
@@ -195,7 +196,7 @@ def sample_configs(plan: Plan, n: int, seed: str | int | None = None) -> list[Co
 
 def _tuning_db(opts: RunOptions, device: str):
     """The tuning database a run reads: its output file once written, else the given or committed one."""
-    from pyrunner.target.tuning import DEFAULT_DEVICE, TuningDB
+    from pyrunner.target.tuning import TuningDB
 
     if opts.tuning_out is not None and Path(opts.tuning_out).exists():
         return TuningDB.load(opts.tuning_out)
@@ -208,7 +209,6 @@ def _tuned_entry(plan: Plan, device: str, opts: RunOptions):
     """The tuning database's entry for this plan on this device (the CPU plans for the default target) with
     this run's backend, its config fitted against the backend's device (the one the plan is made for)."""
     from pyrunner.backend.tilelang.backend import backend_for
-    from pyrunner.target.tuning import DEFAULT_DEVICE
 
     backend = backend_for(opts.backend)
     try:

@@ -135,8 +135,13 @@ DEVICES: dict[str, Device] = {"h200": H200, "a100": A100}
 """Every device plans can be made for, by the name ``--device`` takes. Adding a GPU is one entry here
 (plus, when its instruction set differs, one backend module under ``pyrunner/backend``)."""
 
-DEFAULT_TARGET: Device = H200
-"""The device a plan is made for when the caller names none (planning needs no GPU)."""
+DEFAULT_DEVICE = "h200"
+"""The one default device, by its key: what plans are made for when the caller names none and no GPU says
+otherwise (planning needs no GPU). The CLI, the tuning database, the compile targets, the runner and the
+GPU scripts import it; changing the default is this line."""
+
+DEFAULT_TARGET: Device = DEVICES[DEFAULT_DEVICE]
+"""The default device's numbers."""
 
 REPORTED_NAMES: dict[str, tuple[str, ...]] = {
     "h200": ("NVIDIA H200", "NVIDIA H200 NVL"),

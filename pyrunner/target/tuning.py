@@ -32,13 +32,11 @@ from pyrunner.errors import UserError
 from pyrunner.log.results import UNNAMED_BACKEND
 from pyrunner.plan.schedule import plan_forms
 from pyrunner.plan.schema import Plan, axis_sizes, canonical_json
-from pyrunner.target.device import Device, device_key_of, device_named
+from pyrunner.target.device import DEFAULT_DEVICE, Device, device_key_of, device_named
 from pyrunner.target.layout import staged_loop_loads
 
 ROOT = Path(__file__).resolve().parents[2]
 TUNING_DIR = ROOT / "benchmarks" / "tuning"
-DEFAULT_DEVICE = "h200"
-"""The device plans are made for when no GPU is present (the planner's target)."""
 FORMAT = 1
 
 Config = dict[str, dict[str, int]]
@@ -175,6 +173,13 @@ def supersedes(new: Entry, old: Entry | None) -> bool:
     return old is None or stale(new, old) or new.time_us < old.time_us or new.config == old.config
 
 
+def tuning_path(device: str = DEFAULT_DEVICE, directory: Path | None = None) -> Path:
+    """The tuning file of ``device`` (``<device key>.json``) in ``directory``, else in the folder
+    ``SUPEROPT_TUNING_DIR`` names, else in the committed ``benchmarks/tuning``."""
+    d = Path(directory or os.environ.get("SUPEROPT_TUNING_DIR") or TUNING_DIR)
+    return d / f"{device_key(device)}.json"
+
+
 class TuningDB:
     """One device's tuning file in memory: lookup, record (keep the faster), save (deterministic JSON)."""
 
@@ -196,9 +201,7 @@ class TuningDB:
 
     @classmethod
     def for_device(cls, device: str = DEFAULT_DEVICE, directory: Path | None = None) -> TuningDB:
-        env = os.environ.get("SUPEROPT_TUNING_DIR")
-        d = Path(directory or env or TUNING_DIR)
-        return cls.load(d / f"{device_key(device)}.json")
+        return cls.load(tuning_path(device, directory))
 
     def lookup(self, plan: Plan, device: str = DEFAULT_DEVICE, tl_version: str | None = None,
                backend: str = HOPPER_BACKEND, fit: Device | None = None) -> Entry | None:

@@ -13,10 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyrunner.backend.tilelang.compile_target import CompileTarget
-from pyrunner.backend.tilelang.targets import DEFAULT_TARGET_NAME, TARGETS
+from pyrunner.backend.tilelang.targets import TARGETS
 from pyrunner.errors import UserError
 from pyrunner.plan.schema import Plan
-from pyrunner.target.device import Device, device_key_of
+from pyrunner.target.device import DEFAULT_DEVICE, Device, device_key_of
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,8 @@ class TileLangBackend:
 BACKENDS: dict[str, TileLangBackend] = {name: TileLangBackend(f"tilelang-{t.family}", t) for name, t in TARGETS.items()}
 """Backends by the device name ``--device`` takes."""
 
-DEFAULT_BACKEND = DEFAULT_TARGET_NAME
 
-
-def backend_for(device: str = DEFAULT_BACKEND) -> TileLangBackend:
+def backend_for(device: str = DEFAULT_DEVICE) -> TileLangBackend:
     """The backend of the device called ``device``: a device name (case-insensitive) or a GPU name the driver
     reports (``target.device.device_key_of``: ``NVIDIA A100-SXM4-80GB`` is a100); UserError naming the known
     ones otherwise."""
@@ -72,7 +70,7 @@ def backend_name_for_arch(gpu_arch: str) -> str:
     runs on its own architecture only."""
     gpu = _number(gpu_arch)
     if gpu is None:
-        return DEFAULT_BACKEND
+        return DEFAULT_DEVICE
     runnable: list[tuple[int, str]] = []
     for name, b in BACKENDS.items():
         own = _number(b.target.arch)
@@ -80,7 +78,7 @@ def backend_name_for_arch(gpu_arch: str) -> str:
             return name
         if own is not None and own < gpu and not b.target.arch.endswith("a"):
             runnable.append((own, name))
-    return max(runnable)[1] if runnable else DEFAULT_BACKEND
+    return max(runnable)[1] if runnable else DEFAULT_DEVICE
 
 
 def local_backend_name() -> str:
@@ -91,11 +89,11 @@ def local_backend_name() -> str:
         import torch
 
         if not torch.cuda.is_available():
-            return DEFAULT_BACKEND
+            return DEFAULT_DEVICE
         major, minor = torch.cuda.get_device_capability()
         name = torch.cuda.get_device_name()
     except Exception:  # noqa: BLE001 - no usable torch or driver: plan for the default device
-        return DEFAULT_BACKEND
+        return DEFAULT_DEVICE
     known = device_key_of(name)
     return known if known in BACKENDS else backend_name_for_arch(f"sm_{major}{minor}")
 

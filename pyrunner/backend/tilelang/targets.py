@@ -11,17 +11,15 @@ from dataclasses import replace
 from pyrunner.backend.tilelang.ampere import AMPERE
 from pyrunner.backend.tilelang.compile_target import CompileTarget
 from pyrunner.backend.tilelang.hopper import HOPPER
-from pyrunner.target.device import Device
+from pyrunner.target.device import DEFAULT_DEVICE, Device
 
 TARGETS: dict[str, CompileTarget] = {"h200": HOPPER, "a100": AMPERE}
 """Compile targets by device name (the keys of ``target.device.DEVICES`` that have a renderer)."""
 
-DEFAULT_TARGET_NAME = "h200"
-
 
 def default_target() -> CompileTarget:
-    """The target a plan is rendered for when the caller names none."""
-    return TARGETS[DEFAULT_TARGET_NAME]
+    """The target a plan is rendered for when the caller names none: the default device's."""
+    return TARGETS[DEFAULT_DEVICE]
 
 
 def target_for(device: Device) -> CompileTarget:
