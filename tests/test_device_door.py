@@ -55,6 +55,15 @@ def test_the_backend_of_a_gpu_is_its_own_else_the_newest_it_runs() -> None:
     assert device_name(None) == "h200" and device_name(" A100 ") == "a100"
 
 
+def test_a_device_or_gpu_name_is_read_one_way() -> None:
+    """``backend_for`` and ``device_name`` read a name through one helper: a known device's key for its name or
+    any GPU name the driver gives it, else the name as typed, lower case (which ``backend_for`` then refuses)."""
+    from pyrunner.backend.tilelang.backend import device_key_or_name
+
+    assert device_key_or_name("NVIDIA A100-SXM4-80GB") == device_key_or_name(" A100 ") == "a100"
+    assert device_key_or_name("NVIDIA H200 NVL") == "h200" and device_key_or_name(" B200 ") == "b200"
+
+
 def test_a_gpu_name_picks_its_backend_and_an_unknown_gpu_is_said_so(monkeypatch) -> None:
     """Any A100 part plans for the a100 backend; an H100 (no device entry) runs the backend its architecture
     runs, and gpu_run says that its plans use that backend's device numbers and where its times are filed."""

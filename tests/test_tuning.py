@@ -368,3 +368,22 @@ def test_gpu_run_names_a_missing_graph_file_and_exits_2(tmp_path, capsys):
     log = (tmp_path / "out" / "gpu_run.log").read_text()
     assert "error: graph file" in log and "missing.json" in log and "does not exist" in log
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_lookup_checks_an_entry_against_the_plans_space_once(tmp_path, monkeypatch):
+    """An entry outside the planned space is checked against the plan once, then against the widened plan."""
+    from pyrunner.target import tuning
+
+    plan = _plan()
+    (k,) = plan.kernels
+    tuned = _other_config(plan)
+    db = TuningDB(tmp_path / "x.json")
+    db.record(plan, tuned, 40.0, "h200")
+    narrow = _narrowed(plan, "stages", tuned[k.name]["stages"])
+    seen: list[object] = []
+    real = tuning._valid
+    monkeypatch.setattr(tuning, "_valid", lambda p, cfg: seen.append(p) or real(p, cfg))
+    assert db.lookup(narrow, "h200").config == tuned
+    assert [p is narrow for p in seen] == [True, False]  # the plan once, the widened plan once
+    seen.clear()
+    assert db.lookup(plan, "h200").config == tuned and seen == [plan]  # inside the space: one check

@@ -140,11 +140,9 @@ def _fits_device(plan: Plan, config: Config, device: Device) -> bool:
     return all(fits(k, values[k.name], sizes, device) is None for k in plan.kernels)
 
 
-def _reachable(plan: Plan, config: Config, device: Device) -> Plan | None:
-    """The plan whose space holds ``config`` (the plan itself, or it widened by the config where
-    the config passes the value rules and fits ``device``, the one the plan is made for), or None."""
-    if _valid(plan, config):
-        return plan
+def _reachable_widened(plan: Plan, config: Config, device: Device) -> Plan | None:
+    """For a ``config`` outside the plan's space: the plan widened by it where the config passes the value
+    rules and fits ``device``, the one the plan is made for; None otherwise."""
     wide = widened(plan, config)
     return wide if _valid(wide, config) and _fits_device(wide, config, device) else None
 
@@ -209,7 +207,9 @@ class TuningDB:
         still valid: its config in the plan's space, or outside it and fitting ``fit``, the device the plan is
         made for (default: the known device ``device`` names; UserError for an unknown one)."""
         e = self.entries.get(tuning_key(plan, device, tl_version, backend))
-        if e is None or not (_valid(plan, e.config) or _reachable(plan, e.config, fit or device_named(device))):
+        if e is None:
+            return None
+        if not _valid(plan, e.config) and _reachable_widened(plan, e.config, fit or device_named(device)) is None:
             return None
         if "forms" in e.extra and e.extra["forms"] != measured_forms(plan):
             return None  # measured under other code: stale

@@ -41,11 +41,17 @@ BACKENDS: dict[str, TileLangBackend] = {name: TileLangBackend(f"tilelang-{t.fami
 """Backends by the device name ``--device`` takes."""
 
 
+def device_key_or_name(device: str) -> str:
+    """The key of ``BACKENDS`` that ``device`` names (``target.device.device_key_of``: a device name in any case
+    or a GPU name the driver reports), else the name as typed in lower case, for ``BACKENDS`` to refuse."""
+    return device_key_of(device) or device.strip().lower()
+
+
 def backend_for(device: str = DEFAULT_DEVICE) -> TileLangBackend:
     """The backend of the device called ``device``: a device name (case-insensitive) or a GPU name the driver
     reports (``target.device.device_key_of``: ``NVIDIA A100-SXM4-80GB`` is a100); UserError naming the known
     ones otherwise."""
-    backend = BACKENDS.get(device_key_of(device) or device.strip().lower())
+    backend = BACKENDS.get(device_key_or_name(device))
     if backend is None:
         raise UserError(f"--device {device!r}: no backend for that device; known: {', '.join(sorted(BACKENDS))}")
     return backend
@@ -120,6 +126,6 @@ def resolve_backend(device: str | None) -> TileLangBackend:
 def device_name(device: str | None) -> str:
     """The known device name (a key of ``BACKENDS``) that ``device`` names (a device name or a GPU name the
     driver reports), or the local GPU's when None; UserError naming the known ones."""
-    name = local_backend_name() if device is None else device_key_of(device) or device.strip().lower()
+    name = local_backend_name() if device is None else device_key_or_name(device)
     backend_for(name)
     return name
