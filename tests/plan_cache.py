@@ -12,7 +12,9 @@ device, the Python and pydantic versions, and a hash of every file of the ``pyru
 change invalidates every entry). Calls with a calibration file, a work budget (a mutable object the caller
 reads back) or a tuning database go to the planner uncached. Entries are JSON files written atomically
 (safe under pytest-xdist's workers); a loaded plan is checked against its stored hash. A test that uses
-``monkeypatch`` (it may patch what the planner reads) plans for real.
+``monkeypatch`` (it may patch what the planner reads) plans for real. The warnings the planner logged while
+planning (``pyrunner`` loggers: a "planner bug" that skipped a plan) are stored with the entry and logged
+again on every hit, so a test that fails on them (tests/test_certificate.py) sees them from the cache too.
 
 ``SUPEROPT_TEST_PLAN_CACHE``: ``off`` plans every call for real; ``check`` plans for real and fails on any
 difference from the cached plan (a way to test the cache itself).
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import tempfile
@@ -73,6 +76,19 @@ def source_hash() -> str:
 
 
 _MEMORY: dict[str, str] = {}
+FORMAT = 2
+"""Entry format (part of the key): 2 stores the planner's warnings beside the plans."""
+
+
+class _Warnings(logging.Handler):
+    """Collects the WARNING-and-above records of the ``pyrunner`` loggers during one real search."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.got: list[list] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.got.append([record.name, record.levelno, record.getMessage()])
 
 
 def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = False, calibration=None,
@@ -84,28 +100,40 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         return real(graph, dtype, top=top, naive=naive, calibration=calibration, budget=budget, tuning=tuning,
                     device=device)
 
+    def plan_logged() -> tuple[list[Plan], list[list]]:
+        handler, logger = _Warnings(), logging.getLogger("pyrunner")
+        logger.addHandler(handler)
+        try:
+            return plan(), handler.got
+        finally:
+            logger.removeHandler(handler)
+
     mode = os.environ.get(ENV, "on")
     if mode == "off" or not _ON[0] or calibration is not None or budget is not None or tuning not in (None, False):
         return plan()
     key = _key(graph, dtype, top, naive, device)
     cached = _load(key)
     if cached is not None and mode != "check":
-        return cached
-    plans = plan()
+        plans, warnings = cached
+        for name, level, message in warnings:
+            logging.getLogger(name).log(level, "%s", message)
+        return plans
+    plans, warnings = plan_logged()
     if cached is not None:
-        assert [p.model_dump(mode="json") for p in cached] == [p.model_dump(mode="json") for p in plans], \
+        assert [p.model_dump(mode="json") for p in cached[0]] == [p.model_dump(mode="json") for p in plans], \
             f"{ENV}=check: the cached plans of {graph.name!r} differ from the planner's"
-    _store(key, plans)
+        assert cached[1] == warnings, f"{ENV}=check: the cached warnings of {graph.name!r} differ from the planner's"
+    _store(key, plans, warnings)
     return plans
 
 
 def _key(graph: Graph, dtype: str, top: int, naive: bool, device) -> str:
     text = canonical_json({"graph": graph_to_json(graph), "dtype": dtype, "top": top, "naive": naive,
-                           "device": repr(device), "source": source_hash()})
+                           "device": repr(device), "source": source_hash(), "format": FORMAT})
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _load(key: str) -> list[Plan] | None:
+def _load(key: str) -> tuple[list[Plan], list[list]] | None:
     text = _MEMORY.get(key)
     if text is None and _DIR:
         try:
@@ -114,16 +142,17 @@ def _load(key: str) -> list[Plan] | None:
             return None
     if text is None:
         return None
-    plans = [Plan.model_validate(d) for d in json.loads(text)]
+    entry = json.loads(text)
+    plans = [Plan.model_validate(d) for d in entry["plans"]]
     if any(p.provenance.plan_hash != plan_hash(p) for p in plans):
         return None  # a damaged entry: plan again
     _MEMORY[key] = text
-    return plans
+    return plans, entry["warnings"]
 
 
-def _store(key: str, plans: list[Plan]) -> None:
-    text = json.dumps([p.model_dump(mode="json") for p in plans])
-    if [Plan.model_validate(d) for d in json.loads(text)] != plans:
+def _store(key: str, plans: list[Plan], warnings: list[list]) -> None:
+    text = json.dumps({"plans": [p.model_dump(mode="json") for p in plans], "warnings": warnings})
+    if [Plan.model_validate(d) for d in json.loads(text)["plans"]] != plans:
         return  # does not survive the round trip: never cached
     _MEMORY[key] = text
     if not _DIR:

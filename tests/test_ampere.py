@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from plan_cache import search
 from test_corpus import case_graph, planned_cases
 
 from pyrunner import cli
@@ -31,7 +32,6 @@ from pyrunner.ir import catalog
 from pyrunner.ir.reference import random_inputs
 from pyrunner.pipeline import best_plan
 from pyrunner.plan.schema import axis_sizes, plan_document
-from pyrunner.planner import search
 from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import scale_down

@@ -7,6 +7,7 @@ hidden behind a lazy import counts too.
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,11 @@ FACADE = {"pyrunner": {"pyrunner.frontend"}}
 """The package root's lazy ``__getattr__`` re-exports the PyTorch entry points (``pyrunner.load``,
 ``pyrunner.optimize``): an attribute lookup on first use, not an import dependency of the root."""
 
-GRAPH = {m: _imports(p) - {m} - FACADE.get(m, set()) for m, p in MODULES.items()}
+@cache
+def _graph() -> dict[str, set[str]]:
+    """Each module's pyrunner imports (parsed on first use: every xdist worker imports this file at
+    collection, the slow tier's too, and only the worker running these tests needs the parse)."""
+    return {m: _imports(p) - {m} - FACADE.get(m, set()) for m, p in MODULES.items()}
 
 
 def _layer(module: str) -> int:
@@ -73,7 +78,7 @@ def test_no_import_cycles() -> None:
     def visit(m: str) -> None:
         state[m] = 1
         stack.append(m)
-        for d in sorted(GRAPH[m]):
+        for d in sorted(_graph()[m]):
             if state.get(d) == 1:
                 cycles.append(stack[stack.index(d):] + [d])
             elif d not in state:
@@ -81,14 +86,14 @@ def test_no_import_cycles() -> None:
         stack.pop()
         state[m] = 2
 
-    for m in sorted(GRAPH):
+    for m in sorted(_graph()):
         if m not in state:
             visit(m)
     assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
 
 
 def test_subpackages_import_only_earlier_layers() -> None:
-    bad = [f"{m} imports {d}" for m, deps in GRAPH.items() for d in sorted(deps) if _layer(d) > _layer(m)]
+    bad = [f"{m} imports {d}" for m, deps in _graph().items() for d in sorted(deps) if _layer(d) > _layer(m)]
     assert not bad, "imports against the pipeline order:\n" + "\n".join(bad)
 
 

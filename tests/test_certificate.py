@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from certificate_mutations import accepted, mutations
 from graph_strategies import seeded_graph_doc
+from plan_cache import search
 
 from pyrunner.errors import PlanError
 from pyrunner.ir import catalog
@@ -26,7 +27,6 @@ from pyrunner.ir.graph import LOG2E, binary, const, inp, matmul, reduce, unary
 from pyrunner.ir.graph_json import graph_from_json, load_graph_file
 from pyrunner.plan.schema import Plan, plan_document
 from pyrunner.plan.validate import validate_plan
-from pyrunner.planner.search import search
 from pyrunner.rules.registry import ALGEBRAIC_RULE_NAMES, RULES
 from pyrunner.rules.replay import RULE_REPLAYS, Inst, ReplayError, instantiate, replay
 

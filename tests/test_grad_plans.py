@@ -11,6 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
+from plan_cache import search
 
 from pyrunner.cli import main
 from pyrunner.ir import catalog
@@ -18,7 +19,6 @@ from pyrunner.ir.grad import derive
 from pyrunner.ir.graph import Graph
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Plan
-from pyrunner.planner import search
 from pyrunner.planner.saves import choose_saves, predicted_us
 from pyrunner.run.executor import execute
 from pyrunner.run.grad_check import backward_inputs, composed_error, gradient_bound

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from plan_cache import search
 
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir import reference
 from pyrunner.ir.graph import GraphBuilder
 from pyrunner.ir.graph_json import graph_from_json
 from pyrunner.plan.schema import Gemm, Load, Map, Plan, Reduce
-from pyrunner.planner import explain, search
+from pyrunner.planner import explain
 from pyrunner.planner.search import PRECISION_PENALTY, Planner
 from pyrunner.run.executor import execute
 from pyrunner.run.shrink import scale_down

@@ -15,11 +15,12 @@ import re
 from pathlib import Path
 
 import pytest
+from plan_cache import search
+from test_corpus import TOP
 
 from pyrunner.backend.tilelang.compile import lower_to_cuda
 from pyrunner.backend.tilelang.render import kernel_pass_configs, render
 from pyrunner.ir.graph_json import graph_from_json
-from pyrunner.planner import search
 
 # tests/data/attention_qk_norm.json (corpus) at the sweep's real shape
 QK_NORM = {
@@ -44,8 +45,11 @@ QK_NORM = {
 def qk_norm_plan():
     """The one-kernel plan the sweep ran. The sweep planned with the committed tuning database, which
     measured it fastest; the model alone (``search`` without a database) ranks a two-kernel plan
-    first, so the plan is taken as the model's best one-kernel plan, independent of the database."""
-    plan = next(p for p in search(graph_from_json(QK_NORM), "bf16", top=4) if len(p.kernels) == 1)
+    first, so the plan is taken as the model's best one-kernel plan, independent of the database. The
+    graph is the corpus file's, so the plans are the plan cache's entry that tests/test_corpus.py checks."""
+    one = [p for p in search(graph_from_json(QK_NORM), "bf16", top=TOP) if len(p.kernels) == 1]
+    assert one, f"no one-kernel plan among the best {TOP}"
+    plan = one[0]
     (k,) = plan.kernels
     assert k.loop is not None and k.loop.axis == "t_kv"
     return plan
@@ -94,7 +98,7 @@ def test_broadcast_statistic_does_not_replicate_the_tile_it_scales() -> None:
     from pyrunner.ir.graph_json import load_graph_file
 
     graph = load_graph_file(Path(__file__).parent / "data" / "norm_group_norm_4d.json")
-    (plan,) = search(graph, "bf16", top=1)
+    plan = search(graph, "bf16", top=TOP)[0]  # the best plan: the plan cache's entry of tests/test_corpus.py
     sources = lower_to_cuda(plan)
     held = {name: _largest_register_array(src) for name, src in sources.items()}
     assert max(held.values()) <= 128, held
