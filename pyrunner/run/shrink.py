@@ -122,8 +122,8 @@ def compared_constants(plan: Plan) -> dict[str, float]:
     Axes compared with one another (a causal mask's ``j <= i``) share their constants, through any chain
     of comparisons: lengthened alone past a constant (``i < 1023``), ``i`` would run far past a short
     ``j``, its last rows would see only distant keys (a retention decay makes them zero), and an edit
-    zeroing those rows would pass; a causal mask inside a long prefix (``j < 1792 or j <= i``) at a
-    short ``i`` would never bite."""
+    zeroing those rows would pass; and in a mask like ``j < 1792 or j <= i`` (a prefix constant on ``j``
+    alone) a short ``i`` would leave the causal part inside the prefix, where it never bites."""
     comparisons: list[Comparison] = []
     _graph_comparisons(plan, comparisons)
     _plan_comparisons(plan, comparisons)
