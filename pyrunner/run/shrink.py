@@ -63,8 +63,12 @@ def cpu_check_plan(plan: Plan) -> Plan:
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
 
 
-def _graph_constants(plan: Plan, out: dict[str, float]) -> None:
-    """``compared_constants`` of the plan's source graph (iota axes and constants under a comparison)."""
+Comparison = tuple[set[str], float]
+"""The index axes one comparison reads and the largest constant magnitude in it (0 when none)."""
+
+
+def _graph_comparisons(plan: Plan, out: list[Comparison]) -> None:
+    """The comparisons of the plan's source graph (iota axes and constants under a comparison)."""
     from pyrunner.plan.views import plan_graph
 
     try:
@@ -82,17 +86,12 @@ def _graph_constants(plan: Plan, out: dict[str, float]) -> None:
             elif x.op == "const" and math.isfinite(x.value):
                 consts.append(abs(x.value))
             inner.extend(x.args)
-        for a in axes:
-            out[a] = max(out.get(a, 0.0), max(consts))
+        if axes:
+            out.append((axes, max(consts)))
 
 
-def compared_constants(plan: Plan) -> dict[str, float]:
-    """For each axis whose index a comparison reads (a mask: a window, a band, a causal offset), the
-    largest constant in any comparison that reads it, in the plan or its source graph: scaled below
-    that, the mask never bites, and a plan with its window dropped or changed would pass the CPU check
-    (issue 46)."""
-    out: dict[str, float] = {}
-    _graph_constants(plan, out)
+def _plan_comparisons(plan: Plan, out: list[Comparison]) -> None:
+    """The comparisons in the plan's expressions (maps and loop visibility) that read an index."""
     exprs: list[Expr] = [k.loop.visible for k in plan.kernels if k.loop is not None and k.loop.visible is not None]
     exprs += [op.expr for k in plan.kernels for op in (*k.prologue, *k.body, *k.epilogue) if isinstance(op, Map)]
     stack = list(exprs)
@@ -110,9 +109,32 @@ def compared_constants(plan: Plan) -> dict[str, float]:
             elif isinstance(x, Const) and isinstance(x.value, float) and math.isfinite(x.value):
                 consts.append(abs(x.value))
             inner.extend(getattr(x, "args", None) or [])
-        for a in axes:
-            out[a] = max(out.get(a, 0.0), max(consts))
-    return out
+        if axes:
+            out.append((axes, max(consts)))
+
+
+def compared_constants(plan: Plan) -> dict[str, float]:
+    """For each axis whose index a comparison reads (a mask: a window, a band, a causal offset), the
+    largest constant in any comparison that reads it, in the plan or its source graph: scaled below
+    that, the mask never bites, and a plan with its window dropped or changed would pass the CPU check
+    (issue 46).
+
+    Axes compared with one another (a causal mask's ``j <= i``) share their constants, through any chain
+    of comparisons: lengthened alone past a constant (``i < 1023``), ``i`` would run far past a short
+    ``j``, its last rows would see only distant keys (a retention decay makes them zero), and an edit
+    zeroing those rows would pass; and in a mask like ``j < 1792 or j <= i`` (a prefix constant on ``j``
+    alone) a short ``i`` would leave the causal part inside the prefix, where it never bites."""
+    comparisons: list[Comparison] = []
+    _graph_comparisons(plan, comparisons)
+    _plan_comparisons(plan, comparisons)
+    groups: list[Comparison] = []
+    for axes, c in comparisons:  # merge every group sharing an axis with this comparison
+        axes, linked = set(axes), [g for g in groups if g[0] & axes]
+        for g in linked:
+            groups.remove(g)
+            axes |= g[0]
+        groups.append((axes, max([c, *(g[1] for g in linked)])))
+    return {a: c for axes, c in groups for a in axes}
 
 
 def _tail_axes(plan: Plan, sizes: dict[str, int]) -> set[str]:
