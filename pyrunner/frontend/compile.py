@@ -280,9 +280,13 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
     for rg, impl in chosen:
         choice = next((c for c in report.regions if c.region is rg), None)
         sub = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))
-        if sub is None or choice is None or getattr(impl, "autograd_function", None) is not None:
-            # cannot be measured alone, or a training region (a forward timing does not decide forward and
-            # backward): the cost model's word stands
+        if choice is not None and sub is None:
+            # not measurable alone, so not shown to win: the fallback compiler's code runs (never slower)
+            choice.decision, choice.reason = "fallback", ("not measured: the region's ops read values from outside "
+                                                          "it; the fallback compiler's code runs")
+            continue
+        if choice is None or getattr(impl, "autograd_function", None) is not None:
+            # a training region (a forward timing does not decide forward and backward): the cost model's word
             kept.append((rg, impl))
             continue
         dtype = choice.plan.dtype if choice.plan else str(meta(rg.inputs[0][1]).dtype).removeprefix("torch.")

@@ -118,7 +118,9 @@ def _no_backward(ctx: Any, *grads: Any) -> tuple:  # noqa: ARG001
 
 def region_module(gm: Any, rg: RegionGraph, args: tuple) -> Any:
     """The region's own FX nodes as a module taking the region op's inputs ``args`` (nodes of ``gm`` now),
-    what the fallback compiler would run for them; None when a node reads anything else."""
+    what the fallback compiler would run for them; None when a node reads anything else. A tuple-valued node
+    the region reads through ``getitem`` (GPT-2's ``c_attn(...).split``, a fused gate/up ``chunk``) is not
+    one of its nodes but is computed from them alone, so it is copied in with them."""
     import torch.fx
 
     g = torch.fx.Graph()
@@ -126,9 +128,15 @@ def region_module(gm: Any, rg: RegionGraph, args: tuple) -> Any:
     for i, src in enumerate(args):
         ph = g.placeholder(f"x{i}")
         env.setdefault(src, ph)
+
+    def read(n: Any) -> Any:
+        if n not in env and n.op in ("call_function", "call_method") and all(a in env for a in n.all_input_nodes):
+            env[n] = g.node_copy(n, lambda a: env[a])
+        return env[n]
+
     try:
         for node in rg.nodes:
-            env[node] = g.node_copy(node, lambda n: env[n])
+            env[node] = g.node_copy(node, read)
     except KeyError:
         return None
     g.output(tuple(env[node] for _, node, _, _ in rg.outputs))
