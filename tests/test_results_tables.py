@@ -114,6 +114,26 @@ def test_a_second_backends_row_stands_beside_the_hopper_row(tmp_path: Path) -> N
     assert "| all, tilelang-ampere (1) |" in text and "| all (1) |" in text  # summaries kept apart
 
 
+def test_readme_seed_table_is_the_default_backends_and_the_others_follow_it(tmp_path: Path) -> None:
+    """README's seed slice is the Hopper backend's table; another backend's seeds are a table of their own
+    after it in RESULTS.md, so the README block stays one contiguous piece of RESULTS.md."""
+    from pyrunner.ir import catalog
+
+    sizes = dict(catalog.get("Matmul").sizes)
+    hopper, ampere = _rec("Matmul", plan=50.0), _rec("Matmul", plan=93.0)
+    ampere["extra"]["backend"] = "tilelang-ampere"
+    for r in (hopper, ampere):
+        r["shapes"] = sizes
+    _write(tmp_path, "h200-run7-seeds.jsonl", hopper, ampere)
+    rows = newest_rows(tmp_path)
+    readme = seed_table(rows)
+    assert "| Matmul | bf16 |" in readme and "tilelang-ampere" not in readme
+    amp = seed_table(rows, "tilelang-ampere")
+    assert "| Matmul (tilelang-ampere) | bf16 |" in amp and "| Matmul | bf16 |" not in amp
+    text = render(rows)
+    assert readme in text and text.index(readme) < text.index("On the tilelang-ampere backend:") < text.index(amp)
+
+
 def test_record_backend_reads_every_form_writers_use() -> None:
     from pyrunner.log.results import record_backend
 

@@ -156,9 +156,19 @@ def _order(row: Row) -> tuple:
             row.backend != UNNAMED_BACKEND, row.backend)
 
 
-def seed_table(rows: list[Row]) -> str:
-    """README's short table: the five seeds at their catalog shapes, both dtypes."""
-    return table(sorted((r for r in rows if _is_seed(r)), key=_order))
+def seed_table(rows: list[Row], backend: str = UNNAMED_BACKEND) -> str:
+    """The five seeds at their catalog shapes, both dtypes, made with one backend; the default (Hopper)
+    backend's is README's short table."""
+    return table(sorted((r for r in rows if _is_seed(r) and r.backend == backend), key=_order))
+
+
+def _seed_tables(rows: list[Row]) -> list[str]:
+    """The seeds section: the default backend's table, then each other backend's under its name."""
+    out = [seed_table(rows)]
+    for b in _backends(rows):
+        if b != UNNAMED_BACKEND and any(_is_seed(r) and r.backend == b for r in rows):
+            out += ["", f"On the {_cell(b)} backend:", "", seed_table(rows, b)]
+    return out
 
 
 def _backends(rows: list[Row]) -> list[str]:
@@ -220,7 +230,7 @@ def render(rows: list[Row]) -> str:
         "",
         "## The five seeds (catalog shapes)",
         "",
-        seed_table(rows),
+        *_seed_tables(rows),
         "",
         "## Every case",
         "",
