@@ -240,3 +240,57 @@ def test_a_region_read_through_split_is_measured_not_kept_unmeasured(tmp_path: P
     assert len(regions) >= 2 and len(lose.calls) == len(regions), (lose.calls, [r.region.label for r in regions])
     assert all(r.decision == "fallback" for r in regions), [(r.decision, r.reason) for r in regions]
     assert torch.equal(y, ref)  # eager ran every op (the fallback compiler here)
+
+
+def test_a_measure_times_the_regions_kernels_alone_beside_its_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_measure times the kernels alone in the same rounds as the region op and says so in the note, so a
+    region lost to its own layout copies is told apart from one lost to its kernels."""
+    from pyrunner.frontend import decide as decide_mod
+
+    timed: dict = {}
+
+    def fake_side_by_side(fns, rounds=3):
+        timed.update(fns)
+        return {"superopt": 12.0, "fallback": 10.0, "kernels": 7.5}, {k: "graph" for k in fns}, {}
+
+    monkeypatch.setattr("pyrunner.run.timing.side_by_side_us", fake_side_by_side)
+    monkeypatch.setattr("pyrunner.run.timing.median_us", lambda f: 30.0)
+    ran: list[str] = []
+
+    def superopt():
+        ran.append("op")
+
+    superopt.kernels_only = lambda: ran.append("kernels")  # type: ignore[attr-defined]
+    s, fb, note = decide_mod.gpu_measure("r", superopt, lambda: ran.append("fallback"))
+    assert (s, fb) == (12.0, 10.0) and set(timed) == {"superopt", "fallback", "kernels"}
+    assert "its kernels alone 7.50 us" in note
+    timed.clear()
+    decide_mod.gpu_measure("r", lambda: None, lambda: None)
+    assert set(timed) == {"superopt", "fallback"}
+
+
+def test_kernels_only_launches_every_plan_tensor_in_the_plans_layout() -> None:
+    """The kernels-alone call hands the launch the inputs converted to the plan's layout (merged axes, its axis
+    order) and every other tensor of the plan allocated at its shape, once."""
+    from types import SimpleNamespace
+
+    from plan_cache import search
+
+    from pyrunner.frontend.load import LoadedPlan
+    from pyrunner.frontend.runtime import kernels_only
+    from pyrunner.ir import catalog
+
+    (plan,) = search(catalog.get("RMSNormMLP", {"m": 32, "d": 64, "n": 128}), "bf16", top=1, tuning=False)
+    lp = LoadedPlan(plan)
+    calls: list[dict] = []
+    lp.compile = lambda device=None: calls.append  # type: ignore[method-assign]
+    graph_in = {t.name: t for t in lp.graph.inputs()}
+    rg = SimpleNamespace(inputs=[(n, None, tuple(lp.graph.sizes[a] for a in graph_in[n].axes)) for n in graph_in])
+    xs = [torch.randn(*shape).to(torch.bfloat16) for _, _, shape in rg.inputs]
+    run = kernels_only(rg, SimpleNamespace(loaded=lp), xs)
+    assert run is not None
+    run()
+    run()
+    assert len(calls) == 2 and calls[0] is calls[1]  # the same tensors each call: nothing converted again
+    assert {n: list(t.shape) for n, t in calls[0].items()} == {gt.name: list(gt.shape) for gt in plan.tensors}
+    assert kernels_only(rg, SimpleNamespace(), xs) is None

@@ -25,7 +25,7 @@ from pyrunner.frontend.progress import NullTracker, Tracker
 from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.region_plans import cached_plan, cpu_check, loaded_impl, naive_plan
 from pyrunner.frontend.report import RegionChoice, Report
-from pyrunner.frontend.runtime import Impl, assemble, reference_impl
+from pyrunner.frontend.runtime import Impl, assemble, kernels_only, reference_impl
 from pyrunner.frontend.trace import op_name
 from pyrunner.plan.schema import Plan
 
@@ -315,7 +315,7 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
         try:
             # keyed by the planned graph: every shape of a bucket (a decode loop's KV lengths) shares one decision
             d, _ = decide_once(rg.label, decision_key(choice.planned or rg.graph, dtype, key_device), measure,
-                               lambda fn=fn, inputs=inputs: fn(*inputs()), fallback, cache)
+                               _timed_call(rg, impl, fn, inputs), fallback, cache)
         finally:
             opts.tracker.done("measure")
         choice.decision = "superopt" if d.choice == "superopt" else "fallback"
@@ -323,6 +323,28 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
         if d.choice == "superopt":
             kept.append((rg, impl))
     return kept
+
+
+def _timed_call(rg: RegionGraph, impl: Impl, fn: Callable[..., tuple],
+                inputs: Callable[[], list]) -> Callable[[], object]:
+    """The region op's call on its timing inputs, carrying (as ``kernels_only``) its kernels alone on the same
+    inputs where the impl is a plain plan, built only when a measure calls it."""
+
+    def call() -> object:
+        return fn(*inputs())
+
+    if getattr(impl, "loaded", None) is not None:
+        built: list[Callable[[], None] | None] = []
+
+        def kernels() -> None:
+            if not built:
+                built.append(kernels_only(rg, impl, inputs()))
+            run = built[0]
+            if run is not None:
+                run()
+
+        call.kernels_only = kernels  # type: ignore[attr-defined]
+    return call
 
 
 def region_inputs(rg: RegionGraph, meta: Callable[[Any], Any], device: str) -> list[Any]:

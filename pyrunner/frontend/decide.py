@@ -50,7 +50,9 @@ def gpu_measure(label: str, superopt: Callable[[], object],  # noqa: ARG001 - la
     op's host work (argument checks, allocation, one TileLang call per kernel, layout copies: ~300 us for the
     Llama-3-8B-shaped layer's 3- and 4-kernel regions, run 113) was timed as if it were the kernels', though
     a model replayed from a CUDA graph never pays it. A side that fails to run loses. The note (third value)
-    says how both were timed and, replayed, what the region took streamed one call at a time (its host work)."""
+    says how both were timed and, replayed, what the region took streamed one call at a time (its host work);
+    where ``superopt`` carries ``kernels_only`` (``runtime.kernels_only``), its kernels alone are timed in the
+    same rounds, which shows how much of a loss is the region op's own copies rather than its kernels."""
     from pyrunner.run.timing import median_us, side_by_side_us
 
     try:
@@ -60,11 +62,17 @@ def gpu_measure(label: str, superopt: Callable[[], object],  # noqa: ARG001 - la
                     "is kept", label, type(e).__name__, " ".join(str(e).split())[:200])
         times, _, _ = side_by_side_us({"fallback": fallback}, rounds=3)
         return float("inf"), times["fallback"], "its kernels failed to run"
-    times, method, _ = side_by_side_us({"superopt": superopt, "fallback": fallback}, rounds=3)
+    fns = {"superopt": superopt, "fallback": fallback}
+    kernels = getattr(superopt, "kernels_only", None)
+    if kernels is not None:
+        fns["kernels"] = kernels
+    times, method, _ = side_by_side_us(fns, rounds=3)
     if method.get("superopt") == "graph":
         note = f"CUDA-graph replay; {median_us(superopt):.2f} us streamed one call at a time"
     else:
         note = f"{method.get('superopt', 'do_bench')}: not capturable in a CUDA graph"
+    if "kernels" in times:
+        note += f"; its kernels alone {times['kernels']:.2f} us (the rest: the region op's layout copies and reshapes)"
     return times.get("superopt", float("inf")), times["fallback"], note
 
 

@@ -64,6 +64,32 @@ def reference_impl(rg: RegionGraph | Any) -> Impl:
     return run
 
 
+def kernels_only(rg: RegionGraph, impl: Impl, xs: list[Any]) -> Callable[[], None] | None:
+    """The region's kernels alone on ``xs`` (region-input order): every tensor converted to the plan's layout and
+    allocated once, so a call is the launch and nothing else. Timed beside ``region_callable``'s call, the
+    difference is the region op's own work per call (layout copies, allocation, output reshapes). None when
+    ``impl`` is not a plain plan (a padded bucket, the reference)."""
+    import torch
+
+    lp = getattr(impl, "loaded", None)
+    if lp is None:
+        return None
+    dt = getattr(torch, lp.plan.dtype)
+    dts = {s.name: getattr(torch, s.dtype) for s in lp.sig.inputs}
+    feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
+    device = xs[0].device if xs else None
+    launch = lp.compile(device)
+    tensors = {s.name: s.to_plan(feed[s.name].to(dts.get(s.name, dt))) for s in lp.sig.inputs}
+    for gt in lp.plan.tensors:
+        if gt.role != "input":
+            tensors[gt.name] = torch.empty(gt.shape, dtype=getattr(torch, gt.dtype), device=device)
+
+    def run() -> None:
+        launch(tensors)
+
+    return run
+
+
 def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> Callable[..., tuple]:
     """Tensors in region-input order -> outputs shaped and typed like the FX nodes they replace."""
     dtypes = [meta(node).dtype for _, node, _, _ in rg.outputs]
