@@ -38,12 +38,15 @@ class LoadedPlan:
     """Callable form of one plan; see the module docstring."""
 
     def __init__(self, plan: Plan, *, verify: bool = False, config: dict | None = None,
-                 backend: str | None = None) -> None:
+                 backend: str | None = None, views: bool = False) -> None:
         from pyrunner.plan.validate import plan_graph
 
         self.plan = plan
         self.backend = backend
         """The device name of the backend the kernels are rendered and built for (None: the local GPU's)."""
+        self.views = views
+        """Outputs as views of the plan's storage in the graph's axis order, where the layouts allow (the backend's
+        region ops, which lay them out as the model's own tensors); False: contiguous tensors."""
         self.graph: Graph = plan_graph(plan)
         self.sig: Signature = signature(plan, self.graph)
         self.config = config
@@ -106,7 +109,7 @@ class LoadedPlan:
                 tensors[gt.name] = torch.empty(gt.shape, dtype=getattr(torch, gt.dtype), device=device)
         with torch.cuda.device(device):
             launch(tensors)
-        outs = tuple(s.from_plan(tensors[s.name]) for s in self.sig.outputs)
+        outs = tuple(s.from_plan(tensors[s.name], contiguous=not self.views) for s in self.sig.outputs)
         return outs[0] if len(outs) == 1 else outs
 
 

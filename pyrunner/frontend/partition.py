@@ -36,7 +36,8 @@ class Partition:
 
 
 def example_values(gm: Any, inputs: tuple) -> dict[Any, Any]:
-    """Node -> example value (tensors as meta-device stand-ins, Python values as they are)."""
+    """Node -> example value (tensors as meta-device stand-ins with the value's shape, dtype and strides: a view
+    in the model stays one, which the region ops lay their outputs out as; Python values as they are)."""
     import torch
     import torch.fx
 
@@ -45,7 +46,8 @@ def example_values(gm: Any, inputs: tuple) -> dict[Any, Any]:
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):  # type: ignore[override]
             r = super().run_node(n)
-            out[n] = torch.empty(r.shape, dtype=r.dtype, device="meta") if isinstance(r, torch.Tensor) else r
+            out[n] = (torch.empty_strided(r.shape, r.stride(), dtype=r.dtype, device="meta")
+                      if isinstance(r, torch.Tensor) else r)
             return r
 
     with torch.no_grad():

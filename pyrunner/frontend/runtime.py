@@ -35,7 +35,7 @@ def plan_impl(plan: Plan, verify: bool = True, device: str | None = None) -> Imp
 
     from pyrunner.frontend.load import LoadedPlan
 
-    f = LoadedPlan(plan, verify=verify, backend=device)
+    f = LoadedPlan(plan, verify=verify, backend=device, views=True)
     dt = getattr(torch, plan.dtype)
     dts = {s.name: getattr(torch, s.dtype) for s in f.sig.inputs}
 
@@ -90,20 +90,47 @@ def kernels_only(rg: RegionGraph, impl: Impl, xs: list[Any]) -> Callable[[], Non
     return run
 
 
+def with_strides(x: Any, stride: tuple[int, ...] | None) -> Any:
+    """``x`` laid out with ``stride`` (None: contiguous): itself when it already is (size-one dimensions may have
+    any stride), else one copy into a tensor of those strides."""
+    import torch
+
+    if stride is None:
+        return x.contiguous()
+    if all(n <= 1 or a == b for n, a, b in zip(x.shape, x.stride(), stride, strict=True)):
+        return x
+    return torch.empty_strided(tuple(x.shape), stride, dtype=x.dtype, device=x.device).copy_(x)
+
+
 def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> Callable[..., tuple]:
-    """Tensors in region-input order -> outputs shaped and typed like the FX nodes they replace."""
+    """Tensors in region-input order -> outputs shaped, typed and strided like the FX nodes they replace.
+
+    A node that is a view in the model (``q.view(b, t, h, d).transpose(1, 2)``) has a view's strides; where the
+    plan's own storage seen through the region's reshapes has the same strides, the output is that view and
+    nothing is copied (a contiguous copy of every such output was most of a region op's own time)."""
     dtypes = [meta(node).dtype for _, node, _, _ in rg.outputs]
+    strides = output_strides(rg, meta)
 
     def run(*xs: Any) -> tuple:
         feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
         outs = impl(feed)
-        return tuple(o.permute(perm).reshape(ones).expand(full).reshape(shape).to(dt).contiguous()
-                     for o, (_, _, (perm, ones, full), shape), dt in zip(outs, rg.outputs, dtypes, strict=True))
+        return tuple(with_strides(o.permute(perm).reshape(ones).expand(full).reshape(shape).to(dt), st)
+                     for o, (_, _, (perm, ones, full), shape), dt, st
+                     in zip(outs, rg.outputs, dtypes, strides, strict=True))
 
     return run
 
 
-def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int, ...], Any]]) -> Any:
+def output_strides(rg: RegionGraph, meta: Callable[[Any], Any]) -> list[tuple[int, ...]]:
+    """The strides of the FX nodes the region's outputs replace: what the op promises inductor."""
+    return [tuple(meta(node).stride()) for _, node, _, _ in rg.outputs]
+
+
+Out = tuple[tuple[int, ...], Any] | tuple[tuple[int, ...], Any, tuple[int, ...]]
+"""An op output: (shape, dtype), contiguous, or (shape, dtype, stride)."""
+
+
+def register_op(fn: Callable[..., tuple], n_in: int, outs: list[Out]) -> Any:
     """A fresh custom op ``superopt::region<N>(Tensor x0, ...) -> (Tensor, ...)`` running ``fn``."""
     import torch
 
@@ -114,17 +141,20 @@ def register_op(fn: Callable[..., tuple], n_in: int, outs: list[tuple[tuple[int,
         name = f"region{next(_COUNTER)}"
     ret = "Tensor" if len(outs) == 1 else "(" + ", ".join("Tensor" for _ in outs) + ")"
     _LIB.define(f"{name}({', '.join(f'Tensor x{i}' for i in range(n_in))}) -> {ret}")
+    strides = [o[2] if len(o) > 2 else None for o in outs]
 
     def impl(*xs: Any):
-        # The fake kernel promises contiguous outputs, and inductor asserts the strides it was promised;
-        # whatever ran (the kernels, a padded bucket sliced back, or the fallback's code after a
-        # measured decision) may hand back a strided view, so it is made contiguous here (no copy when it is).
-        r = tuple(x.contiguous() for x in fn(*xs))
+        # The fake kernel promises each output's strides, and inductor asserts the strides it was promised;
+        # whatever ran (the kernels, a padded bucket sliced back, or the fallback's code after a measured
+        # decision) may hand back other strides, so it is laid out here (no copy when it already is).
+        r = tuple(with_strides(x, st) for x, st in zip(fn(*xs), strides, strict=True))
         return r[0] if len(outs) == 1 else r
 
     def fake(*xs: Any):
         dev = xs[0].device
-        r = tuple(torch.empty(shape, dtype=dt, device=dev) for shape, dt in outs)
+        r = tuple(torch.empty(o[0], dtype=o[1], device=dev) if st is None
+                  else torch.empty_strided(o[0], st, dtype=o[1], device=dev)
+                  for o, st in zip(outs, strides, strict=True))
         return r[0] if len(outs) == 1 else r
 
     _LIB.impl(name, impl, "CompositeExplicitAutograd")
@@ -186,7 +216,8 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
             op = make(rg, meta)
         else:
             fn = region_callable(rg, impl, meta)
-            op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype) for _, node, _, shape in rg.outputs])
+            op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype, st) for (_, node, _, shape), st
+                                                  in zip(rg.outputs, output_strides(rg, meta), strict=True)])
         with graph.inserting_after(rg.nodes[-1]):  # every input is defined by then, no outside user yet
             call = graph.call_function(op, args)
         prev = call

@@ -72,14 +72,16 @@ class TensorSpec:
             x = x.permute(into)
         return (x.reshape(shape) if shape is not None else x).contiguous()
 
-    def from_plan(self, x):
-        """A plan's tensor back in the graph's axis order."""
+    def from_plan(self, x, contiguous: bool = True):
+        """A plan's tensor back in the graph's axis order (``contiguous=False``: a view of the plan's storage
+        where the reshapes allow one)."""
         if tuple(x.shape) != self.plan_shape:
             return to_source_layout(x, self.plan_axes, self.axes, self.view).contiguous()
         _, _, flat, back = self._layout
         if flat is not None:
             x = x.reshape(flat)
-        return (x.permute(back) if back is not None else x).contiguous()
+        x = x.permute(back) if back is not None else x
+        return x.contiguous() if contiguous else x
 
     def describe(self) -> str:
         return f"{self.name}[{', '.join(f'{a}={n}' for a, n in zip(self.axes, self.shape, strict=True))}] {self.dtype}"
