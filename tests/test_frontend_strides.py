@@ -71,3 +71,35 @@ def test_the_backend_returns_head_split_views_with_the_models_strides(executor: 
     for g, e in zip(got, want, strict=True):
         assert g.shape == e.shape and g.stride()[1:] == e.stride()[1:]  # batch 1: its stride is free
         assert torch.allclose(g, e)
+
+
+def test_a_broadcast_weight_first_leaves_the_result_in_the_tensors_own_axis_order() -> None:
+    """``weight * x`` (as Hugging Face's RMSNorm writes it) is the tensor's layout, [tokens, hidden]: the region
+    output is not stored transposed (which cost a copy back per call) and the norm plans as one kernel."""
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, partition, region_of
+
+    w = torch.randn(64, dtype=torch.float64)
+
+    def rmsnorm(x):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    x = torch.randn(32, 64, dtype=torch.float64)
+    gm, ins = capture_graph(rmsnorm, x)
+    values = example_values(gm, tuple(ins))
+    part = partition(gm, values.__getitem__, strict=True)
+    (seg,) = part.segments
+    rg = region_of(seg, values.__getitem__, "norm")
+    (name, out), = rg.graph.outputs
+    x_axes = next(t.axes for t in rg.graph.inputs() if len(t.axes) == 2)
+    assert rg.graph.axes_of(out) == tuple(x_axes)
+
+
+def test_only_dense_layouts_are_promised_a_slice_is_made_contiguous() -> None:
+    """A permuted view is dense and promised as it is; a ``split`` piece (a slice with gaps) is not: inductor
+    lays such an output out contiguously, so the op promises that instead."""
+    from pyrunner.frontend.runtime import contiguous_strides, dense
+
+    assert dense((2, 4, 3), (3, 6, 1)) and dense((1, 2, 4, 3), (99, 3, 6, 1))
+    assert not dense((8, 16), (48, 1)) and not dense((4, 4), (0, 1))
+    assert contiguous_strides((2, 3, 4)) == (12, 4, 1) and contiguous_strides((0, 3)) == (3, 1)

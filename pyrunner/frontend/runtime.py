@@ -122,8 +122,32 @@ def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> 
 
 
 def output_strides(rg: RegionGraph, meta: Callable[[Any], Any]) -> list[tuple[int, ...]]:
-    """The strides of the FX nodes the region's outputs replace: what the op promises inductor."""
-    return [tuple(meta(node).stride()) for _, node, _, _ in rg.outputs]
+    """What the op promises inductor for each output: the FX node's strides where they lay it out densely (a
+    permuted view, such as a head split), else contiguous ones (a slice's gaps, as ``split`` leaves, inductor
+    would not keep)."""
+    got = []
+    for _, node, _, shape in rg.outputs:
+        stride = tuple(meta(node).stride())
+        got.append(stride if dense(tuple(shape), stride) else contiguous_strides(tuple(shape)))
+    return got
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, n = [], 1
+    for size in reversed(shape):
+        out.append(n)
+        n *= max(size, 1)
+    return tuple(reversed(out))
+
+
+def dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """The strides lay the elements out with no gap and no overlap (some permutation of a contiguous layout)."""
+    n = 1
+    for size, st in sorted(((sz, st) for sz, st in zip(shape, stride, strict=True) if sz > 1), key=lambda p: p[1]):
+        if st != n:
+            return False
+        n *= size
+    return True
 
 
 Out = tuple[tuple[int, ...], Any] | tuple[tuple[int, ...], Any, tuple[int, ...]]

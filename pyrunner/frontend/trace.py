@@ -30,6 +30,7 @@ from typing import Any
 from pyrunner.frontend.errors import FrontendError
 from pyrunner.ir import graph as ir
 from pyrunner.ir.graph import Term
+from pyrunner.ir.ops import BINARY
 
 Dims = tuple[str | None, ...]
 
@@ -274,7 +275,13 @@ class RegionTrace:
         if not isinstance(a, Value) and not isinstance(b, Value):
             raise AxisConflict("binary op of two numbers")  # pragma: no cover - folded before
         va, vb = self.lift(a), self.lift(b)
-        return self.made(Value(ir.binary(fn, va.term, vb.term), self.broadcast(va.dims, vb.dims)))
+        dims = self.broadcast(va.dims, vb.dims)  # unifies the operands' axes first
+        if (isinstance(a, Value) and isinstance(b, Value) and BINARY[fn].commutative
+                and set(self.leaf_axes(va.dims)) < set(self.leaf_axes(vb.dims))):
+            # the result's axes follow the first operand's: weight[j] * x[i, j] is stored [i, j], as x is,
+            # not [j, i] (a transposed region output PyTorch then copies back); only a broadcast operand moves
+            va, vb = vb, va
+        return self.made(Value(ir.binary(fn, va.term, vb.term), dims))
 
     def made(self, v: Value) -> Value:
         """Record a new value's dims and refuse it at once if it holds one axis twice."""

@@ -48,6 +48,9 @@ class Elementwise:
     sfu: bool
     """Costed as a transcendental evaluation (special-function unit)."""
     torch_scalar: str = ""
+    commutative: bool = False
+    """f(a, b) = f(b, a): a caller may order the operands (the frontend puts the one with more axes first, so the
+    result's axes keep that operand's order: ``weight * x`` is stored as ``x`` is)."""
 
     def emit_tilelang(self, args: list[str]) -> str:
         """TileLang source applying this op to float32 operand expressions."""
@@ -93,8 +96,8 @@ def _u(name: str, doc: str, numpy: Callable, torch: str, tilelang: str, sympy: C
 
 
 def _b(name: str, doc: str, numpy: Callable, torch: str, tilelang: str, sympy: Callable,
-       torch_scalar: str = "") -> Elementwise:
-    return Elementwise(name, 2, doc, numpy, torch, tilelang, False, sympy, name, False, torch_scalar)
+       torch_scalar: str = "", commutative: bool = False) -> Elementwise:
+    return Elementwise(name, 2, doc, numpy, torch, tilelang, False, sympy, name, False, torch_scalar, commutative)
 
 
 UNARY: dict[str, Elementwise] = {op.name: op for op in (
@@ -130,14 +133,14 @@ UNARY: dict[str, Elementwise] = {op.name: op for op in (
 )}
 
 BINARY: dict[str, Elementwise] = {op.name: op for op in (
-    _b("add", "a + b.", np.add, "{0} + {1}", "({0} + {1})", lambda sp, a, b: a + b),
+    _b("add", "a + b.", np.add, "{0} + {1}", "({0} + {1})", lambda sp, a, b: a + b, commutative=True),
     _b("sub", "a - b.", np.subtract, "{0} - {1}", "({0} - {1})", lambda sp, a, b: a - b),
-    _b("mul", "a * b.", np.multiply, "{0} * {1}", "({0} * {1})", lambda sp, a, b: a * b),
+    _b("mul", "a * b.", np.multiply, "{0} * {1}", "({0} * {1})", lambda sp, a, b: a * b, commutative=True),
     _b("div", "a / b.", np.divide, "{0} / {1}", "({0} / {1})", lambda sp, a, b: a / b),
     _b("max", "The larger of a and b.", np.maximum, "torch.maximum({0}, {1})", "T.max({0}, {1})",
-       lambda sp, a, b: sp.Max(a, b), "torch.clamp_min({t}, {c})"),
+       lambda sp, a, b: sp.Max(a, b), "torch.clamp_min({t}, {c})", commutative=True),
     _b("min", "The smaller of a and b.", np.minimum, "torch.minimum({0}, {1})", "T.min({0}, {1})",
-       lambda sp, a, b: sp.Min(a, b), "torch.clamp_max({t}, {c})"),
+       lambda sp, a, b: sp.Min(a, b), "torch.clamp_max({t}, {c})", commutative=True),
     # comparisons: masks are built from them (min/max of their 0/1 values are and/or)
     _b("lt", "1.0 where a < b, else 0.0.", lambda a, b: np.less(a, b).astype(np.float64),
        "({0} < {1}).to(torch.float32)", "T.if_then_else({0} < {1}, T.float32(1.0), T.float32(0.0))",
