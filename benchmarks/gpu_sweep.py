@@ -35,7 +35,7 @@ import sys
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,6 +67,8 @@ class Case:
     graph: dict  # graph JSON document at this case's sizes
     shape: str  # small | real
     dtype: str = "bf16"
+    backward: bool = False
+    """Sweep the graph's derived backward graph (``--backward``) instead of the graph."""
 
 
 def small_sizes(sizes: dict[str, int]) -> dict[str, int]:
@@ -140,6 +142,8 @@ def collect(args) -> list[Case]:
             sizes = {"small": small_sizes, "odd": odd_sizes}.get(shape, lambda s: s)(real)
             for dtype in args.dtypes.split(","):
                 cases.append(Case(f"{name}@{shape}/{dtype}", source, _resized(doc, sizes), shape, dtype))
+    if getattr(args, "backward", False):
+        cases = [replace(c, id=f"{c.id}/bwd", backward=True) for c in cases]
     if getattr(args, "cases", None):
         text = args.cases
         ids = set(Path(text[1:]).read_text().split() if text.startswith("@") else text.split(","))
@@ -200,6 +204,13 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
         from pyrunner.target.tuning import committed_tuning
 
         graph = graph_from_json(case.graph)
+        derived = None
+        if case.backward:  # as training plans it: the saves the cost model chose, then the backward graph
+            from pyrunner.planner.saves import choose_saves
+
+            derived = choose_saves(graph, case.dtype, None, backend.device)
+            graph = derived.graph
+            rec.extra["saved"] = list(derived.saved)
         notes: list = []
         # as `superopt --device` hands it out: the backend's committed tuning database included
         (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name),
@@ -235,7 +246,15 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
 
         from pyrunner.run.verify import GpuVerifier
 
-        verifier = GpuVerifier(plan, graph, device="cuda")
+        given = None
+        if derived is not None:  # saved tensors that belong to the draw: the forward computes them from it
+            from pyrunner.run.grad_check import backward_inputs
+            from pyrunner.run.verify import fresh_seed
+
+            seed = fresh_seed()
+            given = backward_inputs(derived, graph, seed)
+            rec.extra["inputs_seed"] = seed
+        verifier = GpuVerifier(plan, graph, device="cuda", inputs=given)
         res = verifier.check(launch)
         del verifier
         torch.cuda.empty_cache()
@@ -379,6 +398,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--cases", help="only these case ids (NAME@SHAPE/DTYPE), comma-separated, or @FILE with "
                     "one per line (benchmarks/changed_cases.py writes it)")
     ap.add_argument("--dry", action="store_true", help="no GPU: plan, render, lower to CUDA only")
+    ap.add_argument("--backward", action="store_true",
+                    help="sweep each graph's derived backward graph instead (ids end in /bwd): saves chosen as "
+                         "training chooses them, checked on inputs whose saved tensors the forward computes")
     ap.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
                     help="the backend to plan, render and compile for (h200, or a100: sm_80, run on a newer GPU "
                          "from its own instruction set)")

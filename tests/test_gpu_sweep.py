@@ -137,3 +137,26 @@ def test_gpu_diagnose_takes_the_plan_the_sweep_ran_for_the_backend(capsys) -> No
     assert backend is backend_for("a100") and plan.cost.model["tc_flops"] == backend.device.tc_flops
     assert gpu_diagnose.main(["--cases", "Matmul@small/bf16", "--device", "v100"]) == 2
     assert capsys.readouterr().err.startswith("error: --device 'v100': no backend")
+
+
+def test_backward_cases_are_the_same_graphs_marked_for_their_derived_backward() -> None:
+    args = gpu_sweep.parser().parse_args(["--only", "Attention,SwiGLU", "--shapes", "small", "--random", "0",
+                                          "--backward", "--cases", "Attention@small/bf16/bwd"])
+    (case,) = gpu_sweep.collect(args)
+    assert case.id == "Attention@small/bf16/bwd" and case.backward and case.source == "catalog"
+    plain = gpu_sweep.collect(gpu_sweep.parser().parse_args(["--only", "Attention", "--shapes", "small",
+                                                             "--random", "0"]))
+    assert [c.backward for c in plain] == [False] and plain[0].graph == case.graph
+
+
+@pytest.mark.slow
+def test_dry_backward_sweep_plans_and_lowers_the_derived_backward(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, str(SWEEP), "--dry", "--backward", "--only", "Attention",
+                           "--shapes", "small", "--random", "0", "--jobs", "1", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (record,) = [json.loads(ln) for ln in (tmp_path / "cases.jsonl").read_text().splitlines()]
+    assert record["id"] == "Attention@small/bf16/bwd" and record["status"] == "lowered"
+    assert "LSE_P" in record["extra"]["saved"]  # the backward reads the forward's log-sum-exp
+    rendered = "".join(p.read_text() for p in (tmp_path / "work" / "sources").rglob("*.py"))
+    assert "d_Q" in rendered and "d_K" in rendered and "d_V" in rendered
