@@ -107,6 +107,13 @@ BEAM_WIDTH = 4
 OPERAND_PASS_VARIANTS = 8
 """Variants (those of the best plans of the first pass) searched again with their computed GEMM
 operands as cut candidates too."""
+OPERAND_PASS_SHARE = 0.25
+"""Share of the partition budget the first pass leaves to the operand pass. A large graph's first pass
+would otherwise spend it all on derivation variants that differ only in where a constant sits, and the
+operand pass, which alone can store a norm's or an activation's output as the next GEMM's bf16 operand,
+never runs: a transformer layer's LayerNorm and GELU-tanh were then recomputed inside the FFN GEMMs'
+main loops from float32 inputs (GPT-2-medium's layer region, 128.7 us modelled; 86.3 at four times
+the budget)."""
 MAX_WORK = 100_000
 """Partition-search work per search: each partition evaluated costs its graph's term count.
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
@@ -299,14 +306,16 @@ class Budget:
         self.left = work
         self.name = name
         self.cut: list[str] = []
+        self.reserve = 0
+        """Work kept back for a later pass: spending stops at it (``Planner.candidates``)."""
 
     def spend(self, cost: int = 1) -> bool:
-        """Pay for one partition evaluation or merge; False once the budget is gone."""
+        """Pay for one partition evaluation or merge; False once the budget (less its reserve) is gone."""
         self.left -= cost
-        return self.left >= 0
+        return self.left >= self.reserve
 
     def exhausted(self) -> bool:
-        return self.left <= 0
+        return self.left <= self.reserve
 
     def skipped(self, what: str) -> None:
         """Record that ``what`` was not explored because this budget ran out."""
@@ -624,6 +633,9 @@ class Planner:
         budget = budget or Budget()
         out: list[Candidate] = []
         variants = self.variants()
+        first_reserve = budget.reserve
+        if variants and self._has_operand_cuts(variants[0]):  # else no second pass: nothing to keep back
+            budget.reserve = max(first_reserve, budget.left - int(budget.left * (1.0 - OPERAND_PASS_SHARE)))
         for i, v in enumerate(variants):
             out.extend(self._explore(v, budget))
             if budget.exhausted():
@@ -633,6 +645,7 @@ class Planner:
                     self._skipped(budget, f"{len(left)} of {len(variants)} derivation variants not explored "
                                           f"({names})")
                 break
+        budget.reserve = first_reserve
         out.sort(key=Candidate.rank)
         # second pass, with what the first left of the budget: the best variants again, computed GEMM
         # operands also cut (more cut candidates per variant would crowd other variants out of the first)
@@ -646,13 +659,17 @@ class Planner:
             if any(c.variant is v for v in seen):
                 continue
             seen.append(c.variant)
-            lay = self.layout(c.variant)
-            if len(lay.anchors) > len(lay.primary):
+            if self._has_operand_cuts(c.variant):
                 out.extend(self._explore(c.variant, budget, operands=True))
         out.sort(key=Candidate.rank)
         out.extend(self._dependent_merges(out))
         out.sort(key=Candidate.rank)
         return out
+
+    def _has_operand_cuts(self, v: Variant) -> bool:
+        """``v`` has computed GEMM operands, cut candidates of the second pass only."""
+        lay = self.layout(v)
+        return len(lay.anchors) > len(lay.primary)
 
     def _dependent_merges(self, ranked: list[Candidate]) -> list[Candidate]:
         """The best partitions again, a kernel now also merged with one whose output it reads where a
