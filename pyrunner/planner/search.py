@@ -108,12 +108,12 @@ OPERAND_PASS_VARIANTS = 8
 """Variants (those of the best plans of the first pass) searched again with their computed GEMM
 operands as cut candidates too."""
 OPERAND_PASS_SHARE = 0.25
-"""Share of the partition budget the first pass leaves to the operand pass. A large graph's first pass
-would otherwise spend it all on derivation variants that differ only in where a constant sits, and the
-operand pass, which alone can store a norm's or an activation's output as the next GEMM's bf16 operand,
-never runs: a transformer layer's LayerNorm and GELU-tanh were then recomputed inside the FFN GEMMs'
-main loops from float32 inputs (GPT-2-medium's layer region, 128.7 us modelled; 86.3 at four times
-the budget)."""
+"""Work the operand pass gets on top of what the first pass left, as a share of the budget. A large graph's
+first pass spends the whole budget on derivation variants (many differing only in where a constant sits),
+and the operand pass, which alone can store a norm's or an activation's output as the next GEMM's bf16
+operand, never ran: a transformer layer's LayerNorm and GELU-tanh were recomputed inside the FFN GEMMs'
+main loops from float32 tensors (issue 40, GPT-2-medium's layer region: 128.7 us modelled, 319 measured).
+Granted on top rather than kept back from the first pass, so no plan the first pass finds is lost."""
 MAX_WORK = 100_000
 """Partition-search work per search: each partition evaluated costs its graph's term count.
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
@@ -306,16 +306,18 @@ class Budget:
         self.left = work
         self.name = name
         self.cut: list[str] = []
-        self.reserve = 0
-        """Work kept back for a later pass: spending stops at it (``Planner.candidates``)."""
 
     def spend(self, cost: int = 1) -> bool:
-        """Pay for one partition evaluation or merge; False once the budget (less its reserve) is gone."""
+        """Pay for one partition evaluation or merge; False once the budget is gone."""
         self.left -= cost
-        return self.left >= self.reserve
+        return self.left >= 0
 
     def exhausted(self) -> bool:
-        return self.left <= self.reserve
+        return self.left <= 0
+
+    def grant(self, work: int) -> None:
+        """Add ``work`` for a later pass (from zero where an earlier pass overspent)."""
+        self.left = max(self.left, 0) + work
 
     def skipped(self, what: str) -> None:
         """Record that ``what`` was not explored because this budget ran out."""
@@ -633,9 +635,6 @@ class Planner:
         budget = budget or Budget()
         out: list[Candidate] = []
         variants = self.variants()
-        first_reserve = budget.reserve
-        if variants and self._has_operand_cuts(variants[0]):  # else no second pass: nothing to keep back
-            budget.reserve = max(first_reserve, budget.left - int(budget.left * (1.0 - OPERAND_PASS_SHARE)))
         for i, v in enumerate(variants):
             out.extend(self._explore(v, budget))
             if budget.exhausted():
@@ -645,10 +644,12 @@ class Planner:
                     self._skipped(budget, f"{len(left)} of {len(variants)} derivation variants not explored "
                                           f"({names})")
                 break
-        budget.reserve = first_reserve
         out.sort(key=Candidate.rank)
-        # second pass, with what the first left of the budget: the best variants again, computed GEMM
-        # operands also cut (more cut candidates per variant would crowd other variants out of the first)
+        # second pass, with what the first left of the budget plus its own share: the best variants again,
+        # computed GEMM operands also cut (more cut candidates per variant would crowd other variants out of
+        # the first)
+        if any(self._has_operand_cuts(c.variant) for c in out[:OPERAND_PASS_VARIANTS]):
+            budget.grant(int(budget.work * OPERAND_PASS_SHARE))
         seen: list[Variant] = []
         for c in out:
             if len(seen) >= OPERAND_PASS_VARIANTS:
