@@ -19,7 +19,8 @@ from pyrunner.frontend.region import RegionGraph, finish
 from pyrunner.frontend.torchops import new_trace
 from pyrunner.frontend.trace import AxisConflict, Unmappable, unmappable
 
-ANCHORS = {"matmul": 1, "mm": 1, "bmm": 1, "linear": 1, "einsum": 1, "scaled_dot_product_attention": 2}
+ANCHORS = {"matmul": 1, "mm": 1, "bmm": 1, "addmm": 1, "baddbmm": 1, "linear": 1, "einsum": 1,
+           "scaled_dot_product_attention": 2}
 """Contractions per op: the planner's search grows fast with them."""
 MAX_CONTRACTIONS = 4
 """A segment with more contractions is cut before it is planned."""
