@@ -119,7 +119,7 @@ def worker(case_id: str, variant: str, device: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pyrunner.target.device import DEFAULT_DEVICE
+    from pyrunner.target.device import DEFAULT_DEVICE, DEVICES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cases", default="", help="comma-separated sweep case ids")
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=400, help="wall-clock budget for everything")
     ap.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
-                    help="the backend the sweep ran the cases for (h200, a100), as gpu_sweep --device")
+                    help=f"the backend the sweep ran the cases for ({', '.join(DEVICES)}), as gpu_sweep --device")
     ap.add_argument("--worker", nargs=2, metavar=("CASE", "VARIANT"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:

@@ -138,7 +138,9 @@ def devices_of(arg: str | None) -> list[str]:
         return [device_name(None)]
     names = [device_name(d) for d in arg.split(",") if d.strip()]
     if not names:
-        raise UserError("--device: name at least one device (h200, a100)")
+        from pyrunner.target.device import DEVICES
+
+        raise UserError(f"--device: name at least one device ({', '.join(DEVICES)})")
     return list(dict.fromkeys(names))
 
 
@@ -409,7 +411,7 @@ def _backends_report(args, say: Tee) -> None:
     from pyrunner.run.timing import device_name
 
     note = unknown_gpu_note(device_name(), args.native) if gpu else None
-    if note is not None:  # an H100: planned for the backend its architecture runs, with that device's numbers
+    if note is not None:  # a GH200, an H100 PCIe: planned for the backend its arch runs, with that device's numbers
         say(f"note: {note}")
     for device in args.devices:
         t = backend_for(device).target
@@ -444,6 +446,7 @@ def _pack_sources(work: Path, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from pyrunner.ir.catalog import SEED_WORKLOADS
+    from pyrunner.target.device import DEFAULT_DEVICE, DEVICES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu_run")))
@@ -468,8 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calibration", type=Path, default=None, help="results log the planner calibrates from")
     ap.add_argument("--work", type=Path, default=Path("/tmp/superopt_gpu_run"))
     ap.add_argument("--device", default=None, metavar="NAME[,NAME]",
-                    help="backends to plan, render and compile for, first = primary (h200, a100; default: the GPU "
-                         "found here, else h200); a100 on a newer GPU runs its sm_80 build there")
+                    help=f"backends to plan, render and compile for, first = primary ({', '.join(DEVICES)}; default: "
+                         f"the GPU found here, else {DEFAULT_DEVICE}); a100 on a newer GPU runs its sm_80 build there")
     # worker mode (internal)
     ap.add_argument("--worker", choices=("warm", "run"))
     ap.add_argument("--plan")

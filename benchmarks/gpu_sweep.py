@@ -379,7 +379,7 @@ def table(s: dict) -> str:
 
 def parser() -> argparse.ArgumentParser:
     """The sweep's options (``benchmarks/changed_cases.py`` collects the same cases with them)."""
-    from pyrunner.target.device import DEFAULT_DEVICE
+    from pyrunner.target.device import DEFAULT_DEVICE, DEVICES
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "results/gpu_sweep")))
@@ -402,8 +402,8 @@ def parser() -> argparse.ArgumentParser:
                     help="sweep each graph's derived backward graph instead (ids end in /bwd): saves chosen as "
                          "training chooses them, checked on inputs whose saved tensors the forward computes")
     ap.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
-                    help="the backend to plan, render and compile for (h200, or a100: sm_80, run on a newer GPU "
-                         "from its own instruction set)")
+                    help=f"the backend to plan, render and compile for ({', '.join(DEVICES)}; a100: sm_80, run on a "
+                         "newer GPU from its own instruction set)")
     ap.add_argument("--work", type=Path, default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--case", help=argparse.SUPPRESS)

@@ -13,6 +13,11 @@ the notes the command printed and the rendered TileLang source of each plan::
 
 ``--backward`` snapshots the derived graphs instead: per catalog workload (small shapes, bf16) the
 forward with its saves (``superopt --with-saves``) and the backward (``superopt --backward``).
+``--no-lower-check`` hands out the model's top plans without lowering them in TileLang (about 7x faster over
+the corpus; the renders are still compared, and the check's verdict is a function of them).
+``benchmarks/snapshot_compare.py BEFORE AFTER`` sorts the cases into identical, cost-only (same plans and
+code, other predicted times: a cost-model change) and structural changes, where ``diff -r`` shows every
+file of every plan once the cost model changed.
 
 Outputs belong in /tmp, never in git.
 """
@@ -72,7 +77,8 @@ def cases(quick: bool, corpus: bool = False, backward: bool = False) -> list[tup
     return out
 
 
-def snapshot(out: Path, only: str | None, quick: bool, corpus: bool = False, backward: bool = False) -> None:
+def snapshot(out: Path, only: str | None, quick: bool, corpus: bool = False, backward: bool = False,
+             lower_check: bool = True) -> None:
     from pyrunner.backend.tilelang.render import render
     from pyrunner.cli import main
     from pyrunner.plan.validate import validate_plan
@@ -91,7 +97,8 @@ def snapshot(out: Path, only: str | None, quick: bool, corpus: bool = False, bac
                 os.environ["SUPEROPT_TUNING_DIR"] = str(empty)
             try:
                 with contextlib.redirect_stderr(err):
-                    rc = main(["superopt", *argv, "--top", "3", "--out", str(plans_file)])
+                    rc = main(["superopt", *argv, "--top", "3", "--out", str(plans_file),
+                               *([] if lower_check else ["--no-lower-check"])])
             finally:
                 if saved is None:
                     os.environ.pop("SUPEROPT_TUNING_DIR", None)
@@ -113,8 +120,10 @@ def main() -> None:
                     help="also every graph file of tests/data and benchmarks/graphs (axes capped at 1024)")
     ap.add_argument("--backward", action="store_true",
                     help="the derived forward-with-saves and backward graphs of the catalog instead")
+    ap.add_argument("--no-lower-check", dest="lower_check", action="store_false",
+                    help="hand out the model's top plans without lowering them (superopt --no-lower-check)")
     args = ap.parse_args()
-    snapshot(args.out, args.only, args.quick, args.corpus, args.backward)
+    snapshot(args.out, args.only, args.quick, args.corpus, args.backward, args.lower_check)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from pathlib import Path
 
 from pyrunner.errors import UserError
 from pyrunner.files import write_text_atomic
-from pyrunner.target.device import DEFAULT_DEVICE
+from pyrunner.target.device import DEFAULT_DEVICE, DEVICES
 
 COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads", "export")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -307,7 +307,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the random inputs (default: fresh)")
     p.add_argument("--budget", type=float, metavar="SECONDS", help="time budget of the run")
     p.add_argument("--quiet", action="store_true", help="no progress output")
-    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help="the backend to compile for (h200, a100)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
+                   help=f"the backend to compile for ({', '.join(DEVICES)})")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("validate", help="check a plan (schema and semantics) without running it")
@@ -320,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shape", metavar="AXIS=N", action="append", help="resize an axis; repeatable")
     p.add_argument("--dtype", choices=sorted(DTYPES), default=DEFAULT_DTYPE,
                    help=f"compute dtype of inputs and outputs (default {DEFAULT_DTYPE})")
-    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME", help="the GPU to plan for (h200, a100)")
+    p.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
+                   help=f"the GPU to plan for ({', '.join(DEVICES)})")
     p.add_argument("--naive", action="store_true", help="no rewrites: one kernel per op")
     p.add_argument("--top", type=int, default=1, metavar="K", help="print the K best plans as a JSON list")
     p.add_argument("--explain", action="store_true", help="explain the plan(s) on stderr")
@@ -356,7 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a plan as one standalone TileLang + torch module")
     p.add_argument("plan", metavar="PLAN.json", help="kernel plan to export")
     p.add_argument("--out", metavar="FILE.py", required=True, help="module to write")
-    p.add_argument("--device", metavar="NAME", help="the backend to render for (h200, a100; default: this GPU's)")
+    p.add_argument("--device", metavar="NAME",
+                   help=f"the backend to render for ({', '.join(DEVICES)}; default: this GPU's)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("workloads", help="list the workload catalog")

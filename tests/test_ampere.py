@@ -52,7 +52,7 @@ def _hopper_calls(source: str) -> list[str]:
 
 
 def test_a100_is_a_device_and_a_backend() -> None:
-    assert DEVICES == {"h200": H200, "a100": A100} and device_named(" A100") is A100
+    assert DEVICES["a100"] is A100 and DEVICES["h200"] is H200 and device_named(" A100") is A100
     assert (A100.arch, A100.sms, A100.tc_flops, A100.hbm_bw) == ("sm_80", 108, 312e12, 1.56e12)
     assert (A100.smem_per_sm, A100.smem_per_block) == (164 * 1024, 163 * 1024)
     assert (A100.regs_per_sm, A100.regs_per_thread, A100.l2_bytes) == (64 * 1024, 255, 40 * 1024 * 1024)
@@ -183,7 +183,8 @@ def test_superopt_plans_for_the_a100(tmp_path: Path, capsys) -> None:
     doc = json.loads(out.read_text())
     assert doc["workload"] == "Matmul" and doc["kernels"]
     assert cli.main(["superopt", "Matmul", "--device", "b200"]) == 2
-    assert capsys.readouterr().err.endswith("error: --device 'b200': no backend for that device; known: a100, h200\n")
+    known = "known: a100, h100, h200\n"
+    assert capsys.readouterr().err.endswith(f"error: --device 'b200': no backend for that device; {known}")
 
 
 def test_cli_and_best_plan_give_byte_identical_a100_plans(tmp_path: Path) -> None:
@@ -243,7 +244,7 @@ def _matmul_plan_file(tmp_path: Path) -> Path:
 
 def test_run_with_an_unknown_device_is_one_error_line(tmp_path: Path, capsys) -> None:
     assert cli.main(["run", str(_matmul_plan_file(tmp_path)), "--small", "--device", "v100"]) == 2
-    assert capsys.readouterr().err == "error: --device 'v100': no backend for that device; known: a100, h200\n"
+    assert capsys.readouterr().err == "error: --device 'v100': no backend for that device; known: a100, h100, h200\n"
 
 
 @pytest.mark.slow

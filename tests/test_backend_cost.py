@@ -53,7 +53,7 @@ def test_the_ampere_terms_switch_the_hopper_only_ones_off() -> None:
     assert not t.specialised_one_block and t.no_ws_scale == 1.0  # nothing is warp specialised on sm_80
     assert t.cc_overlap < HOPPER_TERMS.cc_overlap  # mma.sync is synchronous per warp (no async wgmma)
     assert 0 < t.compute_efficiency < 1 and 0 < t.memory_efficiency < 1  # of vendor peaks, not measured ceilings
-    assert not t.fitted and HOPPER_TERMS.fitted
+    assert not t.fitted_on and HOPPER_TERMS.fitted_on == ("H200",)
 
 
 def test_an_a100_plan_is_priced_with_ampere_terms_and_says_it_is_modelled() -> None:

@@ -65,14 +65,18 @@ def test_a_device_or_gpu_name_is_read_one_way() -> None:
 
 
 def test_a_gpu_name_picks_its_backend_and_an_unknown_gpu_is_said_so(monkeypatch) -> None:
-    """Any A100 part plans for the a100 backend; an H100 (no device entry) runs the backend its architecture
-    runs, and gpu_run says that its plans use that backend's device numbers and where its times are filed."""
+    """Any A100 part plans for the a100 backend, the H100 SXM for its own entry; a GH200 or an H100 PCIe (no
+    device entry) runs the backend its architecture runs, and gpu_run says that its plans use that backend's
+    device numbers and where its times are filed."""
     from pyrunner.backend.tilelang.backend import unknown_gpu_note
 
     assert backend_for("NVIDIA A100-SXM4-80GB") is backend_for("a100") and device_name("NVIDIA H200 NVL") == "h200"
     assert unknown_gpu_note("NVIDIA A100 80GB PCIe", "a100") is None
-    note = unknown_gpu_note("NVIDIA H100 80GB HBM3", backend_name_for_arch("sm_90"))
-    assert "not a known device" in note and "H200's numbers" in note and "'h100_80gb_hbm3'" in note
+    assert unknown_gpu_note("NVIDIA H100 80GB HBM3", "h100") is None
+    note = unknown_gpu_note("NVIDIA GH200 480GB", backend_name_for_arch("sm_90"))
+    assert "not a known device" in note and "H200's numbers" in note and "'gh200_480gb'" in note
+    note = unknown_gpu_note("NVIDIA H100 PCIe", backend_name_for_arch("sm_90"))  # 114 SMs: not the H100 entry
+    assert "not a known device" in note and "'h100_pcie'" in note
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
@@ -80,6 +84,9 @@ def test_a_gpu_name_picks_its_backend_and_an_unknown_gpu_is_said_so(monkeypatch)
     assert local_backend_name() == "a100"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    assert local_backend_name() == "h100"  # its own entry, on the Hopper backend
+    assert backend_for("h100").target.family == backend_for("h200").target.family == "hopper"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA GH200 480GB")
     assert local_backend_name() == "h200"  # by architecture: sm_90 runs the Hopper backend
 
 

@@ -47,7 +47,7 @@ def test_dry_sweep_for_the_ampere_backend(tmp_path: Path) -> None:
 
 def test_an_unknown_sweep_device_is_one_error_line(tmp_path: Path, capsys) -> None:
     assert gpu_sweep.main(["--dry", "--device", "v100", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().out == "error: --device 'v100': no backend for that device; known: a100, h200\n"
+    assert capsys.readouterr().out == "error: --device 'v100': no backend for that device; known: a100, h100, h200\n"
 
 
 def test_cases_cover_catalog_corpus_random_at_two_shapes() -> None:

@@ -127,10 +127,10 @@ def test_no_ranked_plan_builds_gives_the_naive_plan() -> None:
     assert [n.kind for n in notes][-2:] == ["naive-fallback", "no-fused"]
 
 
-def test_two_devices_and_an_unknown_one_is_one_error_line(capsys) -> None:
-    assert set(BACKENDS) == {"h200", "a100"} and backend_for("H200").device is HOPPER.device
+def test_the_devices_and_an_unknown_one_is_one_error_line(capsys) -> None:
+    assert set(BACKENDS) == {"h200", "h100", "a100"} and backend_for("H200").device is HOPPER.device
     assert HOPPER.target == {"kind": "cuda", "arch": "sm_90a"}
     assert backend_for("a100").target.arch == "sm_80"
     assert cli.main(["superopt", "Matmul", "--device", "v100"]) == 2
     out, err = capsys.readouterr()
-    assert out == "" and err == "error: --device 'v100': no backend for that device; known: a100, h200\n"
+    assert out == "" and err == "error: --device 'v100': no backend for that device; known: a100, h100, h200\n"

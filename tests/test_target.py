@@ -50,7 +50,7 @@ def test_planner_and_fit_check_share_one_device() -> None:
     assert MACHINE.device is H200
     assert H200.smem_per_block == 227 * 1024 and H200.regs_per_thread == 255
     assert MACHINE.as_dict()["tc_flops"] == H200.tc_flops
-    assert DEFAULT_TARGET is H200 and set(DEVICES) == {"h200", "a100"} and device_named(" H200") is H200
+    assert DEFAULT_TARGET is H200 and set(DEVICES) == {"h200", "h100", "a100"} and device_named(" H200") is H200
 
 
 def test_an_unknown_device_is_one_clear_error() -> None:
@@ -58,17 +58,21 @@ def test_an_unknown_device_is_one_clear_error() -> None:
 
     with pytest.raises(UserError, match=r"^unknown device 'b200': no device numbers for it; known: a100 \(NVIDIA "):
         device_named("b200")
-    # an H100 is not an H200: no numbers are borrowed; the line names its model and the known devices
-    h100 = r"'NVIDIA H100 80GB HBM3' \(model 'h100'\): no device numbers .* h200 \(NVIDIA H200, NVIDIA H200 NVL\)"
-    with pytest.raises(UserError, match=h100):
-        device_named("NVIDIA H100 80GB HBM3")
+    # a GH200 is not an H200: no numbers are borrowed; the line names its model and the known devices
+    gh200 = r"'NVIDIA GH200 480GB' \(model 'gh200'\): no device numbers .* h200 \(NVIDIA H200, NVIDIA H200 NVL\)"
+    with pytest.raises(UserError, match=gh200):
+        device_named("NVIDIA GH200 480GB")
+    # nor is an H100 PCIe the H100 entry (114 SMs, 2 TB/s): its model is known, its numbers are not
+    with pytest.raises(UserError, match=r"'NVIDIA H100 PCIe' \(model 'h100'\): no device numbers"):
+        device_named("NVIDIA H100 PCIe")
 
 
 @pytest.mark.parametrize(("gpu", "key"), [
     ("NVIDIA A100-SXM4-40GB", "a100"), ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA A100 80GB PCIe", "a100"),
     ("NVIDIA A100-PCIE-40GB", "a100"), ("A100-SXM4-40GB", "a100"),
     ("GPU 0: NVIDIA A100-SXM4-40GB (UUID: GPU-1f)", "a100"),
-    ("NVIDIA H200", "h200"), ("NVIDIA H200 NVL", "h200"), (" H200 ", "h200"), ("a100", "a100")])
+    ("NVIDIA H200", "h200"), ("NVIDIA H200 NVL", "h200"), (" H200 ", "h200"), ("a100", "a100"),
+    ("NVIDIA H100 80GB HBM3", "h100"), ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-2a)", "h100"), ("H100", "h100")])
 def test_a_gpu_name_the_driver_reports_names_its_device(gpu: str, key: str) -> None:
     """``torch.cuda.get_device_name`` and ``nvidia-smi`` name the product (memory, form factor); the device is
     its model's entry."""
@@ -78,8 +82,8 @@ def test_a_gpu_name_the_driver_reports_names_its_device(gpu: str, key: str) -> N
     assert all(device_key_of(n) == k for k, names in REPORTED_NAMES.items() for n in names)
 
 
-@pytest.mark.parametrize("gpu", ["NVIDIA H100 80GB HBM3", "NVIDIA GH200 480GB", "NVIDIA A10", "Tesla V100-SXM2-16GB",
-                                 "NVIDIA A1000", "", "a100x"])
+@pytest.mark.parametrize("gpu", ["NVIDIA H100 PCIe", "GPU 1: NVIDIA H100 NVL (UUID: GPU-3b)", "NVIDIA GH200 480GB",
+                                 "NVIDIA A10", "Tesla V100-SXM2-16GB", "NVIDIA A1000", "", "a100x"])
 def test_a_gpu_without_an_entry_names_no_device(gpu: str) -> None:
     from pyrunner.target.device import device_key_of
 

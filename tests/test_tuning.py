@@ -32,7 +32,9 @@ def test_device_key_normalises_names():
     assert device_key("NVIDIA H200") == device_key("NVIDIA H200 NVL") == device_key("H200") == "h200"
     for name in ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"):
         assert device_key(name) == "a100", name
-    assert device_key("NVIDIA H100 80GB HBM3") == "h100_80gb_hbm3"
+    assert device_key("NVIDIA H100 80GB HBM3") == device_key("H100") == "h100"
+    assert device_key("NVIDIA GH200 480GB") == "gh200_480gb" and device_key("NVIDIA H100 PCIe") == "h100_pcie"
+    assert TuningDB.for_device("NVIDIA H100 80GB HBM3").path.name == "h100.json"
     assert TuningDB.for_device("NVIDIA A100 80GB PCIe").path.name == "a100.json"
 
 

@@ -34,7 +34,7 @@ __all__ = ["DEFAULT_MACHINE", "DTYPE_BYTES", "Machine", "best_config", "estimate
 
 UNFITTED = "unfitted_terms"
 """Key of a plan's ``cost.model`` set where the backend's terms are not fitted to any run on its device
-(``CostTerms.fitted``): every time in the plan is modelled from the device description."""
+(``CostTerms.fitted_on``): every time in the plan is modelled from the device description."""
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,14 @@ class Machine:
         out.update({f.name: getattr(self.terms, f.name) for f in fields(self.terms)
                     if type(getattr(self.terms, f.name)) in (int, float)})
         out.update({f"scale[{c}]": v for c, v in self.structure_scale})
-        if not self.terms.fitted:  # no run of this backend on this device: the plan's times are modelled only
+        if not self.fitted:  # no run of this backend on this device: the plan's times are modelled only
             out[UNFITTED] = 1.0
         return {k: float(v) for k, v in out.items()}
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the backend's terms are fitted to runs on this device (``CostTerms.fitted_on``)."""
+        return self.device.name in self.terms.fitted_on
 
     def scale_for(self, cls: str) -> float:
         """Calibrated measured/predicted ratio of a kernel structure class (1 when uncalibrated; the

@@ -20,9 +20,11 @@ class CostTerms:
 
     backend: str
     """The name calibrations and tuning entries are keyed by (``tilelang-hopper``)."""
-    fitted: bool
-    """Whether the values are fitted to this backend's runs on its device; False: modelled from the device
-    description alone, so every time the planner gives for it is a model's (``superopt --explain`` says so)."""
+    fitted_on: tuple[str, ...]
+    """The devices (``Device.name``) whose runs of this backend the values are fitted to. On any other device
+    (every one for a backend never run; for the Hopper terms, a Hopper GPU they were not fitted on) they are
+    modelled from the device description alone, so every time the planner gives there is a model's
+    (``superopt --explain`` says so): the terms are per backend, whether a run backs them is per device."""
     compute_efficiency: float
     """Generated-code efficiency on tensor cores."""
     memory_efficiency: float

@@ -105,6 +105,39 @@ H200 = Device(
     tma_wgmma=True,
 )
 
+H100 = Device(
+    name="H100",
+    arch="sm_90a",
+    # The H100 SXM5 (80 GB HBM3): the H200's GH100 die with the same 132 SMs, clocks, shared memory,
+    # registers and 50 MB of L2; only the memory differs (80 GB of HBM3 at 3.35 TB/s against 141 GB of
+    # HBM3e at 4.8). Nothing here is measured on an H100.
+    sms=132,
+    smem_per_block=227 * 1024,
+    smem_per_sm=228 * 1024,
+    regs_per_sm=64 * 1024,
+    regs_per_thread=255,
+    max_threads=1024,
+    warp=32,
+    max_grid_yz=65535,
+    l2_bytes=50 * 1024 * 1024,
+    # Same die, same clocks and the same 700 W limit as the H200: the compute ceilings are the H200's
+    # (its measured bf16 cuBLAS ceiling included), argued equal, not measured here.
+    tc_flops=790e12,
+    cc_flops=60e12,
+    sfu_ops=4.0e12,
+    # Not the H200's measured 4.27e12 (other memory): the vendor's 3.35 TB/s scaled by the fraction of
+    # its 4.8 TB/s vendor figure the H200's copy reached (4.27 / 4.8 = 0.89), since the cost terms take
+    # ``hbm_bw`` as a copy's rate (``HOPPER_TERMS.memory_efficiency`` is of it). Unmeasured.
+    hbm_bw=3.35e12 * 4.27 / 4.8,
+    l2_bw=12e12,       # the H200's figure: same die and L2
+    launch_us=4.0,
+    # the H200-fitted latencies (same die and memory controller; HBM3 against HBM3e): not measured here
+    hbm_latency_s=0.7e-6,
+    l2_latency_s=0.3e-6,
+    smem_wavefronts_per_s=1.75e9,  # one pass per clock at the same 1.75 GHz as the H200's fit
+    tma_wgmma=True,
+)
+
 A100 = Device(
     name="A100",
     arch="sm_80",
@@ -131,9 +164,10 @@ A100 = Device(
     smem_wavefronts_per_s=1.41e9,  # one shared-memory pass per clock at the 1.41 GHz boost clock
 )
 
-DEVICES: dict[str, Device] = {"h200": H200, "a100": A100}
-"""Every device plans can be made for, by the name ``--device`` takes. Adding a GPU is one entry here
-(plus, when its instruction set differs, one backend module under ``pyrunner/backend``)."""
+DEVICES: dict[str, Device] = {"h200": H200, "h100": H100, "a100": A100}
+"""Every device plans can be made for, by the name ``--device`` takes. Adding a GPU is one entry here with its
+``REPORTED_NAMES`` and its line in ``backend.tilelang.targets.TARGETS`` (plus, when its instruction set differs,
+one backend module under ``pyrunner/backend``): the H100 was added so."""
 
 DEFAULT_DEVICE = "h200"
 """The one default device, by its key: what plans are made for when the caller names none and no GPU says
@@ -145,6 +179,7 @@ DEFAULT_TARGET: Device = DEVICES[DEFAULT_DEVICE]
 
 REPORTED_NAMES: dict[str, tuple[str, ...]] = {
     "h200": ("NVIDIA H200", "NVIDIA H200 NVL"),
+    "h100": ("NVIDIA H100 80GB HBM3",),
     "a100": ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB", "NVIDIA A100 80GB PCIe"),
 }
 """What the driver calls each device's products (``torch.cuda.get_device_name``, ``nvidia-smi
@@ -152,6 +187,12 @@ REPORTED_NAMES: dict[str, tuple[str, ...]] = {
 the entry's numbers are one variant's (the A100's HBM bandwidth is the 40 GB parts' 1,555 GB/s; NVIDIA's A100
 datasheet gives the 80 GB parts 1,935 GB/s in PCIe and 2,039 GB/s in SXM), so a time modelled for another
 variant is that variant's only as far as they agree. No entry is made from a neighbour's numbers."""
+
+OTHER_PARTS: dict[str, tuple[str, ...]] = {"h100": ("NVIDIA H100 PCIe", "NVIDIA H100 NVL")}
+"""Products that share an entry's model number but are other GPUs than its numbers describe, so they are not
+that entry (``device_key_of`` gives None: an unknown GPU, its times filed under its own name): the H100 PCIe
+has 114 SMs and 2.0 TB/s of HBM2e, the H100 NVL 94 GB of HBM3 at 3.9 TB/s and lower clocks, against the
+H100 SXM's 132 SMs and 3.35 TB/s."""
 
 _PREFIX = re.compile(r"^(?:gpu\s+\d+\s*:\s*)?(?:nvidia\s+)?(?:tesla\s+)?", re.I)
 _SUFFIX = re.compile(r"\s*\(uuid:[^)]*\)\s*$", re.I)
@@ -164,13 +205,23 @@ def gpu_model(name: str) -> str:
     return re.split(r"[\s_-]+", s.lower(), maxsplit=1)[0]
 
 
+def _product(name: str) -> str:
+    """A GPU name as ``gpu_model`` reads it (no index, vendor or UUID), lower case, single-spaced:
+    'GPU 0: NVIDIA H100 PCIe (UUID: ...)' -> 'h100 pcie'."""
+    return " ".join(_SUFFIX.sub("", _PREFIX.sub("", name.strip())).lower().split())
+
+
 def device_key_of(name: str) -> str | None:
-    """The key of ``DEVICES`` that ``name`` (a key, any case, or a GPU name the driver reports) names, or None."""
+    """The key of ``DEVICES`` that ``name`` (a key, any case, or a GPU name the driver reports) names, or None
+    (also for a product of a known model that ``OTHER_PARTS`` says is another GPU)."""
     key = name.strip().lower()
     if key in DEVICES:
         return key
     model = gpu_model(name)
-    return model if model in DEVICES else None
+    if model not in DEVICES:
+        return None
+    others = {_product(n) for n in OTHER_PARTS.get(model, ())}
+    return None if _product(name) in others else model
 
 
 def known_devices() -> str:
@@ -181,7 +232,7 @@ def known_devices() -> str:
 def device_named(name: str) -> Device:
     """The device called ``name``: a key of ``DEVICES`` (case-insensitive) or a GPU name the driver reports
     (``NVIDIA A100-SXM4-80GB`` is the A100). UserError for any other name, saying what is known: an
-    unknown GPU (an H100, a B200) has no numbers here, and none are borrowed from a neighbour."""
+    unknown GPU (a GH200, an H100 PCIe, a B200) has no numbers here, and none are borrowed from a neighbour."""
     key = device_key_of(name)
     if key is None:
         model = gpu_model(name)

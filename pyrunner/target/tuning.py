@@ -53,8 +53,8 @@ def measured_forms(plan: Plan) -> str:
 def device_key(name: str) -> str:
     """Key and file-name form of a device name: the known device it names (``target.device.device_key_of``:
     'NVIDIA A100-SXM4-80GB', 'NVIDIA A100 80GB PCIe' and 'A100' -> 'a100'), so a time measured on a GPU is found
-    again by the planner of its device; any other GPU's name made a file name ('NVIDIA H100 80GB HBM3' ->
-    'h100_80gb_hbm3'): its times are kept apart, under a key no plan is made for."""
+    again by the planner of its device; any other GPU's name made a file name ('NVIDIA B200' -> 'b200',
+    'NVIDIA H100 PCIe' -> 'h100_pcie'): its times are kept apart, under a key no plan is made for."""
     known = device_key_of(name)
     if known is not None:
         return known

@@ -25,7 +25,7 @@ __all__ = ["AMPERE", "AMPERE_TERMS", "Ampere"]
 
 AMPERE_TERMS = CostTerms(
     backend="tilelang-ampere",
-    fitted=False,  # no A100 run exists: the values below are modelled (see each line)
+    fitted_on=(),  # no A100 run exists: the values below are modelled (see each line)
     # None of these is measured on an A100 (no A100 run exists): each is the Hopper figure's physical
     # counterpart for the code this path renders, so every A100 time the planner gives is modelled.
     # A100's ``tc_flops`` is the vendor peak (312 TFLOP/s), not a measured ceiling as the Hopper device's is:

@@ -11,9 +11,9 @@ from dataclasses import replace
 from pyrunner.backend.tilelang.ampere import AMPERE
 from pyrunner.backend.tilelang.compile_target import CompileTarget
 from pyrunner.backend.tilelang.hopper import HOPPER
-from pyrunner.target.device import DEFAULT_DEVICE, Device
+from pyrunner.target.device import DEFAULT_DEVICE, H100, Device
 
-TARGETS: dict[str, CompileTarget] = {"h200": HOPPER, "a100": AMPERE}
+TARGETS: dict[str, CompileTarget] = {"h200": HOPPER, "h100": replace(HOPPER, device=H100), "a100": AMPERE}
 """Compile targets by device name (the keys of ``target.device.DEVICES`` that have a renderer)."""
 
 
