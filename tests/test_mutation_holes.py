@@ -1,4 +1,4 @@
-"""Two tail edits another selection of tests/test_plan_mutations.py's edits let through (issue 46).
+"""Tail edits selections of tests/test_plan_mutations.py's edits let through (issue 46).
 
 Each zeroes the last row of a stored tensor, and each changed outputs the CPU check never saw:
 
@@ -12,7 +12,15 @@ Each zeroes the last row of a stored tensor, and each changed outputs the CPU ch
   draw was skipped at 20, 10 and 5 (the softmax's unshifted exp leaves float16). It is now also tried at
   2.5, where it fits, and fails the edit.
 
-Both plans are planned at the mutation test's shapes and edited by its ``_edit``, hash recomputed.
+A sweep of all 378 edit sites of every base plan let 5 more through, each a row drowned in a reduction on
+normal and outlier inputs alike: the max of ``|X @ W|`` with row ``m - 1`` of ``X @ W`` (or of its row
+maxima) zeroed changes only when the maximum sits in that row (1 in 256); a mean of squares with a row of
+``X @ W2`` zeroed moves by about 1/m (1.5e-3 against a 2e-3 bound at seed 11); a decode softmax with its
+last logit or probability zeroed loses a probability 2.7e-4 of the largest. The CPU check now also runs the
+planted draw (``draws.planted_inputs``: the last index of every uncontracted axis holds the extreme, by
+construction), which each edit fails by a wide margin.
+
+Every plan is planned at the mutation test's shapes and edited by its ``_edit``, hash recomputed.
 """
 
 from __future__ import annotations
@@ -20,13 +28,16 @@ from __future__ import annotations
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+import pytest
 from test_plan_mutations import SMALL, WORK, _at, _edit, _sites
 
+from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Plan, plan_document, with_hash
 from pyrunner.planner import search
 from pyrunner.planner.search import Budget
-from pyrunner.run.draws import NORMAL
+from pyrunner.run.draws import DRAWS, NORMAL, planted_inputs
 from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import compared_constants, cpu_check_plan
@@ -75,3 +86,32 @@ def test_gated_mixture_with_a_row_of_a_gate_zeroed_fails_the_cpu_check() -> None
     assert not res.ok and "on outlier inputs (up to 2.5)" in res.message, res.message
     ok = _check(plan)
     assert ok.ok and "on outlier inputs (up to 2.5)" in ok.message, ok.message
+
+
+@pytest.mark.parametrize(("graph_file", "stored"), [
+    ("benchmarks/graphs/gemm_max_scalar.json", "Y"),  # max |X @ W|, the GEMM's last row zeroed
+    ("benchmarks/graphs/gemm_max_scalar.json", "r"),  # ... its last row maximum zeroed
+    ("benchmarks/graphs/gemm_pair_mse.json", "B"),  # mean((X @ W1 - X @ W2)^2), X @ W2's last row zeroed
+    ("benchmarks/graphs/gemv_softmax_decode.json", "z"),  # softmax(h @ E), the last logit zeroed
+    ("benchmarks/graphs/gemv_softmax_decode.json", "p"),  # ... the last probability zeroed
+])
+def test_a_row_drowned_in_a_reduction_fails_on_the_planted_draw(graph_file: str, stored: str) -> None:
+    plan, edited = _tail_edited(graph_file, stored)
+    blind = _check(edited, draws=DRAWS)
+    assert blind.ok, f"seed {SEED}'s normal and outlier draws now catch the edit alone; the test shows no hole"
+    res = _check(edited)
+    assert not res.ok and "on planted inputs" in res.message, res.message
+    assert res.error > 10 * res.bound, res.message  # by construction, not by a seed's luck
+    ok = _check(plan)
+    assert ok.ok and "on planted inputs" in ok.message, ok.message
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_planted_corner_is_the_largest_value_of_a_contraction(seed: int) -> None:
+    """``X @ W`` on planted inputs: the corner (last row, last column) holds the largest magnitude, and row
+    ``m - 1`` beats every other row's maximum by a wide margin, at any seed (what the argument relies on)."""
+    g = catalog.get("Matmul", {"m": 40, "d": 64, "n": 56})
+    x = planted_inputs(g, seed)
+    y = np.abs(x["X"] @ x["W"])
+    assert np.unravel_index(np.argmax(y), y.shape) == (y.shape[0] - 1, y.shape[1] - 1)
+    assert y[-1].max() > 3 * y[:-1].max() and y[:, -1].max() > 3 * y[:, :-1].max()

@@ -2,7 +2,9 @@
 
 Why: the CPU executor check and the GPU check must draw the same inputs (a plan that passes one on
 values the other never sees is a hole): both take their draws, and the rule that lowers an outlier
-draw's magnitude where the graph's own values leave the plan's dtypes, from here.
+draw's magnitude where the graph's own values leave the plan's dtypes, from here. The CPU check also runs
+a planted draw (``CPU_DRAWS``): it checks where the plan computes each value (tails, masks), which a
+reduction hides on the shared draws.
 """
 
 from __future__ import annotations
@@ -40,11 +42,84 @@ class Draw:
         """How a message names a later draw (the first is named by its seed line only)."""
         return f"on {self.name} inputs (up to {magnitude:g})" if magnitude else f"on {self.name} inputs"
 
+    def applies(self, graph: Graph) -> bool:
+        """Whether a check of ``graph`` draws these inputs at all."""
+        return True
+
     def describe(self, magnitude: float) -> str:
         if not magnitude:
             return "normal, std 0.5"
         return (f"normal, std {OUTLIER_SCALE:g}, with outliers of magnitude {magnitude / 2:g} to {magnitude:g} "
                 f"in every row and {OUTLIER_RATE:.0%} of entries")
+
+
+@dataclass(frozen=True)
+class PlantedDraw(Draw):
+    """A draw that plants each input's largest values where a dropped tail would lose them (``planted_inputs``).
+
+    Why: a plan that drops the last row or tile of a tensor its graph then reduces (a max, a mean of
+    squares, a softmax) changes one value among many, and on normal or outlier inputs that value is
+    rarely the one that matters: the maximum sits elsewhere, a mean moves by 1/m, a softmax's last
+    probability is 1e-4 of its largest (issue 46: 5 of 378 edited plans passed so). Here the last index
+    of every kept axis holds the extreme by construction. Only graphs with a reduction draw it: without
+    one every output element sees its own row, and the other draws catch a dropped one."""
+
+    def make(self, graph: Graph, seed: int, magnitude: float) -> dict[str, np.ndarray]:
+        return planted_inputs(graph, seed, magnitude)
+
+    def label(self, magnitude: float) -> str:
+        return f"on {self.name} inputs (std {magnitude:g})"
+
+    def describe(self, magnitude: float) -> str:
+        return (f"normal, std {magnitude:g}, the last index of every uncontracted axis x{PLANTED_BOOST:g} and its "
+                "values' signs aligned along contracted axes")
+
+    def applies(self, graph: Graph) -> bool:
+        return any(t.op == "reduce" for t in graph.terms())
+
+
+PLANTED_BOOST = 4.0
+"""How much larger ``planted_inputs``' planted slices are than the rest."""
+
+
+def planted_inputs(graph: Graph, seed: int, scale: float = 0.5) -> dict[str, np.ndarray]:
+    """Normal inputs (std ``scale``) whose extremes sit at the last index of every axis no matmul contracts.
+
+    Each input's entries on the last index of one of its uncontracted axes (its planted slice) are scaled by
+    ``PLANTED_BOOST`` (b) and take the sign product ``s_c(i_c)`` over its contracted axes ``c``, one sign vector
+    per axis shared by all inputs (an input with contracted axes only is planted whole, unscaled). A contraction
+    of two planted slices then adds ``n`` terms of one sign, ``~0.64 n scale^2 b^2``, while every other value is
+    a sum of random signs, ``~sqrt(n) scale^2`` (times b where one operand is planted): at ``n >= 16`` the
+    planted corner is the largest value of the contraction and its last row and column lead all others, so
+    a max over any axis takes it, a mean of squares is led by it, and a softmax puts nearly all its mass on
+    it (tests/test_mutation_holes.py checks it over seeds). A plan that drops the last
+    row or tile of any kept axis loses that value and fails by a large margin, whatever the seed. A smaller
+    ``scale`` shrinks every value alike (an unshifted softmax's exp of the corner leaves float16 at 0.5)."""
+    boost = PLANTED_BOOST
+    contracted = {t.axis for t in graph.terms() if t.op == "matmul"}
+    rng = np.random.default_rng([seed, 47])
+    signs = {a: rng.choice([-1.0, 1.0], size=n) for a, n in sorted(graph.sizes.items())}
+    out: dict[str, np.ndarray] = {}
+    for t in sorted(graph.inputs(), key=lambda t: t.name):
+        shape = tuple(graph.sizes[a] for a in t.axes)
+        x = rng.standard_normal(shape) * scale
+        x[x == 0.0] = scale * 0.5
+        coh = [i for i, a in enumerate(t.axes) if a in contracted]
+        edge = [i for i, a in enumerate(t.axes) if a not in contracted and shape[i] > 1]
+        if not coh and not edge:
+            out[t.name] = x
+            continue
+        aligned = np.abs(x)
+        for i in coh:
+            aligned = aligned * signs[t.axes[i]].reshape([-1 if j == i else 1 for j in range(len(shape))])
+        if not edge:
+            out[t.name] = aligned
+            continue
+        planted = np.zeros(shape, dtype=bool)
+        for i in edge:
+            planted |= (np.arange(shape[i]) == shape[i] - 1).reshape([-1 if j == i else 1 for j in range(len(shape))])
+        out[t.name] = np.where(planted, aligned * boost, x)
+    return out
 
 
 NORMAL = Draw("normal", (0.0,))
@@ -55,6 +130,13 @@ judged on its first draw alone, and a row that draw leaves at zero (a ReLU whose
 negative) hides an edit zeroing it (issue 46: a gated mixture's last row of sigmoid(X @ W2) zeroed)."""
 DRAWS: tuple[Draw, ...] = (NORMAL, OUTLIERS)
 """The inputs every check runs on, in order (a failure on one ends the check)."""
+PLANTED = PlantedDraw("planted", tuple(0.5 / 2**i for i in range(5)))
+"""Planted extremes at std 0.5, then 0.25 down to 0.03125 where the graph's own values leave the plan's dtypes
+(the corner grows with each contraction's length and each boost: a decode softmax's logit reaches 164 at
+0.5 over 256 terms, 10 at 0.125)."""
+CPU_DRAWS: tuple[Draw, ...] = (*DRAWS, PLANTED)
+"""The CPU check's draws: ``DRAWS`` and the planted one (not yet the GPU check's: its kernels are checked
+for their arithmetic at real shapes, the CPU check for what the plan computes where)."""
 GIVEN = "inputs given by the caller"
 
 
@@ -92,6 +174,8 @@ def drawn(draws: tuple[Draw, ...], graph: Graph, seed: int, prepare: Callable[[s
     out: list[tuple[str, T]] = []
     skipped: list[str] = []
     for i, draw in enumerate(draws):
+        if not draw.applies(graph):
+            continue
         for m in draw.magnitudes:
             prepared = prepare(draw.describe(m), draw.make(graph, seed, m))
             if i == 0 or fits(prepared):

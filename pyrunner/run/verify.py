@@ -6,7 +6,9 @@ NaN so an unwritten element cannot pass, and compares with the graph's float64
 meaning by the normalised max error ``max|out - ref| / max|ref|``. It does so twice
 (``DRAWS``): on N(0, 0.5) inputs and on heavy-tailed ones (``reference.outlier_inputs``: an
 outlier of magnitude 10 to 20 in every row and 1% of entries), which expose a plan that clamps
-values or shifts a softmax by the wrong maximum; the bound of each is derived on its own inputs.
+values or shifts a softmax by the wrong maximum; the bound of each is derived on its own inputs. The
+CPU check adds a third (``draws.PLANTED``) for a graph with a reduction: the extremes sit at the last
+index of every uncontracted axis, so a plan that drops a tail a max, a mean or a softmax would drown fails.
 
 Why one module: the CPU executor check and the GPU check apply one bound formula, one judgement and one
 way of combining draws, and their messages must read alike; split, they drift apart (the inputs they
@@ -26,7 +28,7 @@ import numpy as np
 from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.reference import computed_operands, evaluate, evaluate_terms
 from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
-from pyrunner.run.draws import DRAWS, DTYPE_MAX, GIVEN, Draw, checkable, drawn, output_dtypes
+from pyrunner.run.draws import CPU_DRAWS, DRAWS, DTYPE_MAX, GIVEN, Draw, checkable, drawn, output_dtypes
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -435,9 +437,10 @@ def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: 
 
 def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
                     bound: float | None = None, inputs: Mapping[str, np.ndarray] | None = None,
-                    draws: tuple[Draw, ...] = DRAWS) -> VerifyResult:
+                    draws: tuple[Draw, ...] = CPU_DRAWS) -> VerifyResult:
     """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``, on every
-    draw of ``DRAWS`` (normal inputs, then outliers; the first failure is the verdict).
+    draw of ``CPU_DRAWS`` (normal inputs, outliers, then planted extremes in a graph with a reduction;
+    the first failure is the verdict).
 
     Inputs are rounded to the plan dtype first (what the kernel would see), so
     the remaining error is the executor's own arithmetic and roundings. ``inputs`` (default: each
