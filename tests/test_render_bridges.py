@@ -41,14 +41,18 @@ QK_NORM = {
 }
 
 
+ONE_KERNEL_TOP = 8
+"""How many of the model's best plans to look through for the one-kernel form."""
+
+
 @pytest.fixture(scope="module")
 def qk_norm_plan():
     """The one-kernel plan the sweep ran. The sweep planned with the committed tuning database, which
-    measured it fastest; the model alone (``search`` without a database) ranks a two-kernel plan
-    first, so the plan is taken as the model's best one-kernel plan, independent of the database. The
-    graph is the corpus file's, so the plans are the plan cache's entry that tests/test_corpus.py checks."""
-    one = [p for p in search(graph_from_json(QK_NORM), "bf16", top=TOP) if len(p.kernels) == 1]
-    assert one, f"no one-kernel plan among the best {TOP}"
+    measured it fastest; the model alone (``search`` without a database) ranks two- and three-kernel plans
+    first (since the operand pass has its own budget, the best six), so the plan is taken as the model's best
+    one-kernel plan among the best ``ONE_KERNEL_TOP``, independent of the database."""
+    one = [p for p in search(graph_from_json(QK_NORM), "bf16", top=ONE_KERNEL_TOP) if len(p.kernels) == 1]
+    assert one, f"no one-kernel plan among the best {ONE_KERNEL_TOP}"
     plan = one[0]
     (k,) = plan.kernels
     assert k.loop is not None and k.loop.axis == "t_kv"
