@@ -115,3 +115,16 @@ def test_the_planted_corner_is_the_largest_value_of_a_contraction(seed: int) -> 
     y = np.abs(x["X"] @ x["W"])
     assert np.unravel_index(np.argmax(y), y.shape) == (y.shape[0] - 1, y.shape[1] - 1)
     assert y[-1].max() > 3 * y[:-1].max() and y[:, -1].max() > 3 * y[:, :-1].max()
+
+
+@pytest.mark.slow  # about 5 s: planning attention in bfloat16 and three draws at 256-long axes
+def test_a_correct_attention_plan_passes_the_planted_draw_at_a_well_conditioned_scale() -> None:
+    """Projected-query attention in bfloat16 (``Q = X @ Wq`` rounded before the scores): at std 0.25 the planted
+    corner's scores made the graph so sensitive to that rounding that the correct plan failed (1.08e-2 > 8e-3 at
+    seed 11); the draw is now taken at a scale where the rounding moves the reference by at most a quarter of
+    the a-priori bound."""
+    g = load_graph_file(ROOT / "benchmarks/graphs/projected_query_attention.json")
+    g = g.with_sizes({a: min(n, SMALL) for a, n in g.sizes.items()})
+    plan = with_hash(Plan.model_validate(plan_document(search(g, "bf16", tuning=False, budget=Budget(WORK))[0])))
+    res = _check(plan)
+    assert res.ok and "on planted inputs (std 0.125)" in res.message, res.message
