@@ -7,7 +7,7 @@ no other module states a device number.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from pyrunner.errors import UserError
 
@@ -105,37 +105,17 @@ H200 = Device(
     tma_wgmma=True,
 )
 
-H100 = Device(
-    name="H100",
-    arch="sm_90a",
+H100 = replace(
+    H200,
     # The H100 SXM5 (80 GB HBM3): the H200's GH100 die with the same 132 SMs, clocks, shared memory,
-    # registers and 50 MB of L2; only the memory differs (80 GB of HBM3 at 3.35 TB/s against 141 GB of
-    # HBM3e at 4.8). Nothing here is measured on an H100.
-    sms=132,
-    smem_per_block=227 * 1024,
-    smem_per_sm=228 * 1024,
-    regs_per_sm=64 * 1024,
-    regs_per_thread=255,
-    max_threads=1024,
-    warp=32,
-    max_grid_yz=65535,
-    l2_bytes=50 * 1024 * 1024,
-    # Same die, same clocks and the same 700 W limit as the H200: the compute ceilings are the H200's
-    # (its measured bf16 cuBLAS ceiling included), argued equal, not measured here.
-    tc_flops=790e12,
-    cc_flops=60e12,
-    sfu_ops=4.0e12,
-    # Not the H200's measured 4.27e12 (other memory): the vendor's 3.35 TB/s scaled by the fraction of
-    # its 4.8 TB/s vendor figure the H200's copy reached (4.27 / 4.8 = 0.89), since the cost terms take
-    # ``hbm_bw`` as a copy's rate (``HOPPER_TERMS.memory_efficiency`` is of it). Unmeasured.
+    # registers, 50 MB of L2 and 700 W limit, so every limit, compute ceiling (the H200's measured bf16
+    # cuBLAS ceiling included), L2 figure and fitted latency is the H200's, argued equal, not measured
+    # here. Only the memory differs (80 GB of HBM3 at 3.35 TB/s against 141 GB of HBM3e at 4.8): not the
+    # H200's measured 4.27e12, but the vendor's 3.35 TB/s scaled by the fraction of its 4.8 TB/s vendor
+    # figure the H200's copy reached (4.27 / 4.8 = 0.89), since the cost terms take ``hbm_bw`` as a
+    # copy's rate (``HOPPER_TERMS.memory_efficiency`` is of it). Unmeasured.
+    name="H100",
     hbm_bw=3.35e12 * 4.27 / 4.8,
-    l2_bw=12e12,       # the H200's figure: same die and L2
-    launch_us=4.0,
-    # the H200-fitted latencies (same die and memory controller; HBM3 against HBM3e): not measured here
-    hbm_latency_s=0.7e-6,
-    l2_latency_s=0.3e-6,
-    smem_wavefronts_per_s=1.75e9,  # one pass per clock at the same 1.75 GHz as the H200's fit
-    tma_wgmma=True,
 )
 
 A100 = Device(
