@@ -133,6 +133,7 @@ def output_strides(rg: RegionGraph, meta: Callable[[Any], Any]) -> list[tuple[in
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of ``shape`` (what ``torch.empty(shape)`` has)."""
     out, n = [], 1
     for size in reversed(shape):
         out.append(n)
