@@ -128,10 +128,33 @@ def test_readme_seed_table_is_the_default_backends_and_the_others_follow_it(tmp_
     rows = newest_rows(tmp_path)
     readme = seed_table(rows)
     assert "| Matmul | bf16 |" in readme and "tilelang-ampere" not in readme
-    amp = seed_table(rows, "tilelang-ampere")
+    amp = seed_table(rows, ("tilelang-ampere", "NVIDIA H200"))
     assert "| Matmul (tilelang-ampere) | bf16 |" in amp and "| Matmul | bf16 |" not in amp
     text = render(rows)
-    assert readme in text and text.index(readme) < text.index("On the tilelang-ampere backend:") < text.index(amp)
+    assert readme in text and text.index(readme) < text.index("On tilelang-ampere:") < text.index(amp)
+
+
+def test_a_record_from_another_card_stands_beside_the_h200_row_and_never_replaces_it(tmp_path: Path) -> None:
+    """The lent GPU is sometimes an H100: a newer H100 record of a seed is its own row, marked with the card,
+    and averages only with other H100 rows; the H200 row (README's table) keeps the H200 time."""
+    from pyrunner.ir import catalog
+
+    sizes = dict(catalog.get("Matmul").sizes)
+    h200 = _rec("Matmul", plan=50.0, ts="2026-12-01T00:00:00")
+    h100 = _rec("Matmul", plan=60.0, tc=30.0, ts="2026-12-05T00:00:00")
+    h100["device"] = "NVIDIA H100 80GB HBM3"
+    for r in (h200, h100):
+        r["shapes"] = sizes
+    _write(tmp_path, "h200-run7-seeds.jsonl", h200)
+    _write(tmp_path, "h100-run8-seeds.jsonl", h100)
+    rows = newest_rows(tmp_path)
+    assert len(rows) == 2
+    readme = seed_table(rows)
+    assert "| Matmul | bf16 |" in readme and "| 50.0 |" in readme and "H100" not in readme
+    other = seed_table(rows, ("tilelang-hopper", "NVIDIA H100 80GB HBM3"))
+    assert "| Matmul (H100 80GB HBM3) | bf16 |" in other and "| 60.0 |" in other
+    text = render(rows)
+    assert "| seeds (1) | 0.40x |" in text and "| seeds, H100 80GB HBM3 (1) | 0.50x |" in text
 
 
 def test_record_backend_reads_every_form_writers_use() -> None:

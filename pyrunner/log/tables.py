@@ -4,11 +4,13 @@ Why generated: a figure typed into a README drifts from its record, and a plan t
 its baselines (an alternative, a probe) reads like a side-by-side result. Here a row exists only
 for a **side-by-side record**: status ``ok`` (so verified against float64 first), a plan time,
 torch.compile measured, and the plan and every baseline it reports timed in the same call (each
-has its rounds in ``extra.timing.rounds_us``). Per case (workload, dtype, shapes, backend) the newest
-such record is the row; speedups are recomputed from the times. Each row names its run and its file.
+has its rounds in ``extra.timing.rounds_us``). Per case (workload, dtype, shapes, backend, device) the
+newest such record is the row; speedups are recomputed from the times. Each row names its run and its file.
 The backend is part of the case because ``gpu_run --device h200,a100`` times the Ampere path (an sm_80
 build) on the same GPU: its row stands beside the Hopper row, marked with the backend's name, instead of
-replacing it (``log.results.record_backend``; a record without the field is Hopper's).
+replacing it (``log.results.record_backend``; a record without the field is Hopper's). The device is part
+of it because the lent GPU is sometimes an H100: its times are not the H200's, so an H100 record stands
+beside the H200 row, marked with the card, and never replaces it.
 
 ``benchmarks/RESULTS.md`` is this module's output over ``benchmarks/results/``; a test fails when
 the committed file differs from what the records generate. README's short table is the seed
@@ -42,6 +44,10 @@ NAMES = {"torch_compile": "torch.compile", "max_autotune": "max-autotune", "sdpa
          "flex": "FlexAttention", "flex_attention": "FlexAttention", "eager": "eager"}
 DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 _RUN = re.compile(r"run(\d+[a-z]?)")
+DEFAULT_DEVICE_NAME = "NVIDIA H200"
+"""The card README's tables are about; rows timed on any other card are marked with its name. A record with
+an empty device name (a few of runs 36-81, all on the H200 that the results folder is named for) is its."""
+DEFAULT_GROUP = (UNNAMED_BACKEND, DEFAULT_DEVICE_NAME)
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,19 @@ class Row:
         return record_backend(self.record.extra)
 
     @property
+    def device(self) -> str:
+        """The GPU the record was timed on, as the driver named it."""
+        return " ".join(self.record.device.split()) or DEFAULT_DEVICE_NAME
+
+    @property
+    def group(self) -> tuple[str, str]:
+        """(backend, device): rows of one group compare with each other; other groups' never average in."""
+        return self.backend, self.device
+
+    @property
     def key(self) -> tuple:
         r = self.record
-        return r.workload, r.dtype, tuple(sorted(r.shapes.items())), self.backend
+        return r.workload, r.dtype, tuple(sorted(r.shapes.items())), self.backend, self.device
 
 
 def side_by_side(r: RunRecord) -> bool:
@@ -121,10 +137,18 @@ HEAD = ["workload", "dtype", "shape", "plan (us)", "torch.compile", "best baseli
         "vs best", "run (file)"]
 
 
+def _group_name(group: tuple[str, str]) -> str:
+    """A group's mark: its backend unless the unnamed (Hopper) one, its card unless the default one."""
+    backend, device = group
+    parts = [backend] if backend != UNNAMED_BACKEND else []
+    parts += [device.removeprefix("NVIDIA ")] if device != DEFAULT_DEVICE_NAME else []
+    return _cell(", ".join(parts))
+
+
 def _marked(row: Row) -> str:
-    """The row's workload, followed by its backend's name when that is not the unnamed (Hopper) one."""
+    """The row's workload, followed by its group's mark when that is not the default group."""
     name = _cell(row.record.workload)
-    return name if row.backend == UNNAMED_BACKEND else f"{name} ({_cell(row.backend)})"
+    return name if row.group == DEFAULT_GROUP else f"{name} ({_group_name(row.group)})"
 
 
 def _line(row: Row) -> str:
@@ -153,37 +177,37 @@ def _order(row: Row) -> tuple:
     r = row.record
     seed = SEEDS.index(r.workload) if r.workload in SEEDS else len(SEEDS)
     return (seed, r.workload.lower(), r.workload, r.dtype, tuple(sorted(r.shapes.items())),
-            row.backend != UNNAMED_BACKEND, row.backend)
+            row.group != DEFAULT_GROUP, row.group)
 
 
-def seed_table(rows: list[Row], backend: str = UNNAMED_BACKEND) -> str:
-    """The five seeds at their catalog shapes, both dtypes, made with one backend; the default (Hopper)
-    backend's is README's short table."""
-    return table(sorted((r for r in rows if _is_seed(r) and r.backend == backend), key=_order))
+def seed_table(rows: list[Row], group: tuple[str, str] = DEFAULT_GROUP) -> str:
+    """The five seeds at their catalog shapes, both dtypes, of one (backend, device) group; the default
+    group's (Hopper backend, H200) is README's short table."""
+    return table(sorted((r for r in rows if _is_seed(r) and r.group == group), key=_order))
 
 
 def _seed_tables(rows: list[Row]) -> list[str]:
-    """The seeds section: the default backend's table, then each other backend's under its name."""
+    """The seeds section: the default group's table, then each other group's under its mark."""
     out = [seed_table(rows)]
-    for b in _backends(rows):
-        if b != UNNAMED_BACKEND and any(_is_seed(r) and r.backend == b for r in rows):
-            out += ["", f"On the {_cell(b)} backend:", "", seed_table(rows, b)]
+    for g in _groups(rows):
+        if g != DEFAULT_GROUP and any(_is_seed(r) and r.group == g for r in rows):
+            out += ["", f"On {_group_name(g)}:", "", seed_table(rows, g)]
     return out
 
 
-def _backends(rows: list[Row]) -> list[str]:
-    """The backends the rows were made with: the unnamed (Hopper) one first, then the others by name."""
-    return sorted({r.backend for r in rows}, key=lambda b: (b != UNNAMED_BACKEND, b))
+def _groups(rows: list[Row]) -> list[tuple[str, str]]:
+    """The (backend, device) groups of the rows: the default one first, then the others by name."""
+    return sorted({r.group for r in rows}, key=lambda g: (g != DEFAULT_GROUP, g))
 
 
 def _summary(rows: list[Row]) -> list[str]:
-    """Geomeans per backend: one backend's times never average with another's."""
+    """Geomeans per group: one backend's or one card's times never average with another's."""
     out = ["| rows | vs torch.compile (geomean) | vs best baseline (geomean) | at least 0.95x the best |",
            "|---|---|---|---|"]
     groups = []
-    for b in _backends(rows):
-        mine = [r for r in rows if r.backend == b]
-        tag = "" if b == UNNAMED_BACKEND else f", {_cell(b)}"
+    for g in _groups(rows):
+        mine = [r for r in rows if r.group == g]
+        tag = "" if g == DEFAULT_GROUP else f", {_group_name(g)}"
         groups += [(f"seeds{tag}", [r for r in mine if _is_seed(r)]), (f"all{tag}", mine)]
     for name, sel in groups or [("seeds", []), ("all", [])]:
         tc = _geomean([r.record.speedups[PRIMARY_BASELINE] for r in sel])
@@ -194,14 +218,16 @@ def _summary(rows: list[Row]) -> list[str]:
 
 
 def _backend_note(rows: list[Row]) -> list[str]:
-    """A line naming the other backends' rows, when there are any (none: the text is what it always was)."""
-    others = [b for b in _backends(rows) if b != UNNAMED_BACKEND]
+    """Lines naming the other groups' rows, when there are any (none: the text is what it always was)."""
+    others = [g for g in _groups(rows) if g != DEFAULT_GROUP]
     if not others:
         return []
-    named = ", ".join(f"`({_cell(b)})`" for b in others)
-    return [f"A case is also its backend: rows marked {named} were planned, rendered and built by that backend",
-            "(`gpu_run.py --device`; the Ampere path is an sm_80 build) and timed on the device the record names;",
-            f"unmarked rows are {UNNAMED_BACKEND}'s. Each backend's rows have their own summary lines."]
+    named = ", ".join(f"`({_group_name(g)})`" for g in others)
+    return ["A case is also its backend and card. Rows marked", f"{named}",
+            "were planned, rendered and built by the backend named (`gpu_run.py --device`; the Ampere path is an",
+            "sm_80 build) and timed on the card named",
+            f"(else the {DEFAULT_DEVICE_NAME}); unmarked rows are {UNNAMED_BACKEND}'s on the {DEFAULT_DEVICE_NAME}.",
+            "Each group's rows have their own summary lines; no row of one card replaces another card's."]
 
 
 def render(rows: list[Row]) -> str:

@@ -39,7 +39,7 @@ HOPPER_TERMS = CostTerms(
     k_depth_efficiency=(0.55, 128.0),
     m_full_rows=128,  # a 64-row tile keeps one warpgroup busy, not two
     pipe_by_stages=((1, 0.75), (2, 0.92)),
-    # Fitted to run 102 (``h200-run102-ab.jsonl``): the 1000 x 1024 x 50257 LM head at 128 x 256 x 64
+    # Fitted to run 102 (``h200-ab-runs94-102.jsonl``): the 1000 x 1024 x 50257 LM head at 128 x 256 x 64
     # tiles took 501 us unstaged where the MMAs alone are modelled at 172; staged in registers one step
     # ahead, 429 us at the same config (the two-byte loads and their shared-memory stores still take the
     # load/store pipe for most of a step)
