@@ -2,7 +2,9 @@
 
 Each op's vector-Jacobian product is its entry in ``ir.vjp`` (one per op of the op table); this
 module sweeps a graph in reverse, summing contributions, so a backward graph is an ordinary graph:
-the rules, fusions and the float64 reference apply unchanged.
+the rules, fusions and the float64 reference apply unchanged. A plan of a backward graph records the
+derivation (``Backward.source``, ``outputs``, ``wrt``, ``kept``) as ``provenance.backward_of``
+(``plan.backward_of``), which the validator replays.
 
 Named axes make broadcasting explicit: a contribution carrying axes its operand lacks is summed
 over them (``_unbroadcast``). A cotangent may lack axes of its term (the gradient of a sum is
