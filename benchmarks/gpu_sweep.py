@@ -215,6 +215,10 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
         # as `superopt --device` hands it out: the backend's committed tuning database included
         (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name),
                             notes=notes.append)
+        if derived is not None:  # the plan records its derivation (`superopt --backward` writes it so too)
+            from pyrunner.plan.backward_of import with_backward_of
+
+            plan = with_backward_of(plan, derived)
         skipped = [n.text for n in notes if n.kind in ("skipped", "naive-fallback")]
         if skipped:
             rec.extra["skipped"] = skipped
@@ -246,15 +250,9 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
 
         from pyrunner.run.verify import GpuVerifier
 
-        given = None
-        if derived is not None:  # saved tensors that belong to the draw: the forward computes them from it
-            from pyrunner.run.grad_check import backward_inputs
-            from pyrunner.run.verify import fresh_seed
-
-            seed = fresh_seed()
-            given = backward_inputs(derived, graph, seed)
-            rec.extra["inputs_seed"] = seed
-        verifier = GpuVerifier(plan, graph, device="cuda", inputs=given)
+        # a backward plan records its derivation: every draw computes its saved tensors from its forward
+        # inputs (run.backward_draws), on the normal and the outlier draw as any plan is checked
+        verifier = GpuVerifier(plan, graph, device="cuda")
         res = verifier.check(launch)
         del verifier
         torch.cuda.empty_cache()

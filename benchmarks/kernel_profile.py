@@ -2,10 +2,12 @@
 
 A plan that loses to inductor or a vendor kernel says so as one number; this says which of its kernels
 lose the time and whether the cost model saw it coming. Each plan is compiled and checked against
-float64 first (``LoadedPlan.check``), then replayed ``--iters`` times under ``torch.profiler`` (CUDA
-activity only); each CUDA kernel's device time is matched to the plan kernel of its name. A kernel launched
-early (programmatic dependent launch) waits inside its span for the kernel ahead, so spans overlap: the
-measured time is each kernel's share of the critical path (``exclusive_us``), the span is kept beside it.
+float64 first (``LoadedPlan.check``; a backward plan that records its derivation is checked and timed on
+saved tensors its forward computes from the inputs, ``run.backward_draws``), then replayed ``--iters``
+times under ``torch.profiler`` (CUDA activity only); each CUDA kernel's device time is matched to the plan
+kernel of its name. A kernel launched early (programmatic dependent launch) waits inside its span for the
+kernel ahead, so spans overlap: the measured time is each kernel's share of the critical path
+(``exclusive_us``), the span is kept beside it.
 One JSON line per kernel goes to ``--out`` (model, measured and span µs, FLOPs, bytes, bound) and a table
 is printed last.
 
@@ -79,14 +81,19 @@ def profile(plan, iters: int) -> tuple[dict[str, float], dict[str, float], list[
     lp = LoadedPlan(plan, verify=True)
     launch = lp.compile()
     lp.check()
-    gen = torch.Generator(device="cpu").manual_seed(3)
-    tensors = {}
-    for gt in plan.tensors:
-        dt = getattr(torch, gt.dtype)
-        if gt.role == "input":
-            tensors[gt.name] = (torch.randn(*gt.shape, generator=gen) * 0.5).to("cuda", dt)
-        else:
-            tensors[gt.name] = torch.empty(gt.shape, dtype=dt, device="cuda")
+    if plan.provenance.backward_of is not None:  # a backward: saved tensors that belong to its inputs
+        from pyrunner.run.verify import GpuVerifier
+
+        tensors = GpuVerifier(plan, lp.graph, seed=3, device="cuda").tensors()  # run.backward_draws
+    else:
+        gen = torch.Generator(device="cpu").manual_seed(3)
+        tensors = {}
+        for gt in plan.tensors:
+            dt = getattr(torch, gt.dtype)
+            if gt.role == "input":
+                tensors[gt.name] = (torch.randn(*gt.shape, generator=gen) * 0.5).to("cuda", dt)
+            else:
+                tensors[gt.name] = torch.empty(gt.shape, dtype=dt, device="cuda")
     for _ in range(5):
         launch(tensors)
     torch.cuda.synchronize()

@@ -13,8 +13,9 @@ Commands::
                                 [--device NAME] [--tuning FILE.json | --no-tuning] [--no-lower-check]
                                 [--backward | --with-saves]
         search for the best plan(s): stdout gets the plan as JSON (with --top K, a JSON list of K);
-        --backward plans the derived backward graph (``ir.grad``), --with-saves the forward that
-        also writes the tensors the backward reads (which ones: ``planner.saves``, by the cost model)
+        --backward plans the derived backward graph (``ir.grad``; the plan records the derivation in
+        ``provenance.backward_of``), --with-saves the forward that also writes the tensors the backward
+        reads (which ones: ``planner.saves``, by the cost model)
     python -m pyrunner report --out DIR [--log FILE] [--all]   (pyrunner.log.report.main(argv))
     python -m pyrunner schema [--out FILE]
     python -m pyrunner workloads
@@ -178,6 +179,10 @@ def cmd_superopt(args: argparse.Namespace) -> int:
     tuning = _tuning(args, backend.device.name)
     plans = best_plan(graph, DTYPES[args.dtype], backend=backend, tuning=tuning, top=args.top,
                       naive=args.naive, calibration=calibration, lower_check=lower_check, notes=_say)
+    if args.backward:  # the plan records its derivation: its checks draw saved tensors that belong to the inputs
+        from pyrunner.plan.backward_of import with_backward_of
+
+        plans = [with_backward_of(p, derived) for p in plans]
     if args.explain:
         for i, p in enumerate(plans):
             if len(plans) > 1:

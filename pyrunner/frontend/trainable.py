@@ -32,6 +32,7 @@ class Trainable:
         from pyrunner.frontend.load import LoadedPlan
         from pyrunner.frontend.region_plans import cached_plan
         from pyrunner.frontend.training import derivation
+        from pyrunner.plan.backward_of import with_backward_of
         from pyrunner.plan.validate import plan_graph
 
         graph: Graph = plan_graph(plan)
@@ -49,7 +50,7 @@ class Trainable:
         bwd = derivation(graph, plan.dtype)
         same = [n for n, _ in bwd.forward.outputs] == [n for n, _ in graph.outputs]
         fwd_plan = plan if same else cached_plan(bwd.forward, plan.dtype)[0]
-        self.plans = TrainingPlans(bwd, fwd_plan, cached_plan(bwd.graph, plan.dtype)[0])
+        self.plans = TrainingPlans(bwd, fwd_plan, with_backward_of(cached_plan(bwd.graph, plan.dtype)[0], bwd))
         if not same:
             self.loaded = LoadedPlan(fwd_plan)
         self.loaded_backward = LoadedPlan(self.plans.backward)  # type: ignore[arg-type]

@@ -62,13 +62,14 @@ def derivation(graph: Graph, dtype: str | None, device: str | None = None) -> Ba
 
 def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: str | None = None) -> TrainingPlans:
     """Derive, plan forward-with-saves and backward for the backend of ``device`` (None: the local GPU's), and
-    (``cpu_check``) check both on the CPU."""
+    (``cpu_check``) check both on the CPU. The backward plan records its derivation (``plan.backward_of``)."""
     from pyrunner.frontend.region_plans import cached_plan
     from pyrunner.frontend.region_plans import cpu_check as check_forward
+    from pyrunner.plan.backward_of import with_backward_of
 
     bwd = derivation(graph, dtype, device)
     fwd_plan, _ = cached_plan(bwd.forward, dtype, device)
-    back_plan, _ = cached_plan(bwd.graph, dtype, device)
+    back_plan = with_backward_of(cached_plan(bwd.graph, dtype, device)[0], bwd)
     tp = TrainingPlans(bwd, fwd_plan, back_plan)
     if cpu_check:
         tp.check = "; ".join((f"forward {check_forward(fwd_plan)}", cpu_check_backward(graph, bwd, back_plan)))
@@ -101,18 +102,10 @@ def cpu_check_backward(graph: Graph, bwd: Backward, plan: Plan, seed: int = 0) -
 def gpu_backward_inputs(bwd: Backward, graph: Graph, seed: int, device: str) -> dict[str, np.ndarray]:
     """``run.grad_check.backward_inputs`` with the saved tensors computed by float64 PyTorch on ``device``
     (numpy takes minutes for attention's scores at full shapes)."""
-    import torch
-
     from pyrunner.ir.reference import random_inputs
-    from pyrunner.run.baselines import torch_fn
+    from pyrunner.run.backward_draws import linked_inputs, torch_forward
 
-    fwd = bwd.forward.with_sizes({a: n for a, n in graph.sizes.items() if a in bwd.forward.sizes})
-    values = random_inputs(fwd, seed)
-    with torch.no_grad():
-        outs = torch_fn(fwd)(**{k: torch.from_numpy(v).to(device) for k, v in values.items()})
-    values.update({n: v.double().cpu().numpy() for n, v in outs.items() if n in bwd.saved})
-    rest = random_inputs(graph, seed + 1)
-    return {t.name: values[t.name] if t.name in values else rest[t.name] for t in graph.inputs()}
+    return linked_inputs(bwd, graph, seed, random_inputs, torch_forward(device))
 
 
 def gpu_check_backward(loaded: Any, bwd: Backward, device: str = "cuda", seed: int = 0) -> Any:

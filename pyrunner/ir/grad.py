@@ -2,7 +2,9 @@
 
 Each op's vector-Jacobian product is its entry in ``ir.vjp`` (one per op of the op table); this
 module sweeps a graph in reverse, summing contributions, so a backward graph is an ordinary graph:
-the rules, fusions and the float64 reference apply unchanged.
+the rules, fusions and the float64 reference apply unchanged. A plan of a backward graph records the
+derivation (``Backward.source``, ``outputs``, ``wrt``, ``kept``) as ``provenance.backward_of``
+(``plan.backward_of``), which the validator replays.
 
 Named axes make broadcasting explicit: a contribution carrying axes its operand lacks is summed
 over them (``_unbroadcast``). A cotangent may lack axes of its term (the gradient of a sum is
@@ -98,6 +100,12 @@ class Backward:
     aliases: dict[str, str] = field(default_factory=dict)
     """Gradients that equal a cotangent (``Y = X + R``: ``d_R`` is ``d_Y``): gradient name -> the
     backward input it is; not outputs of ``graph`` (a plan computes nothing for them)."""
+    source: Graph | None = None
+    """The graph differentiated (``forward`` without the saves it adds)."""
+    outputs: tuple[str, ...] = ()
+    """The outputs of ``source`` differentiated, in ``source``'s output order."""
+    kept: tuple[Term, ...] = ()
+    """The terms ``derive`` was asked to save besides the default ones (its ``save``), in the order given."""
 
 
 class _Deriver:
@@ -309,7 +317,8 @@ def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str
     saved = tuple(n for n, _ in forward.outputs if n in read)
     in_bwd = set(bwd.terms())
     recomputed = tuple(t for t in d.order if t.op == "matmul" and t not in d.saved and d.val[t] in in_bwd)
-    return Backward(bwd, forward, saved, cotangents, gradients, tuple(sorted(targets)), recomputed, aliases)
+    return Backward(bwd, forward, saved, cotangents, gradients, tuple(sorted(targets)), recomputed, aliases,
+                    graph, tuple(n for n in names if n in outs), keep)
 
 
 def backward_graph(graph: Graph, outputs: Iterable[str] | None = None) -> Graph:

@@ -263,6 +263,20 @@ class CostEstimate(_Strict):
     model: dict[str, float]
 
 
+class BackwardOf(_Strict):
+    """What a backward plan's graph was derived from (``ir.grad.derive``): the forward graph as its author
+    wrote it, the outputs differentiated, the inputs differentiated and the extra saves (indices into the
+    forward graph's terms, operands before users, in the order given). Untrusted like the rest of the plan:
+    ``plan.backward_of`` derives the backward again and refuses a plan whose graph is not that derivation.
+    The checks draw a backward plan's inputs through it: forward inputs and cotangents random, the saved
+    tensors computed from the forward inputs (a random log-sum-exp would not belong to the scores)."""
+
+    forward: dict
+    outputs: list[str] = Field(min_length=1)
+    wrt: list[str] = Field(min_length=1)
+    save: list[Annotated[int, Field(ge=0)]] = Field(default_factory=list)
+
+
 class Provenance(_Strict):
     planner: str
     version: str
@@ -271,6 +285,8 @@ class Provenance(_Strict):
     search_cut: list[str] = Field(default_factory=list)
     """What the planner's work budgets left unexplored (empty: the search ran to completion). Budgets
     count work, never seconds, so the same graph gives the same plan, cut or not, on any machine."""
+    backward_of: BackwardOf | None = None
+    """Set on a plan of a derived backward graph (``plan.backward_of``); absent on every other plan."""
 
 
 class AxisMergeSpec(_Strict):
@@ -327,8 +343,9 @@ STEP_CERTIFICATE_FIELDS = ("position", "instance", "term")
 
 
 def plan_document(plan: Plan) -> dict:
-    """The plan's JSON document; ``axis_merges``, ``axis_splits``, ``axis_units``, the ``certificate``
-    and each step's certificate fields only where there are any (older plans stay byte-identical)."""
+    """The plan's JSON document; ``axis_merges``, ``axis_splits``, ``axis_units``, the ``certificate``,
+    each step's certificate fields and the provenance's ``search_cut`` and ``backward_of`` only where there
+    are any (older plans stay byte-identical, and so do their hashes)."""
     data = plan.model_dump(mode="json")
     for key in ("axis_merges", "axis_splits", "axis_units", "certificate"):
         if not data.get(key):
@@ -337,8 +354,9 @@ def plan_document(plan: Plan) -> dict:
         for key in STEP_CERTIFICATE_FIELDS:
             if step.get(key) is None:
                 step.pop(key, None)
-    if not data["provenance"].get("search_cut"):
-        data["provenance"].pop("search_cut", None)
+    for key in ("search_cut", "backward_of"):
+        if not data["provenance"].get(key):
+            data["provenance"].pop(key, None)
     return data
 
 

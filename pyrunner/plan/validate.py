@@ -24,6 +24,7 @@ from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.graph_json import read_json_file
 from pyrunner.ir.names import MAX_GRAPH_NAME, MAX_PLAN_NAME, hash_problem, name_problem
 from pyrunner.plan.analysis import numbered_ops, walk
+from pyrunner.plan.backward_of import derivation_of
 from pyrunner.plan.claims import check_bounds, check_costs, check_provenance
 from pyrunner.plan.kernel_checks import check_kernel, check_kernel_static
 from pyrunner.plan.schedule_rules import check_schedule_rules
@@ -139,8 +140,9 @@ def format_validation_error(e: pydantic.ValidationError, data: object) -> str:
 # --- semantics ------------------------------------------------------------------
 
 def check_plan(plan: Plan) -> None:
-    """Every rule of plan_semantics for the defaults of each kernel's parameters, the hash, then the
-    derivation's certificate replayed (``rules.replay_plan``)."""
+    """Every rule of plan_semantics for the defaults of each kernel's parameters, the hash, a backward plan's
+    derivation record (``plan.backward_of``), then the derivation's certificate replayed
+    (``rules.replay_plan``)."""
     check_plan_names(plan)
     check_bounds(plan)
     graph = kernel_graph(plan)
@@ -156,6 +158,7 @@ def check_plan(plan: Plan) -> None:
     check_costs(plan)
     check_provenance(plan)
     checked_hash(plan)
+    derivation_of(plan)  # a backward plan's record replayed: its graph must be the derivation it names
     check_certificate(plan, tensors)  # after the hash: an edited plan that keeps its hash is told so first
     check_schedule_rules(plan)  # the loops' forms against their cited rules, as Superopt/Schedule.lean
 

@@ -4,7 +4,9 @@ Why: the CPU executor check and the GPU check must draw the same inputs (a plan 
 values the other never sees is a hole): both take their draws, and the rule that lowers an outlier
 draw's magnitude where the graph's own values leave the plan's dtypes, from here. The CPU check also runs
 a planted draw (``CPU_DRAWS``): it checks where the plan computes each value (tails, masks), which a
-reduction hides on the shared draws.
+reduction hides on the shared draws. A backward plan that records its derivation takes each draw through
+``run.backward_draws.plan_draws``: the draw makes its forward inputs and cotangents, and its saved tensors
+are computed from them.
 """
 
 from __future__ import annotations

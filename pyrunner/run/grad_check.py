@@ -100,12 +100,11 @@ def check_gradients(forward: Graph, bwd: Backward, seed: int = 0,
 def backward_inputs(bwd: Backward, graph: Graph, seed: int) -> dict[str, np.ndarray]:
     """Inputs of the backward graph ``graph`` (``bwd.graph`` at some sizes) that belong together:
     random forward inputs, the saved tensors the forward computes from them, random cotangents
-    (random saved values would make ``exp(S - LSE)`` overflow where the scores are large)."""
-    fwd = bwd.forward.with_sizes({a: n for a, n in graph.sizes.items() if a in bwd.forward.sizes})
-    values = random_inputs(fwd, seed)
-    values.update({n: v for n, v in evaluate(fwd, values).items() if n in bwd.saved})
-    rest = random_inputs(graph, seed + 1)
-    return {t.name: values[t.name] if t.name in values else rest[t.name] for t in graph.inputs()}
+    (random saved values would make ``exp(S - LSE)`` overflow where the scores are large);
+    ``run.backward_draws.linked_inputs`` on the normal draw."""
+    from pyrunner.run.backward_draws import linked_inputs
+
+    return linked_inputs(bwd, graph, seed, random_inputs)
 
 
 # --- gradient error bounds: both planned halves composed ------------------------------------------------

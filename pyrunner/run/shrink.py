@@ -12,7 +12,7 @@ import math
 
 from pyrunner.errors import PlanError
 from pyrunner.plan.analysis import MMA_K_ALIGN, kernel_geometry
-from pyrunner.plan.schema import Call, Const, Expr, Index, Map, Plan, axis_sizes
+from pyrunner.plan.schema import BackwardOf, Call, Const, Expr, Index, Map, Plan, axis_sizes
 from pyrunner.target.layout import padded_row
 
 
@@ -188,6 +188,15 @@ def _keep_constants_and_tails(plan: Plan, sizes: dict[str, int], new_sizes: dict
     return tails
 
 
+def _resized(plan: Plan, new_sizes: dict[str, int]) -> BackwardOf | None:
+    """A backward plan's derivation record at the new sizes (its forward graph's axes are the backward's)."""
+    rec = plan.provenance.backward_of
+    if rec is None or not isinstance(rec.forward.get("axes"), dict):
+        return rec
+    axes = {a: new_sizes.get(a, n) for a, n in rec.forward["axes"].items()}
+    return rec.model_copy(update={"forward": {**rec.forward, "axes": axes}})
+
+
 def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     """The same plan (kernels, ops, loop structure) at small shapes, every axis a distinct size.
 
@@ -276,6 +285,6 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
     graph = dict(plan.graph)
     if "axes" in graph:
         graph["axes"] = {a: new_sizes[a] for a in graph["axes"]}
-    prov = plan.provenance.model_copy(update={"plan_hash": ""})
+    prov = plan.provenance.model_copy(update={"plan_hash": "", "backward_of": _resized(plan, new_sizes)})
     return plan.model_copy(update={"kernels": kernels, "tensors": tensors, "graph": graph, "provenance": prov,
                                    "axis_merges": merges, "axis_splits": splits})

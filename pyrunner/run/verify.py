@@ -266,7 +266,8 @@ class GpuVerifier:
     workload) because numpy's einsum takes minutes at full shapes; ``"numpy"`` uses
     ``reference.evaluate`` itself. Every draw of ``DRAWS`` is checked (normal inputs, then
     outliers), as on the CPU; ``inputs`` (a backward's saved tensors) are checked alone. ``inputs``,
-    ``ref``, ``bound`` and ``tensors()`` are the first draw's (timing and baselines use those).
+    ``ref``, ``bound`` and ``tensors()`` are the first draw's (timing and baselines use those). A backward
+    plan that records its derivation draws its saved tensors from its forward inputs (``run.backward_draws``).
     """
 
     def __init__(self, plan: Plan, graph: Graph, seed: int | None = None, device: str = "cuda",
@@ -281,8 +282,11 @@ class GpuVerifier:
         if inputs is not None:  # a backward's: they belong together
             self.draws.append(("", self._draw(GIVEN, inputs)))
         else:
+            from pyrunner.run.backward_draws import numpy_forward, plan_draws, torch_forward
+
             dts = output_dtypes(plan)
-            self.draws, self.skipped = drawn(draws, graph, self.seed, self._draw,
+            linked = plan_draws(plan, draws, numpy_forward if reference == "numpy" else torch_forward(device))
+            self.draws, self.skipped = drawn(linked, graph, self.seed, self._draw,
                                              lambda d: checkable(d.ref, d.operand_error, dts), self.storage_dtype)
         first = self.draws[0][1]
         self.inputs, self.ref = first.inputs, first.ref
@@ -448,12 +452,17 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     backward graph's saved tensors computed from its forward inputs (``run.grad_check``): those
     are checked alone. A later draw is taken at the largest of its outlier magnitudes on which the
     graph's own values fit the plan's dtypes (``checkable``), and skipped with a note where none does.
+    A backward plan that records its derivation (``plan.backward_of``) draws forward inputs and cotangents
+    and computes its saved tensors from them, on every draw (``run.backward_draws.plan_draws``).
     """
     seed = fresh_seed() if seed is None else seed
     if inputs is not None:
         return _executor_once(plan, graph, execute, seed, _prepare(plan, graph, inputs, GIVEN, bound), "")
+    from pyrunner.run.backward_draws import plan_draws
+
     dts = output_dtypes(plan)
-    prepared, skipped = drawn(draws, graph, seed, lambda desc, raw: _prepare(plan, graph, raw, desc, bound),
+    prepared, skipped = drawn(plan_draws(plan, draws), graph, seed,
+                              lambda desc, raw: _prepare(plan, graph, raw, desc, bound),
                               lambda p: checkable(p.ref, p.operand_error, dts)
                               and p.peak <= DTYPE_MAX[storage_dtype(plan)], storage_dtype(plan))
     passes: list[tuple[str, VerifyResult]] = []
