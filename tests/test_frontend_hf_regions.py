@@ -228,3 +228,36 @@ def test_gpt2_conv1d_addmm_counts_as_a_contraction_when_cutting_stages() -> None
     assert [o.count("addmm") for o in ops] == [1, 0, 2, 1], ops
     assert "scaled_dot_product_attention" in ops[1]
     assert all(contractions(p) <= MAX_CONTRACTIONS for p in pieces) and MAX_CHAIN == 2
+
+
+def test_gpt2_qkv_split_parts_are_views_of_one_output_not_a_selection_kernel() -> None:
+    """Issue 40 (c): ``c_attn(x).split(n, dim=2)`` was planned as a kernel per call that summed a one-hot
+    predicate over the chunk axis of the float32 projection (24-38 us measured on the H100 against 6.3
+    modelled). The region's one graph output is now the projection itself, written by its GEMM; Q, K and V are
+    chunks of it taken as views (then laid out as the model's tensors), with the FX code's values."""
+    from pyrunner.frontend.buckets import bucketed
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, partition, region_of, stages
+    from pyrunner.frontend.region_plans import cached_plan
+    from pyrunner.frontend.runtime import reference_impl, region_callable, region_module
+    from pyrunner.frontend.torchops import target_name
+
+    m, args, kw = HF_BLOCKS["gpt2"](seq=32, hidden=64, heads=4)
+    gm, ex = capture_graph(m.requires_grad_(False), *args, **kw)
+    meta = example_values(gm, tuple(ex)).__getitem__
+    piece = next(p for seg in partition(gm, meta).segments for p in stages(seg)
+                 if "addmm" in [target_name(n) for n in p])
+    rg = region_of(piece, meta, "qkv")
+    assert rg is not None and len(rg.outputs) == 3
+    assert len(rg.graph.outputs) == 1 and sorted(c for _, c in rg.selects.values()) == [0, 1, 2]
+    assert not any(t.op == "iota" for t in rg.graph.terms())  # no index predicate selects a chunk
+    plan, _ = cached_plan(bucketed(rg.graph)[0], "bfloat16")
+    (out,) = [t.name for t in plan.tensors if t.role == "output"]
+    assert not any(out in k.reads for k in plan.kernels)  # no kernel reads the projection back to copy it out
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(tuple(meta(src).shape), generator=g, dtype=torch.float64) for _, src, _ in rg.inputs]
+    got = region_callable(rg, reference_impl(rg), meta)(*xs)
+    want = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(*xs)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and torch.allclose(a.double(), b, rtol=0, atol=1e-6 * float(b.abs().max()))
+    assert len(region_of(piece, meta, "qkv", peel=False).graph.outputs) == 3  # under autograd: one per part

@@ -207,7 +207,8 @@ def training_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Any, re
     counter[0] += 1
     why = ""
     try:
-        rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names)
+        # no peeled chunks: the backward is derived per graph output, one cotangent each
+        rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names, peel=False)
     except Exception as e:  # noqa: BLE001 - a piece that does not translate alone: smaller pieces, else PyTorch
         if isinstance(e, UserError) and "axes for" in str(e):
             raise

@@ -117,15 +117,16 @@ def segment_outputs(nodes: list[Any], meta: Callable[[Any], Any]) -> list[Any]:
 
 
 def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
-              axis_names: dict[str, tuple[str, ...]] | None = None) -> RegionGraph | None:
-    """Translate a segment from scratch; None when it computes nothing (only views of its inputs)."""
+              axis_names: dict[str, tuple[str, ...]] | None = None, peel: bool = True) -> RegionGraph | None:
+    """Translate a segment from scratch; None when it computes nothing (only views of its inputs). ``peel``:
+    the parts of a split that leave the region are views of one output (``region.finish``)."""
     rt = new_trace(meta)
     for n in nodes:
         rt.add(n)
     outs = [n for n in segment_outputs(nodes, meta) if rt.values[n].term.op != "input"]
     if not outs:
         return None
-    return finish(rt, outs, name, axis_names)
+    return finish(rt, outs, name, axis_names, peel)
 
 
 def contractions(nodes: list[Any]) -> int:
