@@ -260,4 +260,41 @@ def test_gpt2_qkv_split_parts_are_views_of_one_output_not_a_selection_kernel() -
     want = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(*xs)
     for a, b in zip(got, want, strict=True):
         assert a.shape == b.shape and torch.allclose(a.double(), b, rtol=0, atol=1e-6 * float(b.abs().max()))
-    assert len(region_of(piece, meta, "qkv", peel=False).graph.outputs) == 3  # under autograd: one per part
+    assert len(region_of(piece, meta, "qkv", views=False).graph.outputs) == 3  # under autograd: one per part
+
+
+def test_llama_attention_reads_heads_as_stored_and_writes_the_models_layout() -> None:
+    """Issue 40 (b): a region input is declared in the order its tensor is stored in. Llama's Q, K and V are
+    head-split views of token-major projections: read as they lie (no copy into a head-major layout), and the
+    attention's result then comes out token-major too, so ``transpose(1, 2).reshape(t, h * d)`` is a view of
+    the kernel's output (on the H100 the Llama-3-8B-shaped region copied 21 us a call there)."""
+    from pyrunner.frontend.load import LoadedPlan
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, partition, region_of, stages
+    from pyrunner.frontend.region_plans import cached_plan
+    from pyrunner.frontend.runtime import as_node, reference_impl, region_callable, region_module
+    from pyrunner.frontend.torchops import target_name
+
+    m, args, kw = HF_BLOCKS["llama"](seq=32, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128)
+    gm, ex = capture_graph(m.requires_grad_(False), *args, **kw)
+    meta = example_values(gm, tuple(ex)).__getitem__
+    piece = next(p for seg in partition(gm, meta).segments for p in stages(seg)
+                 if "scaled_dot_product_attention" in [target_name(n) for n in p])
+    rg = region_of(piece, meta, "attn")
+    assert rg is not None and rg.input_perms  # the head-split inputs, declared token-major
+    plan, _ = cached_plan(rg.graph, "bfloat16")
+    lp = LoadedPlan(plan, views=True)
+    (spec,), ((_, _, layout, shape),) = lp.sig.outputs, rg.outputs
+    stored = torch.empty(spec.plan_shape, dtype=torch.bfloat16)
+    seen = as_node(spec.from_plan(stored, contiguous=False), layout, tuple(shape))
+    assert seen.data_ptr() == stored.data_ptr() and seen.is_contiguous()  # the model's [t, h * d]: a view
+    by_name = {s.name: s for s in lp.sig.inputs}
+    for (name, src, _), fed in zip(rg.inputs, rg.feed([torch.empty_strided(tuple(meta(src).shape),
+                                                                           tuple(meta(src).stride()))
+                                                       for _, src, _ in rg.inputs]).values(), strict=True):
+        assert by_name[name].to_plan(fed).data_ptr() == fed.data_ptr(), name  # as the model lays it out: no copy
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(tuple(meta(src).shape), generator=g, dtype=torch.float64) for _, src, _ in rg.inputs]
+    (got,) = region_callable(rg, reference_impl(rg), meta)(*xs)
+    (want,) = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(*xs)
+    assert got.shape == want.shape and torch.allclose(got.double(), want, rtol=0, atol=1e-6 * float(want.abs().max()))

@@ -10,14 +10,15 @@ import pytest
 import torch
 
 import pyrunner.frontend  # noqa: F401 - registers the backend
+from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.runtime import region_callable, with_strides
 
 
 def _region(node: torch.Tensor, perm: tuple[int, ...], graph_shape: tuple[int, ...]):
     """A one-output region whose FX node looks like ``node`` (meta) and whose graph output has ``graph_shape``."""
     shape = tuple(node.shape)
-    rg = SimpleNamespace(inputs=[("x", None, graph_shape)], outputs=[("out0", "node", (perm, shape, shape), shape)],
-                         graph=SimpleNamespace(outputs=[("out0", None)]))
+    rg = RegionGraph(SimpleNamespace(outputs=[("out0", None)]), [], [("x", None, graph_shape)],
+                     [("out0", "node", (perm, shape, shape), shape)])
     return rg, (lambda n: node)
 
 
@@ -110,7 +111,8 @@ def _head_major_region(downstream):
     """``q * 2 + 1`` on a head-split view ``q`` (its storage token-major, as a projection leaves it) as a region
     planned for real, and ``downstream`` of it left outside the region; with an impl that returns what the plan's
     kernels would: the values in the plan's own storage, seen in the graph's axis order (CPU: the reference
-    interpreter's values copied into that storage)."""
+    interpreter's values copied into that storage). ``q`` is declared in its logical (head-major) order, as a
+    region under autograd declares its inputs (``views=False``), so the plan stores the result head-major."""
     from pyrunner.frontend.load import LoadedPlan
     from pyrunner.frontend.optimize import capture_graph
     from pyrunner.frontend.partition import example_values, partition, region_of
@@ -126,7 +128,7 @@ def _head_major_region(downstream):
     meta = example_values(gm, tuple(ins)).__getitem__
     (seg,) = partition(gm, meta).segments
     cut = next(i for i, n in enumerate(seg) if "add" in n.name) + 1
-    rg = region_of(seg[:cut], meta, "rotary_like")
+    rg = region_of(seg[:cut], meta, "rotary_like", views=False)
     plan, _ = cached_plan(rg.graph, "bfloat16")
     lp = LoadedPlan(plan, views=True)
     ref = reference_impl(rg)

@@ -117,16 +117,17 @@ def segment_outputs(nodes: list[Any], meta: Callable[[Any], Any]) -> list[Any]:
 
 
 def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
-              axis_names: dict[str, tuple[str, ...]] | None = None, peel: bool = True) -> RegionGraph | None:
-    """Translate a segment from scratch; None when it computes nothing (only views of its inputs). ``peel``:
-    the parts of a split that leave the region are views of one output (``region.finish``)."""
+              axis_names: dict[str, tuple[str, ...]] | None = None, views: bool = True) -> RegionGraph | None:
+    """Translate a segment from scratch; None when it computes nothing (only views of its inputs). ``views``:
+    split parts leaving the region are views of one output, inputs are read in their stored order
+    (``region.finish``)."""
     rt = new_trace(meta)
     for n in nodes:
         rt.add(n)
     outs = [n for n in segment_outputs(nodes, meta) if rt.values[n].term.op != "input"]
     if not outs:
         return None
-    return finish(rt, outs, name, axis_names, peel)
+    return finish(rt, outs, name, axis_names, views)
 
 
 def contractions(nodes: list[Any]) -> int:

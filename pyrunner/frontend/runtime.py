@@ -90,7 +90,7 @@ def kernels_only(rg: RegionGraph, impl: Impl, xs: list[Any]) -> Callable[[], Non
         return None
     dt = getattr(torch, lp.plan.dtype)
     dts = {s.name: getattr(torch, s.dtype) for s in lp.sig.inputs}
-    feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
+    feed = rg.feed(xs)
     device = xs[0].device if xs else None
     launch = lp.compile(device)
     tensors = {s.name: s.to_plan(feed[s.name].to(dts.get(s.name, dt))) for s in lp.sig.inputs}
@@ -128,7 +128,7 @@ def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any],
     picks = [selection(rg, i) for i in range(len(rg.outputs))]
 
     def run(*xs: Any) -> tuple:
-        feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
+        feed = rg.feed(xs)
         outs = dict(zip(names, impl(feed), strict=True))
         return tuple(with_strides(as_node(outs[name], layout, shape, pick).to(dt), st)
                      for (name, _, layout, shape), pick, dt, st in zip(rg.outputs, picks, dtypes, strides, strict=True))
@@ -180,13 +180,29 @@ def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) 
 
 
 def output_strides(rg: RegionGraph, meta: Callable[[Any], Any]) -> list[tuple[int, ...]]:
-    """The FX node's strides where they lay it out densely (a permuted view, such as a head split), else
-    contiguous ones (a slice's gaps, as ``split`` leaves, inductor would not keep)."""
+    """The FX node's strides where they lay it out densely (a permuted view, such as a head split); else its
+    axes in the same order with the gaps closed (a ``split`` piece's, which inductor would not keep: GPT-2's
+    Q, K and V token-major, the order the next region reads them in), or contiguous where the strides tell
+    no order (a broadcast)."""
     got = []
     for _, node, _, shape in rg.outputs:
         stride = tuple(meta(node).stride())
-        got.append(stride if dense(tuple(shape), stride) else contiguous_strides(tuple(shape)))
+        got.append(stride if dense(tuple(shape), stride) else dense_in_order(tuple(shape), stride))
     return got
+
+
+def dense_in_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """Dense strides that keep the order of ``stride`` (largest outermost; size-one dimensions aside), or
+    contiguous ones when two dimensions share a stride or one has none."""
+    at = [k for k, n in enumerate(shape) if n > 1]
+    if len({stride[k] for k in at}) != len(at) or any(stride[k] == 0 for k in at):
+        return contiguous_strides(shape)
+    out = list(contiguous_strides(shape))
+    n = 1
+    for k in sorted(at, key=lambda k: stride[k]):
+        out[k] = n
+        n *= shape[k]
+    return tuple(out)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
