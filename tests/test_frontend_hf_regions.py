@@ -233,34 +233,37 @@ def test_gpt2_conv1d_addmm_counts_as_a_contraction_when_cutting_stages() -> None
 def test_gpt2_qkv_split_parts_are_views_of_one_output_not_a_selection_kernel() -> None:
     """Issue 40 (c): ``c_attn(x).split(n, dim=2)`` was planned as a kernel per call that summed a one-hot
     predicate over the chunk axis of the float32 projection (24-38 us measured on the H100 against 6.3
-    modelled). The region's one graph output is now the projection itself, written by its GEMM; Q, K and V are
-    chunks of it taken as views (then laid out as the model's tensors), with the FX code's values."""
+    modelled), then copied Q, K and V into the model's layout. The region now ends at the projection, written
+    once by its GEMM in the model's layout; the split and the head-split views stay the model's own (views,
+    no kernel), and the layer computes eager's values."""
     from pyrunner.frontend.buckets import bucketed
     from pyrunner.frontend.optimize import capture_graph
     from pyrunner.frontend.partition import example_values, partition, region_of, stages
     from pyrunner.frontend.region_plans import cached_plan
-    from pyrunner.frontend.runtime import reference_impl, region_callable, region_module
+    from pyrunner.frontend.runtime import assemble, reference_impl
     from pyrunner.frontend.torchops import target_name
 
     m, args, kw = HF_BLOCKS["gpt2"](seq=32, hidden=64, heads=4)
-    gm, ex = capture_graph(m.requires_grad_(False), *args, **kw)
+    m = m.requires_grad_(False)
+    gm, ex = capture_graph(m, *args, **kw)
     meta = example_values(gm, tuple(ex)).__getitem__
     piece = next(p for seg in partition(gm, meta).segments for p in stages(seg)
                  if "addmm" in [target_name(n) for n in p])
     rg = region_of(piece, meta, "qkv")
-    assert rg is not None and len(rg.outputs) == 3
-    assert len(rg.graph.outputs) == 1 and sorted(c for _, c in rg.selects.values()) == [0, 1, 2]
+    assert rg is not None and [n for n in piece if n not in rg.nodes]  # the parts' views left to the model
+    ((_, node, _, _),) = rg.outputs
+    assert [target_name(u) for u in node.users] == ["split"]  # the projection itself is the output
     assert not any(t.op == "iota" for t in rg.graph.terms())  # no index predicate selects a chunk
     plan, _ = cached_plan(bucketed(rg.graph)[0], "bfloat16")
     (out,) = [t.name for t in plan.tensors if t.role == "output"]
     assert not any(out in k.reads for k in plan.kernels)  # no kernel reads the projection back to copy it out
-    g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(tuple(meta(src).shape), generator=g, dtype=torch.float64) for _, src, _ in rg.inputs]
-    got = region_callable(rg, reference_impl(rg), meta)(*xs)
-    want = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(*xs)
-    for a, b in zip(got, want, strict=True):
-        assert a.shape == b.shape and torch.allclose(a.double(), b, rtol=0, atol=1e-6 * float(b.abs().max()))
     assert len(region_of(piece, meta, "qkv", views=False).graph.outputs) == 3  # under autograd: one per part
+    with torch.no_grad():
+        want = m(*args, **kw)
+        want = want[0] if isinstance(want, tuple) else want
+        got = assemble(gm, [(rg, reference_impl(rg))], meta)(*ex)
+        got = got[0] if isinstance(got, (tuple, list)) else got
+    assert torch.allclose(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
 
 
 def test_llama_attention_reads_heads_as_stored_and_writes_the_models_layout() -> None:

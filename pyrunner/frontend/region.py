@@ -156,7 +156,7 @@ def _stored_order(dims: tuple[str | None, ...], stride: tuple[int, ...]) -> list
     return sorted(at, key=lambda k: -stride[k])
 
 
-def _chunk(t: Term) -> tuple[Term, str, int] | None:
+def chunk_of(t: Term) -> tuple[Term, str, int] | None:
     """(x, a, c) when ``t`` is ``sum_a where(iota(a) <= c and c <= iota(a), x, 0)``: chunk ``c`` of ``x`` along
     ``a``, as ``torchops._select_chunk`` writes a ``split`` part."""
     if t.op != "reduce" or t.fn != "sum" or t.args[0].op != "ternary" or t.args[0].fn != "where":
@@ -178,7 +178,7 @@ def _peeled(terms: list[Term], size_of: dict[str, int]) -> dict[Term, tuple[Term
     groups: dict[tuple[Term, str], list[Term]] = {}
     found = {}
     for t in terms:
-        got = _chunk(t)
+        got = chunk_of(t)
         if got is not None and got[0].op != "input":
             found[t] = got
             groups.setdefault(got[:2], []).append(t)
