@@ -97,14 +97,18 @@ def test_a_broadcast_weight_first_leaves_the_result_in_the_tensors_own_axis_orde
     assert rg.graph.axes_of(out) == tuple(x_axes)
 
 
-def test_only_dense_layouts_are_promised_a_slice_is_made_contiguous() -> None:
+def test_only_dense_layouts_are_promised_a_slice_has_its_gaps_closed() -> None:
     """A permuted view is dense and promised as it is; a ``split`` piece (a slice with gaps) is not: inductor
-    lays such an output out contiguously, so the op promises that instead."""
-    from pyrunner.frontend.runtime import contiguous_strides, dense
+    would not keep the gaps, so the op promises the piece's own axis order made dense (a head-split Q of a fused
+    QKV stays token-major, as the next region reads it), or contiguous where the strides tell no order."""
+    from pyrunner.frontend.runtime import contiguous_strides, dense, dense_in_order
 
     assert dense((2, 4, 3), (3, 6, 1)) and dense((1, 2, 4, 3), (99, 3, 6, 1))
     assert not dense((8, 16), (48, 1)) and not dense((4, 4), (0, 1))
     assert contiguous_strides((2, 3, 4)) == (12, 4, 1) and contiguous_strides((0, 3)) == (3, 1)
+    assert dense_in_order((8, 16), (48, 1)) == (16, 1)
+    assert dense_in_order((1, 4, 8, 16), (1536, 16, 192, 1)) == (512, 16, 64, 1)  # (b, h, t, d), token-major
+    assert dense_in_order((4, 4), (0, 1)) == (4, 1)  # a broadcast: no order to keep
 
 
 def _head_major_region(downstream):

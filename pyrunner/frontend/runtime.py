@@ -138,7 +138,7 @@ def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any],
 
 def selection(rg: RegionGraph, i: int) -> tuple[int, int] | None:
     """(axis position, index) of the graph output that region output ``i`` is one chunk of, or None."""
-    return getattr(rg, "selects", {}).get(i)
+    return rg.selects.get(i)
 
 
 def as_node(o: Any, layout: tuple[list[int], tuple[int, ...], tuple[int, ...]], shape: tuple[int, ...],
