@@ -277,6 +277,7 @@ def test_kernels_only_launches_every_plan_tensor_in_the_plans_layout() -> None:
     from plan_cache import search
 
     from pyrunner.frontend.load import LoadedPlan
+    from pyrunner.frontend.region import RegionGraph
     from pyrunner.frontend.runtime import kernels_only
     from pyrunner.ir import catalog
 
@@ -285,7 +286,8 @@ def test_kernels_only_launches_every_plan_tensor_in_the_plans_layout() -> None:
     calls: list[dict] = []
     lp.compile = lambda device=None: calls.append  # type: ignore[method-assign]
     graph_in = {t.name: t for t in lp.graph.inputs()}
-    rg = SimpleNamespace(inputs=[(n, None, tuple(lp.graph.sizes[a] for a in graph_in[n].axes)) for n in graph_in])
+    rg = RegionGraph(lp.graph, [], [(n, None, tuple(lp.graph.sizes[a] for a in graph_in[n].axes)) for n in graph_in],
+                     [])
     xs = [torch.randn(*shape).to(torch.bfloat16) for _, _, shape in rg.inputs]
     run = kernels_only(rg, SimpleNamespace(loaded=lp), xs)
     assert run is not None

@@ -228,3 +228,76 @@ def test_gpt2_conv1d_addmm_counts_as_a_contraction_when_cutting_stages() -> None
     assert [o.count("addmm") for o in ops] == [1, 0, 2, 1], ops
     assert "scaled_dot_product_attention" in ops[1]
     assert all(contractions(p) <= MAX_CONTRACTIONS for p in pieces) and MAX_CHAIN == 2
+
+
+def test_gpt2_qkv_split_parts_are_views_of_one_output_not_a_selection_kernel() -> None:
+    """Issue 40 (c): ``c_attn(x).split(n, dim=2)`` was planned as a kernel per call that summed a one-hot
+    predicate over the chunk axis of the float32 projection (24-38 us measured on the H100 against 6.3
+    modelled), then copied Q, K and V into the model's layout. The region now ends at the projection, written
+    once by its GEMM in the model's layout; the split and the head-split views stay the model's own (views,
+    no kernel), and the layer computes eager's values."""
+    from pyrunner.frontend.buckets import bucketed
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, partition, region_of, stages
+    from pyrunner.frontend.region_plans import cached_plan
+    from pyrunner.frontend.runtime import assemble, reference_impl
+    from pyrunner.frontend.torchops import target_name
+
+    m, args, kw = HF_BLOCKS["gpt2"](seq=32, hidden=64, heads=4)
+    m = m.requires_grad_(False)
+    gm, ex = capture_graph(m, *args, **kw)
+    meta = example_values(gm, tuple(ex)).__getitem__
+    piece = next(p for seg in partition(gm, meta).segments for p in stages(seg)
+                 if "addmm" in [target_name(n) for n in p])
+    rg = region_of(piece, meta, "qkv")
+    assert rg is not None and [n for n in piece if n not in rg.nodes]  # the parts' views left to the model
+    ((_, node, _, _),) = rg.outputs
+    assert [target_name(u) for u in node.users] == ["split"]  # the projection itself is the output
+    assert not any(t.op == "iota" for t in rg.graph.terms())  # no index predicate selects a chunk
+    plan, _ = cached_plan(bucketed(rg.graph)[0], "bfloat16")
+    (out,) = [t.name for t in plan.tensors if t.role == "output"]
+    assert not any(out in k.reads for k in plan.kernels)  # no kernel reads the projection back to copy it out
+    assert len(region_of(piece, meta, "qkv", views=False).graph.outputs) == 3  # under autograd: one per part
+    with torch.no_grad():
+        want = m(*args, **kw)
+        want = want[0] if isinstance(want, tuple) else want
+        got = assemble(gm, [(rg, reference_impl(rg))], meta)(*ex)
+        got = got[0] if isinstance(got, (tuple, list)) else got
+    assert torch.allclose(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+
+
+def test_llama_attention_reads_heads_as_stored_and_writes_the_models_layout() -> None:
+    """Issue 40 (b): a region input is declared in the order its tensor is stored in. Llama's Q, K and V are
+    head-split views of token-major projections: read as they lie (no copy into a head-major layout), and the
+    attention's result then comes out token-major too, so ``transpose(1, 2).reshape(t, h * d)`` is a view of
+    the kernel's output (on the H100 the Llama-3-8B-shaped region copied 21 us a call there)."""
+    from pyrunner.frontend.load import LoadedPlan
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, partition, region_of, stages
+    from pyrunner.frontend.region_plans import cached_plan
+    from pyrunner.frontend.runtime import as_node, reference_impl, region_callable, region_module
+    from pyrunner.frontend.torchops import target_name
+
+    m, args, kw = HF_BLOCKS["llama"](seq=32, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128)
+    gm, ex = capture_graph(m.requires_grad_(False), *args, **kw)
+    meta = example_values(gm, tuple(ex)).__getitem__
+    piece = next(p for seg in partition(gm, meta).segments for p in stages(seg)
+                 if "scaled_dot_product_attention" in [target_name(n) for n in p])
+    rg = region_of(piece, meta, "attn")
+    assert rg is not None and rg.input_perms  # the head-split inputs, declared token-major
+    plan, _ = cached_plan(rg.graph, "bfloat16")
+    lp = LoadedPlan(plan, views=True)
+    (spec,), ((_, _, layout, shape),) = lp.sig.outputs, rg.outputs
+    stored = torch.empty(spec.plan_shape, dtype=torch.bfloat16)
+    seen = as_node(spec.from_plan(stored, contiguous=False), layout, tuple(shape))
+    assert seen.data_ptr() == stored.data_ptr() and seen.is_contiguous()  # the model's [t, h * d]: a view
+    by_name = {s.name: s for s in lp.sig.inputs}
+    for (name, src, _), fed in zip(rg.inputs, rg.feed([torch.empty_strided(tuple(meta(src).shape),
+                                                                           tuple(meta(src).stride()))
+                                                       for _, src, _ in rg.inputs]).values(), strict=True):
+        assert by_name[name].to_plan(fed).data_ptr() == fed.data_ptr(), name  # as the model lays it out: no copy
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(tuple(meta(src).shape), generator=g, dtype=torch.float64) for _, src, _ in rg.inputs]
+    (got,) = region_callable(rg, reference_impl(rg), meta)(*xs)
+    (want,) = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(*xs)
+    assert got.shape == want.shape and torch.allclose(got.double(), want, rtol=0, atol=1e-6 * float(want.abs().max()))

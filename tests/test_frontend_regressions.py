@@ -154,3 +154,28 @@ def test_region_ops_hand_back_the_contiguous_layout_their_fake_promises() -> Non
     assert torch.equal(y, x.t())
     compiled = torch.compile(lambda a: op(a) * 2, backend="inductor", dynamic=False)
     assert torch.equal(compiled(x), x.t() * 2)
+
+
+def test_split_parts_a_region_also_reads_are_views_of_one_output() -> None:
+    """Every part of a split leaves the region and one is read inside it too: the parts cannot stay the model's
+    views, so the region's one output is the whole projection and each part a chunk of it (no kernel copies a
+    part out through an index predicate), with eager's values."""
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, partition, region_of
+    from pyrunner.frontend.runtime import reference_impl, region_callable, region_module
+
+    def f(x, w):
+        q, k, v = (x @ w).split(16, dim=1)
+        return q, k, v, q.sum(-1)
+
+    x, w = r(8, 16), r(16, 48, seed=1)
+    gm, ins = capture_graph(f, x, w)
+    meta = example_values(gm, tuple(ins)).__getitem__
+    (seg,) = partition(gm, meta, strict=True).segments
+    rg = region_of(seg, meta, "split")
+    assert len(rg.outputs) == 4 and len(rg.graph.outputs) == 2
+    assert sorted(c for _, c in rg.selects.values()) == [0, 1, 2]
+    got = region_callable(rg, reference_impl(rg), meta)(x, w)
+    want = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(x, w)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-12)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrunner.errors import UserError
+from pyrunner.frontend.errors import FrontendError
 from pyrunner.frontend.region import RegionGraph
 from pyrunner.ir.grad import Backward
 
@@ -117,6 +118,9 @@ def region_function(rg: RegionGraph, impl: TrainingImpl, meta: Callable[[Any], A
 
     from pyrunner.frontend.runtime import register_op
 
+    if rg.input_perms or rg.selects:  # ``region_of(..., views=False)`` makes training regions
+        raise FrontendError(f"{rg.label}: a training region reads its inputs and writes its outputs in the model's "
+                            "own axis order (built with views=False)")
     bwd = impl.bwd
     fwd_names = [n for n, _ in bwd.forward.outputs]
     fwd_terms = dict(bwd.forward.outputs)
@@ -207,7 +211,8 @@ def training_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Any, re
     counter[0] += 1
     why = ""
     try:
-        rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names)
+        # views=False: the backward takes one cotangent per graph output, gives gradients in the model's axis order
+        rg = region_of(nodes, meta, f"{opts.name}_r{counter[0]}", opts.axis_names, views=False)
     except Exception as e:  # noqa: BLE001 - a piece that does not translate alone: smaller pieces, else PyTorch
         if isinstance(e, UserError) and "axes for" in str(e):
             raise

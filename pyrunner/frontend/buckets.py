@@ -71,8 +71,13 @@ def padded_impl(impl: Impl, padded: Any, pads: dict[str, int]) -> Impl:
                 z[tuple(slice(0, n) for n in v.shape)] = v
                 v = z
             fed[k] = v
-        outs = impl(fed)
+        return cut(impl(fed))
+
+    def cut(outs: tuple) -> tuple:
         return tuple(o[tuple(slice(0, pads[a]) if a in pads else slice(None) for a in axes)]
                      for o, axes in zip(outs, out_axes, strict=True))
 
+    layouts = getattr(impl, "layouts", None)
+    if layouts is not None:  # the padded plan's storage, sliced back as a call's outputs are
+        run.layouts = lambda: cut(layouts())  # type: ignore[attr-defined]
     return run

@@ -349,8 +349,11 @@ def _timed_call(rg: RegionGraph, impl: Impl, fn: Callable[..., tuple],
 
 def region_inputs(rg: RegionGraph, meta: Callable[[Any], Any], device: str) -> list[Any]:
     """Inputs of the region's shapes and dtypes for timing it (fixed seed; values do not change the time of
-    these kernels): N(0, 0.5) floats, random masks, zero integers (always valid indices)."""
+    these kernels): N(0, 0.5) floats, random masks, zero integers (always valid indices), each laid out as the
+    model's tensor is where that is dense (a head-split view: the region reads it as it lies, as in the model)."""
     import torch
+
+    from pyrunner.frontend.runtime import dense
 
     g = torch.Generator().manual_seed(0)
     out = []
@@ -362,6 +365,9 @@ def region_inputs(rg: RegionGraph, meta: Callable[[Any], Any], device: str) -> l
             t = torch.rand(tuple(m.shape), generator=g) < 0.5
         else:
             t = torch.zeros(tuple(m.shape), dtype=m.dtype)
+        stride = tuple(m.stride())
+        if dense(tuple(m.shape), stride):
+            t = torch.empty_strided(tuple(m.shape), stride, dtype=t.dtype).copy_(t)
         out.append(t.to(device))
     return out
 

@@ -107,25 +107,71 @@ def partition(gm: Any, meta: Callable[[Any], Any], strict: bool = False) -> Part
 
 
 def segment_outputs(nodes: list[Any], meta: Callable[[Any], Any]) -> list[Any]:
-    """Nodes of a segment whose tensors are needed outside it (by a later node or the graph's output)."""
+    """Nodes of a segment whose tensors are needed outside it (by a later node or the graph's output; through a
+    ``split`` too, when a part of it is read outside)."""
     inside = set(nodes)
     outs = []
     for n in nodes:
-        if any(u not in inside and (u.op == "output" or is_tensor_node(u, meta)) for u in n.users):
+        if any(u not in inside and (u.op == "output" or is_tensor_node(u, meta)
+                                    or (_tuple_node(u, meta) and any(p not in inside for p in u.users)))
+               for u in n.users):
             outs.append(n)
     return outs
 
 
+def _tuple_node(node: Any, meta: Callable[[Any], Any]) -> bool:
+    """A call giving a tuple of tensors (``split``, ``chunk``), which its users index."""
+    import torch
+
+    v = meta(node) if node.op in ("call_function", "call_method") else None
+    return isinstance(v, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in v)
+
+
+def chunk_views(rt: Any, nodes: list[Any]) -> set[Any]:
+    """Nodes that are only views of chunks of one computed value, read only outside the segment, and that
+    together cover every chunk (GPT-2's Q, K and V: ``split`` parts of ``c_attn(x)``, heads split by views).
+    Left out of the region, the value itself is its output, written once by the kernel that computes it, and
+    the parts stay views in the model's code: no kernel copies them out, and the next region (or inductor)
+    reads them as the model does."""
+    from pyrunner.frontend.region import chunk_of
+
+    inside = set(nodes)
+    found = {}
+    for n in nodes:
+        got = chunk_of(rt.values[n].term)
+        if got is not None and got[0].op != "input":
+            found[n] = (got[0], rt.axes.find(got[1]), got[2])  # each part split the axis afresh: its class
+    drop = set(found)
+    changed = True
+    while changed:  # a part some kept node reads is computed in the region after all
+        changed = False
+        for n in list(drop):
+            if any(u in inside and u not in drop for u in n.users):
+                drop.discard(n)
+                changed = True
+    covered: dict[tuple[Any, str], set[int]] = {}
+    for n in drop:
+        x, a, c = found[n]
+        covered.setdefault((x, a), set()).add(c)
+    whole = {k for k, cs in covered.items() if cs == set(range(rt.extent(k[1])))}
+    return {n for n in drop if found[n][:2] in whole}
+
+
 def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
-              axis_names: dict[str, tuple[str, ...]] | None = None) -> RegionGraph | None:
-    """Translate a segment from scratch; None when it computes nothing (only views of its inputs)."""
+              axis_names: dict[str, tuple[str, ...]] | None = None, views: bool = True) -> RegionGraph | None:
+    """Translate a segment from scratch; None when it computes nothing (only views of its inputs). ``views``:
+    split parts leaving the region are views of one output, inputs are read in their stored order
+    (``region.finish``)."""
     rt = new_trace(meta)
     for n in nodes:
         rt.add(n)
+    drop = chunk_views(rt, nodes) if views else set()
+    if drop:
+        return region_of([n for n in nodes if n not in drop], meta, name, axis_names, views)
     outs = [n for n in segment_outputs(nodes, meta) if rt.values[n].term.op != "input"]
     if not outs:
         return None
-    return finish(rt, outs, name, axis_names)
+    return finish(rt, outs, name, axis_names, views)
 
 
 def contractions(nodes: list[Any]) -> int:

@@ -43,8 +43,22 @@ def plan_impl(plan: Plan, verify: bool = True, device: str | None = None) -> Imp
         out = f(**{k: v.to(dts.get(k, dt)) for k, v in feed.items()})
         return out if isinstance(out, tuple) else (out,)
 
+    def layouts() -> tuple:
+        return plan_layouts(f)
+
     run.loaded = f  # type: ignore[attr-defined]
+    run.layouts = layouts  # type: ignore[attr-defined]
     return run
+
+
+def plan_layouts(f: Any) -> tuple:
+    """Meta tensors shaped and strided as ``f`` (a ``LoadedPlan`` with ``views``) returns its outputs: the plan's
+    own storage seen in the graph's axis order. Worked out without a GPU, so the region op can promise
+    inductor the layout its kernels write instead of copying into another one."""
+    import torch
+
+    return tuple(s.from_plan(torch.empty(s.plan_shape, dtype=getattr(torch, s.dtype), device="meta"),
+                             contiguous=not f.views) for s in f.sig.outputs)
 
 
 def reference_impl(rg: RegionGraph | Any) -> Impl:
@@ -76,7 +90,7 @@ def kernels_only(rg: RegionGraph, impl: Impl, xs: list[Any]) -> Callable[[], Non
         return None
     dt = getattr(torch, lp.plan.dtype)
     dts = {s.name: getattr(torch, s.dtype) for s in lp.sig.inputs}
-    feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
+    feed = rg.feed(xs)
     device = xs[0].device if xs else None
     launch = lp.compile(device)
     tensors = {s.name: s.to_plan(feed[s.name].to(dts.get(s.name, dt))) for s in lp.sig.inputs}
@@ -97,39 +111,101 @@ def with_strides(x: Any, stride: tuple[int, ...] | None) -> Any:
 
     if stride is None:
         return x.contiguous()
-    if all(n <= 1 or a == b for n, a, b in zip(x.shape, x.stride(), stride, strict=True)):
+    if same_layout(tuple(x.shape), tuple(x.stride()), tuple(stride)):
         return x
     return torch.empty_strided(tuple(x.shape), stride, dtype=x.dtype, device=x.device).copy_(x)
 
 
-def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> Callable[..., tuple]:
-    """Tensors in region-input order -> outputs shaped, typed and strided like the FX nodes they replace.
-
-    A node that is a view in the model (``q.view(b, t, h, d).transpose(1, 2)``) has a view's strides; where the
-    plan's own storage seen through the region's reshapes has the same strides, the output is that view and
-    nothing is copied (a contiguous copy of every such output was most of a region op's own time)."""
+def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any],
+                    strides: list[tuple[int, ...]] | None = None) -> Callable[..., tuple]:
+    """Tensors in region-input order -> outputs shaped, typed and strided as promised (``strides``, default
+    ``promised_strides``): the plan's own storage seen through the region's reshapes where that is dense, so
+    a head-split or rotary output is returned as the view the kernels wrote and nothing is copied (a copy of
+    every such output was most of a region op's own time); one copy otherwise."""
     dtypes = [meta(node).dtype for _, node, _, _ in rg.outputs]
-    strides = output_strides(rg, meta)
+    strides = promised_strides(rg, impl, meta) if strides is None else strides
+    names = [n for n, _ in rg.graph.outputs]
+    picks = [selection(rg, i) for i in range(len(rg.outputs))]
 
     def run(*xs: Any) -> tuple:
-        feed = {name: x.reshape(shape) for (name, _, shape), x in zip(rg.inputs, xs, strict=True)}
-        outs = impl(feed)
-        return tuple(with_strides(o.permute(perm).reshape(ones).expand(full).reshape(shape).to(dt), st)
-                     for o, (_, _, (perm, ones, full), shape), dt, st
-                     in zip(outs, rg.outputs, dtypes, strides, strict=True))
+        feed = rg.feed(xs)
+        outs = dict(zip(names, impl(feed), strict=True))
+        return tuple(with_strides(as_node(outs[name], layout, shape, pick).to(dt), st)
+                     for (name, _, layout, shape), pick, dt, st in zip(rg.outputs, picks, dtypes, strides, strict=True))
 
     return run
 
 
+def selection(rg: RegionGraph, i: int) -> tuple[int, int] | None:
+    """(axis position, index) of the graph output that region output ``i`` is one chunk of, or None."""
+    return rg.selects.get(i)
+
+
+def as_node(o: Any, layout: tuple[list[int], tuple[int, ...], tuple[int, ...]], shape: tuple[int, ...],
+            pick: tuple[int, int] | None = None) -> Any:
+    """A graph output (IR axis order) as the FX node's value: its chunk taken (``pick``, a view), its axes put in
+    the node's order, broadcast axes expanded, reshaped to the node's shape (views wherever the strides allow)."""
+    perm, ones, full = layout
+    if pick is not None:
+        o = o.select(*pick)
+    return o.permute(perm).reshape(ones).expand(full).reshape(shape)
+
+
+def promised_strides(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) -> list[tuple[int, ...]]:
+    """What the op promises inductor for each output: the layout the plan's kernels leave it in (``impl.layouts``,
+    seen through ``as_node``) where that is dense, so it is returned as it is; else ``output_strides``' choice
+    (one copy). A model output keeps the FX node's strides: the caller sees eager's layout."""
+    fx = output_strides(rg, meta)
+    layouts = getattr(impl, "layouts", None)
+    if layouts is None:
+        return fx
+    try:
+        stored = dict(zip((n for n, _ in rg.graph.outputs), layouts(), strict=True))
+    except Exception:  # noqa: BLE001 - a layout not worked out costs a copy, never the region
+        return fx
+    got = []
+    for i, ((name, node, layout, shape), st) in enumerate(zip(rg.outputs, fx, strict=True)):
+        try:
+            v = as_node(stored[name], layout, tuple(shape), selection(rg, i))
+        except (RuntimeError, KeyError):  # a layout that cannot be seen so: the FX node's
+            got.append(st)
+            continue
+        mine = tuple(v.stride())
+        model_output = any(u.op == "output" for u in getattr(node, "users", ()))
+        keep = same_layout(tuple(shape), mine, st) or model_output or not dense(tuple(shape), mine)
+        got.append(st if keep else mine)
+    return got
+
+
+def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Strides ``a`` and ``b`` place every element alike (a size-one dimension's stride is free)."""
+    return all(n <= 1 or x == y for n, x, y in zip(shape, a, b, strict=True))
+
+
 def output_strides(rg: RegionGraph, meta: Callable[[Any], Any]) -> list[tuple[int, ...]]:
-    """What the op promises inductor for each output: the FX node's strides where they lay it out densely (a
-    permuted view, such as a head split), else contiguous ones (a slice's gaps, as ``split`` leaves, inductor
-    would not keep)."""
+    """The FX node's strides where they lay it out densely (a permuted view, such as a head split); else its
+    axes in the same order with the gaps closed (a ``split`` piece's, which inductor would not keep: GPT-2's
+    Q, K and V token-major, the order the next region reads them in), or contiguous where the strides tell
+    no order (a broadcast)."""
     got = []
     for _, node, _, shape in rg.outputs:
         stride = tuple(meta(node).stride())
-        got.append(stride if dense(tuple(shape), stride) else contiguous_strides(tuple(shape)))
+        got.append(stride if dense(tuple(shape), stride) else dense_in_order(tuple(shape), stride))
     return got
+
+
+def dense_in_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
+    """Dense strides that keep the order of ``stride`` (largest outermost; size-one dimensions aside), or
+    contiguous ones when two dimensions share a stride or one has none."""
+    at = [k for k, n in enumerate(shape) if n > 1]
+    if len({stride[k] for k in at}) != len(at) or any(stride[k] == 0 for k in at):
+        return contiguous_strides(shape)
+    out = list(contiguous_strides(shape))
+    n = 1
+    for k in sorted(at, key=lambda k: stride[k]):
+        out[k] = n
+        n *= shape[k]
+    return tuple(out)
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -233,16 +309,17 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
 
     graph = gm.graph
     _fold_python_values(gm, meta)
+    strides = layouts_checked(gm, regions, meta)
     replaced: dict[Any, Any] = {}
-    for rg, impl in regions:
+    for (rg, impl), st in zip(regions, strides, strict=True):
         args = tuple(replaced.get(src, src) for _, src, _ in rg.inputs)
         make = getattr(impl, "autograd_function", None)  # a region under autograd (``frontend.autograd``)
         if make is not None:
             op = make(rg, meta)
         else:
-            fn = region_callable(rg, impl, meta)
-            op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype, st) for (_, node, _, shape), st
-                                                  in zip(rg.outputs, output_strides(rg, meta), strict=True)])
+            fn = region_callable(rg, impl, meta, st)
+            op = register_op(fn, len(rg.inputs), [(shape, meta(node).dtype, s) for (_, node, _, shape), s
+                                                  in zip(rg.outputs, st, strict=True)])
         with graph.inserting_after(rg.nodes[-1]):  # every input is defined by then, no outside user yet
             call = graph.call_function(op, args)
         prev = call
@@ -261,6 +338,63 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
     gm.recompile()
     _ = torch  # the ops live in torch.ops.superopt
     return gm
+
+
+def layouts_checked(gm: Any, regions: list[tuple[RegionGraph, Impl]],
+                    meta: Callable[[Any], Any]) -> list[list[tuple[int, ...]]]:
+    """Each region's promised output strides (``promised_strides``), provided the graph's own code downstream of
+    them still traces with those layouts; else every region promises ``output_strides`` (the FX nodes' layouts,
+    which the graph was traced with). A ``.view`` that only the model's own strides allow is what would fail:
+    inductor traces the graph around the ops with the strides they promise."""
+    plan = [promised_strides(rg, impl, meta) for rg, impl in regions]
+    fx = [output_strides(rg, meta) for rg, _ in regions]
+    changed = {node: s for (rg, _), mine, theirs in zip(regions, plan, fx, strict=True)
+               for (_, node, _, _), s, t in zip(rg.outputs, mine, theirs, strict=True) if s != t}
+    if not changed:
+        return plan
+    inside = {n for rg, _ in regions for n in rg.nodes}
+    if _traces(gm, changed, inside, meta):
+        return plan
+    import logging
+
+    logging.getLogger("pyrunner.frontend").info(
+        "superopt: the graph's code after the regions needs the model's own layouts; region ops copy into them")
+    return fx
+
+
+def _traces(gm: Any, changed: dict[Any, tuple[int, ...]], inside: set[Any], meta: Callable[[Any], Any]) -> bool:
+    """Whether the nodes of ``gm`` outside the regions (``inside``) that read, directly or not, an output laid
+    out as ``changed`` says still compute on meta tensors so laid out (every other node keeps its example
+    value, which nothing recomputes)."""
+    import torch
+    import torch.fx
+
+    dirty = set(changed)
+
+    def stand_in(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
+        if isinstance(v, (tuple, list)):
+            return type(v)(stand_in(x) for x in v)
+        return v
+
+    class Check(torch.fx.Interpreter):
+        def run_node(self, n: Any) -> Any:  # type: ignore[override]
+            if n in changed:
+                m = meta(n)
+                return torch.empty_strided(tuple(m.shape), changed[n], dtype=m.dtype, device="meta")
+            if (n.op in ("call_function", "call_method", "call_module") and n not in inside
+                    and any(a in dirty for a in n.all_input_nodes)):
+                dirty.add(n)
+                return super().run_node(n)
+            return None if n.op == "output" else stand_in(meta(n))
+
+    try:
+        with torch.no_grad():
+            Check(gm).run(*[None for n in gm.graph.nodes if n.op == "placeholder"])
+    except Exception:  # noqa: BLE001 - any failure: the FX nodes' own layouts, which the graph was traced with
+        return False
+    return True
 
 
 def _fold_python_values(gm: Any, meta: Callable[[Any], Any]) -> None:
