@@ -688,7 +688,9 @@ class Planner:
         # second pass, with what the first left of the budget plus its own share: the best variants again,
         # computed GEMM operands also cut (more cut candidates per variant would crowd other variants out of
         # the first)
-        best = _best_variants(out, OPERAND_PASS_VARIANTS, self._has_operand_cuts)
+        best = [v for v in _best_variants(out, OPERAND_PASS_VARIANTS) if self._has_operand_cuts(v)]
+        if not best:  # the best variants have nothing to cut: the best ones that have, if any
+            best = _best_variants(out, OPERAND_PASS_VARIANTS, self._has_operand_cuts)
         if best:  # the grant counts what the pass walks
             budget.grant(int(budget.work * OPERAND_PASS_SHARE))
         for v in best:
@@ -727,11 +729,12 @@ class Planner:
         return out
 
 
-def _best_variants(ranked: list[Candidate], n: int, keep: Callable[[Variant], bool]) -> list[Variant]:
-    """The first ``n`` distinct variants of ranked candidates that ``keep`` accepts: the operand pass's,
-    and what its grant looks at. Variants without computed GEMM operands have nothing for that pass
-    and take no place: the best first-pass plans of an attention are often a dozen variants differing
-    only where a constant sits (QK-norm attention, issue 46), which crowded out every one it could cut."""
+def _best_variants(ranked: list[Candidate], n: int, keep: Callable[[Variant], bool] = lambda v: True) -> list[Variant]:
+    """The first ``n`` distinct variants of ranked candidates that ``keep`` accepts. The operand pass walks
+    those of the first ``n`` that have computed GEMM operands (its grant looks at the same list); where none
+    has, the first ``n`` that have: the best first-pass plans of an attention can be a dozen variants
+    differing only where a constant sits, none with an operand to cut (QK-norm attention, issue 46), and
+    the pass then did nothing once the budget let the first pass reach them all."""
     out: list[Variant] = []
     for c in ranked:
         if len(out) >= n:
