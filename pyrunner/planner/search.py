@@ -15,10 +15,10 @@
    (``target.fit``); the emitted tuning space keeps only fitting ones. Plans rank by total
    predicted time; ties prefer shorter derivations.
 
-The whole search runs under budgets counted in work (terms of the partitions evaluated and of the
-merges lowered), never in seconds: the same graph, options and tuning file give the same plan on any
-machine and under any load. When a budget cuts the search, the plan says what was not explored
-(``provenance.search_cut``, printed by ``--explain``).
+The whole search runs under budgets counted in work (terms of the kernels that partitions and merges
+lower, a unit for what the kernel cache already holds), never in seconds: the same graph, options and
+tuning file give the same plan on any machine and under any load. When a budget cuts the search, the
+plan says what was not explored (``provenance.search_cut``, printed by ``--explain``).
 When it finds nothing, the naive plan (every op its own kernel) is the answer;
 "no feasible plan" means that even the naive plan has a kernel whose smallest
 tile does not fit the device, and the message names the resource.
@@ -115,7 +115,8 @@ operand, never ran: a transformer layer's LayerNorm and GELU-tanh were recompute
 main loops from float32 tensors (issue 40, GPT-2-medium's layer region: 128.7 us modelled, 319 measured).
 Granted on top rather than kept back from the first pass, so no plan the first pass finds is lost."""
 MAX_WORK = 100_000
-"""Partition-search work per search: each partition evaluated costs its graph's term count.
+"""Partition-search work per search: each partition evaluated costs the terms of the kernels it lowers (at
+most its graph's term count; one unit where every kernel comes from the cache, ``_paid_partitions``).
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
 DEPENDENT_MERGE_CANDIDATES = 8
 """Best partitions (distinct variant and cut) the dependent-merge pass revisits."""
