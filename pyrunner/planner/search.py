@@ -126,9 +126,9 @@ MERGE_WORK = 2
 """Budget a merge attempt costs per term of the two kernels it merges, where it lowers a new kernel and
 searches its tiles; one unit where the kernel cache already holds the union (an earlier partition tried
 the same merge). Measured against a partition's units (each a term lowered, ``_paid_partitions``): a
-merge lowering costs 0.5 to 2 times as much per term (QK-norm attention, gated mixture, ScaledAttention's
-backward, RMSNormMLP, GQA decode; issue 46). It was 16 per term, cached or not, when a partition paid for
-every term of its graph whether its kernels came from the cache or not."""
+merge lowering costs 0.5 to 2 times as much per term (QK-norm attention, ScaledAttention's backward,
+RMSNormMLP, GQA decode; issue 46). It was 16 per term, cached or not, when a partition paid for every
+term of its graph whether its kernels came from the cache or not."""
 MAX_KERNEL_TERMS = 60
 """Most terms one kernel's cone may hold (its own computation and the tensors it reads). A kernel
 recomputes the elementwise work between the tensors it reads and what it stores, so in a deep chain
