@@ -46,6 +46,8 @@ def _case(folder: Path) -> tuple[str, list[dict], list[dict], list[str]]:
     rc = notes.read_text().splitlines()[0] if notes.exists() else "missing"
     plans_file = folder / "plans.json"
     plans = json.loads(plans_file.read_text()) if plans_file.exists() else []
+    if isinstance(plans, dict):  # `superopt --top 1` writes the one plan, not a list of one
+        plans = [plans]
     renders = []
     for i, doc in enumerate(plans):
         f = folder / f"plan{i + 1}.py"

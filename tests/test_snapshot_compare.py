@@ -61,3 +61,13 @@ def test_cases_are_sorted_by_what_changed(tmp_path: Path, capsys) -> None:
 def test_a_missing_folder_is_one_error_line(tmp_path: Path, capsys) -> None:
     assert sc.main([str(tmp_path / "nothing"), str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"error: {tmp_path / 'nothing'} is not a snapshot folder\n"
+
+
+def test_a_top_one_snapshot_holds_one_plan_not_a_list(tmp_path: Path) -> None:
+    """`superopt --top 1` writes the plan itself; it compares like a list of one."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    src = SOURCE.format(h="aaaa", block=64)
+    _case(a, "one", [_plan("aaaa")], [src])
+    _case(b, "one", [], [src])
+    (b / "tuning" / "one" / "plans.json").write_text(json.dumps(_plan("aaaa")))
+    assert sc.compare(a, b)["identical"] == [("tuning/one", "")]
