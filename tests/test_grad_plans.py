@@ -72,6 +72,35 @@ def test_corpus_backward_plans_pass_cpu_executor(path: Path) -> None:
     _check_backward_plan(load_graph_file(path), shrink=True)
 
 
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "graphs"
+
+
+def test_a_gradient_infinite_in_float64_is_not_checkable_rather_than_failed() -> None:
+    """Z = sqrt(X - min_n X): at each row's argmin sqrt' is infinite, so the float64 reference of d_X is not
+    finite on any draw (row_min_range, run 127). The CPU check, the GPU verifier (run here on the CPU) and
+    training's backward check say the plan cannot be checked there, instead of failing it."""
+    import torch
+
+    from pyrunner.frontend.training import cpu_check_backward
+    from pyrunner.run.verify import GpuVerifier
+
+    forward = load_graph_file(BENCH / "row_min_range.json").with_sizes({"m": 64, "n": 64})
+    bwd = derive(forward)
+    (plan,) = search(bwd.graph, "bf16", top=1)
+    inputs = backward_inputs(bwd, bwd.graph, 5)
+    res = verify_executor(plan, bwd.graph, execute, seed=5, inputs=inputs)
+    assert res.uncheckable and not res.ok and "not checkable" in res.message and "'d_X'" in res.message
+    v = GpuVerifier(plan, bwd.graph, seed=5, device="cpu", inputs=inputs)
+
+    def launch(t: dict) -> None:
+        outs = execute(plan, {k: x.to(torch.float64).numpy() for k, x in v.inputs.items()})
+        t["d_X"].copy_(torch.from_numpy(outs["d_X"]))
+
+    gpu = v.check(launch)
+    assert gpu.uncheckable and not gpu.ok and "not checkable" in gpu.message
+    assert "not CPU-checked" in cpu_check_backward(forward, bwd, plan)
+
+
 def test_forward_with_saves_plans_and_writes_lse() -> None:
     """The forward a backward needs writes O and the row log-sum-exp (a multi-output kernel)."""
     bwd = derive(catalog.get("Attention", {"h": 1, "t_q": 64, "t_kv": 64, "d": 32}))

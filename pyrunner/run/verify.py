@@ -150,6 +150,10 @@ class VerifyResult:
     seed: int
     per_output: dict[str, float] = field(default_factory=dict)
     message: str = ""
+    uncheckable: bool = False
+    """The float64 reference itself is not finite on the draw (the graph's own math is undefined there, e.g.
+    an infinite derivative): no kernel can be checked against it, so the verdict is neither a pass nor a
+    failure. Set only when every output whose reference is finite passed (``ok`` stays False)."""
 
 
 def max_error(out: np.ndarray, ref: np.ndarray) -> float:
@@ -190,16 +194,21 @@ def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "",
           inputs: str = "normal, std 0.5") -> VerifyResult:
-    """Turn per-output errors into a verdict with a message naming the worst output."""
+    """Turn per-output errors into a verdict with a message naming the worst output. An output whose float64
+    reference is not finite (error NaN) cannot be judged: the others are, and when they all pass the result
+    is ``uncheckable`` (a failing one is still a failure)."""
     unfinite = sorted(k for k, e in errors.items() if math.isnan(e))
-    if unfinite:
+    judged = {k: e for k, e in errors.items() if not math.isnan(e)}
+    worst = max(judged, key=lambda k: judged[k]) if judged else ""
+    err = judged[worst] if judged else float("inf")
+    ok = bool(judged) and math.isfinite(err) and err <= bound  # NaN/inf outputs never pass, whatever the bound
+    if unfinite and (ok or not judged):
+        rest = f"; the other outputs pass (max normalised error {err:.2e} <= {bound:.0e})" if judged else ""
         return VerifyResult(False, float("nan"), bound, seed, dict(errors), (
-            f"{what}the float64 reference of output {unfinite[0]!r} is not finite on these random inputs "
-            f"({inputs}, seed {seed}): the graph overflows or divides by zero in float64 itself, "
-            "so no kernel can be checked against it"))
-    worst = max(errors, key=lambda k: errors[k]) if errors else ""
-    err = errors[worst] if errors else float("inf")
-    ok = bool(errors) and math.isfinite(err) and err <= bound  # NaN/inf outputs never pass, whatever the bound
+            f"{what}not checkable: the float64 reference of output {unfinite[0]!r} is not finite on these "
+            f"inputs ({inputs}, seed {seed}): the graph's own math overflows, divides by zero or has an "
+            f"infinite derivative there in float64, so no kernel can be checked against it{rest}"),
+            uncheckable=True)
     if not errors:
         msg = "no outputs to compare"
     elif ok:
