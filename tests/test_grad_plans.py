@@ -101,6 +101,20 @@ def test_a_gradient_infinite_in_float64_is_not_checkable_rather_than_failed() ->
     assert "not CPU-checked" in cpu_check_backward(forward, bwd, plan)
 
 
+def test_a_decay_the_forward_masks_away_leaves_the_plans_gradient_finite() -> None:
+    """Retention's decay exp2((j - i) softplus(g)) overflows float32 at j > i, where the causal mask discards
+    it; its gradient d_g was 0 * inf = NaN in the plan (the GPU's run 127 draw, seed 320637324: g[1] = 0.686,
+    2^139 at i = j = 128). The mask now stays outermost in the chain rule (``ir.vjp._masked``)."""
+    forward = load_graph_file(BENCH / "retention_parallel.json").with_sizes(
+        {"h": 2, "i": 128, "j": 128, "d": 32, "e": 32})
+    bwd = derive(forward)
+    (plan,) = search(bwd.graph, "bf16", top=1)
+    inputs = backward_inputs(bwd, bwd.graph, 320637324)
+    assert max(inputs["g"]) > 0.6  # a decay that overflows float32 at the longest distance
+    res = verify_executor(plan, bwd.graph, execute, seed=1, inputs=inputs)
+    assert res.ok, res.message
+
+
 def test_forward_with_saves_plans_and_writes_lse() -> None:
     """The forward a backward needs writes O and the row log-sum-exp (a multi-output kernel)."""
     bwd = derive(catalog.get("Attention", {"h": 1, "t_q": 64, "t_kv": 64, "d": 32}))
