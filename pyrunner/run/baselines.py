@@ -227,8 +227,10 @@ def _binary_code(fn: str, xa: str, a_const: bool, xb: str, b_const: bool) -> str
     return f"({code}).to(_dt)" if fn in COMPARISONS else code
 
 
-def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None) -> tuple[str, list[AttentionMatch]]:
-    """Plain PyTorch source computing the graph: one statement per op, static shapes."""
+def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
+            perturbed: Callable[[Term], bool] | None = None) -> tuple[str, list[AttentionMatch]]:
+    """Plain PyTorch source computing the graph: one statement per op, static shapes (``perturbed``: each
+    computed value it holds true of passed through ``_perturb``, which the caller's namespace supplies)."""
     roots = [t for _, t in graph.outputs]
     sizes = graph.sizes
     axes: dict[Term, tuple[str, ...]] = {}
@@ -305,18 +307,20 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None) -> t
             code = _matmul_code(xa, axes[a], xb, axes[b], t.axis, axes[t], sizes)
         else:  # pragma: no cover - check() rejects unknown ops
             raise ValueError(t.op)
+        if perturbed is not None and t.op not in ("input", "iota") and perturbed(t):
+            code = f"_perturb({code})"
         lines.append(f"    {v} = {code}")
     outs = ", ".join(f"{n!r}: {ref(t)}" for n, t in graph.outputs)
     lines.append(f"    return {{{outs}}}")
     return "\n".join(lines) + "\n", list(attn.values())
 
 
-def _load(src: str) -> TorchFn:
+def _load(src: str, extra: Mapping[str, object] | None = None) -> TorchFn:
     """Compile generated source into a function; its text is registered so tracebacks show it."""
     # named by content, so another process generates the same name (inductor's caches stay valid)
     filename = f"<pyrunner.run.baselines baseline {hashlib.sha256(src.encode()).hexdigest()[:16]}>"
     linecache.cache[filename] = (len(src), None, src.splitlines(keepends=True), filename)
-    namespace: dict = {"torch": torch, "F": F}
+    namespace: dict = {"torch": torch, "F": F, **(extra or {})}
     exec(compile(src, filename, "exec"), namespace)  # noqa: S102 - our own generated code
     fn = namespace["baseline"]
     fn.source = src
@@ -341,6 +345,13 @@ def torch_fn(graph: Graph, operand_dtype: str | None = None) -> TorchFn:
     ``reference.evaluate`` does with ``round_operand``.
     """
     return _build(graph, use_sdpa=False, operand_dtype=operand_dtype)[0]
+
+
+def perturbed_fn(graph: Graph, perturb: Callable[[torch.Tensor], torch.Tensor],
+                 rounds: Callable[[Term], bool]) -> TorchFn:
+    """``torch_fn(graph)`` with ``perturb`` applied to every value it computes that ``rounds`` holds true of:
+    the float64 reference under a kernel's own roundings (``run.conditioning``)."""
+    return _load(_source(graph, False, None, perturbed=rounds)[0], {"_perturb": perturb})
 
 
 def attention_matches(graph: Graph) -> list[AttentionMatch]:
