@@ -148,6 +148,21 @@ def test_index_built_bias_feeds_a_half_precision_matmul() -> None:
     assert np.max(np.abs(out - ref)) / np.max(np.abs(ref)) < 2e-2  # bf16 inputs and operands
 
 
+def test_a_comparison_mask_feeds_a_float64_matmul() -> None:
+    """The float64 reference of a max's backward (its argmax mask times the cotangent, then a GEMM) had a
+    float32 mask, so torch.matmul got float and double (gemm_max_scalar's backward, run 127)."""
+    b = GraphBuilder("MaskGemm")
+    y = b.input("Y", m=5, n=6)
+    x = b.input("X", m=5, d=7)
+    total = b.reduce("sum", b.reduce("sum", y, "n"), "m")  # no axes: a 0-d tensor does not promote a mask
+    mask = b.binary("le", b.reduce("max", y, "n"), y)
+    b.output("D", b.matmul(b.binary("mul", total, mask), x, contract="m"))
+    g = b.build()
+    out, ref = _run(torch_fn(g), g)
+    assert out["D"].dtype == np.float64
+    np.testing.assert_allclose(out["D"], ref["D"], rtol=1e-10, atol=1e-12)
+
+
 def test_constant_subgraphs_fold() -> None:
     t = G.binary("mul", G.inp("X", ("m",)), G.unary("rsqrt", G.axis_size("m")))
     g = Graph("C", {"m": 4}, (("Y", t),))

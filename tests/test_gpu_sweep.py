@@ -95,6 +95,10 @@ def test_summary_counts_and_failure_lines() -> None:
     text = gpu_sweep.table(s)
     assert "planned 4 / compiled 2 / GPU-verified 1 / failed 4" in text
     assert "Layout infer conflict between S and P" in text and "error 4.3e-01" in text
+    recs.append(rec(5, "not-checkable", "compiled", "not checkable: the float64 reference of output 'd_X' ..."))
+    s = gpu_sweep.summarize(recs, dry=False, seconds=12.0)
+    assert s["failed"] == 4 and [c["id"] for c in s["not_checkable"]] == ["g5@small/bf16"]
+    assert "not checkable 1" in gpu_sweep.table(s) and "NOT CHECKABLE g5@small/bf16" in gpu_sweep.table(s)
 
 
 def test_changed_cases_finds_nothing_against_the_tree_itself(tmp_path: Path) -> None:

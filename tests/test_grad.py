@@ -234,6 +234,23 @@ def test_scores_that_overflow_exp_still_differentiate() -> None:
     _assert_matches_autograd(graph)
 
 
+def test_a_value_the_forward_masks_away_may_overflow_without_poisoning_the_gradient() -> None:
+    """Y = where(X < 0, exp(1000 X), 0): exp overflows float64 where X > 0, and the forward discards it there.
+    The chain rule multiplies the local derivative exp(1000 X) under the mask, not after it (0 * inf was
+    NaN: retention's decay exp2((j - i) g) at j > i in float32, d_g NaN on the GPU, run 127)."""
+    g = GraphBuilder("MaskedOverflow")
+    x = g.input("X", m=4, n=6)
+    g.output("Y", g.where(g.lt(x, 0.0), g.unary("exp", g.mul(x, 1000.0)), 0.0))
+    graph = g.build()
+    b = derive(graph)
+    xs = np.linspace(-0.01, 1.0, 24).reshape(4, 6)
+    with np.errstate(over="ignore", invalid="ignore"):
+        d_x = evaluate(b.graph, {"X": xs, "d_Y": np.ones((4, 6))})["d_X"]
+    assert np.all(np.isfinite(d_x)) and np.all(d_x[xs > 0] == 0.0)
+    np.testing.assert_allclose(d_x[xs < 0], 1000.0 * np.exp(1000.0 * xs[xs < 0]))
+    _assert_matches_autograd(graph)
+
+
 def test_a_passed_through_gradient_is_an_alias_not_an_output() -> None:
     """Y = tanh(X) + R: d_R is d_Y itself, so the backward graph (which a plan must compute) leaves it out."""
     g = GraphBuilder("Residual")

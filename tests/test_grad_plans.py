@@ -72,6 +72,49 @@ def test_corpus_backward_plans_pass_cpu_executor(path: Path) -> None:
     _check_backward_plan(load_graph_file(path), shrink=True)
 
 
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "graphs"
+
+
+def test_a_gradient_infinite_in_float64_is_not_checkable_rather_than_failed() -> None:
+    """Z = sqrt(X - min_n X): at each row's argmin sqrt' is infinite, so the float64 reference of d_X is not
+    finite on any draw (row_min_range, run 127). The CPU check, the GPU verifier (run here on the CPU) and
+    training's backward check say the plan cannot be checked there, instead of failing it."""
+    import torch
+
+    from pyrunner.frontend.training import cpu_check_backward
+    from pyrunner.run.verify import GpuVerifier
+
+    forward = load_graph_file(BENCH / "row_min_range.json").with_sizes({"m": 64, "n": 64})
+    bwd = derive(forward)
+    (plan,) = search(bwd.graph, "bf16", top=1)
+    inputs = backward_inputs(bwd, bwd.graph, 5)
+    res = verify_executor(plan, bwd.graph, execute, seed=5, inputs=inputs)
+    assert res.uncheckable and not res.ok and "not checkable" in res.message and "'d_X'" in res.message
+    v = GpuVerifier(plan, bwd.graph, seed=5, device="cpu", inputs=inputs)
+
+    def launch(t: dict) -> None:
+        outs = execute(plan, {k: x.to(torch.float64).numpy() for k, x in v.inputs.items()})
+        t["d_X"].copy_(torch.from_numpy(outs["d_X"]))
+
+    gpu = v.check(launch)
+    assert gpu.uncheckable and not gpu.ok and "not checkable" in gpu.message
+    assert "not CPU-checked" in cpu_check_backward(forward, bwd, plan)
+
+
+def test_a_decay_the_forward_masks_away_leaves_the_plans_gradient_finite() -> None:
+    """Retention's decay exp2((j - i) softplus(g)) overflows float32 at j > i, where the causal mask discards
+    it; its gradient d_g was 0 * inf = NaN in the plan (the GPU's run 127 draw, seed 320637324: g[1] = 0.686,
+    2^139 at i = j = 128). The mask now stays outermost in the chain rule (``ir.vjp._masked``)."""
+    forward = load_graph_file(BENCH / "retention_parallel.json").with_sizes(
+        {"h": 2, "i": 128, "j": 128, "d": 32, "e": 32})
+    bwd = derive(forward)
+    (plan,) = search(bwd.graph, "bf16", top=1)
+    inputs = backward_inputs(bwd, bwd.graph, 320637324)
+    assert max(inputs["g"]) > 0.6  # a decay that overflows float32 at the longest distance
+    res = verify_executor(plan, bwd.graph, execute, seed=1, inputs=inputs)
+    assert res.ok, res.message
+
+
 def test_forward_with_saves_plans_and_writes_lse() -> None:
     """The forward a backward needs writes O and the row log-sum-exp (a multi-output kernel)."""
     bwd = derive(catalog.get("Attention", {"h": 1, "t_q": 64, "t_kv": 64, "d": 32}))

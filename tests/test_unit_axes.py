@@ -176,3 +176,23 @@ def test_hostile_unit_specs_end_in_one_error_line(edit: dict, tmp_path: Path, ca
     assert "Traceback" not in err and len([x for x in err.splitlines() if x.startswith("error:")]) == 1, err
     assert "axis_units" in err or "tensors" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+def test_the_naive_plan_of_a_batched_decode_takes_the_unit_axis_too() -> None:
+    """One kernel per op leaves ``Q[b, h, d] @d K[b, h, t, d]`` no tile GEMM (Q has no free axis) and no
+    rewrite to sum it otherwise: the naive plan, the fallback when no fused plan builds, was infeasible
+    ("a tile GEMM operand needs exactly one tiled free axis"; projected decode's backward, run 127). It is
+    now planned on the graph with the unit axis, and verifies."""
+    from pyrunner.ir.grad import derive
+    from pyrunner.run.grad_check import backward_inputs
+
+    (plan,) = search(_decode(b=2, h=2, t=64, d=32), "bf16", naive=True, tuning=False)
+    assert plan.provenance.planner.endswith("-naive") and [u.axis for u in plan.axis_units] == ["unit"]
+    res = verify_executor(plan, graph_of(plan), execute, seed=3)
+    assert res.ok, res.message
+    forward = load_graph_file(ROOT / "benchmarks" / "graphs" / "projected_decode_batched.json")
+    bwd = derive(forward.with_sizes({"b": 2, "h": 2, "t": 64, "d": 32, "c": 64}))
+    (plan,) = search(bwd.graph, "bf16", naive=True, tuning=False)
+    assert plan.axis_units and len(plan.kernels) > 4  # every op its own kernel
+    res = verify_executor(plan, bwd.graph, execute, seed=3, inputs=backward_inputs(bwd, bwd.graph, 3))
+    assert res.ok, res.message

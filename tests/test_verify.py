@@ -231,6 +231,18 @@ def test_a_reference_that_is_not_finite_is_reported_as_such() -> None:
     assert not r.ok and "'Y'" in r.message and "not finite" in r.message and "seed 3" in r.message
 
 
+def test_a_reference_that_is_not_finite_leaves_the_others_judged() -> None:
+    """Only the float64 reference being non-finite makes a check uncheckable: another output that misses
+    its bound still fails, and one that passes leaves the verdict uncheckable (neither pass nor failure)."""
+    nan = float("nan")
+    r = judge({"A": 1e-4, "Y": nan}, 1e-2, seed=3)
+    assert r.uncheckable and not r.ok and "not checkable" in r.message and "'Y'" in r.message
+    for bad in (0.5, float("inf")):
+        r = judge({"A": bad, "Y": nan}, 1e-2, seed=3)
+        assert not r.ok and not r.uncheckable and "'A'" in r.message
+    assert not judge({"A": 1e-4}, 1e-2, seed=3).uncheckable
+
+
 OPERAND_OVERFLOW = {  # its GEMM operand exp(120 x) reaches 1e78 in float64, past bfloat16's 3.4e38
     "name": "OperandOverflow", "axes": {"m": 64, "d": 64, "n": 64},
     "inputs": {"X": ["m", "d"], "W": ["d", "n"]},

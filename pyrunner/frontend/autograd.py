@@ -261,7 +261,7 @@ def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int)
     back.compile("cuda")
     if opts.verify:
         f, b = fwd.check("cuda"), gpu_check_backward(back, tp.bwd)
-        check = f"forward verified ({f.message}); backward verified ({b.message})"
+        check = f"forward verified ({f.message}); backward {'not ' * b.uncheckable}verified ({b.message})"
     impl = TrainingImpl(tp.bwd, plan_run(fwd), plan_run(back), n)
     return impl, RegionChoice(rg, tp.forward, None, check, flops=flops,
                               reason=f"{check or 'kernels compiled'}; {kernels}")

@@ -150,6 +150,11 @@ BINARY: dict[str, Elementwise] = {op.name: op for op in (
        lambda sp, a, b: sp.Piecewise((1, sp.Le(a, b)), (0, True))),
 )}
 
+COMPARISONS: tuple[str, ...] = ("lt", "le")
+"""Binary ops whose value is a 0/1 predicate. Their torch form is float32 (index-domain operands such as
+FlexAttention's q_idx give it no other dtype); the eager baseline casts the mask to the graph's dtype
+(``run.baselines``), since a float32 mask times a 0-d float64 tensor stays float32 in torch."""
+
 TERNARY: dict[str, Elementwise] = {op.name: op for op in (
     Elementwise("where", 3, "x where c != 0, else y: where(c, x, y) (a mask: y = -inf).",
                 lambda c, x, y: np.where(c != 0, x, y), "torch.where({0} != 0, {1}, {2})",

@@ -10,6 +10,7 @@ from pyrunner.ir.graph import Graph, Term, result_axes, softmax_source, subterms
 from pyrunner.ir.ops import ELEMENTWISE, REDUCTIONS
 
 OperandRounding = Callable[[np.ndarray], np.ndarray]
+Perturbation = Callable[["Term", np.ndarray], np.ndarray]
 """Rounds a float64 array to a storage precision, keeping float64 (``run.verify`` supplies it)."""
 
 
@@ -33,11 +34,14 @@ def _softmax(x: np.ndarray, have: tuple[str, ...], axis: str, want: tuple[str, .
 
 
 def evaluate_terms(roots: list[Term], sizes: Mapping[str, int], inputs: Mapping[str, np.ndarray],
-                   dtype=np.float64, round_operand: OperandRounding | None = None) -> dict[Term, np.ndarray]:
+                   dtype=np.float64, round_operand: OperandRounding | None = None,
+                   perturb: Perturbation | None = None) -> dict[Term, np.ndarray]:
     """Evaluate every term reachable from roots; returns the memo table.
 
     ``round_operand``: applied to every computed operand of a contraction (an arg of a matmul that
     is not a graph input) before it is contracted, as a tensor-core kernel must round it.
+    ``perturb``: ``perturb(term, value)`` replaces every value the graph computes (not inputs, constants
+    or indices), as a kernel's own arithmetic rounds each (``run.conditioning``).
     """
     memo: dict[Term, np.ndarray] = {}
     axes: dict[Term, tuple[str, ...]] = {}
@@ -76,14 +80,17 @@ def evaluate_terms(roots: list[Term], sizes: Mapping[str, int], inputs: Mapping[
                 v = np.einsum(spec, xa, xb).astype(dtype)
             else:  # pragma: no cover - check() rejects unknown ops first
                 raise ValueError(t.op)
+            if perturb is not None and t.op not in ("input", "const", "axis_size", "iota"):
+                v = perturb(t, v)
             memo[t] = v
     return memo
 
 
-def evaluate(g: Graph, inputs: Mapping[str, np.ndarray],
-             round_operand: OperandRounding | None = None) -> dict[str, np.ndarray]:
-    """Float64 value of each output of g, keyed by output name (``round_operand``: see ``evaluate_terms``)."""
-    memo = evaluate_terms([t for _, t in g.outputs], g.sizes, inputs, round_operand=round_operand)
+def evaluate(g: Graph, inputs: Mapping[str, np.ndarray], round_operand: OperandRounding | None = None,
+             perturb: Perturbation | None = None) -> dict[str, np.ndarray]:
+    """Float64 value of each output of g, keyed by output name (``round_operand``, ``perturb``: see
+    ``evaluate_terms``)."""
+    memo = evaluate_terms([t for _, t in g.outputs], g.sizes, inputs, round_operand=round_operand, perturb=perturb)
     return {n: memo[t] for n, t in g.outputs}
 
 

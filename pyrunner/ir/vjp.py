@@ -48,11 +48,37 @@ def _sub(a: Term, b: Term) -> Term:
 
 
 def _mul(a: Term, b: Term) -> Term:
+    """a * b; a masked cotangent (``where(c, g, 0)``, ``where``'s VJP) keeps its mask outermost."""
+    if (m := _masked(a, b)) is not None:
+        return m(lambda u: _mul(u, b))
+    if (m := _masked(b, a)) is not None:
+        return m(lambda u: _mul(a, u))
     return binary("mul", a, b)
 
 
 def _div(a: Term, b: Term) -> Term:
+    """a / b; a masked numerator keeps its mask outermost (as ``_mul``)."""
+    if (m := _masked(a, b)) is not None:
+        return m(lambda u: _div(u, b))
     return binary("div", a, b)
+
+
+def _masked(t: Term, factor: Term) -> Callable[[Callable[[Term], Term]], Term] | None:
+    """Where ``t`` is a cotangent that is 0 outside a mask (``where(c, g, 0)`` or ``where(c, 0, g)``) and
+    ``factor`` is not a constant: a builder putting ``f(g)`` back under the same mask. The chain rule then
+    multiplies the local derivative only where the forward selected the value: outside, the forward
+    computed and discarded it, and its derivative may overflow there (retention's decay exp2((j - i) g) at
+    j > i, infinite in float32 at 128 positions, made 0 * inf = NaN in d_g, run 127). Equal wherever the
+    factor is finite; a finite constant factor is left outside (nothing to guard)."""
+    if not (t.op == "ternary" and t.fn == "where") or _is_constant(factor):
+        return None
+    c, x, y = t.args
+    zero = _c(0.0)
+    if y == zero and x != zero:
+        return lambda f: where(c, f(x), zero)
+    if x == zero and y != zero:
+        return lambda f: where(c, zero, f(y))
+    return None
 
 
 def _c(v: float) -> Term:

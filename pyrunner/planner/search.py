@@ -885,6 +885,22 @@ def _no_plan(planner: Planner, graph: Graph) -> GraphError:
                       + "; ".join((tile or [w for w, _ in why])[:2]))
 
 
+def _naive_with_unit(graph: Graph, dtype: str, machine) -> list[tuple[Planner, list[Candidate]]]:
+    """The naive plan of ``graph`` with its one-sided batched contractions given a row axis of extent 1
+    (``ir.unit_axes``), where the plain naive plan has none: such a contraction (decode attention's
+    ``Q[b, h, d] @d K[b, h, t, d]``, or its backward's) has no free axis on one operand, so no tile GEMM,
+    and one kernel per op leaves no rewrite to sum it otherwise. The unit axis changes no value and no
+    byte; without it a graph whose fused plans all fail to build had no fallback (projected decode's
+    backward, run 127). Empty when ``graph`` has no such contraction or the widened naive plan does not fit
+    either."""
+    unit = unit_candidate(graph)
+    if unit is None:
+        return []
+    up = Planner(add_unit(graph, unit), dtype, machine, source=graph, units=(unit,))
+    cands = up.candidates(naive=True)
+    return [(up, cands)] if cands else []
+
+
 def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = False,
            calibration: Path | None = None, budget: Budget | None = None, tuning=None,
            device: Device | None = None) -> list[Plan]:
@@ -923,6 +939,8 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
         planner.rejections.clear()
         searched = [(planner, planner.candidates(naive=True))]
         fallback = True
+    if not any(cands for _, cands in searched) and (naive or fallback):
+        searched = _naive_with_unit(graph, dtype, machine) or searched
     if not any(cands for _, cands in searched):
         raise _no_plan(planner, graph)
     if tuning is True:

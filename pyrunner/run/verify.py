@@ -28,7 +28,17 @@ import numpy as np
 from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.reference import computed_operands, evaluate, evaluate_terms
 from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
-from pyrunner.run.draws import CPU_DRAWS, DRAWS, DTYPE_MAX, GIVEN, Draw, checkable, drawn, output_dtypes
+from pyrunner.run.draws import (
+    CPU_DRAWS,
+    DRAWS,
+    DTYPE_MAX,
+    GIVEN,
+    LOST_OPERAND_ERROR,
+    Draw,
+    checkable,
+    drawn,
+    output_dtypes,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -107,11 +117,26 @@ def out_of_range(operand_error: float, dtype: str, seed: int, what: str = "",
         f"stores them in {dtype} can be checked against it"))
 
 
-def _raised(a_priori: float, bound: float, operand_error: float, dtype: str) -> str:
+def _raised(a_priori: float, bound: float, operand_error: float, dtype: str, arith_error: float = 0.0) -> str:
     if bound <= a_priori:
         return ""
+    if arith_error > operand_error:
+        return (f" (bound raised from {a_priori:.0e}: the graph is ill-conditioned on these inputs; float32 "
+                f"roundings of its own values alone move the float64 reference by {arith_error:.2e})")
     return (f" (bound raised from {a_priori:.0e}: rounding the graph's computed GEMM operands to {dtype} "
             f"alone moves the float64 reference by {operand_error:.2e})")
+
+
+def ill_conditioned(arith_error: float, seed: int, what: str = "", inputs: str = GIVEN) -> VerifyResult | None:
+    """A not-checkable verdict where float32 roundings of the graph's own values alone move its float64
+    reference by ``LOST_OPERAND_ERROR`` or more of its scale (``run.conditioning``), else None: no kernel
+    computing in float32 is determined there, and a bound raised that far would pass anything."""
+    if arith_error < LOST_OPERAND_ERROR:
+        return None
+    return VerifyResult(False, float("nan"), float("nan"), seed, {}, (
+        f"{what}not checkable: the graph is ill-conditioned on these inputs ({inputs}, seed {seed}): float32 "
+        f"roundings of its own computed values alone move the float64 reference by {arith_error:.2e} of its "
+        f"scale (>= {LOST_OPERAND_ERROR}), so no float32 kernel can be checked against it"), uncheckable=True)
 
 
 BOUNDS: dict[str, float] = {dt: error_bound(dt, 4096) for dt in UNIT_ROUNDOFF}
@@ -150,6 +175,10 @@ class VerifyResult:
     seed: int
     per_output: dict[str, float] = field(default_factory=dict)
     message: str = ""
+    uncheckable: bool = False
+    """The float64 reference itself is not finite on the draw (the graph's own math is undefined there, e.g.
+    an infinite derivative): no kernel can be checked against it, so the verdict is neither a pass nor a
+    failure. Set only when every output whose reference is finite passed (``ok`` stays False)."""
 
 
 def max_error(out: np.ndarray, ref: np.ndarray) -> float:
@@ -190,16 +219,21 @@ def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def judge(errors: Mapping[str, float], bound: float, seed: int, what: str = "",
           inputs: str = "normal, std 0.5") -> VerifyResult:
-    """Turn per-output errors into a verdict with a message naming the worst output."""
+    """Turn per-output errors into a verdict with a message naming the worst output. An output whose float64
+    reference is not finite (error NaN) cannot be judged: the others are, and when they all pass the result
+    is ``uncheckable`` (a failing one is still a failure)."""
     unfinite = sorted(k for k, e in errors.items() if math.isnan(e))
-    if unfinite:
+    judged = {k: e for k, e in errors.items() if not math.isnan(e)}
+    worst = max(judged, key=lambda k: judged[k]) if judged else ""
+    err = judged[worst] if judged else float("inf")
+    ok = bool(judged) and math.isfinite(err) and err <= bound  # NaN/inf outputs never pass, whatever the bound
+    if unfinite and (ok or not judged):
+        rest = f"; the other outputs pass (max normalised error {err:.2e} <= {bound:.0e})" if judged else ""
         return VerifyResult(False, float("nan"), bound, seed, dict(errors), (
-            f"{what}the float64 reference of output {unfinite[0]!r} is not finite on these random inputs "
-            f"({inputs}, seed {seed}): the graph overflows or divides by zero in float64 itself, "
-            "so no kernel can be checked against it"))
-    worst = max(errors, key=lambda k: errors[k]) if errors else ""
-    err = errors[worst] if errors else float("inf")
-    ok = bool(errors) and math.isfinite(err) and err <= bound  # NaN/inf outputs never pass, whatever the bound
+            f"{what}not checkable: the float64 reference of output {unfinite[0]!r} is not finite on these "
+            f"inputs ({inputs}, seed {seed}): the graph's own math overflows, divides by zero or has an "
+            f"infinite derivative there in float64, so no kernel can be checked against it{rest}"),
+            uncheckable=True)
     if not errors:
         msg = "no outputs to compare"
     elif ok:
@@ -254,6 +288,8 @@ class _DeviceDraw:
     a_priori: float
     operand_error: float
     bound: float
+    arith_error: float = 0.0
+    """``run.conditioning.arithmetic_error`` on these inputs (measured for given inputs only)."""
 
 
 class GpuVerifier:
@@ -280,13 +316,15 @@ class GpuVerifier:
         self.draws: list[tuple[str, _DeviceDraw]] = []
         self.skipped: list[str] = []
         if inputs is not None:  # a backward's: they belong together
-            self.draws.append(("", self._draw(GIVEN, inputs)))
+            self.draws.append(("", self._draw(GIVEN, inputs, conditioning=True)))
         else:
             from pyrunner.run.backward_draws import numpy_forward, plan_draws, torch_forward
 
             dts = output_dtypes(plan)
             linked = plan_draws(plan, draws, numpy_forward if reference == "numpy" else torch_forward(device))
-            self.draws, self.skipped = drawn(linked, graph, self.seed, self._draw,
+            saves = linked is not draws  # computed saved tensors: conditioning no random draw chose
+            self.draws, self.skipped = drawn(linked, graph, self.seed,
+                                             lambda desc, raw: self._draw(desc, raw, conditioning=saves),
                                              lambda d: checkable(d.ref, d.operand_error, dts), self.storage_dtype)
         first = self.draws[0][1]
         self.inputs, self.ref = first.inputs, first.ref
@@ -294,7 +332,9 @@ class GpuVerifier:
         self._axes = output_axes(graph)
         self.view = view_of(plan)
 
-    def _draw(self, describe: str, raw: Mapping[str, np.ndarray]) -> _DeviceDraw:
+    def _draw(self, describe: str, raw: Mapping[str, np.ndarray], conditioning: bool = False) -> _DeviceDraw:
+        """One draw prepared (``conditioning``: with the arithmetic's error on it measured, for inputs a caller
+        gives, such as a backward's, whose conditioning no random draw of the checks chose)."""
         import torch
 
         dts = input_dtypes(self.plan)
@@ -307,8 +347,17 @@ class GpuVerifier:
             moved = self._reference(self.graph, rounded, self._reference_kind, self.storage_dtype)
             operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in ref.items())
             del moved
-        bound = conditioned_bound(self.a_priori, operand_error)
-        return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound)
+        arith = 0.0
+        if conditioning:
+            from pyrunner.run.conditioning import arithmetic_error, arithmetic_error_torch
+
+            if self._reference_kind == "numpy":
+                arith = arithmetic_error(self.graph, {k: v.cpu().numpy() for k, v in rounded.items()},
+                                         {k: v.cpu().numpy() for k, v in ref.items()}, self.seed, max_error)
+            else:
+                arith = arithmetic_error_torch(self.graph, rounded, ref, self.seed, _max_error_torch)
+        bound = conditioned_bound(self.a_priori, max(operand_error, arith))
+        return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound, arith)
 
     def _reference(self, graph: Graph, rounded: dict, reference: str, operand_dtype: str | None) -> dict:
         """The float64 outputs (``operand_dtype``: with computed GEMM operands rounded to it)."""
@@ -353,7 +402,8 @@ class GpuVerifier:
     def _check_draw(self, launch: Callable[[dict], object], d: _DeviceDraw, what: str) -> VerifyResult:
         import torch
 
-        unchecked = out_of_range(d.operand_error, self.storage_dtype, self.seed, what, d.describe)
+        unchecked = (out_of_range(d.operand_error, self.storage_dtype, self.seed, what, d.describe)
+                     or ill_conditioned(d.arith_error, self.seed, what, d.describe))
         if unchecked is not None:
             return unchecked
         t = self.tensors(d.inputs)
@@ -368,7 +418,7 @@ class GpuVerifier:
             o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.view)
             errs[name] = _max_error_torch(o, ref)
         res = judge(errs, d.bound, self.seed, what, d.describe)
-        res.message += _raised(d.a_priori, d.bound, d.operand_error, self.storage_dtype)
+        res.message += _raised(d.a_priori, d.bound, d.operand_error, self.storage_dtype, d.arith_error)
         return res
 
     def check_fn(self, fn: Callable[..., Mapping[str, torch.Tensor]]) -> float:
@@ -423,10 +473,14 @@ class _Prepared:
     peak: float = 0.0
     """The largest magnitude of any value the graph computes on these inputs (inf if one is not finite):
     a plan may store any of them at a kernel boundary in its dtype."""
+    arith_error: float = 0.0
+    """``run.conditioning.arithmetic_error`` on these inputs (measured for given inputs only)."""
 
 
 def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: str,
-             bound: float | None) -> _Prepared:
+             bound: float | None, conditioning_seed: int | None = None) -> _Prepared:
+    """One draw of the CPU check (``conditioning_seed``: with the arithmetic's error on it measured, as the
+    GPU check does for given inputs)."""
     rounded = _rounded(raw, plan)
     memo = evaluate_terms([t for _, t in graph.outputs], graph.sizes, rounded)
     ref = {n: memo[t] for n, t in graph.outputs}
@@ -436,7 +490,13 @@ def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: 
     if bound is None and computed_operands(graph):
         moved = evaluate(graph, rounded, operand_rounding(storage_dtype(plan)))
         operand_error = finite_max(max_error(moved[n], r) for n, r in ref.items())
-    return _Prepared(describe, rounded, ref, a_priori, operand_error, peak if math.isfinite(peak) else math.inf)
+    arith = 0.0
+    if bound is None and conditioning_seed is not None:
+        from pyrunner.run.conditioning import arithmetic_error
+
+        arith = arithmetic_error(graph, rounded, ref, conditioning_seed, max_error)
+    return _Prepared(describe, rounded, ref, a_priori, operand_error, peak if math.isfinite(peak) else math.inf,
+                     arith)
 
 
 def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
@@ -457,12 +517,14 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     """
     seed = fresh_seed() if seed is None else seed
     if inputs is not None:
-        return _executor_once(plan, graph, execute, seed, _prepare(plan, graph, inputs, GIVEN, bound), "")
+        return _executor_once(plan, graph, execute, seed, _prepare(plan, graph, inputs, GIVEN, bound, seed), "")
     from pyrunner.run.backward_draws import plan_draws
 
     dts = output_dtypes(plan)
-    prepared, skipped = drawn(plan_draws(plan, draws), graph, seed,
-                              lambda desc, raw: _prepare(plan, graph, raw, desc, bound),
+    linked = plan_draws(plan, draws)
+    saves = seed if linked is not draws else None  # computed saved tensors: measure their conditioning
+    prepared, skipped = drawn(linked, graph, seed,
+                              lambda desc, raw: _prepare(plan, graph, raw, desc, bound, saves),
                               lambda p: checkable(p.ref, p.operand_error, dts)
                               and p.peak <= DTYPE_MAX[storage_dtype(plan)], storage_dtype(plan))
     passes: list[tuple[str, VerifyResult]] = []
@@ -479,10 +541,11 @@ def _executor_once(plan: Plan, graph: Graph, execute: Callable, seed: int, prep:
     """The CPU check on one prepared draw."""
     what = f"CPU executor {label}: " if label else "CPU executor: "
     dtype = storage_dtype(plan)
-    unchecked = out_of_range(prep.operand_error, dtype, seed, what, prep.describe)
+    unchecked = (out_of_range(prep.operand_error, dtype, seed, what, prep.describe)
+                 or ill_conditioned(prep.arith_error, seed, what, prep.describe))
     if unchecked is not None:
         return unchecked
-    bound = conditioned_bound(prep.a_priori, prep.operand_error)
+    bound = conditioned_bound(prep.a_priori, max(prep.operand_error, prep.arith_error))
     view = view_of(plan)  # execute() hands outputs back in source axis names, in the plan's order
     axes = {gt.name: list(view.source_axes(gt.axes)) for gt in plan.tensors if gt.role == "output"}
     try:
@@ -492,5 +555,5 @@ def _executor_once(plan: Plan, graph: Graph, execute: Callable, seed: int, prep:
                             f"CPU executor {label}: failed: {type(e).__name__}: {e}" if label else
                             f"CPU executor failed: {type(e).__name__}: {e}")
     res = compare(outs, prep.ref, bound, seed, axes, graph, what, prep.describe)
-    res.message += _raised(prep.a_priori, bound, prep.operand_error, dtype)
+    res.message += _raised(prep.a_priori, bound, prep.operand_error, dtype, prep.arith_error)
     return res

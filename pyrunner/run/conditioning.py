@@ -1,0 +1,102 @@
+"""How far a kernel's own float32 arithmetic can move a graph's float64 value on given inputs.
+
+The checks' a-priori bound (``verify.error_bound``) assumes a well-conditioned graph: float32 roundings
+that stay near their own size in the outputs. A graph can amplify them on some inputs by orders of
+magnitude. A query temperature's backward, ``d_tau = -sum(dS * S0) / tau^2`` with ``dS = P (dP - D)``,
+cancels ``dP - D`` to nothing at a query whose tau is near 0 (its row of P one-hot), then multiplies what
+rounding left by ``P S0 / tau^2``: a float32 difference of two equal dot products, 1e-7 of each, became
+2.4e2 of the output's scale at tau = -0.0031 (run 127; the CPU executor the same). No kernel computing in
+float32 can do better there; no bound derived without the inputs can say so.
+
+So the error is measured the way Monte Carlo arithmetic measures it: the float64 reference evaluated with
+every value the graph computes by a rounding op (``rounds``) multiplied by ``1 + u e`` (``u`` float32's unit
+roundoff, ``e`` uniform in [-1, 1], independently per element; ``SAMPLES`` draws), the normalised move of its
+outputs taken as the arithmetic's error on these inputs. Exact ops are left alone: a maximum, a comparison
+or a selection rounds nothing in a kernel either, and perturbing a row maximum apart from its row would
+break ``max(x) <= x``, the argmax mask of a max's gradient, where the kernel keeps it; so is index arithmetic
+(a band mask's ``|i - j| <= 4`` must not flip). It depends on the graph and the inputs alone, never on a plan.
+``verify`` raises a check's bound to ``OPERAND_ROUNDING_FACTOR`` times it (as it does for operand rounding)
+and calls a draw where it reaches ``draws.LOST_OPERAND_ERROR`` not checkable: the graph's value there is
+not determined to float32 arithmetic at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import lru_cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pyrunner.ir.graph import Graph, Term
+from pyrunner.ir.reference import evaluate
+
+if TYPE_CHECKING:
+    import torch
+
+UNIT_ROUNDOFF_FP32 = 2.0**-24
+SAMPLES = 2
+"""Perturbed evaluations per check; the larger move is kept (one can land on a lucky cancellation)."""
+
+
+EXACT = frozenset({"neg", "abs", "relu", "max", "min", "lt", "le", "where"})
+"""Functions whose float result is one of their operands' values (or 0/1): no rounding in any dtype."""
+
+
+def rounds(t: Term) -> bool:
+    """Whether a kernel rounds the value of ``t``: an arithmetic op, a sum, a contraction or a transcendental
+    of a value read from an input (index arithmetic, ``i - j`` of a band mask, is exact in float32)."""
+    if not (t.op == "matmul" or (t.op in ("unary", "binary", "ternary", "reduce") and t.fn not in EXACT)):
+        return False
+    return _reads_input(t)
+
+
+@lru_cache(maxsize=1 << 16)
+def _reads_input(t: Term) -> bool:
+    return t.op == "input" or any(_reads_input(a) for a in t.args)
+
+
+def _numpy_perturbation(rng: np.random.Generator) -> Callable[[Term, np.ndarray], np.ndarray]:
+    def perturb(t: Term, v: np.ndarray) -> np.ndarray:
+        if not rounds(t):
+            return v
+        v = np.asarray(v, dtype=np.float64)
+        return v * (1.0 + UNIT_ROUNDOFF_FP32 * rng.uniform(-1.0, 1.0, v.shape))
+    return perturb
+
+
+def arithmetic_error(graph: Graph, inputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
+                     seed: int, error: Callable[[np.ndarray, np.ndarray], float]) -> float:
+    """The largest normalised move (``error(moved, ref)``, NaN where ``ref`` is not finite: left out) of the
+    float64 outputs ``ref`` of ``graph`` on ``inputs`` when every computed value carries a float32
+    rounding; 0.0 when nothing moves."""
+    worst = 0.0
+    for s in range(SAMPLES):
+        rng = np.random.default_rng([seed % 2**32, s])
+        moved = evaluate(graph, inputs, perturb=_numpy_perturbation(rng))
+        worst = max([worst, *(e for n, r in ref.items() if not np.isnan(e := error(moved[n], r)))])
+    return worst
+
+
+def arithmetic_error_torch(graph: Graph, inputs: Mapping[str, torch.Tensor], ref: Mapping[str, torch.Tensor],
+                           seed: int, error: Callable[[torch.Tensor, torch.Tensor], float]) -> float:
+    """``arithmetic_error`` with the reference evaluated by ``run.baselines`` on the inputs' device."""
+    import torch
+
+    from pyrunner.run.baselines import perturbed_fn
+
+    worst = 0.0
+    device = next(iter(inputs.values())).device
+    for s in range(SAMPLES):
+        gen = torch.Generator(device=device)
+        gen.manual_seed((seed % 2**32) * SAMPLES + s)
+
+        def perturb(v: torch.Tensor, gen: torch.Generator = gen) -> torch.Tensor:
+            e = torch.rand(v.shape, generator=gen, device=v.device, dtype=torch.float64) * 2.0 - 1.0
+            return v * (1.0 + UNIT_ROUNDOFF_FP32 * e).to(v.dtype)
+
+        with torch.no_grad():
+            moved = perturbed_fn(graph, perturb, rounds)(**inputs)
+        worst = max([worst, *(e for n, r in ref.items() if not np.isnan(e := error(moved[n], r)))])
+        del moved
+    return worst

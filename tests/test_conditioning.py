@@ -1,0 +1,80 @@
+"""A check on given inputs measures how far float32 arithmetic alone moves the graph's float64 value there
+(``run.conditioning``): the bound follows it, and where it is lost the draw is not checkable, never passed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pyrunner.ir.graph import GraphBuilder
+from pyrunner.ir.reference import evaluate
+from pyrunner.planner import search
+from pyrunner.run.conditioning import arithmetic_error, arithmetic_error_torch
+from pyrunner.run.executor import execute
+from pyrunner.run.verify import GpuVerifier, max_error, verify_executor
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def _cancelling(scale: float):
+    """Y = ((X + 1) - 1) * W: X of size 1e-6 survives float64 but a float32 rounding of X + 1 is 1e-1 of it."""
+    b = GraphBuilder("Cancel")
+    x, w = b.input("X", m=64, n=64), b.input("W", m=64, n=64)
+    b.output("Y", b.mul(b.sub(b.add(x, 1.0), 1.0), w))
+    graph = b.build()
+    rng = np.random.default_rng(0)
+    inputs = {"X": rng.standard_normal((64, 64)) * scale, "W": rng.standard_normal((64, 64))}
+    return graph, inputs
+
+
+def test_float32_rounding_of_a_cancellation_is_measured_on_the_given_inputs() -> None:
+    graph, inputs = _cancelling(1e-6)
+    ref = evaluate(graph, inputs)
+    lost = arithmetic_error(graph, inputs, ref, 0, max_error)
+    assert lost > 1e-2  # u32 / 1e-6 = 6e-2 per element
+    tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    on_torch = arithmetic_error_torch(graph, tensors, {k: torch.from_numpy(v) for k, v in ref.items()}, 0,
+                                      lambda a, b: max_error(a.numpy(), b.numpy()))
+    assert 0.2 < on_torch / lost < 5  # the same measure, other draws of the roundings
+    graph, inputs = _cancelling(1.0)
+    assert arithmetic_error(graph, inputs, evaluate(graph, inputs), 0, max_error) < 1e-6
+
+
+def test_an_ill_conditioned_draw_is_not_checkable_and_a_well_conditioned_one_keeps_its_bound() -> None:
+    graph, inputs = _cancelling(1e-9)  # u32 / 1e-9: float32 roundings alone move Y by ~60x its scale
+    (plan,) = search(graph, "bf16", top=1, tuning=False)
+    res = verify_executor(plan, graph, execute, seed=1, inputs=inputs)
+    assert res.uncheckable and not res.ok and "ill-conditioned" in res.message
+    gpu = GpuVerifier(plan, graph, seed=1, device="cpu", inputs=inputs)
+    assert gpu.check(lambda t: None).uncheckable  # judged before any kernel runs: the outputs stay NaN
+    graph, inputs = _cancelling(1.0)
+    (plan,) = search(graph, "bf16", top=1, tuning=False)
+    res = verify_executor(plan, graph, execute, seed=1, inputs=inputs)
+    assert res.ok and res.bound == GpuVerifier(plan, graph, seed=1, device="cpu", inputs=inputs).a_priori
+
+
+def test_the_query_temperature_backward_on_the_gpu_sweeps_draw_is_not_checkable() -> None:
+    """Run 127's failure, on the CPU: with S0 saved in bfloat16 (the saves the sweep chose) and tau = -0.0031
+    at one query, exp(S0 / tau - LSE) leaves the float64 reference's row of P summing to 5e5 and d_tau a
+    cancellation amplified by P S0 / tau^2; the CPU executor missed by 1.6e2 as the GPU did by 2.4e2. That
+    draw is now not checkable (float32 roundings alone move the reference by more than its scale); a draw
+    whose smallest |tau| is 0.0063 still passes under the a-priori bound."""
+    from plan_cache import search as cached_search
+
+    from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.planner.saves import choose_saves
+    from pyrunner.run.grad_check import backward_inputs
+    from pyrunner.target.device import DEVICES
+
+    forward = load_graph_file(DATA / "attention_query_temperature.json").with_sizes(
+        {"h": 2, "t_q": 128, "t_kv": 128, "d": 128})
+    der = choose_saves(forward, "bf16", None, DEVICES["h200"])
+    (plan,) = cached_search(der.graph, "bf16", top=1)
+    assert "S0" in der.saved, f"the sweep's saves changed ({der.saved}): this draw no longer shows the case"
+    gpu_draw = verify_executor(plan, der.graph, execute, seed=2020119715,
+                               inputs=backward_inputs(der, der.graph, 2020119715))
+    assert gpu_draw.uncheckable and "ill-conditioned" in gpu_draw.message
+    other = verify_executor(plan, der.graph, execute, seed=0, inputs=backward_inputs(der, der.graph, 0))
+    assert other.ok and other.bound < 0.02, other.message
