@@ -399,8 +399,8 @@ def _estimated(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_
     if low.stream is None or per_sm == 1:  # few blocks on an SM to hide each other's phases
         t_once = run * (bt.ew_once / dev.cc_flops + bt.trans_once / dev.sfu_ops) / max(util, 1e-3)
         latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
-        t_one = phased_time(low.stream is not None, bool(low.gemms), t_tc, t_cc, t_once, t_sync, t_mem, n_iter,
-                            per_sm, waves * latency, terms.cc_overlap)
+        t_one = phased_time(low.stream is not None, bool(low.gemms), t_tc, t_cc, t_once, t_sync, t_mem, per_sm,
+                            waves * latency, terms.cc_overlap)
         body = (t_one + t_bank) * facts.structure_scale
     else:
         body = (max(t_compute, t_mem) + t_bank) * facts.structure_scale
@@ -412,19 +412,18 @@ def _estimated(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_
 
 
 def phased_time(loop: bool, gemms: bool, t_tc: float, t_cc: float, t_once: float, t_sync: float, t_mem: float,
-                n_iter: int, per_sm: int, wave_latency: float, cc_overlap: float) -> float:
+                per_sm: int, wave_latency: float, cc_overlap: float) -> float:
     """Time of a kernel whose blocks' phases (load, compute, store) are not all hidden by other blocks.
 
     A kernel without a loop is one step per block: it loads its tiles, runs its MMAs and then its
     exponentials (its warpgroups in turn, no ping-pong), stores, each after the other; with ``per_sm``
     blocks resident, the others hide ``1 - 1 / per_sm`` of the shorter of compute and memory and of the
     load latency each wave waits out first (``wave_latency``: one latency per wave). A loop of which one
-    block fits an SM overlaps one step's loads with the previous step's compute, so of the shorter of
-    its per-step compute and its memory one step's share shows (load, ``n - 1`` overlapped steps,
-    compute), and the CUDA-core work on values without the loop's axis (``t_once``: a softmax of scores
-    accumulated over the loop) runs after it. Loops keep their fitted efficiencies otherwise (no
-    latency per wave: the GEMM rows of runs 122 and 124 are met within a few per cent without it), and
-    a loop with several blocks per SM is priced as before (``_estimated``).
+    block fits an SM overlaps its steps' loads with the MMAs as before, but the CUDA-core work on values
+    without the loop's axis (``t_once``: a softmax of scores accumulated over the loop) runs after the
+    loop, under nothing. (A loop's pipeline fill, one step of the shorter side, is left out: without a
+    per-step cost it would send every GEMM to the narrowest steps, which the measured GEMM rows of runs
+    122 and 124, met within a few per cent, do not ask for.)
 
     Run 122 (H200): attention's backward scores dS (16 x 4096 x 4096, 16384 blocks of 128 x 128 on
     129 KB of shared memory, one per SM, 125 waves, no loop) took 771 us where the longer of compute
@@ -436,7 +435,7 @@ def phased_time(loop: bool, gemms: bool, t_tc: float, t_cc: float, t_once: float
     per_step = t_cc - t_once
     t_loop = (overlapped(t_tc, per_step, cc_overlap) if gemms else 0.5 * per_step) + t_sync
     t_after = t_once if gemms else 0.5 * t_once
-    return max(t_loop, t_mem) + min(t_loop, t_mem) / max(1, n_iter) + t_after
+    return max(t_loop, t_mem) + t_after
 
 
 def overlapped(a: float, b: float, overlap: float) -> float:
