@@ -396,7 +396,9 @@ def _estimated(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_
     step_passes, once_passes = bt.step_passes, bt.once_passes
     t_bank = ((step_passes * n_iter * run + once_passes) * n_blocks
               / (dev.sms * dev.smem_wavefronts_per_s * max(util, 1e-3)))
-    if low.stream is None or per_sm == 1:  # few blocks on an SM to hide each other's phases
+    # few blocks on an SM to hide each other's phases: one, or a loop-less GEMM kernel's few large blocks (a
+    # loop-less elementwise kernel's many small ones keep the fitted flat-block terms: runs 51 and 73)
+    if per_sm == 1 or (low.stream is None and low.gemms):
         t_once = run * (bt.ew_once / dev.cc_flops + bt.trans_once / dev.sfu_ops) / max(util, 1e-3)
         latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
         t_one = phased_time(low.stream is not None, bool(low.gemms), t_tc, t_cc, t_once, t_sync, t_mem, per_sm,
