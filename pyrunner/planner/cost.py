@@ -242,7 +242,7 @@ class _BlockTerms:
     step_passes: float
     once_passes: float
     ew_once: float = 0.0  # of ``ew`` and ``trans``, the work on values without the loop's axis (before or
-    trans_once: float = 0.0  # after the loop, not per step: ``one_block_time``)
+    trans_once: float = 0.0  # after the loop, not per step: ``phased_time``)
 
 
 def tile_terms_key(low: Lowered, facts: LoweringFacts, tensor_bytes: dict[str, int]) -> tuple:
