@@ -241,6 +241,8 @@ class _BlockTerms:
     loop_elements: int  # elements of the tiles the loop loads (``staged_loads_fit``)
     step_passes: float
     once_passes: float
+    ew_once: float = 0.0  # of ``ew`` and ``trans``, the work on values without the loop's axis (before or
+    trans_once: float = 0.0  # after the loop, not per step: ``phased_time``)
 
 
 def tile_terms_key(low: Lowered, facts: LoweringFacts, tensor_bytes: dict[str, int]) -> tuple:
@@ -270,8 +272,11 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
     again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
     ew = sum(e * r for (_, e, _), r in zip(low.ew_by_axes, again, strict=True))
     trans = sum(x * r for (_, _, x), r in zip(low.ew_by_axes, again, strict=True))
+    once = [(e * r, x * r) for (axes, e, x), r in zip(low.ew_by_axes, again, strict=True)
+            if low.stream is not None and low.stream not in axes]
     out = _BlockTerms(base.blocks, base.n_blocks, base.n_iter, base.run, base.reread, base.dram, base.flops,
-                      base.gemm_terms, ew, trans, base.loop_elements, base.step_passes, base.once_passes)
+                      base.gemm_terms, ew, trans, base.loop_elements, base.step_passes, base.once_passes,
+                      sum(e for e, _ in once), sum(x for _, x in once))
     facts.blocks_seen[key] = out
     return out
 
@@ -391,12 +396,48 @@ def _estimated(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_
     step_passes, once_passes = bt.step_passes, bt.once_passes
     t_bank = ((step_passes * n_iter * run + once_passes) * n_blocks
               / (dev.sms * dev.smem_wavefronts_per_s * max(util, 1e-3)))
-    body = (max(t_compute, t_mem) + t_bank) * facts.structure_scale
+    # few blocks on an SM to hide each other's phases: one, or a loop-less GEMM kernel's few large blocks (a
+    # loop-less elementwise kernel's many small ones keep the fitted flat-block terms: runs 51 and 73)
+    if per_sm == 1 or (low.stream is None and low.gemms):
+        t_once = run * (bt.ew_once / dev.cc_flops + bt.trans_once / dev.sfu_ops) / max(util, 1e-3)
+        latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
+        t_one = phased_time(low.stream is not None, bool(low.gemms), t_tc, t_cc, t_once, t_sync, t_mem, per_sm,
+                            waves * latency, terms.cc_overlap)
+        body = (t_one + t_bank) * facts.structure_scale
+    else:
+        body = (max(t_compute, t_mem) + t_bank) * facts.structure_scale
     time_us = body * 1e6 + m.launch_us
     bound = "compute" if t_compute >= t_mem else "memory"
     if m.launch_us > body * 1e6:
         bound = "latency"
     return time_us, flops + ew, dram + reread, bound
+
+
+def phased_time(loop: bool, gemms: bool, t_tc: float, t_cc: float, t_once: float, t_sync: float, t_mem: float,
+                per_sm: int, wave_latency: float, cc_overlap: float) -> float:
+    """Time of a kernel whose blocks' phases (load, compute, store) are not all hidden by other blocks.
+
+    A kernel without a loop is one step per block: it loads its tiles, runs its MMAs and then its
+    exponentials (its warpgroups in turn, no ping-pong), stores, each after the other; with ``per_sm``
+    blocks resident, the others hide ``1 - 1 / per_sm`` of the shorter of compute and memory and of the
+    load latency each wave waits out first (``wave_latency``: one latency per wave). A loop of which one
+    block fits an SM overlaps its steps' loads with the MMAs as before, but the CUDA-core work on values
+    without the loop's axis (``t_once``: a softmax of scores accumulated over the loop) runs after the
+    loop, under nothing. (A loop's pipeline fill, one step of the shorter side, is left out: without a
+    per-step cost it would send every GEMM to the narrowest steps, which the measured GEMM rows of runs
+    122 and 124, met within a few per cent, do not ask for.)
+
+    Run 122 (H200): attention's backward scores dS (16 x 4096 x 4096, 16384 blocks of 128 x 128 on
+    129 KB of shared memory, one per SM, 125 waves, no loop) took 771 us where the longer of compute
+    and memory gave 325 (MMAs 188, exponentials 95, memory 324; added, with 125 latencies: 696); its
+    one-block-per-SM pre-pass 10.6 against 9.6 (now 11.1)."""
+    if not loop:
+        t_compute = (t_tc + t_cc if gemms else 0.5 * t_cc) + t_sync
+        return max(t_compute, t_mem) + (min(t_compute, t_mem) + wave_latency) / max(1, per_sm)
+    per_step = t_cc - t_once
+    t_loop = (overlapped(t_tc, per_step, cc_overlap) if gemms else 0.5 * per_step) + t_sync
+    t_after = t_once if gemms else 0.5 * t_once
+    return max(t_loop, t_mem) + t_after
 
 
 def overlapped(a: float, b: float, overlap: float) -> float:
