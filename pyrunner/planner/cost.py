@@ -96,6 +96,14 @@ def machine_for(device: Device) -> Machine:
 
 
 DEFAULT_MACHINE = machine_for(DEFAULT_TARGET)
+
+PHASED_BLOCKS = False
+"""Whether blocks no other block hides are priced by their phases (``phased_time``): off until a GPU sweep
+and a re-timing of the plans it moves have run. On, attention's backward plans FlashAttention-2's fused form
+instead of storing dS (run 122's loop-less dS kernel: 771 us measured, 325 modelled before, 696 with it), the
+median error over run 122's kernel rows falls from 24% to 18%, the five seeds keep their plans at their
+catalog shapes, and 67 of 410 catalog and corpus snapshot cases change their top plan (mostly a loop-less
+GEMM at a toy shape becoming a 3-stage loop; ``benchmarks/snapshot_compare.py``)."""
 """The cost model of the default target device, uncalibrated (``planner.calibration`` fits one from a log)."""
 
 
@@ -398,7 +406,7 @@ def _estimated(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_
               / (dev.sms * dev.smem_wavefronts_per_s * max(util, 1e-3)))
     # few blocks on an SM to hide each other's phases: one, or a loop-less GEMM kernel's few large blocks (a
     # loop-less elementwise kernel's many small ones keep the fitted flat-block terms: runs 51 and 73)
-    if per_sm == 1 or (low.stream is None and low.gemms):
+    if PHASED_BLOCKS and (per_sm == 1 or (low.stream is None and low.gemms)):
         t_once = run * (bt.ew_once / dev.cc_flops + bt.trans_once / dev.sfu_ops) / max(util, 1e-3)
         latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
         t_one = phased_time(low.stream is not None, bool(low.gemms), t_tc, t_cc, t_once, t_sync, t_mem, per_sm,
