@@ -43,7 +43,7 @@ from pathlib import Path
 
 from pyrunner.errors import UserError
 from pyrunner.files import write_text_atomic
-from pyrunner.target.device import DEFAULT_DEVICE, DEVICES
+from pyrunner.target.device import DEFAULT_DEVICE, DEFAULT_GPU_NAME, DEVICES
 
 COMMANDS = ("run", "validate", "superopt", "report", "schema", "workloads", "export")
 DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -233,7 +233,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.tables:  # measured tables from the committed records (pyrunner.log.tables)
         from pyrunner.log.tables import write_tables
 
-        return write_tables(args.log, args.out)
+        return write_tables(args.log, args.out, DEFAULT_GPU_NAME)
     from pyrunner.log.report import main as report_main
 
     argv = [*(["--log", str(args.log)] if args.log else []), *(["--out", str(args.out)] if args.out else []),

@@ -11,7 +11,8 @@ import torch
 
 import pyrunner.frontend  # noqa: F401 - registers the backend
 from pyrunner.frontend.region import RegionGraph
-from pyrunner.frontend.runtime import region_callable, with_strides
+from pyrunner.frontend.runtime import region_callable
+from pyrunner.frontend.strides import with_strides
 
 
 def _region(node: torch.Tensor, perm: tuple[int, ...], graph_shape: tuple[int, ...]):
@@ -101,7 +102,7 @@ def test_only_dense_layouts_are_promised_a_slice_has_its_gaps_closed() -> None:
     """A permuted view is dense and promised as it is; a ``split`` piece (a slice with gaps) is not: inductor
     would not keep the gaps, so the op promises the piece's own axis order made dense (a head-split Q of a fused
     QKV stays token-major, as the next region reads it), or contiguous where the strides tell no order."""
-    from pyrunner.frontend.runtime import contiguous_strides, dense, dense_in_order
+    from pyrunner.frontend.strides import contiguous_strides, dense, dense_in_order
 
     assert dense((2, 4, 3), (3, 6, 1)) and dense((1, 2, 4, 3), (99, 3, 6, 1))
     assert not dense((8, 16), (48, 1)) and not dense((4, 4), (0, 1))

@@ -13,6 +13,7 @@ import pytest
 from pyrunner.errors import UserError
 from pyrunner.log.results import RunRecord
 from pyrunner.log.tables import newest_rows, render, seed_table, side_by_side
+from pyrunner.target.device import DEFAULT_GPU_NAME
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -35,14 +36,14 @@ def _write(folder: Path, name: str, *records: dict) -> None:
 
 def test_committed_results_md_is_what_the_records_generate() -> None:
     committed = (ROOT / "benchmarks" / "RESULTS.md").read_text()
-    assert committed == render(newest_rows(RESULTS)), \
+    assert committed == render(newest_rows(RESULTS, DEFAULT_GPU_NAME)), \
         "benchmarks/RESULTS.md is stale: run `python -m pyrunner report --tables` and commit it"
 
 
 def test_readme_table_is_the_seed_slice_of_results_md() -> None:
     readme = (ROOT / "README.md").read_text()
     block = readme.split("<!-- results:seeds -->", 1)[1].split("<!-- /results:seeds -->", 1)[0].strip()
-    assert block == seed_table(newest_rows(RESULTS))
+    assert block == seed_table(newest_rows(RESULTS, DEFAULT_GPU_NAME))
     assert block in (ROOT / "benchmarks" / "RESULTS.md").read_text()
 
 
@@ -53,7 +54,7 @@ def test_results_folder_is_small_and_indexed() -> None:
     named = set(re.findall(r"`([^`\s]+)`", index))
     missing = [f for f in files if f != "INDEX.md" and f not in named]
     assert not missing, f"INDEX.md does not say what these are for: {missing}"
-    for row in newest_rows(RESULTS):  # every table row's log is kept
+    for row in newest_rows(RESULTS, DEFAULT_GPU_NAME):  # every table row's log is kept
         assert (RESULTS / row.file).is_file()
 
 
@@ -73,7 +74,7 @@ def test_newest_record_per_case_wins_and_speedups_come_from_times(tmp_path: Path
     _write(tmp_path, "h200-run7-b.jsonl", _rec(plan=8.0, ts="2026-12-02T00:00:00"),
            _rec(workload="H", plan=1.0, rounds=("plan",)))  # newer, but timed apart: not a row
     (tmp_path / "sweep-cases.jsonl").write_text('{"id": "x", "status": "verified"}\n')
-    rows = {r.record.workload: r for r in newest_rows(tmp_path)}
+    rows = {r.record.workload: r for r in newest_rows(tmp_path, DEFAULT_GPU_NAME)}
     assert rows["G"].record.plan_us == 8.0 and rows["G"].run == "7"
     assert rows["G"].record.speedups["torch_compile"] == pytest.approx(2.5)  # 20 / 8, not the stored 99
     assert rows["H"].run == "5" and rows["H"].record.speedup_vs_best == pytest.approx(0.5)
@@ -87,11 +88,11 @@ def test_report_tables_command(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "pyrunner", "report", "--tables", "--log", str(logs), "--out", str(out)]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert (out / "RESULTS.md").read_text() == render(newest_rows(logs))
+    assert (out / "RESULTS.md").read_text() == render(newest_rows(logs, DEFAULT_GPU_NAME))
     bad = subprocess.run(cmd[:6] + [str(tmp_path / "nope")], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "not a folder" in bad.stderr
     with pytest.raises(UserError):
-        newest_rows(tmp_path / "nope")
+        newest_rows(tmp_path / "nope", DEFAULT_GPU_NAME)
 
 
 def test_a_second_backends_row_stands_beside_the_hopper_row(tmp_path: Path) -> None:
@@ -104,7 +105,7 @@ def test_a_second_backends_row_stands_beside_the_hopper_row(tmp_path: Path) -> N
     ampere["extra"]["backend"] = "a100 (tilelang-ampere, sm_80)"  # the form gpu_run's own records take
     _write(tmp_path, "h200-run5-a.jsonl", hopper, named)
     _write(tmp_path, "h200-run6-ampere.jsonl", ampere)
-    rows = newest_rows(tmp_path)
+    rows = newest_rows(tmp_path, DEFAULT_GPU_NAME)
     assert sorted(r.record.plan_us for r in rows) == [9.0, 12.0]  # the Ampere record replaced nothing
     assert sorted((r.backend, r.record.plan_us) for r in rows) == [("tilelang-ampere", 12.0), ("tilelang-hopper", 9.0)]
     text = render(rows)
@@ -125,7 +126,7 @@ def test_readme_seed_table_is_the_default_backends_and_the_others_follow_it(tmp_
     for r in (hopper, ampere):
         r["shapes"] = sizes
     _write(tmp_path, "h200-run7-seeds.jsonl", hopper, ampere)
-    rows = newest_rows(tmp_path)
+    rows = newest_rows(tmp_path, DEFAULT_GPU_NAME)
     readme = seed_table(rows)
     assert "| Matmul | bf16 |" in readme and "tilelang-ampere" not in readme
     amp = seed_table(rows, ("tilelang-ampere", "NVIDIA H200"))
@@ -147,7 +148,7 @@ def test_a_record_from_another_card_stands_beside_the_h200_row_and_never_replace
         r["shapes"] = sizes
     _write(tmp_path, "h200-run7-seeds.jsonl", h200)
     _write(tmp_path, "h100-run8-seeds.jsonl", h100)
-    rows = newest_rows(tmp_path)
+    rows = newest_rows(tmp_path, DEFAULT_GPU_NAME)
     assert len(rows) == 2
     readme = seed_table(rows)
     assert "| Matmul | bf16 |" in readme and "| 50.0 |" in readme and "H100" not in readme

@@ -353,7 +353,7 @@ def region_inputs(rg: RegionGraph, meta: Callable[[Any], Any], device: str) -> l
     model's tensor is where that is dense (a head-split view: the region reads it as it lies, as in the model)."""
     import torch
 
-    from pyrunner.frontend.runtime import dense
+    from pyrunner.frontend.strides import dense
 
     g = torch.Generator().manual_seed(0)
     out = []

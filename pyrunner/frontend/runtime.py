@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pyrunner.frontend.region import RegionGraph
+from pyrunner.frontend.strides import dense, dense_in_order, same_layout, with_strides
 from pyrunner.plan.schema import Plan
 
 Impl = Callable[[dict[str, Any]], tuple]
@@ -104,18 +105,6 @@ def kernels_only(rg: RegionGraph, impl: Impl, xs: list[Any]) -> Callable[[], Non
     return run
 
 
-def with_strides(x: Any, stride: tuple[int, ...] | None) -> Any:
-    """``x`` laid out with ``stride`` (None: contiguous): itself when it already is (size-one dimensions may have
-    any stride), else one copy into a tensor of those strides."""
-    import torch
-
-    if stride is None:
-        return x.contiguous()
-    if same_layout(tuple(x.shape), tuple(x.stride()), tuple(stride)):
-        return x
-    return torch.empty_strided(tuple(x.shape), stride, dtype=x.dtype, device=x.device).copy_(x)
-
-
 def region_callable(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any],
                     strides: list[tuple[int, ...]] | None = None) -> Callable[..., tuple]:
     """Tensors in region-input order -> outputs shaped, typed and strided as promised (``strides``, default
@@ -177,11 +166,6 @@ def promised_strides(rg: RegionGraph, impl: Impl, meta: Callable[[Any], Any]) ->
     return got
 
 
-def same_layout(shape: tuple[int, ...], a: tuple[int, ...], b: tuple[int, ...]) -> bool:
-    """Strides ``a`` and ``b`` place every element alike (a size-one dimension's stride is free)."""
-    return all(n <= 1 or x == y for n, x, y in zip(shape, a, b, strict=True))
-
-
 def output_strides(rg: RegionGraph, meta: Callable[[Any], Any]) -> list[tuple[int, ...]]:
     """The FX node's strides where they lay it out densely (a permuted view, such as a head split); else its
     axes in the same order with the gaps closed (a ``split`` piece's, which inductor would not keep: GPT-2's
@@ -192,39 +176,6 @@ def output_strides(rg: RegionGraph, meta: Callable[[Any], Any]) -> list[tuple[in
         stride = tuple(meta(node).stride())
         got.append(stride if dense(tuple(shape), stride) else dense_in_order(tuple(shape), stride))
     return got
-
-
-def dense_in_order(shape: tuple[int, ...], stride: tuple[int, ...]) -> tuple[int, ...]:
-    """Dense strides that keep the order of ``stride`` (largest outermost; size-one dimensions aside), or
-    contiguous ones when two dimensions share a stride or one has none."""
-    at = [k for k, n in enumerate(shape) if n > 1]
-    if len({stride[k] for k in at}) != len(at) or any(stride[k] == 0 for k in at):
-        return contiguous_strides(shape)
-    out = list(contiguous_strides(shape))
-    n = 1
-    for k in sorted(at, key=lambda k: stride[k]):
-        out[k] = n
-        n *= shape[k]
-    return tuple(out)
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides of ``shape`` (what ``torch.empty(shape)`` has)."""
-    out, n = [], 1
-    for size in reversed(shape):
-        out.append(n)
-        n *= max(size, 1)
-    return tuple(reversed(out))
-
-
-def dense(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
-    """The strides lay the elements out with no gap and no overlap (some permutation of a contiguous layout)."""
-    n = 1
-    for size, st in sorted(((sz, st) for sz, st in zip(shape, stride, strict=True) if sz > 1), key=lambda p: p[1]):
-        if st != n:
-            return False
-        n *= size
-    return True
 
 
 Out = tuple[tuple[int, ...], Any] | tuple[tuple[int, ...], Any, tuple[int, ...]]

@@ -9,8 +9,9 @@ newest such record is the row; speedups are recomputed from the times. Each row 
 The backend is part of the case because ``gpu_run --device h200,a100`` times the Ampere path (an sm_80
 build) on the same GPU: its row stands beside the Hopper row, marked with the backend's name, instead of
 replacing it (``log.results.record_backend``; a record without the field is Hopper's). The device is part
-of it because the lent GPU is sometimes an H100: its times are not the H200's, so an H100 record stands
-beside the H200 row, marked with the card, and never replaces it.
+of it because the lent GPU is sometimes another card than the default device (an H100): its times are not
+the default card's, so such a record stands beside the default card's row, marked with its card, and never
+replaces it (the caller names the default card: ``target.device.DEFAULT_GPU_NAME``).
 
 ``benchmarks/RESULTS.md`` is this module's output over ``benchmarks/results/``; a test fails when
 the committed file differs from what the records generate. README's short table is the seed
@@ -44,10 +45,6 @@ NAMES = {"torch_compile": "torch.compile", "max_autotune": "max-autotune", "sdpa
          "flex": "FlexAttention", "flex_attention": "FlexAttention", "eager": "eager"}
 DTYPES = {"bfloat16": "bf16", "float16": "fp16"}
 _RUN = re.compile(r"run(\d+[a-z]?)")
-DEFAULT_DEVICE_NAME = "NVIDIA H200"
-"""The card README's tables are about; rows timed on any other card are marked with its name. A record with
-an empty device name (a few of runs 36-81, all on the H200 that the results folder is named for) is its."""
-DEFAULT_GROUP = (UNNAMED_BACKEND, DEFAULT_DEVICE_NAME)
 
 
 @dataclass(frozen=True)
@@ -56,6 +53,10 @@ class Row:
 
     record: RunRecord
     file: str
+    reference: str = ""
+    """The card README's tables are about (the default device's driver name, which the caller gives: this
+    layer knows no device); rows timed on any other card are marked with its name. A record with an empty
+    device name (a few of runs 36-81, all on the card the results folder's names give) is the reference's."""
 
     @property
     def run(self) -> str:
@@ -70,7 +71,7 @@ class Row:
     @property
     def device(self) -> str:
         """The GPU the record was timed on, as the driver named it."""
-        return " ".join(self.record.device.split()) or DEFAULT_DEVICE_NAME
+        return " ".join(self.record.device.split()) or self.reference
 
     @property
     def group(self) -> tuple[str, str]:
@@ -93,7 +94,7 @@ def side_by_side(r: RunRecord) -> bool:
             and "plan" in rounds and all(k in rounds for k in measured))
 
 
-def newest_rows(results_dir: Path) -> list[Row]:
+def newest_rows(results_dir: Path, reference: str) -> list[Row]:
     """The newest side-by-side record of each case over every ``*.jsonl`` log in the folder.
 
     Lines that are not run records (sweep cases, A/B logs) are skipped; ties in timestamp go to the
@@ -108,7 +109,8 @@ def newest_rows(results_dir: Path) -> list[Row]:
             if not side_by_side(r):
                 continue
             per, name, vs = speedups(r.plan_us, r.baselines_us)
-            row = Row(r.model_copy(update={"speedups": per, "best_baseline": name, "speedup_vs_best": vs}), path.name)
+            row = Row(r.model_copy(update={"speedups": per, "best_baseline": name, "speedup_vs_best": vs}), path.name,
+                      reference)
             old = best.get(row.key)
             if old is None or r.timestamp >= old.record.timestamp:
                 best[row.key] = row
@@ -137,18 +139,24 @@ HEAD = ["workload", "dtype", "shape", "plan (us)", "torch.compile", "best baseli
         "vs best", "run (file)"]
 
 
-def _group_name(group: tuple[str, str]) -> str:
+def _default(rows: list[Row]) -> tuple[str, str]:
+    """The default group: the unnamed (Hopper) backend on the reference card (README's table)."""
+    return UNNAMED_BACKEND, rows[0].reference if rows else ""
+
+
+def _group_name(group: tuple[str, str], reference: str) -> str:
     """A group's mark: its backend unless the unnamed (Hopper) one, its card unless the default one."""
     backend, device = group
     parts = [backend] if backend != UNNAMED_BACKEND else []
-    parts += [device.removeprefix("NVIDIA ")] if device != DEFAULT_DEVICE_NAME else []
+    parts += [device.removeprefix("NVIDIA ")] if device != reference else []
     return _cell(", ".join(parts))
 
 
 def _marked(row: Row) -> str:
     """The row's workload, followed by its group's mark when that is not the default group."""
     name = _cell(row.record.workload)
-    return name if row.group == DEFAULT_GROUP else f"{name} ({_group_name(row.group)})"
+    default = (UNNAMED_BACKEND, row.reference)
+    return name if row.group == default else f"{name} ({_group_name(row.group, row.reference)})"
 
 
 def _line(row: Row) -> str:
@@ -177,12 +185,13 @@ def _order(row: Row) -> tuple:
     r = row.record
     seed = SEEDS.index(r.workload) if r.workload in SEEDS else len(SEEDS)
     return (seed, r.workload.lower(), r.workload, r.dtype, tuple(sorted(r.shapes.items())),
-            row.group != DEFAULT_GROUP, row.group)
+            row.group != (UNNAMED_BACKEND, row.reference), row.group)
 
 
-def seed_table(rows: list[Row], group: tuple[str, str] = DEFAULT_GROUP) -> str:
+def seed_table(rows: list[Row], group: tuple[str, str] | None = None) -> str:
     """The five seeds at their catalog shapes, both dtypes, of one (backend, device) group; the default
-    group's (Hopper backend, H200) is README's short table."""
+    group's (Hopper backend, default card) is README's short table."""
+    group = group or _default(rows)
     return table(sorted((r for r in rows if _is_seed(r) and r.group == group), key=_order))
 
 
@@ -190,14 +199,14 @@ def _seed_tables(rows: list[Row]) -> list[str]:
     """The seeds section: the default group's table, then each other group's under its mark."""
     out = [seed_table(rows)]
     for g in _groups(rows):
-        if g != DEFAULT_GROUP and any(_is_seed(r) and r.group == g for r in rows):
-            out += ["", f"On {_group_name(g)}:", "", seed_table(rows, g)]
+        if g != _default(rows) and any(_is_seed(r) and r.group == g for r in rows):
+            out += ["", f"On {_group_name(g, _default(rows)[1])}:", "", seed_table(rows, g)]
     return out
 
 
 def _groups(rows: list[Row]) -> list[tuple[str, str]]:
     """The (backend, device) groups of the rows: the default one first, then the others by name."""
-    return sorted({r.group for r in rows}, key=lambda g: (g != DEFAULT_GROUP, g))
+    return sorted({r.group for r in rows}, key=lambda g: (g != _default(rows), g))
 
 
 def _summary(rows: list[Row]) -> list[str]:
@@ -207,7 +216,7 @@ def _summary(rows: list[Row]) -> list[str]:
     groups = []
     for g in _groups(rows):
         mine = [r for r in rows if r.group == g]
-        tag = "" if g == DEFAULT_GROUP else f", {_group_name(g)}"
+        tag = "" if g == _default(rows) else f", {_group_name(g, _default(rows)[1])}"
         groups += [(f"seeds{tag}", [r for r in mine if _is_seed(r)]), (f"all{tag}", mine)]
     for name, sel in groups or [("seeds", []), ("all", [])]:
         tc = _geomean([r.record.speedups[PRIMARY_BASELINE] for r in sel])
@@ -219,14 +228,15 @@ def _summary(rows: list[Row]) -> list[str]:
 
 def _backend_note(rows: list[Row]) -> list[str]:
     """Lines naming the other groups' rows, when there are any (none: the text is what it always was)."""
-    others = [g for g in _groups(rows) if g != DEFAULT_GROUP]
+    reference = _default(rows)[1]
+    others = [g for g in _groups(rows) if g != _default(rows)]
     if not others:
         return []
-    named = ", ".join(f"`({_group_name(g)})`" for g in others)
+    named = ", ".join(f"`({_group_name(g, reference)})`" for g in others)
     return ["A case is also its backend and card. Rows marked", f"{named}",
             "were planned, rendered and built by the backend named (`gpu_run.py --device`; the Ampere path is an",
             "sm_80 build) and timed on the card named",
-            f"(else the {DEFAULT_DEVICE_NAME}); unmarked rows are {UNNAMED_BACKEND}'s on the {DEFAULT_DEVICE_NAME}.",
+            f"(else the {reference}); unmarked rows are {UNNAMED_BACKEND}'s on the {reference}.",
             "Each group's rows have their own summary lines; no row of one card replaces another card's."]
 
 
@@ -266,10 +276,10 @@ def render(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def write_tables(results_dir: str | None, out_dir: str | None) -> int:
+def write_tables(results_dir: str | None, out_dir: str | None, reference: str) -> int:
     """``report --tables``: write RESULTS.md (into ``out_dir``, default ``benchmarks/``) from the logs."""
     src = Path(results_dir) if results_dir else RESULTS_DIR
-    rows = newest_rows(src)
+    rows = newest_rows(src, reference)
     folder = output_dir(Path(out_dir) if out_dir else src.parent, "report --out folder")
     path = check_output_file(folder / TABLES_FILE, "tables file")
     write_text_atomic(path, render(rows), "tables file")

@@ -435,7 +435,7 @@ def phased_time(loop: bool, gemms: bool, t_tc: float, t_cc: float, t_once: float
     per-step cost it would send every GEMM to the narrowest steps, which the measured GEMM rows of runs
     122 and 124, met within a few per cent, do not ask for.)
 
-    Run 122 (H200): attention's backward scores dS (16 x 4096 x 4096, 16384 blocks of 128 x 128 on
+    Run 122 (the default device): attention's backward scores dS (16 x 4096 x 4096, 16384 blocks of 128 x 128 on
     129 KB of shared memory, one per SM, 125 waves, no loop) took 771 us where the longer of compute
     and memory gave 325 (MMAs 188, exponentials 95, memory 324; added, with 125 latencies: 696); its
     one-block-per-SM pre-pass 10.6 against 9.6 (now 11.1)."""

@@ -195,10 +195,11 @@ def side_by_side_records(results_dir: Path = RESULTS_DIR, newest_only: bool = Fa
     model); with ``newest_only``, the newest per case (the rows of ``benchmarks/RESULTS.md``)."""
     from pyrunner.log.results import read_log_counted, record_backend
     from pyrunner.log.tables import newest_rows, side_by_side
+    from pyrunner.target.device import DEFAULT_GPU_NAME
     from pyrunner.target.tuning import device_key
 
     if newest_only:
-        rows = [(r.file, r.record) for r in newest_rows(results_dir)]
+        rows = [(r.file, r.record) for r in newest_rows(results_dir, DEFAULT_GPU_NAME)]
     else:
         rows = [(p.name, r) for p in sorted(results_dir.glob("*.jsonl")) for r in read_log_counted(p)[0]
                 if side_by_side(r)]

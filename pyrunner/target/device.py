@@ -168,6 +168,10 @@ the entry's numbers are one variant's (the A100's HBM bandwidth is the 40 GB par
 datasheet gives the 80 GB parts 1,935 GB/s in PCIe and 2,039 GB/s in SXM), so a time modelled for another
 variant is that variant's only as far as they agree. No entry is made from a neighbour's numbers."""
 
+DEFAULT_GPU_NAME: str = REPORTED_NAMES[DEFAULT_DEVICE][0]
+"""What the driver calls the default device: the card the committed results tables are about
+(``log.tables``: a row timed on another card is marked with its name)."""
+
 OTHER_PARTS: dict[str, tuple[str, ...]] = {"h100": ("NVIDIA H100 PCIe", "NVIDIA H100 NVL")}
 """Products that share an entry's model number but are other GPUs than its numbers describe, so they are not
 that entry (``device_key_of`` gives None: an unknown GPU, its times filed under its own name): the H100 PCIe
