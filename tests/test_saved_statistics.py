@@ -131,3 +131,57 @@ def test_float32_statistic_kernels_build_cubins(target, tmp_path, planned) -> No
             pytest.skip("nvcc not on PATH: CUDA source checked, cubin not built")
         cubins = compile_cubin(sources, tmp_path / str(i), target)
         assert len(cubins) == len(plan.kernels) and all(p.stat().st_size > 0 for p in cubins)
+
+
+# --- a saved score read inside an exponent (issue 44) ---------------------------------------------------
+
+TEMPERATURE = {"h": 1, "t_q": 32, "t_kv": 32, "d": 16}
+
+
+def _temperature() -> tuple:
+    """Query-temperature attention (``P = softmax(S0 / tau)``) derived with its raw scores S0 saved."""
+    from pyrunner.ir.graph_json import load_graph_file
+
+    g = load_graph_file("tests/data/attention_query_temperature.json").with_sizes(TEMPERATURE)
+    (s0,) = [t for t in derive(g).recomputed if g.labels.get(t) == "S0"]
+    return g, derive(g, save=(s0,))
+
+
+def test_a_saved_score_read_inside_an_exponent_is_stored_in_float32() -> None:
+    g, bwd = _temperature()
+    assert "S0" in bwd.saved
+    assert bwd.forward.float32_io == bwd.graph.float32_io == {"S0", "LSE_P"}
+    (fwd,) = search(bwd.forward, "bf16")
+    assert _dtypes(fwd)["S0"] == "float32" and _dtypes(fwd)["O"] == "bfloat16"
+
+
+def test_the_planner_saves_query_temperature_scores_in_float32_or_recomputes_them() -> None:
+    from pyrunner.planner.saves import choose_saves
+
+    g, _ = _temperature()
+    chosen = choose_saves(g, "bfloat16")
+    assert "S0" not in chosen.saved or "S0" in chosen.forward.float32_io
+
+
+def test_small_temperature_rows_get_gradients_within_the_bound() -> None:
+    """tau = 0.05 on every fourth query: a bf16 S0 (the old storage) puts Q, K and V's gradients past the
+    unconditioned composed bound (measured ~3e-2, ~3e-2, ~1e-1 against ~2e-2); float32 S0 keeps them in."""
+    import numpy as np
+
+    from pyrunner.ir.reference import random_inputs
+    from pyrunner.run.grad_check import gradient_bound
+
+    g, bwd = _temperature()
+    tau = np.ones(TEMPERATURE["t_q"])
+    tau[::4] = 0.05
+    inputs = {**random_inputs(g, 0), "tau": tau}
+    narrow = dataclasses.replace(bwd, forward=dataclasses.replace(bwd.forward, float32_io=frozenset({"LSE_P"})),
+                                 graph=dataclasses.replace(bwd.graph, float32_io=frozenset({"LSE_P"})))
+    worst = {}
+    for label, b in (("fp32", bwd), ("bf16", narrow)):
+        fwd, back = search(b.forward, "bf16")[0], search(b.graph, "bf16")[0]
+        errors, conditioned = composed_error(g, b, fwd, back, seed=0, inputs=inputs)
+        assert max(errors.values()) <= conditioned
+        bound = gradient_bound(fwd, back, b)
+        worst[label] = max(errors[n] for n in ("Q", "K", "V")) / bound
+    assert worst["fp32"] <= 1.0 < worst["bf16"]

@@ -15,7 +15,8 @@ PyTorch ops (PyTorch's gradients), with one log line.
 
 Saved tensors the forward adds (log-sum-exps, saved contractions) are kept in float32 (or the
 model's dtype when wider) between the halves on the paths this module runs; the GPU plans write
-saved statistics (log-sum-exps) in float32 and saved contractions in the plan's dtype (``ir.grad``).
+saved statistics (log-sum-exps) and saved values the backward reads inside an exponent or logarithm (a
+pre-softmax score) in float32, other saved contractions in the plan's dtype (``ir.grad``).
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ attention-specific branch.
 A saved tensor that is a statistic (``statistic``: an elementwise function of reductions, such as the
 log-sum-exp) is stored in float32 whatever the plan dtype (``Graph.float32_io`` of both graphs), as
 FlashAttention stores its LSE: the backward reads it inside an exponent, where its rounding error
-(about 2^-8 of a value near log t_kv in bf16) becomes that much relative error in every P.
+(about 2^-8 of a value near log t_kv in bf16) becomes that much relative error in every P. So is any
+saved tensor the backward feeds, through elementwise ops only, into an exponential or a logarithm
+(``amplified``): a saved pre-softmax score ``S0`` of ``P = softmax(S0 / tau)`` enters ``exp(S0 / tau -
+LSE)``, where bf16 rounding of ``S0`` is scaled by ``1 / tau`` before the exponent.
 """
 
 from __future__ import annotations
@@ -72,6 +75,31 @@ def statistic(t: Term) -> bool:
         return memo[u]
 
     return walk(t) is True
+
+
+AMPLIFYING = frozenset({"exp", "exp2", "log"})
+"""Unary ops whose output's relative error is the absolute error of their argument (or the reverse):
+a bf16-rounded operand's 2^-8 relative error, times its magnitude (and any scale on the way), becomes
+the output's error."""
+
+
+def amplified(roots: Iterable[Term]) -> frozenset[str]:
+    """Inputs of the terms ``roots`` (a backward graph's outputs) that reach the argument of an
+    ``AMPLIFYING`` op through elementwise ops only (a reduction or contraction in between averages the
+    rounding out rather than scaling it)."""
+    seeds = [t.args[0] for t in subterms(roots) if t.op == "unary" and t.fn in AMPLIFYING]
+    seen: set[Term] = set()
+    found: set[str] = set()
+    while seeds:
+        u = seeds.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op == "input":
+            found.add(u.name)
+        elif u.op in ("unary", "binary", "ternary"):
+            seeds.extend(u.args)
+    return frozenset(found)
 
 
 @dataclass(frozen=True)
@@ -304,7 +332,8 @@ def derive(graph: Graph, outputs: Iterable[str] | None = None, wrt: Iterable[str
     labels = {t: n for n, t in out_terms}
     read = {t.name for t in subterms(t for _, t in out_terms) if t.op == "input"}
     extra = tuple((n, t) for n, t in d.extra if n in read)
-    wide = frozenset(n for n, t in extra if statistic(t))  # saved statistics: float32 on both sides
+    hot = amplified(t for _, t in out_terms)
+    wide = frozenset(n for n, t in extra if statistic(t) or n in hot)  # float32 on both sides (module doc)
     bwd = with_unit_axis(Graph(f"{graph.name}Backward", dict(graph.sizes), tuple(out_terms), labels,
                                float32_io=wide))
     check(bwd)

@@ -127,18 +127,19 @@ def gradient_bound(forward_plan: Plan, backward_plan: Plan, bwd: Backward) -> fl
 
 
 def composed_error(forward: Graph, bwd: Backward, forward_plan: Plan, backward_plan: Plan,
-                   seed: int = 0) -> tuple[dict[str, float], float]:
+                   seed: int = 0, inputs: Mapping[str, np.ndarray] | None = None) -> tuple[dict[str, float], float]:
     """Both plans on the CPU executor, chained as training runs them (the forward's stored outputs and saves
     feed the backward, cotangents rounded to the plan dtype), against float64 autograd of ``forward`` on the
     same rounded inputs and cotangents: per input its normalised gradient error, and the bound that applies
-    (``gradient_bound``, conditioned on the backward's operand rounding)."""
+    (``gradient_bound``, conditioned on the backward's operand rounding). ``inputs``: the forward inputs
+    (default ``random_inputs(forward, seed)``), rounded to the plan dtype here."""
     from pyrunner.ir.reference import computed_operands
     from pyrunner.run.executor import execute
     from pyrunner.run.verify import conditioned_bound, operand_rounding, storage_dtype
     from pyrunner.target.rounding import round_to
 
     dtype = backward_plan.dtype
-    raw = random_inputs(forward, seed)
+    raw = random_inputs(forward, seed) if inputs is None else inputs
     inputs = {k: round_to(v, dtype).astype(np.float64) for k, v in raw.items()}
     fwd_out = {k: np.asarray(v, dtype=np.float64) for k, v in execute(forward_plan, inputs).items()}  # stored: rounded
     rng = np.random.default_rng(seed + 1)
