@@ -128,7 +128,8 @@ def search(graph: Graph, dtype: str = "fp16", *, top: int = 1, naive: bool = Fal
 
 
 def _key(graph: Graph, dtype: str, top: int, naive: bool, device) -> str:
-    text = canonical_json({"graph": graph_to_json(graph), "dtype": dtype, "top": top, "naive": naive,
+    text = canonical_json({"graph": graph_to_json(graph), "float32_io": sorted(graph.float32_io),  # not in the JSON
+                           "dtype": dtype, "top": top, "naive": naive,
                            "device": repr(device), "source": source_hash(), "format": FORMAT})
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 

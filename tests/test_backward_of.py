@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from pyrunner.cli import main
+from pyrunner.ir.graph_json import graph_from_json
 from pyrunner.plan.backward_of import derivation_of
 from pyrunner.plan.schema import Plan, plan_document, plan_hash
 from pyrunner.plan.validate import load_plan, plan_graph, validate_plan
@@ -138,8 +139,9 @@ def test_a_forged_record_is_refused(saved_plan: Path, tmp_path: Path, capsys: py
     rec = doc["provenance"]["backward_of"]
     if forgery == "scale":  # a forward graph that derives another backward
         _node(rec["forward"], "rsqrt")["op"] = "sqrt"
-    elif forgery == "saves":
-        rec["save"] = []
+    elif forgery == "saves":  # drop the saved scores, or save them where the planner recomputes them
+        first_matmul = next(i for i, t in enumerate(graph_from_json(rec["forward"]).terms()) if t.op == "matmul")
+        rec["save"] = [] if rec["save"] else [first_matmul]
     elif forgery == "output":
         rec["outputs"] = ["O\n../x"]
     elif forgery == "term":
