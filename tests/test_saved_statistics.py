@@ -185,3 +185,16 @@ def test_small_temperature_rows_get_gradients_within_the_bound() -> None:
         bound = gradient_bound(fwd, back, b)
         worst[label] = max(errors[n] for n in ("Q", "K", "V")) / bound
     assert worst["fp32"] <= 1.0 < worst["bf16"]
+
+
+@pytest.mark.parametrize("target", [HOPPER, AMPERE], ids=lambda t: t.arch)
+def test_rendered_source_stores_and_reads_the_saved_score_in_float32(target) -> None:
+    _, bwd = _temperature()
+    for graph in (bwd.forward, bwd.graph):
+        (plan,) = search(graph, "bf16")
+        assert re.search(r'S0: T\.Tensor\(\([^)]*\), "float32"\)', render(plan, target)), graph.name
+        small = scale_down(plan)
+        sg = graph_of(small)
+        inputs = backward_inputs(bwd, sg, 0) if graph is bwd.graph else None
+        res = verify_executor(small, sg, rendered_executor(target), seed=0, inputs=inputs)
+        assert res.ok, res.message
