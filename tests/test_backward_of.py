@@ -167,6 +167,7 @@ def test_the_cpu_check_shape_keeps_the_record(saved_plan: Path) -> None:
     assert bwd is not None and bwd.graph.sizes == plan_graph(small).sizes != plan_graph(load_plan(saved_plan)).sizes
 
 
+@pytest.mark.slow  # plans forward-with-saves and backward twice: about a minute on the 2-core machine
 def test_training_plans_record_the_derivation() -> None:
     """The training path (``plan_training``, ``load(plan, backward=True)``) hands out backward plans that carry
     their record, and the record replays to the derivation the path used."""
