@@ -9,7 +9,7 @@ from float32 tensors (issue 40: GPT-2-medium's layer, 8 kernels, 128.7 us modell
 from __future__ import annotations
 
 from pyrunner.ir.graph_json import graph_from_json
-from pyrunner.planner.search import OPERAND_PASS_SHARE, Budget, Planner, search
+from pyrunner.planner.search import MAX_WORK, OPERAND_PASS_SHARE, Budget, Planner, search
 
 _N = [{"name": "t1", "op": "iota", "axis": "l"}, {"name": "t2", "op": "iota", "axis": "j"},
       {"name": "t3", "op": "le", "args": ["t1", "t2"]},
@@ -58,10 +58,7 @@ def test_layer_stores_the_norm_and_the_activation_as_bf16_gemm_operands() -> Non
 
 
 def test_the_operand_pass_runs_on_its_own_share_after_the_first_pass_spent_the_budget() -> None:
-    """The first pass spends the budget as before (no plan of it is lost); the operand pass then gets its share.
-    (Since partitions pay for the kernels they lower rather than for every term of the graph, the layer's
-    first pass no longer spends the default budget: a smaller one stands in for it.)"""
-    work = 20_000
+    """The first pass spends the budget as before (no plan of it is lost); the operand pass then gets its share."""
     planner = Planner(graph_from_json(LAYER), "bf16")
     seen: list[tuple[bool, int]] = []
     explore = planner._explore
@@ -71,12 +68,12 @@ def test_the_operand_pass_runs_on_its_own_share_after_the_first_pass_spent_the_b
         return explore(v, budget, operands)
 
     planner._explore = spy
-    planner.candidates(budget=Budget(work))
+    planner.candidates(budget=Budget())
     first = [left for operands, left in seen if not operands]
     second = [left for operands, left in seen if operands]
     assert second, "the operand pass never ran"
-    assert min(first) < work * OPERAND_PASS_SHARE  # the first pass spends most of the budget
-    assert second[0] >= work * OPERAND_PASS_SHARE
+    assert min(first) < MAX_WORK * OPERAND_PASS_SHARE  # this graph's first pass spends most of the budget
+    assert second[0] >= MAX_WORK * OPERAND_PASS_SHARE
 
 
 def test_a_grant_adds_work_from_zero() -> None:

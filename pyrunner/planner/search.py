@@ -15,10 +15,10 @@
    (``target.fit``); the emitted tuning space keeps only fitting ones. Plans rank by total
    predicted time; ties prefer shorter derivations.
 
-The whole search runs under budgets counted in work (terms of the kernels that partitions and merges
-lower, a unit for what the kernel cache already holds), never in seconds: the same graph, options and
-tuning file give the same plan on any machine and under any load. When a budget cuts the search, the
-plan says what was not explored (``provenance.search_cut``, printed by ``--explain``).
+The whole search runs under budgets counted in work (terms of the partitions evaluated and of the
+merges lowered), never in seconds: the same graph, options and tuning file give the same plan on any
+machine and under any load. When a budget cuts the search, the plan says what was not explored
+(``provenance.search_cut``, printed by ``--explain``).
 When it finds nothing, the naive plan (every op its own kernel) is the answer;
 "no feasible plan" means that even the naive plan has a kernel whose smallest
 tile does not fit the device, and the message names the resource.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,20 +115,15 @@ operand, never ran: a transformer layer's LayerNorm and GELU-tanh were recompute
 main loops from float32 tensors (issue 40, GPT-2-medium's layer region: 128.7 us modelled, 319 measured).
 Granted on top rather than kept back from the first pass, so no plan the first pass finds is lost."""
 MAX_WORK = 100_000
-"""Partition-search work per search: each partition evaluated costs the terms of the kernels it lowers (at
-most its graph's term count; one unit where every kernel comes from the cache, ``_paid_partitions``).
+"""Partition-search work per search: each partition evaluated costs its graph's term count.
 Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
 DEPENDENT_MERGE_CANDIDATES = 8
 """Best partitions (distinct variant and cut) the dependent-merge pass revisits."""
 DEPENDENT_MERGE_WORK = 20_000
 """Budget of that pass (deterministic, like ``MAX_WORK``)."""
-MERGE_WORK = 2
-"""Budget a merge attempt costs per term of the two kernels it merges, where it lowers a new kernel and
-searches its tiles; one unit where the kernel cache already holds the union (an earlier partition tried
-the same merge). Measured against a partition's units (each a term lowered, ``_paid_partitions``): a
-merge lowering costs 0.5 to 2 times as much per term (QK-norm attention, ScaledAttention's backward,
-RMSNormMLP, GQA decode; issue 46). It was 16 per term, cached or not, when a partition paid for every
-term of its graph whether its kernels came from the cache or not."""
+MERGE_WORK = 16
+"""Budget a merge attempt costs per term it lowers: unlike a partition, whose kernels mostly come from
+the cache, each merge lowers a new kernel and searches its tiles (tens of milliseconds)."""
 MAX_KERNEL_TERMS = 60
 """Most terms one kernel's cone may hold (its own computation and the tensors it reads). A kernel
 recomputes the elementwise work between the tensors it reads and what it stores, so in a deep chain
@@ -320,10 +315,6 @@ class Budget:
     def exhausted(self) -> bool:
         return self.left <= 0
 
-    def refund(self, work: int) -> None:
-        """Give back ``work`` paid in advance for something that turned out cheaper."""
-        self.left += work
-
     def grant(self, work: int) -> None:
         """Add ``work`` for a later pass (from zero where an earlier pass overspent)."""
         self.left = max(self.left, 0) + work
@@ -360,7 +351,6 @@ class Planner:
         self.rejections: dict[str, int] = {}  # why candidate kernels were dropped, for the error message
         self.cut: list[str] = []  # what a work budget left unexplored (``provenance.search_cut``)
         self.derive_cut = False  # derivation stopped at ``max_variants`` with rewrites left
-        self.lowered_terms = 0  # terms of the partition kernels lowered so far (kernel-cache misses)
 
     @property
     def label(self) -> str:
@@ -403,15 +393,15 @@ class Planner:
         """The cheapest lowering of root's kernel (None if none fits) and the tensors it reads.
         Several roots (with one output name each): one multi-output kernel. ``streams``: the loop
         axes to try (default: every candidate)."""
-        terms, leaves, key = self._kernel_key(root, boundary, tensors, out_name, streams)
+        terms = cone(root, boundary)
         roots = as_roots(root)
+        leaves = [t for t in terms if all(t is not r for r in roots) and t in boundary]
         outs = [out_name] if isinstance(out_name, str) else list(out_name)
+        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves), streams)
         if key in self._cache:
             for why in self._why.get(key, ()):
                 self._reject(why)
             return self._cache[key], leaves
-        if isinstance(out_name, str):
-            self.lowered_terms += len(terms)
         if len(terms) > MAX_KERNEL_TERMS:
             why = (f"a kernel would compute {len(terms)} terms (at most {MAX_KERNEL_TERMS} fuse into one: "
                    "elementwise work is recomputed in every kernel that reads it, so deep chains grow each cone)")
@@ -448,17 +438,6 @@ class Planner:
             for why in whys:
                 self._reject(why)
         return best, leaves
-
-    @staticmethod
-    def _kernel_key(root: Roots, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
-                    out_name: str | tuple[str, ...],
-                    streams: tuple[str | None, ...] | None) -> tuple[list[Term], list[Term], tuple]:
-        """The cone of ``root``'s kernel, the tensors it reads and its key in the kernel cache."""
-        terms = cone(root, boundary)
-        roots = as_roots(root)
-        leaves = [t for t in terms if all(t is not r for r in roots) and t in boundary]
-        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves), streams)
-        return terms, leaves, key
 
     def _mixes_split_stages(self, computed: list[Term]) -> str:
         """Why a kernel of a split graph would reduce a chunk and combine chunks at once ('' when not):
@@ -529,14 +508,13 @@ class Planner:
 
         def try_merge(a: Group[KernelChoice], b: Group[KernelChoice]) -> Group[KernelChoice] | None:
             la, lb = a.choice.low, b.choice.low
+            if budget is not None and not budget.spend(MERGE_WORK * (len(la.terms) + len(lb.terms))):
+                self._skipped(budget, f"kernel merges not tried in partitions of {variant_name(cand.variant)}")
+                return None
             roots, writes = la.roots + lb.roots, (*la.writes, *lb.writes)
             # kernels of different grids (a statistic returned beside what it scales, merge._pairs):
             # the union picks its own loop axis, or none
             streams = (la.stream,) if a.key == b.key else None
-            work = self._merge_work(roots, boundary, tensors, writes, streams, len(la.terms) + len(lb.terms))
-            if budget is not None and not budget.spend(work):
-                self._skipped(budget, f"kernel merges not tried in partitions of {variant_name(cand.variant)}")
-                return None
             kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved, streams=streams)
             if kc is None and streams is not None and la.stream is None:
                 # held whole, the union's tiles may not fit: stream one of its axes
@@ -549,14 +527,6 @@ class Planner:
             return None
         kernels, total = self._coscheduled([g.choice for g in out], {t.name: t for t in cand.tensors})
         return Candidate(cand.variant, kernels, cand.tensors, total, cand.unguarded, cand.scaled_operands, cand.cut)
-
-    def _merge_work(self, roots: Roots, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
-                    writes: tuple[str, ...], streams: tuple[str | None, ...] | None, terms: int) -> int:
-        """What a merge attempt of two kernels computing ``terms`` terms costs: ``MERGE_WORK`` per term,
-        or one unit where an earlier partition already lowered the same union (the kernel cache
-        answers it, and no lowering or tile search runs)."""
-        _, _, key = self._kernel_key(roots, boundary, tensors, writes, streams)
-        return 1 if key in self._cache else MERGE_WORK * terms
 
     def _coscheduled(self, kernels: list[KernelChoice],
                      tensors: dict[str, GlobalTensor]) -> tuple[list[KernelChoice], float]:
@@ -590,20 +560,9 @@ class Planner:
                                               "not evaluated")
                         return out
                     done += 1
-                    out.extend(self._paid_partitions(v, c, budget, cost))
+                    out.extend(self.partitions(v, c, budget=budget))
             return out
         return self._beam(v, anchors, budget)
-
-    def _paid_partitions(self, v: Variant, cut: tuple[Term, ...], budget: Budget, cost: int) -> list[Candidate]:
-        """``partitions(v, cut)``, for which ``cost`` (the variant's term count) was paid from ``budget``
-        in advance: what its kernels did not lower goes back (those the kernel cache already held from
-        an earlier partition cost a lookup), down to one unit. Each unit then stands for a term lowered
-        and tile-searched, the work that takes the time: a variant whose kernels mostly repeat earlier
-        ones' is cheap, and the budget is not spent on lookups (issue 46)."""
-        before = self.lowered_terms
-        got = self.partitions(v, cut, budget=budget)
-        budget.refund(cost - min(cost, max(1, self.lowered_terms - before)))
-        return got
 
     def _beam(self, v: Variant, anchors: list[Term], budget: Budget) -> list[Candidate]:
         """Cost-guided local search over cut sets: keep the BEAM_WIDTH cheapest, toggle one cut."""
@@ -614,7 +573,7 @@ class Planner:
 
         def evaluate(cut: frozenset[Term]) -> Candidate | None:
             if cut not in results:
-                got = self._paid_partitions(v, tuple(sorted(cut, key=order.__getitem__)), budget, cost)
+                got = self.partitions(v, tuple(sorted(cut, key=order.__getitem__)), budget=budget)
                 alternatives.extend(got[1:])
                 results[cut] = min(got, key=Candidate.rank) if got else None
             return results[cut]
@@ -689,16 +648,20 @@ class Planner:
         # second pass, with what the first left of the budget plus its own share: the best variants again,
         # computed GEMM operands also cut (more cut candidates per variant would crowd other variants out of
         # the first)
-        best = [v for v in _best_variants(out, OPERAND_PASS_VARIANTS) if self._has_operand_cuts(v)]
-        if not best:  # the best variants have nothing to cut: the best ones that have, if any
-            best = _best_variants(out, OPERAND_PASS_VARIANTS, self._has_operand_cuts)
-        if best:  # the grant counts what the pass walks
+        if any(self._has_operand_cuts(c.variant) for c in out[:OPERAND_PASS_VARIANTS]):
             budget.grant(int(budget.work * OPERAND_PASS_SHARE))
-        for v in best:
+        seen: list[Variant] = []
+        for c in out:
+            if len(seen) >= OPERAND_PASS_VARIANTS:
+                break
             if budget.exhausted():
                 self._skipped(budget, "computed GEMM operands not tried as cuts of the best variants")
                 break
-            out.extend(self._explore(v, budget, operands=True))
+            if any(c.variant is v for v in seen):
+                continue
+            seen.append(c.variant)
+            if self._has_operand_cuts(c.variant):
+                out.extend(self._explore(c.variant, budget, operands=True))
         out.sort(key=Candidate.rank)
         out.extend(self._dependent_merges(out))
         out.sort(key=Candidate.rank)
@@ -728,21 +691,6 @@ class Planner:
             seen.add(key)
             out.extend(self.partitions(c.variant, c.cut, budget=budget, dependent=True)[1:])
         return out
-
-
-def _best_variants(ranked: list[Candidate], n: int, keep: Callable[[Variant], bool] = lambda v: True) -> list[Variant]:
-    """The first ``n`` distinct variants of ranked candidates that ``keep`` accepts. The operand pass walks
-    those of the first ``n`` that have computed GEMM operands (its grant looks at the same list); where none
-    has, the first ``n`` that have: the best first-pass plans of an attention can be a dozen variants
-    differing only where a constant sits, none with an operand to cut (QK-norm attention, issue 46), and
-    the pass then did nothing once the budget let the first pass reach them all."""
-    out: list[Variant] = []
-    for c in ranked:
-        if len(out) >= n:
-            break
-        if keep(c.variant) and not any(c.variant is v for v in out):
-            out.append(c.variant)
-    return out
 
 
 def merge_key(low: Lowered) -> tuple:
