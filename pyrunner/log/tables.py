@@ -197,26 +197,27 @@ def seed_table(rows: list[Row], group: tuple[str, str] | None = None) -> str:
 
 def _seed_tables(rows: list[Row]) -> list[str]:
     """The seeds section: the default group's table, then each other group's under its mark."""
-    out = [seed_table(rows)]
+    out, default = [seed_table(rows)], _default(rows)
     for g in _groups(rows):
-        if g != _default(rows) and any(_is_seed(r) and r.group == g for r in rows):
-            out += ["", f"On {_group_name(g, _default(rows)[1])}:", "", seed_table(rows, g)]
+        if g != default and any(_is_seed(r) and r.group == g for r in rows):
+            out += ["", f"On {_group_name(g, default[1])}:", "", seed_table(rows, g)]
     return out
 
 
 def _groups(rows: list[Row]) -> list[tuple[str, str]]:
     """The (backend, device) groups of the rows: the default one first, then the others by name."""
-    return sorted({r.group for r in rows}, key=lambda g: (g != _default(rows), g))
+    default = _default(rows)
+    return sorted({r.group for r in rows}, key=lambda g: (g != default, g))
 
 
 def _summary(rows: list[Row]) -> list[str]:
     """Geomeans per group: one backend's or one card's times never average with another's."""
     out = ["| rows | vs torch.compile (geomean) | vs best baseline (geomean) | at least 0.95x the best |",
            "|---|---|---|---|"]
-    groups = []
+    groups, default = [], _default(rows)
     for g in _groups(rows):
         mine = [r for r in rows if r.group == g]
-        tag = "" if g == _default(rows) else f", {_group_name(g, _default(rows)[1])}"
+        tag = "" if g == default else f", {_group_name(g, default[1])}"
         groups += [(f"seeds{tag}", [r for r in mine if _is_seed(r)]), (f"all{tag}", mine)]
     for name, sel in groups or [("seeds", []), ("all", [])]:
         tc = _geomean([r.record.speedups[PRIMARY_BASELINE] for r in sel])
@@ -228,8 +229,9 @@ def _summary(rows: list[Row]) -> list[str]:
 
 def _backend_note(rows: list[Row]) -> list[str]:
     """Lines naming the other groups' rows, when there are any (none: the text is what it always was)."""
-    reference = _default(rows)[1]
-    others = [g for g in _groups(rows) if g != _default(rows)]
+    default = _default(rows)
+    reference = default[1]
+    others = [g for g in _groups(rows) if g != default]
     if not others:
         return []
     named = ", ".join(f"`({_group_name(g, reference)})`" for g in others)
