@@ -93,11 +93,12 @@ def _executor_launch(plan):
 def test_the_gpu_check_draws_saved_tensors_from_the_forward(saved_plan: Path) -> None:
     plan = load_plan(saved_plan)
     verifier = GpuVerifier(plan, plan_graph(plan), seed=0, device="cpu")
-    assert [label for label, _ in verifier.draws] == ["", "on outlier inputs (up to 20)"]
+    labels = [label for label, _ in verifier.draws]
+    assert labels[:2] == ["", "on outlier inputs (up to 20)"] and labels[2].startswith("on planted inputs"), labels
     for _, d in verifier.draws:
         assert _belongs({k: v.double().numpy() for k, v in d.inputs.items()}) < 0.05
     res = verifier.check(_executor_launch(plan))
-    assert res.ok, res.message
+    assert res.ok and res.draws == ["normal", "outlier", "planted"], res.message
 
 
 def _forged(doc: dict, *, graph: bool = False) -> dict:
