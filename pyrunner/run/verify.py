@@ -337,7 +337,7 @@ class GpuVerifier:
             linked = plan_draws(plan, draws, numpy_forward if reference == "numpy" else torch_forward(device))
             saves = linked is not draws  # computed saved tensors: conditioning no random draw chose
             self._drawn = drawn(linked, graph, self.seed, lambda desc, raw: self._draw(desc, raw, conditioning=saves),
-                                lambda d: checkable(d.ref, d.operand_error, dts), self.storage_dtype)
+                                lambda d: checkable(d.ref, d.operand_error, dts, d.arith_error), self.storage_dtype)
         self.draws: list[tuple[str, _DeviceDraw]] = self._drawn.prepared
         """Each draw checked (its label, empty for the first; its inputs, reference and bound)."""
         self.skipped: list[str] = self._drawn.skipped
@@ -554,7 +554,8 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     linked = plan_draws(plan, draws)
     saves = seed if linked is not draws else None  # computed saved tensors: measure their conditioning
     prepared = drawn(linked, graph, seed, lambda desc, raw: _prepare(plan, graph, raw, desc, bound, saves),
-                     lambda p: checkable(p.ref, p.operand_error, dts) and p.peak <= DTYPE_MAX[storage_dtype(plan)],
+                     lambda p: checkable(p.ref, p.operand_error, dts, p.arith_error)
+                     and p.peak <= DTYPE_MAX[storage_dtype(plan)],
                      storage_dtype(plan))
     return run_draws(prepared, lambda label, prep: _executor_once(plan, graph, execute, seed, prep, label))
 
