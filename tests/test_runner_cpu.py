@@ -43,6 +43,7 @@ def test_cpu_path_renders_lowers_executes_and_says_what_it_skipped(tmp_path, mon
     assert rec.status == "skipped", rec.message
     assert "no GPU" in rec.message and "timing" in rec.message and "nvcc not found" in rec.message
     assert "on outlier inputs" in rec.message  # both draws of the check ran
+    assert rec.extra["draws"] == {"checked": ["normal", "outlier"], "not_checked": []}  # no reduction: no planting
     assert rec.plan_us is None and rec.error is not None and 0 < rec.error <= rec.error_bound
     assert rec.extra["executor_shapes"] == {"m": 128, "d": 128, "n": 128}  # within the CPU budget: real shapes
     src = tmp_path / "out" / rec.plan_hash / "Matmul.py"

@@ -1,4 +1,4 @@
-"""The inputs every numerical check runs on (``DRAWS``), and when a draw can be checked at all.
+"""The inputs every numerical check runs on (``CHECK_DRAWS``), and when a draw can be checked at all.
 
 Why: the CPU executor check and the GPU check must draw the same inputs (a plan that passes one on
 values the other never sees is a hole): both take their draws (``CHECK_DRAWS``), and the rule that lowers a
@@ -146,7 +146,7 @@ def planted_inputs(graph: Graph, seed: int, scale: float = 0.5) -> dict[str, np.
         if not edge:  # contracted axes only: planted whole, unscaled (none at all: as drawn)
             out[t.name] = np.abs(x, out=x) * sign if coh else x
             continue
-        # only the planted slices are touched (an LM head's 51M-entry weight costs its draw and one pass):
+        # only the planted slices are touched (a large input costs its draw, not a mask and a full copy):
         # each computed from the drawn values before any is written, so a corner two slices share agrees
         slices = [tuple(-1 if j == i else slice(None) for j in range(len(shape))) for i in edge]
         planted = [np.abs(x[s]) * sign[s] * boost for s in slices]
@@ -245,6 +245,7 @@ def output_dtypes(plan: Plan) -> dict[str, str]:
 
 
 def not_checked(draw: Draw, dtype: str, seed: int) -> str:
-    """The note of a draw skipped because the graph itself overflows on every magnitude of it."""
+    """The note of a draw skipped because the graph itself overflows, leaves the dtype or is ill-conditioned on
+    every magnitude of it."""
     return (f"{draw.name} inputs not checked: the graph's float64 values overflow, leave {dtype} or are "
             f"ill-conditioned on them ({draw.describe(draw.magnitudes[-1])}, seed {seed})")

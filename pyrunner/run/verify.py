@@ -184,7 +184,8 @@ class VerifyResult:
     """The draws the verdict covers, by ``Draw.name`` in order (``given`` for a caller's inputs): every one
     checked on a pass, those up to the failing one on a failure."""
     not_checked: list[str] = field(default_factory=list)
-    """The draws skipped because the graph's own values leave the plan's dtypes on every magnitude of them."""
+    """The draws skipped because the graph's own values leave the plan's dtypes (or are ill-conditioned) on every
+    magnitude of them."""
 
     def draws_record(self) -> dict[str, list[str]]:
         """What a results record keeps of the draws (``checked``, ``not_checked``)."""
