@@ -253,7 +253,7 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
         from pyrunner.run.verify import GpuVerifier
 
         # a backward plan records its derivation: every draw computes its saved tensors from its forward
-        # inputs (run.backward_draws), on the normal and the outlier draw as any plan is checked
+        # inputs (run.backward_draws), on the normal, outlier and planted draws as any plan is checked
         verifier = GpuVerifier(plan, graph, device="cuda")
         res = verifier.check(launch)
         del verifier
@@ -264,6 +264,7 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
     rec.bound = res.bound if math.isfinite(res.bound) else None
     rec.message = res.message
     rec.extra["seed"] = res.seed
+    rec.extra["draws"] = res.draws_record()
     rec.extra["per_output"] = {k: (v if math.isfinite(v) else str(v)) for k, v in res.per_output.items()}
     rec.stage = "verified" if res.ok else "compiled"
     rec.status = "ok" if res.ok else "not-checkable" if res.uncheckable else "failed-verification"
@@ -363,9 +364,22 @@ def summarize(records: list[dict], dry: bool, seconds: float, device: str | None
         "failed": len(failed),
         "skipped": sum(r["status"] == "skipped" for r in records),
         "not_checkable": [{"id": r["id"], "message": r["message"]} for r in records if r["status"] == "not-checkable"],
+        "draws": draw_counts(records),
         "by_source": {s: sum(r["source"] == s for r in records) for s in sorted({r["source"] for r in records})},
         "failures": [{"id": r["id"], "status": r["status"], "message": r["message"]} for r in failed],
     }
+
+
+def draw_counts(records: list[dict]) -> dict[str, dict[str, int]]:
+    """Per draw (normal, outlier, planted), how many cases' checks ran it and how many skipped it because the
+    graph's own values leave the dtype on every magnitude of it (``VerifyResult.draws_record``)."""
+    out: dict[str, dict[str, int]] = {}
+    for r in records:
+        draws = (r.get("extra") or {}).get("draws") or {}
+        for key in ("checked", "not_checked"):
+            for name in draws.get(key, []):
+                out.setdefault(name, {"checked": 0, "not_checked": 0})[key] += 1
+    return out
 
 
 def table(s: dict) -> str:
@@ -373,6 +387,10 @@ def table(s: dict) -> str:
              f"{s['seconds']:.0f} s",
              f"   planned {s['planned']} / compiled {s['compiled']} / GPU-verified {s['gpu_verified']} / "
              f"failed {s['failed']} / skipped {s['skipped']} / not checkable {len(s.get('not_checkable', []))}"]
+    if s.get("draws"):
+        lines.append("   draws checked: " + ", ".join(f"{n} {c['checked']}" + (f" ({c['not_checked']} not checked)"
+                                                                                 if c["not_checked"] else "")
+                                                      for n, c in s["draws"].items()))
     for f in s["failures"]:
         lines.append(f"   FAIL {f['id']:52s} {f['status']:20s} {f['message'][:160]}")
     for f in s.get("not_checkable", []):

@@ -91,6 +91,33 @@ def matmul_plan():
 
 
 @pytest.fixture
+def executor_launch():
+    """launch(tensors) that runs a plan's tiled algorithm on the CPU executor (``run.executor.execute``) on the
+    GPU check's tensors (CPU torch tensors, the plan's layout) and stores its outputs: ``GpuVerifier`` with
+    ``device="cpu"`` then checks a plan as the device would run it."""
+    import numpy as np
+    import torch
+
+    from pyrunner.plan.validate import plan_graph
+    from pyrunner.plan.views import to_source_layout, view_of
+    from pyrunner.run.executor import execute
+
+    def make(plan):
+        graph, view = plan_graph(plan), view_of(plan)
+        axes = {t.name: t.axes for t in graph.inputs()}
+
+        def launch(t: dict) -> None:
+            ins = {gt.name: to_source_layout(t[gt.name].double().numpy(), gt.axes, axes[gt.name], view)
+                   for gt in plan.tensors if gt.role == "input"}
+            for name, v in execute(plan, ins).items():
+                t[name].copy_(torch.from_numpy(np.asarray(v, dtype=np.float64)).reshape(t[name].shape))
+
+        return launch
+
+    return make
+
+
+@pytest.fixture
 def fake_launch():
     """launch(tensors) that computes the graph with run.baselines.torch_fn (float64) and stores the outputs."""
     from pyrunner.run.baselines import torch_fn

@@ -12,14 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from pyrunner.cli import main
 from pyrunner.ir.graph_json import graph_from_json
 from pyrunner.plan.backward_of import derivation_of
 from pyrunner.plan.schema import Plan, plan_document, plan_hash
 from pyrunner.plan.validate import load_plan, plan_graph, validate_plan
-from pyrunner.plan.views import to_source_layout, view_of
 from pyrunner.planner.aliases import graph_hash
 from pyrunner.run import executor, runner
 from pyrunner.run.executor import execute
@@ -77,27 +75,15 @@ def test_run_checks_a_saved_backward_plan_on_outlier_and_planted_draws(saved_pla
     assert max(_belongs(x) for x in seen) < 0.05  # the LSE is the drawn scores' own (fp16-rounded Q, K)
 
 
-def _executor_launch(plan):
-    """A GPU check's ``launch`` run by the CPU executor on the plan's tensors (CPU torch tensors)."""
-    graph, view = plan_graph(plan), view_of(plan)
-    axes = {t.name: t.axes for t in graph.inputs()}
-
-    def launch(t: dict) -> None:
-        ins = {gt.name: to_source_layout(t[gt.name].double().numpy(), gt.axes, axes[gt.name], view)
-               for gt in plan.tensors if gt.role == "input"}
-        for name, v in execute(plan, ins).items():
-            t[name].copy_(torch.from_numpy(np.asarray(v, dtype=np.float64)))
-    return launch
-
-
-def test_the_gpu_check_draws_saved_tensors_from_the_forward(saved_plan: Path) -> None:
+def test_the_gpu_check_draws_saved_tensors_from_the_forward(saved_plan: Path, executor_launch) -> None:
     plan = load_plan(saved_plan)
     verifier = GpuVerifier(plan, plan_graph(plan), seed=0, device="cpu")
-    assert [label for label, _ in verifier.draws] == ["", "on outlier inputs (up to 20)"]
+    labels = [label for label, _ in verifier.draws]
+    assert labels[:2] == ["", "on outlier inputs (up to 20)"] and labels[2].startswith("on planted inputs"), labels
     for _, d in verifier.draws:
         assert _belongs({k: v.double().numpy() for k, v in d.inputs.items()}) < 0.05
-    res = verifier.check(_executor_launch(plan))
-    assert res.ok, res.message
+    res = verifier.check(executor_launch(plan))
+    assert res.ok and res.draws == ["normal", "outlier", "planted"], res.message
 
 
 def _forged(doc: dict, *, graph: bool = False) -> dict:

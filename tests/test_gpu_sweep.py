@@ -101,6 +101,21 @@ def test_summary_counts_and_failure_lines() -> None:
     assert "not checkable 1" in gpu_sweep.table(s) and "NOT CHECKABLE g5@small/bf16" in gpu_sweep.table(s)
 
 
+def test_summary_says_which_draws_ran_and_which_were_skipped() -> None:
+    """Each record keeps the check's draws (``VerifyResult.draws_record``); the summary counts them per draw."""
+    def rec(i, checked, skipped=()):
+        return {"id": f"g{i}@real/bf16", "source": "corpus", "status": "ok", "stage": "verified", "message": "",
+                "extra": {"draws": {"checked": checked, "not_checked": list(skipped)}}}
+
+    recs = [rec(0, ["normal", "outlier", "planted"]), rec(1, ["normal", "outlier"]),  # g1: no reduction
+            rec(2, ["normal", "outlier"], ["planted"]), rec(3, ["normal"], ["outlier", "planted"]),
+            {"id": "g4@real/bf16", "source": "corpus", "status": "failed-compile", "stage": "planned", "message": "x"}]
+    s = gpu_sweep.summarize(recs, dry=False, seconds=1.0)
+    assert s["draws"] == {"normal": {"checked": 4, "not_checked": 0}, "outlier": {"checked": 3, "not_checked": 1},
+                          "planted": {"checked": 1, "not_checked": 2}}
+    assert "draws checked: normal 4, outlier 3 (1 not checked), planted 1 (2 not checked)" in gpu_sweep.table(s)
+
+
 def test_changed_cases_finds_nothing_against_the_tree_itself(tmp_path: Path) -> None:
     """benchmarks/changed_cases.py against HEAD, on a clean tree's own code: every case renders the
     same, so no id is listed (a listed id would send an unchanged case back to the GPU)."""

@@ -18,6 +18,7 @@ from pyrunner.ir import catalog
 from pyrunner.ir.grad import derive
 from pyrunner.ir.graph import Graph
 from pyrunner.ir.graph_json import load_graph_file
+from pyrunner.plan.backward_of import with_backward_of
 from pyrunner.plan.schema import Plan
 from pyrunner.planner.saves import choose_saves, predicted_us
 from pyrunner.run.executor import execute
@@ -197,3 +198,56 @@ def test_composed_training_plans_meet_the_gradient_bound(name: str) -> None:
     assert errors and set(errors) <= set(bwd.wrt)
     assert gradient_bound(fwd_plan, back_plan, bwd) <= bound <= GRADIENT_BOUND_CAP
     assert max(errors.values()) <= bound, (errors, bound)
+
+
+class _Loaded:
+    """A ``load.LoadedPlan`` stand-in for ``gpu_check_backward``: its kernels are the plan's tiled algorithm on
+    the CPU executor (``GpuVerifier`` runs on device ``cpu``)."""
+
+    def __init__(self, plan: Plan, launch) -> None:
+        from pyrunner.plan.validate import plan_graph
+
+        self.plan, self.graph, self.hash, self._launch = plan, plan_graph(plan), plan.provenance.plan_hash, launch
+
+    def compile(self, device: str):
+        return self._launch
+
+
+def test_the_training_checks_run_a_backward_plan_on_every_draw(executor_launch) -> None:
+    """The training path's checks (``cpu_check_backward``, ``gpu_check_backward``) run a backward plan on every
+    draw, each with saves computed from its forward inputs, as ``run`` does, not on one normal set. The gradient
+    of max |X @ W| flows to its argmax alone: a backward plan whose last row of d_W is zeroed passed on one normal
+    set (the argmax sat elsewhere) and fails on the planted draw, which puts it in that row."""
+    from test_plan_mutations import _at, _edit, _sites
+
+    from pyrunner.errors import UserError
+    from pyrunner.frontend.training import cpu_check_backward, gpu_check_backward
+    from pyrunner.plan.schema import plan_document, with_hash
+
+    forward = load_graph_file(BENCH / "gemm_max_scalar.json").with_sizes({"m": 64, "d": 64, "n": 64})
+    bwd = derive(forward)
+    (plan,) = search(bwd.graph, "bf16", top=1)
+    doc = plan_document(plan)
+    site = next(p for p in _sites(doc)["tail"] if _at(doc, p)["dst"] == "d_W")
+    edited = with_hash(Plan.model_validate(_edit(doc, "tail", site)))
+    assert verify_executor(edited, bwd.graph, execute, seed=0, inputs=backward_inputs(bwd, bwd.graph, 0)).ok
+    with pytest.raises(UserError, match="on planted inputs"):
+        cpu_check_backward(forward, bwd, edited)
+    msg = cpu_check_backward(forward, bwd, plan)
+    assert "backward CPU-checked" in msg and "on outlier inputs" in msg and "on planted inputs" in msg, msg
+    with pytest.raises(UserError, match="on planted inputs"):
+        gpu_check_backward(_Loaded(edited, executor_launch(edited)), bwd, device="cpu")
+    res = gpu_check_backward(_Loaded(plan, executor_launch(plan)), bwd, device="cpu")
+    assert res.ok and res.draws == ["normal", "outlier", "planted"], res.message
+
+
+def test_a_later_draw_ill_conditioned_on_computed_saves_is_taken_smaller() -> None:
+    """A decode softmax's backward on planted inputs at std 0.5: the corner makes its softmax one-hot, and float32
+    roundings of the graph's own values move the float64 gradient by 1e11 of its scale (``run.conditioning``).
+    That draw was the verdict, so a plan that passed normal and outlier inputs was "not checkable"; it is now
+    taken at the next scale, as an overflowing draw is."""
+    forward = load_graph_file(BENCH / "gemv_softmax_decode.json").with_sizes({"d": 64, "v": 64})
+    bwd = derive(forward)
+    (plan,) = search(bwd.graph, "bf16", top=1)
+    res = verify_executor(with_backward_of(plan, bwd), bwd.graph, execute, seed=0)
+    assert res.ok and "on planted inputs (std 0.25)" in res.message, res.message

@@ -18,7 +18,9 @@ maxima) zeroed changes only when the maximum sits in that row (1 in 256); a mean
 ``X @ W2`` zeroed moves by about 1/m (1.5e-3 against a 2e-3 bound at seed 11); a decode softmax with its
 last logit or probability zeroed loses a probability 2.7e-4 of the largest. The CPU check now also runs the
 planted draw (``draws.planted_inputs``: the last index of every uncontracted axis holds the extreme, by
-construction), which each edit fails by a wide margin.
+construction), which each edit fails by a wide margin. So does the GPU check (``GpuVerifier``, run here on the
+CPU with the edited plan's tiled algorithm as its kernels): it ran normal and outlier inputs only, and a
+kernel dropping a tail at the real shape (a partial last tile the CPU check's shape may not have) passed it.
 
 Every plan is planned at the mutation test's shapes and edited by its ``_edit``, hash recomputed.
 """
@@ -35,13 +37,14 @@ from test_plan_mutations import SMALL, WORK, _at, _edit, _sites
 from pyrunner.ir import catalog
 from pyrunner.ir.graph_json import load_graph_file
 from pyrunner.plan.schema import Plan, plan_document, with_hash
+from pyrunner.plan.validate import plan_graph
 from pyrunner.planner import search
 from pyrunner.planner.search import Budget
-from pyrunner.run.draws import DRAWS, NORMAL, planted_inputs
+from pyrunner.run.draws import DRAWS, NORMAL, PLANTED, planted_inputs
 from pyrunner.run.executor import execute
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import compared_constants, cpu_check_plan
-from pyrunner.run.verify import verify_executor
+from pyrunner.run.verify import GpuVerifier, verify_executor
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = 11
@@ -109,6 +112,37 @@ def test_a_row_drowned_in_a_reduction_fails_on_the_planted_draw(graph_file: str,
     assert res.error > 10 * res.bound, res.message  # by construction, not by a seed's luck
     ok = _check(plan)
     assert ok.ok and "on planted inputs" in ok.message, ok.message
+
+
+@pytest.mark.parametrize(("graph_file", "stored"), [
+    ("benchmarks/graphs/gemm_max_scalar.json", "Y"),  # max |X @ W|, the GEMM's last row zeroed
+    ("benchmarks/graphs/gemv_softmax_decode.json", "z"),  # softmax(h @ E), the last logit zeroed
+])
+def test_the_gpu_check_fails_a_dropped_row_on_the_planted_draw(graph_file: str, stored: str, executor_launch) -> None:
+    """The device check at the plan's own shape, its reference float64 PyTorch as on the GPU: blind on normal and
+    outlier inputs, it now plants too, and names the draws it ran."""
+    plan, edited = _tail_edited(graph_file, stored)
+    g = plan_graph(plan)
+    bad, good = executor_launch(edited), executor_launch(plan)
+    blind = GpuVerifier(plan, g, seed=SEED, device="cpu", draws=DRAWS).check(bad)
+    assert blind.ok, f"seed {SEED}'s normal and outlier draws now catch the edit alone; the test shows no hole"
+    verifier = GpuVerifier(plan, g, seed=SEED, device="cpu")
+    res = verifier.check(bad)
+    assert not res.ok and "on planted inputs" in res.message and res.error > 10 * res.bound, res.message
+    assert res.draws == ["normal", "outlier", "planted"] and res.not_checked == []
+    ok = verifier.check(good)
+    assert ok.ok and "on planted inputs" in ok.message and ok.draws == ["normal", "outlier", "planted"], ok.message
+
+
+def test_a_planted_draw_scaled_down_is_the_draw_made_at_that_scale() -> None:
+    """``PlantedDraw.series`` scales its first draw instead of drawing again (0.5 s at attention's real shape):
+    the values are those ``planted_inputs`` draws at each scale, bit for bit."""
+    g = catalog.get("ScaledAttention", {"h": 2, "t_q": 24, "t_kv": 40, "d": 16})
+    series = list(PLANTED.series(g, 7))
+    assert [m for m, _ in series] == list(PLANTED.magnitudes)
+    for m, got in series:
+        want = planted_inputs(g, 7, m)
+        assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want), m
 
 
 @pytest.mark.parametrize("seed", range(8))

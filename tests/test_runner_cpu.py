@@ -43,6 +43,7 @@ def test_cpu_path_renders_lowers_executes_and_says_what_it_skipped(tmp_path, mon
     assert rec.status == "skipped", rec.message
     assert "no GPU" in rec.message and "timing" in rec.message and "nvcc not found" in rec.message
     assert "on outlier inputs" in rec.message  # both draws of the check ran
+    assert rec.extra["draws"] == {"checked": ["normal", "outlier"], "not_checked": []}  # no reduction: no planting
     assert rec.plan_us is None and rec.error is not None and 0 < rec.error <= rec.error_bound
     assert rec.extra["executor_shapes"] == {"m": 128, "d": 128, "n": 128}  # within the CPU budget: real shapes
     src = tmp_path / "out" / rec.plan_hash / "Matmul.py"
@@ -315,3 +316,20 @@ def test_a_config_that_fails_to_compile_falls_back_to_the_next_candidate(tmp_pat
     # a pinned config is never replaced
     rec2 = run_plan(plan, _gpu_opts(tmp_path, fake_gpu, autotune=3, baselines=(), config=default))
     assert rec2.status == "failed-compile"
+
+
+def test_gpu_path_a_kernel_dropping_a_reduced_row_fails_on_the_planted_draw(tmp_path, executor_launch) -> None:
+    """The device's kernels drop the last row of ``X @ W`` before its maximum is taken (the plan is right, the
+    compiled code is not: the runtime runs an edited plan's tiled algorithm). Normal and outlier inputs put the
+    maximum elsewhere; the runner's check plants it there, fails the run and records which draws it ran."""
+    from test_mutation_holes import _tail_edited
+
+    plan, edited = _tail_edited("benchmarks/graphs/gemm_max_scalar.json", "Y")
+    wrong = FakeGpu(lambda graph, corrupt=None: executor_launch(edited), baselines=False)
+    rec = run_plan(plan, _gpu_opts(tmp_path, wrong, baselines=(), seed=11))
+    assert rec.status == "failed-verification" and "on planted inputs" in rec.message, rec.message
+    assert rec.extra["draws"] == {"checked": ["normal", "outlier", "planted"], "not_checked": []}
+    right = FakeGpu(lambda graph, corrupt=None: executor_launch(plan), baselines=False)
+    rec = run_plan(plan, _gpu_opts(tmp_path, right, baselines=(), seed=11))
+    assert rec.status == "ok" and "on planted inputs" in rec.message, rec.message
+    assert rec.extra["draws"] == {"checked": ["normal", "outlier", "planted"], "not_checked": []}

@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     from pyrunner.ir.graph_json import load_graph_file
     from pyrunner.pipeline import best_plan
     from pyrunner.plan.analysis import resolve_config
+    from pyrunner.run.draws import NORMAL
     from pyrunner.run.verify import GpuVerifier
     from pyrunner.target.tuning import committed_tuning
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = resolve_config(plan)
     module = load_module(render(plan), Path("/tmp/superopt_launch") / "plan.py")
     kernels = module.compile_kernels(cfg)
-    tensors = GpuVerifier(plan, graph, device="cuda").tensors()
+    tensors = GpuVerifier(plan, graph, device="cuda", draws=(NORMAL,)).tensors()  # the first draw's only
     for _ in range(args.launches):
         module.launch(tensors, cfg, kernels=kernels)
     torch.cuda.synchronize()

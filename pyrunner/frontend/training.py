@@ -4,18 +4,18 @@ Both come from the same door as every other plan (``compile.cached_plan``: ``pip
 for the derivation ``planner.saves.choose_saves`` picks (recompute or save, by the cost model), as
 ``superopt --with-saves`` and ``superopt --backward`` plan them. Before a backward plan is used it is
 checked twice on the CPU: its tiled algorithm on the CPU executor against the float64 reference of
-the backward graph, fed saved tensors its forward computes (``run.grad_check.backward_inputs``), and
-the derived backward graph against PyTorch float64 autograd of the forward graph
+the backward graph on every draw of the checks (normal, outlier and planted inputs, ``run.draws``), each
+draw's saved tensors computed from its own forward inputs (``run.backward_draws``: the plan records its
+derivation), and the derived backward graph against PyTorch float64 autograd of the forward graph
 (``run.grad_check.check_gradients``), both at the CPU-check shapes. On a GPU the compiled backward
-is checked against float64 the same way (``gpu_check_backward``).
+is checked against float64 on the same draws (``gpu_check_backward``), as ``pyrunner run`` and
+``gpu_sweep --backward`` check a backward plan file.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from pyrunner.errors import UserError
 from pyrunner.ir.grad import Backward, derive
@@ -76,18 +76,27 @@ def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: s
     return tp
 
 
+def recorded(plan: Plan, bwd: Backward) -> Plan:
+    """``plan`` carrying the record of ``bwd`` (``plan.backward_of``) where it has none: a check then draws each
+    of its draws' saved tensors from that draw's forward inputs (``run.backward_draws``)."""
+    from pyrunner.plan.backward_of import derivation_of, with_backward_of
+
+    return plan if derivation_of(plan) is not None else with_backward_of(plan, bwd)
+
+
 def cpu_check_backward(graph: Graph, bwd: Backward, plan: Plan, seed: int = 0) -> str:
-    """The backward plan on the CPU executor against float64, then the derivation against float64 autograd,
+    """The backward plan on the CPU executor against float64 on every draw of the checks (``draws.CHECK_DRAWS``,
+    saved tensors computed from each draw's forward inputs), then the derivation against float64 autograd,
     both at the plan's CPU-check shapes; raises ``UserError`` on a miss."""
     from pyrunner.run.executor import execute
-    from pyrunner.run.grad_check import backward_inputs, check_gradients
+    from pyrunner.run.grad_check import check_gradients
     from pyrunner.run.runner import graph_of
     from pyrunner.run.shrink import cpu_check_plan
     from pyrunner.run.verify import verify_executor
 
-    small = cpu_check_plan(plan)
+    small = cpu_check_plan(recorded(plan, bwd))
     g = graph_of(small)
-    res = verify_executor(small, g, execute, seed=seed, inputs=backward_inputs(bwd, g, seed))
+    res = verify_executor(small, g, execute, seed=seed)
     if not res.ok and not res.uncheckable:  # a gradient infinite in float64 itself is reported, not failed
         raise UserError(f"backward plan CPU check failed: {res.message}")
     fwd = graph.with_sizes({a: n for a, n in g.sizes.items() if a in graph.sizes})
@@ -100,22 +109,13 @@ def cpu_check_backward(graph: Graph, bwd: Backward, plan: Plan, seed: int = 0) -
             f"{DERIVATION_TOL:.0e} of float64 autograd")
 
 
-def gpu_backward_inputs(bwd: Backward, graph: Graph, seed: int, device: str) -> dict[str, np.ndarray]:
-    """``run.grad_check.backward_inputs`` with the saved tensors computed by float64 PyTorch on ``device``
-    (numpy takes minutes for attention's scores at full shapes)."""
-    from pyrunner.ir.reference import random_inputs
-    from pyrunner.run.backward_draws import linked_inputs, torch_forward
-
-    return linked_inputs(bwd, graph, seed, random_inputs, torch_forward(device))
-
-
 def gpu_check_backward(loaded: Any, bwd: Backward, device: str = "cuda", seed: int = 0) -> Any:
-    """The compiled backward (a ``load.LoadedPlan``) against float64 on inputs that belong together;
+    """The compiled backward (a ``load.LoadedPlan``) against float64 on every draw of the GPU check, each draw's
+    saved tensors computed from its forward inputs by float64 PyTorch on ``device`` (``run.backward_draws``);
     raises ``UserError`` when it fails (the bound is ``verify.GpuVerifier``'s, derived as the forward's)."""
     from pyrunner.run.verify import GpuVerifier
 
-    inputs = gpu_backward_inputs(bwd, loaded.graph, seed, device)
-    res = GpuVerifier(loaded.plan, loaded.graph, seed=seed, device=device, inputs=inputs).check(loaded.compile(device))
+    res = GpuVerifier(recorded(loaded.plan, bwd), loaded.graph, seed=seed, device=device).check(loaded.compile(device))
     if not res.ok and not res.uncheckable:  # as on the CPU: a non-finite float64 gradient is reported, not failed
         raise UserError(f"backward plan {loaded.hash} failed the float64 check: {res.message}")
     return res

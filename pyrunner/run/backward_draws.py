@@ -8,7 +8,7 @@ check that draws inputs for a plan (the CPU executor check, the GPU check, ``pyr
 derivation (``plan.backward_of``) each draw makes the forward's inputs of its kind, computes the saved
 tensors from them with the forward's float64 reference, and draws the cotangents; any other plan keeps
 its draws as they are. ``linked_inputs`` is the one place the three are put together (``run.grad_check``'s
-``backward_inputs`` and the training path's GPU inputs call it too).
+``backward_inputs`` calls it too; the training path's checks take ``plan_draws`` like any other).
 """
 
 from __future__ import annotations

@@ -427,6 +427,7 @@ def _run_cpu(run: _Run, cfg: Config) -> RunRecord:
         res = verify_executor(small, gsmall, partial(execute, audit=True), seed=run.fields["seed"])
     run.fields.update(error=res.error, error_bound=res.bound)
     run.fields["extra"]["executor_shapes"] = dict(gsmall.sizes)
+    run.fields["extra"]["draws"] = res.draws_record()
     skipped = "skipped (no GPU): GPU compile, GPU verification, timing, baselines"
     if not res.ok:
         return run.finish("failed-verification", f"{res.message}; {skipped}")
@@ -523,6 +524,7 @@ def _run_gpu(run: _Run, cfg: Config) -> RunRecord:
     except Exception as e:  # noqa: BLE001 - launch errors (bad address, ...) end the run
         return _fail(run, "failed-launch", e)
     run.fields.update(error=res.error, error_bound=res.bound)
+    run.fields["extra"]["draws"] = res.draws_record()  # which draws the device check ran, which it skipped
     if not res.ok:
         return run.finish("failed-verification", res.message)
     run.checkpoint()

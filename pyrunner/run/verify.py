@@ -6,9 +6,10 @@ NaN so an unwritten element cannot pass, and compares with the graph's float64
 meaning by the normalised max error ``max|out - ref| / max|ref|``. It does so twice
 (``DRAWS``): on N(0, 0.5) inputs and on heavy-tailed ones (``reference.outlier_inputs``: an
 outlier of magnitude 10 to 20 in every row and 1% of entries), which expose a plan that clamps
-values or shifts a softmax by the wrong maximum; the bound of each is derived on its own inputs. The
-CPU check adds a third (``draws.PLANTED``) for a graph with a reduction: the extremes sit at the last
-index of every uncontracted axis, so a plan that drops a tail a max, a mean or a softmax would drown fails.
+values or shifts a softmax by the wrong maximum; the bound of each is derived on its own inputs. Both
+checks add a third (``draws.PLANTED``, ``draws.CHECK_DRAWS``) for a graph with a reduction: the extremes sit
+at the last index of every uncontracted axis, so a plan that drops a tail a max, a mean or a softmax would
+drown fails.
 
 Why one module: the CPU executor check and the GPU check apply one bound formula, one judgement and one
 way of combining draws, and their messages must read alike; split, they drift apart (the inputs they
@@ -21,7 +22,7 @@ import math
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,12 +30,12 @@ from pyrunner.ir.graph import Graph, result_axes
 from pyrunner.ir.reference import computed_operands, evaluate, evaluate_terms
 from pyrunner.plan.views import View, to_plan_layout, to_source_layout, view_of
 from pyrunner.run.draws import (
-    CPU_DRAWS,
-    DRAWS,
+    CHECK_DRAWS,
     DTYPE_MAX,
     GIVEN,
     LOST_OPERAND_ERROR,
     Draw,
+    Drawn,
     checkable,
     drawn,
     output_dtypes,
@@ -179,6 +180,16 @@ class VerifyResult:
     """The float64 reference itself is not finite on the draw (the graph's own math is undefined there, e.g.
     an infinite derivative): no kernel can be checked against it, so the verdict is neither a pass nor a
     failure. Set only when every output whose reference is finite passed (``ok`` stays False)."""
+    draws: list[str] = field(default_factory=list)
+    """The draws the verdict covers, by ``Draw.name`` in order (``given`` for a caller's inputs): every one
+    checked on a pass, those up to the failing one on a failure."""
+    not_checked: list[str] = field(default_factory=list)
+    """The draws skipped because the graph's own values leave the plan's dtypes (or are ill-conditioned) on every
+    magnitude of them."""
+
+    def draws_record(self) -> dict[str, list[str]]:
+        """What a results record keeps of the draws (``checked``, ``not_checked``)."""
+        return {"checked": list(self.draws), "not_checked": list(self.not_checked)}
 
 
 def max_error(out: np.ndarray, ref: np.ndarray) -> float:
@@ -300,32 +311,37 @@ class GpuVerifier:
     with ``run.baselines.torch_fn`` in float64 on the device (same semantics as
     ``ir.reference.evaluate``, which tests/test_baselines.py checks on every catalog
     workload) because numpy's einsum takes minutes at full shapes; ``"numpy"`` uses
-    ``reference.evaluate`` itself. Every draw of ``DRAWS`` is checked (normal inputs, then
-    outliers), as on the CPU; ``inputs`` (a backward's saved tensors) are checked alone. ``inputs``,
-    ``ref``, ``bound`` and ``tensors()`` are the first draw's (timing and baselines use those). A backward
-    plan that records its derivation draws its saved tensors from its forward inputs (``run.backward_draws``).
+    ``reference.evaluate`` itself. Every draw of ``CHECK_DRAWS`` is checked (normal inputs, outliers,
+    then planted extremes in a graph with a reduction), as on the CPU, at the plan's own shapes; ``inputs``
+    (a caller's) are checked alone. ``inputs``, ``ref``, ``bound`` and ``tensors()`` are the first draw's
+    (timing and baselines use those). A backward plan that records its derivation draws its saved tensors
+    from its forward inputs (``run.backward_draws``). A later draw is taken at the first magnitude whose
+    outputs and computed GEMM operands fit (``draws.checkable``, and ``Draw.accepts``); unlike the CPU
+    check, the graph's other intermediate values are not asked to fit (the reference does not compute
+    them: an IR softmax's unshifted exp, which no plan stores), so a draw may be taken larger here.
     """
 
     def __init__(self, plan: Plan, graph: Graph, seed: int | None = None, device: str = "cuda",
                  reference: str = "torch", inputs: Mapping[str, np.ndarray] | None = None,
-                 draws: tuple[Draw, ...] = DRAWS) -> None:
+                 draws: tuple[Draw, ...] = CHECK_DRAWS) -> None:
         self.plan, self.graph, self.device, self._reference_kind = plan, graph, device, reference
         self.seed = fresh_seed() if seed is None else seed
         self.storage_dtype = storage_dtype(plan)
         self.a_priori = error_bound(plan.dtype, reduction_length(graph), len(plan.kernels))
-        self.draws: list[tuple[str, _DeviceDraw]] = []
-        self.skipped: list[str] = []
-        if inputs is not None:  # a backward's: they belong together
-            self.draws.append(("", self._draw(GIVEN, inputs, conditioning=True)))
+        if inputs is not None:  # a caller's: they belong together
+            self._drawn: Drawn[_DeviceDraw] = Drawn([("", self._draw(GIVEN, inputs, conditioning=True))],
+                                                    ["given"], [], [])
         else:
             from pyrunner.run.backward_draws import numpy_forward, plan_draws, torch_forward
 
             dts = output_dtypes(plan)
             linked = plan_draws(plan, draws, numpy_forward if reference == "numpy" else torch_forward(device))
             saves = linked is not draws  # computed saved tensors: conditioning no random draw chose
-            self.draws, self.skipped = drawn(linked, graph, self.seed,
-                                             lambda desc, raw: self._draw(desc, raw, conditioning=saves),
-                                             lambda d: checkable(d.ref, d.operand_error, dts), self.storage_dtype)
+            self._drawn = drawn(linked, graph, self.seed, lambda desc, raw: self._draw(desc, raw, conditioning=saves),
+                                lambda d: checkable(d.ref, d.operand_error, dts, d.arith_error), self.storage_dtype)
+        self.draws: list[tuple[str, _DeviceDraw]] = self._drawn.prepared
+        """Each draw checked (its label, empty for the first; its inputs, reference and bound)."""
+        self.skipped: list[str] = self._drawn.skipped
         first = self.draws[0][1]
         self.inputs, self.ref = first.inputs, first.ref
         self.operand_error, self.bound = first.operand_error, first.bound
@@ -391,13 +407,8 @@ class GpuVerifier:
     def check(self, launch: Callable[[dict], object], what: str = "") -> VerifyResult:
         """Run launch once per draw on fresh poisoned buffers and compare every graph output; the
         first failing draw is the verdict."""
-        passes: list[tuple[str, VerifyResult]] = []
-        for label, d in self.draws:
-            res = self._check_draw(launch, d, f"{what}{label}: " if label else what)
-            if not res.ok:
-                return res
-            passes.append((label, res))
-        return combined(passes, self.skipped)
+        return run_draws(self._drawn, lambda label, d: self._check_draw(launch, d, f"{what}{label}: " if label
+                                                                        else what))
 
     def _check_draw(self, launch: Callable[[dict], object], d: _DeviceDraw, what: str) -> VerifyResult:
         import torch
@@ -461,6 +472,24 @@ def combined(passes: list[tuple[str, VerifyResult]], skipped: list[str]) -> Veri
     return VerifyResult(True, worst.error, worst.bound, first.seed, dict(first.per_output), msg)
 
 
+def run_draws(drawn_set: Drawn, once: Callable[[str, Any], VerifyResult]) -> VerifyResult:
+    """``once(label, prepared)`` on each prepared draw in turn (the first failure is the verdict), the draws
+    the verdict covers and those skipped recorded on it (``VerifyResult.draws``)."""
+    passes: list[tuple[str, VerifyResult]] = []
+    res: VerifyResult | None = None
+    for i, (label, prep) in enumerate(drawn_set.prepared):
+        res = once(label, prep)
+        res.draws = drawn_set.names[:i + 1]
+        if not res.ok:
+            break
+        passes.append((label, res))
+    else:
+        res = combined(passes, drawn_set.skipped)
+        res.draws = list(drawn_set.names)
+    res.not_checked = list(drawn_set.not_checked)
+    return res
+
+
 @dataclass
 class _Prepared:
     """One draw of the CPU check: inputs rounded to the plan dtype, their reference and its bound."""
@@ -501,14 +530,14 @@ def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: 
 
 def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
                     bound: float | None = None, inputs: Mapping[str, np.ndarray] | None = None,
-                    draws: tuple[Draw, ...] = CPU_DRAWS) -> VerifyResult:
+                    draws: tuple[Draw, ...] = CHECK_DRAWS) -> VerifyResult:
     """Run the plan's tiled algorithm on the CPU and compare with ``reference.evaluate``, on every
-    draw of ``CPU_DRAWS`` (normal inputs, outliers, then planted extremes in a graph with a reduction;
+    draw of ``CHECK_DRAWS`` (normal inputs, outliers, then planted extremes in a graph with a reduction;
     the first failure is the verdict).
 
     Inputs are rounded to the plan dtype first (what the kernel would see), so
     the remaining error is the executor's own arithmetic and roundings. ``inputs`` (default: each
-    draw of ``DRAWS`` from ``seed``) lets a caller give values that belong together, such as a
+    draw of ``draws`` from ``seed``) lets a caller give values that belong together, such as a
     backward graph's saved tensors computed from its forward inputs (``run.grad_check``): those
     are checked alone. A later draw is taken at the largest of its outlier magnitudes on which the
     graph's own values fit the plan's dtypes (``checkable``), and skipped with a note where none does.
@@ -517,23 +546,19 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
     """
     seed = fresh_seed() if seed is None else seed
     if inputs is not None:
-        return _executor_once(plan, graph, execute, seed, _prepare(plan, graph, inputs, GIVEN, bound, seed), "")
+        res = _executor_once(plan, graph, execute, seed, _prepare(plan, graph, inputs, GIVEN, bound, seed), "")
+        res.draws = ["given"]
+        return res
     from pyrunner.run.backward_draws import plan_draws
 
     dts = output_dtypes(plan)
     linked = plan_draws(plan, draws)
     saves = seed if linked is not draws else None  # computed saved tensors: measure their conditioning
-    prepared, skipped = drawn(linked, graph, seed,
-                              lambda desc, raw: _prepare(plan, graph, raw, desc, bound, saves),
-                              lambda p: checkable(p.ref, p.operand_error, dts)
-                              and p.peak <= DTYPE_MAX[storage_dtype(plan)], storage_dtype(plan))
-    passes: list[tuple[str, VerifyResult]] = []
-    for label, prep in prepared:
-        res = _executor_once(plan, graph, execute, seed, prep, label)
-        if not res.ok:
-            return res
-        passes.append((label, res))
-    return combined(passes, skipped)
+    prepared = drawn(linked, graph, seed, lambda desc, raw: _prepare(plan, graph, raw, desc, bound, saves),
+                     lambda p: checkable(p.ref, p.operand_error, dts, p.arith_error)
+                     and p.peak <= DTYPE_MAX[storage_dtype(plan)],
+                     storage_dtype(plan))
+    return run_draws(prepared, lambda label, prep: _executor_once(plan, graph, execute, seed, prep, label))
 
 
 def _executor_once(plan: Plan, graph: Graph, execute: Callable, seed: int, prep: _Prepared,
