@@ -119,7 +119,8 @@ MAX_WORK = 140_000
 attempt ``MERGE_WORK`` per term it lowers (one unit where the kernel cache answers it). Deterministic
 (the same plans on any machine), and it bounds time and memory on large graphs. 140k (100k before
 issue 46) lets the QK-norm attention's search run to completion (120k units) with some margin; searches
-that spend the whole budget (long GEMM chains, chains of softmaxes) take up to 1.4 times as long."""
+that spend the whole budget take longer (a chain of 40 GEMMs 2.4 -> 3.1 CPU-s; a sum of 8 softmaxes,
+whose merges also got cheaper, 3.2 -> 7.9; docs/planner.md)."""
 DEPENDENT_MERGE_CANDIDATES = 8
 """Best partitions (distinct variant and cut) the dependent-merge pass revisits."""
 DEPENDENT_MERGE_WORK = 20_000
@@ -132,7 +133,7 @@ spent 92% of its budget on merges that took 30% of its time (most answered by th
 attention more than half of its budget on 6% of its time (issue 46). Measured, a merge lowered costs 1.4
 to 2 partition units per term (QK-norm attention, a sum of 8 softmaxes), but at 2 the softmax sum, whose
 partitions lower several new kernels for the units of their terms, planned in 15 s instead of 2.6: 8
-keeps it near 7 s while the QK-norm search completes within ``MAX_WORK``."""
+keeps it near 8 s while the QK-norm search completes within ``MAX_WORK``."""
 MAX_KERNEL_TERMS = 60
 """Most terms one kernel's cone may hold (its own computation and the tensors it reads). A kernel
 recomputes the elementwise work between the tensors it reads and what it stores, so in a deep chain
