@@ -16,9 +16,9 @@
    predicted time; ties prefer shorter derivations.
 
 The whole search runs under budgets counted in work (terms of the partitions evaluated and of the
-merges lowered), never in seconds: the same graph, options and tuning file give the same plan on any
-machine and under any load. When a budget cuts the search, the plan says what was not explored
-(``provenance.search_cut``, printed by ``--explain``).
+merges lowered, a unit for a merge the kernel cache answers), never in seconds: the same graph, options
+and tuning file give the same plan on any machine and under any load. When a budget cuts the search,
+the plan says what was not explored (``provenance.search_cut``, printed by ``--explain``).
 When it finds nothing, the naive plan (every op its own kernel) is the answer;
 "no feasible plan" means that even the naive plan has a kernel whose smallest
 tile does not fit the device, and the message names the resource.
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -114,16 +114,26 @@ and the operand pass, which alone can store a norm's or an activation's output a
 operand, never ran: a transformer layer's LayerNorm and GELU-tanh were recomputed inside the FFN GEMMs'
 main loops from float32 tensors (issue 40, GPT-2-medium's layer region: 128.7 us modelled, 319 measured).
 Granted on top rather than kept back from the first pass, so no plan the first pass finds is lost."""
-MAX_WORK = 100_000
-"""Partition-search work per search: each partition evaluated costs its graph's term count.
-Deterministic (the same plans on any machine), and it bounds time and memory on large graphs."""
+MAX_WORK = 140_000
+"""Partition-search work per search: each partition evaluated costs its graph's term count, each merge
+attempt ``MERGE_WORK`` per term it lowers (one unit where the kernel cache answers it). Deterministic
+(the same plans on any machine), and it bounds time and memory on large graphs. 140k (100k before
+issue 46) lets the QK-norm attention's search run to completion (120k units) with some margin; searches
+that spend the whole budget take longer (a chain of 40 GEMMs 2.4 -> 3.1 CPU-s; a sum of 8 softmaxes,
+whose merges also got cheaper, 3.2 -> 7.9; docs/planner.md)."""
 DEPENDENT_MERGE_CANDIDATES = 8
 """Best partitions (distinct variant and cut) the dependent-merge pass revisits."""
 DEPENDENT_MERGE_WORK = 20_000
 """Budget of that pass (deterministic, like ``MAX_WORK``)."""
-MERGE_WORK = 16
-"""Budget a merge attempt costs per term it lowers: unlike a partition, whose kernels mostly come from
-the cache, each merge lowers a new kernel and searches its tiles (tens of milliseconds)."""
+MERGE_WORK = 8
+"""Budget a merge attempt costs per term of the union it lowers, where the kernel cache does not hold
+that union yet (a lowering and a tile search); one unit where it does (an earlier partition tried the
+same merge: a cone walk and a lookup). It was 16 per term, cached or not: ScaledAttention's backward
+spent 92% of its budget on merges that took 30% of its time (most answered by the cache) and the QK-norm
+attention more than half of its budget on 6% of its time (issue 46). Measured, a merge lowered costs 1.4
+to 2 partition units per term (QK-norm attention, a sum of 8 softmaxes), but at 2 the softmax sum, whose
+partitions lower several new kernels for the units of their terms, planned in 15 s instead of 2.6: 8
+keeps it near 8 s while the QK-norm search completes within ``MAX_WORK``."""
 MAX_KERNEL_TERMS = 60
 """Most terms one kernel's cone may hold (its own computation and the tensors it reads). A kernel
 recomputes the elementwise work between the tensors it reads and what it stores, so in a deep chain
@@ -393,11 +403,9 @@ class Planner:
         """The cheapest lowering of root's kernel (None if none fits) and the tensors it reads.
         Several roots (with one output name each): one multi-output kernel. ``streams``: the loop
         axes to try (default: every candidate)."""
-        terms = cone(root, boundary)
+        terms, leaves, key = self._kernel_key(root, boundary, tensors, out_name, streams)
         roots = as_roots(root)
-        leaves = [t for t in terms if all(t is not r for r in roots) and t in boundary]
         outs = [out_name] if isinstance(out_name, str) else list(out_name)
-        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves), streams)
         if key in self._cache:
             for why in self._why.get(key, ()):
                 self._reject(why)
@@ -438,6 +446,24 @@ class Planner:
             for why in whys:
                 self._reject(why)
         return best, leaves
+
+    @staticmethod
+    def _kernel_key(root: Roots, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
+                    out_name: str | tuple[str, ...],
+                    streams: tuple[str | None, ...] | None) -> tuple[list[Term], list[Term], tuple]:
+        """The cone of ``root``'s kernel, the tensors it reads and its key in the kernel cache."""
+        terms = cone(root, boundary)
+        roots = as_roots(root)
+        leaves = [t for t in terms if all(t is not r for r in roots) and t in boundary]
+        key = (root, out_name, tuple((t, boundary[t], tensors[boundary[t]].dtype) for t in leaves), streams)
+        return terms, leaves, key
+
+    def _merge_work(self, roots: Roots, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
+                    writes: tuple[str, ...], streams: tuple[str | None, ...] | None) -> int:
+        """What lowering the union of a merge costs: ``MERGE_WORK`` per term of its cone, or one unit
+        where the kernel cache already holds it (no lowering or tile search runs)."""
+        terms, _, key = self._kernel_key(roots, boundary, tensors, writes, streams)
+        return 1 if key in self._cache else MERGE_WORK * len(terms)
 
     def _mixes_split_stages(self, computed: list[Term]) -> str:
         """Why a kernel of a split graph would reduce a chunk and combine chunks at once ('' when not):
@@ -508,15 +534,21 @@ class Planner:
 
         def try_merge(a: Group[KernelChoice], b: Group[KernelChoice]) -> Group[KernelChoice] | None:
             la, lb = a.choice.low, b.choice.low
-            if budget is not None and not budget.spend(MERGE_WORK * (len(la.terms) + len(lb.terms))):
-                self._skipped(budget, f"kernel merges not tried in partitions of {variant_name(cand.variant)}")
-                return None
             roots, writes = la.roots + lb.roots, (*la.writes, *lb.writes)
+
+            def paid(streams: tuple[str | None, ...] | None) -> bool:
+                if budget is None or budget.spend(self._merge_work(roots, boundary, tensors, writes, streams)):
+                    return True
+                self._skipped(budget, f"kernel merges not tried in partitions of {variant_name(cand.variant)}")
+                return False
+
             # kernels of different grids (a statistic returned beside what it scales, merge._pairs):
             # the union picks its own loop axis, or none
             streams = (la.stream,) if a.key == b.key else None
+            if not paid(streams):
+                return None
             kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved, streams=streams)
-            if kc is None and streams is not None and la.stream is None:
+            if kc is None and streams is not None and la.stream is None and paid(None):
                 # held whole, the union's tiles may not fit: stream one of its axes
                 kc, _ = self._kernel(roots, boundary, tensors, labels, writes, reserved)
             return None if kc is None else group(a.members + b.members, kc)
@@ -650,18 +682,14 @@ class Planner:
         # the first)
         if any(self._has_operand_cuts(c.variant) for c in out[:OPERAND_PASS_VARIANTS]):
             budget.grant(int(budget.work * OPERAND_PASS_SHARE))
-        seen: list[Variant] = []
-        for c in out:
-            if len(seen) >= OPERAND_PASS_VARIANTS:
-                break
+        best = [v for v in _best_variants(out, OPERAND_PASS_VARIANTS) if self._has_operand_cuts(v)]
+        if not best:  # the best variants have nothing to cut: the best ones that have, if any
+            best = _best_variants(out, OPERAND_PASS_VARIANTS, self._has_operand_cuts)
+        for v in best:
             if budget.exhausted():
                 self._skipped(budget, "computed GEMM operands not tried as cuts of the best variants")
                 break
-            if any(c.variant is v for v in seen):
-                continue
-            seen.append(c.variant)
-            if self._has_operand_cuts(c.variant):
-                out.extend(self._explore(c.variant, budget, operands=True))
+            out.extend(self._explore(v, budget, operands=True))
         out.sort(key=Candidate.rank)
         out.extend(self._dependent_merges(out))
         out.sort(key=Candidate.rank)
@@ -691,6 +719,21 @@ class Planner:
             seen.add(key)
             out.extend(self.partitions(c.variant, c.cut, budget=budget, dependent=True)[1:])
         return out
+
+
+def _best_variants(ranked: list[Candidate], n: int, keep: Callable[[Variant], bool] = lambda v: True) -> list[Variant]:
+    """The first ``n`` distinct variants of ranked candidates that ``keep`` accepts. The operand pass walks
+    those of the first ``n`` that have computed GEMM operands; where none has, the first ``n`` that have:
+    the best first-pass plans of an attention can be a dozen variants differing only where a constant
+    sits, none with an operand to cut (QK-norm attention, issue 46), and the pass then did nothing once
+    the budget let the first pass reach them all."""
+    out: list[Variant] = []
+    for c in ranked:
+        if len(out) >= n:
+            break
+        if keep(c.variant) and not any(c.variant is v for v in out):
+            out.append(c.variant)
+    return out
 
 
 def merge_key(low: Lowered) -> tuple:
@@ -975,8 +1018,9 @@ SPARE_PLANS = 4
 plan fails the plan checks (``valid_first`` then hands out the next one; without a tuning database the
 ranked ones are only ``top``, so a refused plan would otherwise leave nothing)."""
 
-SPLIT_WORK = MAX_WORK // 4
-"""Partition-search work per split graph (each has its own budget: the unsplit search may spend all of its own)."""
+SPLIT_WORK = 25_000
+"""Partition-search work per split graph (each has its own budget: the unsplit search may spend all of its own;
+a quarter of ``MAX_WORK`` before issue 46 raised that)."""
 SPLIT_MIN_EXTENT = 1024
 """Shortest reduced axis worth splitting into chunks (each chunk streams at least 128 of it)."""
 SPLIT_TILE = 128
