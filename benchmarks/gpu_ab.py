@@ -31,6 +31,8 @@ either times the graph's derived backward (saves as training chooses them, the p
 its saved tensors computed from the forward on each draw, as ``gpu_sweep --backward`` checks it).
 ``--plan-only`` runs anywhere without a GPU: it plans and renders both arms of every case, says which
 would be timed and which skipped (and the modelled microseconds of both plans), and writes ``ab.jsonl``.
+Plans are kept under ``--work`` (``plans/<tree hash>/``): planned there on the CPU with ``--plan-only
+--work .device/ab-work`` and carried, the GPU call takes them instead of searching again.
 
 Run on the GPU machine through gpu_run.sh's environment:
     SCRIPT=benchmarks/gpu_ab.py TOTAL_S=200 OUT=/tmp/ab bash benchmarks/gpu_run.sh \
@@ -43,6 +45,8 @@ Writes ``ab.jsonl`` under ``--out`` and prints a table last.
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import os
 import re
@@ -141,27 +145,61 @@ def load_workload(graph_name: str):
     return catalog.get(name, sizes)
 
 
-def plan_arm(graph_name: str, dtype: str, settings: dict[str, bool]):
+def plan_arm(graph_name: str, dtype: str, settings: dict[str, bool], work: Path | None = None):
     """(plan, graph it computes, rendered source) of a workload, searched and rendered with ``settings``
-    (``{}``: the switches as they are); ``/bwd``: the derived backward, as ``gpu_sweep --backward`` plans it."""
+    (``{}``: the switches as they are); ``/bwd``: the derived backward, as ``gpu_sweep --backward`` plans it.
+    ``work``: kept there as JSON, so the measuring process takes what a warm-up process planned (the search
+    is deterministic; an attention backward at h16 t4096 plans for about a minute)."""
+    import json as json_module
+
+    from pyrunner.ir.graph_json import graph_from_json, graph_to_json
+    from pyrunner.plan.schema import Plan
+
+    with switches.switched(settings):
+        state = switches.label({k: switches.get(k) for k in switches.SWITCHES})
+        kept = work / "plans" / _tree_hash() / f"{_stem(graph_name)}_{dtype}_{_stem(state)}.json" if work else None
+        if kept is not None and kept.is_file():
+            doc = json_module.loads(kept.read_text())
+            return Plan.model_validate(doc["plan"]), graph_from_json(doc["graph"]), doc["source"]
+        plan, graph, source = _plan_and_render(graph_name, dtype)
+        if kept is not None:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            tmp = kept.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json_module.dumps({"plan": plan.model_dump(mode="json"), "graph": graph_to_json(graph),
+                                              "source": source}))
+            os.replace(tmp, kept)
+        return plan, graph, source
+
+
+@functools.cache
+def _tree_hash() -> str:
+    """Hash of the planner's and renderer's source and the tuning databases: kept plans of another tree are
+    never taken (the work folder outlives a call on a warm machine)."""
+    h = hashlib.sha256()
+    for f in sorted([*(ROOT / "pyrunner").rglob("*.py"), *(ROOT / "benchmarks" / "tuning").glob("*.json")]):
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _plan_and_render(graph_name: str, dtype: str):
+    """``plan_arm`` under the switches as they are set."""
     from pyrunner.backend.tilelang.render import render
     from pyrunner.pipeline import best_plan
     from pyrunner.target.tuning import committed_tuning
 
-    with switches.switched(settings):
-        graph = load_workload(graph_name)
-        derived = None
-        if graph_name.endswith("/bwd"):
-            from pyrunner.planner.saves import choose_saves
+    graph = load_workload(graph_name)
+    derived = None
+    if graph_name.endswith("/bwd"):
+        from pyrunner.planner.saves import choose_saves
 
-            derived = choose_saves(graph, DTYPES[dtype], None)
-            graph = derived.graph
-        (plan,) = best_plan(graph, DTYPES[dtype], tuning=committed_tuning())
-        if derived is not None:
-            from pyrunner.plan.backward_of import with_backward_of
+        derived = choose_saves(graph, DTYPES[dtype], None)
+        graph = derived.graph
+    (plan,) = best_plan(graph, DTYPES[dtype], tuning=committed_tuning())
+    if derived is not None:
+        from pyrunner.plan.backward_of import with_backward_of
 
-            plan = with_backward_of(plan, derived)
-        return plan, graph, render(plan)
+        plan = with_backward_of(plan, derived)
+    return plan, graph, render(plan)
 
 
 def _masked(plan, source: str) -> str:
@@ -177,7 +215,7 @@ def measure_switch(feature: str, graph_name: str, dtype: str, work: Path, rounds
     from pyrunner.plan.analysis import resolve_config
 
     key = PLANNER_FEATURES[feature]
-    arms = {v: plan_arm(graph_name, dtype, {key: on}) for v, on in (("without", False), ("with", True))}
+    arms = {v: plan_arm(graph_name, dtype, {key: on}, work) for v, on in (("without", False), ("with", True))}
     rec: dict = {"workload": graph_name, "dtype": dtype, "switch": key}
     for v, (plan, _, _) in arms.items():
         rec[f"{v}_kernels"] = [k.name for k in plan.kernels]
@@ -244,7 +282,7 @@ def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, 
     from pyrunner.backend.tilelang.compile import load_module
     from pyrunner.plan.analysis import resolve_config
 
-    plan, graph, source = plan_arm(graph_name, dtype, {})
+    plan, graph, source = plan_arm(graph_name, dtype, {}, work)
     rec: dict = {"workload": graph_name, "dtype": dtype, "kernels": [k.name for k in plan.kernels]}
     if feature == "pdl" and len(plan.kernels) < 2:
         return {**rec, "status": "skipped: one kernel"}
@@ -280,7 +318,7 @@ def measure(feature: str, graph_name: str, dtype: str, work: Path, rounds: int, 
     return {**_timed(rec, launches, rounds), "config": cfg}
 
 
-def warm_cases(script: str, cases: list[tuple[str, ...]], end: float, jobs: int) -> None:
+def warm_cases(script: str, cases: list[tuple[str, ...]], end: float, jobs: int, work: Path) -> None:
     """Run ``script --warm CASE...`` for every case, ``jobs`` at a time, each stopped a minute before
     ``end`` (monotonic): the compiles fill TileLang's kernel cache, so the one process that measures
     compiles in seconds and its timings are not disturbed by compiles beside them."""
@@ -288,7 +326,8 @@ def warm_cases(script: str, cases: list[tuple[str, ...]], end: float, jobs: int)
         left = end - time.monotonic() - 60
         if left > 0:
             try:
-                subprocess.run([sys.executable, script, "--warm", *case], timeout=left, capture_output=True)
+                subprocess.run([sys.executable, script, "--warm", *case, "--work", str(work)], timeout=left,
+                               capture_output=True)
             except subprocess.TimeoutExpired:
                 pass
 
@@ -309,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--budget-s", type=float, default=200)
     ap.add_argument("--jobs", type=int, default=8, help="parallel compile (warm-up) processes")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/superopt_ab"),
+                    help="modules and kept plans (plans/<tree hash>/): plan here with --plan-only --work "
+                         ".device/ab-work and carry .device, and the GPU call takes the plans instead of searching")
     ap.add_argument("--warm", nargs=3, metavar=("FEATURE", "WORKLOAD", "DTYPE"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     features = args.feature.split(",")
@@ -321,19 +363,19 @@ def main(argv: list[str] | None = None) -> int:
             load_workload(w)
         except Exception as e:  # noqa: BLE001 - a bad name, shape or file: one line, exit 2
             ap.error(f"workload {w!r}: {' '.join(str(e).split())[:300]}")
-    work = Path("/tmp/superopt_ab")
+    work = args.work
     work.mkdir(parents=True, exist_ok=True)
     if args.warm:
         print(json.dumps(measure(*args.warm, work, args.rounds, warm_only=True), default=str))
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    end = time.monotonic() + args.budget_s - 10
+    end = time.monotonic() + (float("inf") if args.plan_only else args.budget_s - 10)  # --plan-only: no GPU time
     cases = [(f, w, dt) for f in features for w in args.workloads.split(",") for dt in args.dtypes.split(",")]
 
     t0 = time.monotonic()
     if not args.plan_only:
-        warm_cases(__file__, cases, end, args.jobs)
+        warm_cases(__file__, cases, end, args.jobs, work)
         print(f"warm-up: {len(cases)} case(s) compiled in {time.monotonic() - t0:.0f} s", flush=True)
     rows = []
     with open(out / "ab.jsonl", "a") as log:
