@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     import gpu_sweep
 
     sweep = {**vars(gpu_sweep.parser().parse_args(sweep_argv)), "_built": args.built}
+    if sweep.get("switch"):
+        ap.error("--switch is not compared across trees: benchmarks/switch_cases.py lists what a switch changes")
     with tempfile.TemporaryDirectory(prefix="changed_cases_") as tmp:
         work = Path(tmp)
         base_tree = work / "base"
