@@ -123,3 +123,14 @@ def test_gpu_ab_plan_only_says_which_switch_cases_it_would_time(tmp_path: Path) 
     assert [r["status"].split(":")[0] for r in rows] == ["planned", "skipped"], rows
     assert len(rows[0]["without_kernels"]) > 1 and len(rows[0]["with_kernels"]) == 1, rows[0]
     assert fit.ASYNC_PARTIAL_TILES is False
+
+
+def test_sweep_and_grad_bench_refuse_unknown_switches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import gpu_sweep
+    import grad_bench
+
+    assert gpu_sweep.main(["--dry", "--switch", "fit.NOPE=1", "--out", str(tmp_path)]) == 2
+    assert "error: unknown switch" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        grad_bench.main(["--small", "--ab-switch", "nope"])
+    assert e.value.code == 2 and "error: unknown switch" in capsys.readouterr().err
