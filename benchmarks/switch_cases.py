@@ -8,7 +8,8 @@ sweep does (``gpu_sweep.plan_case``: the committed tuning database; TileLang's l
 once more per switch with that one on (skipped where the first search never read the switch at a decision:
 ``switches.Probe``), renders each plan (the renderer reads ``ASYNC_PARTIAL_TILES`` too) and compares the
 sources, plan hash, config-space listing and cost estimate masked (``changed_cases.masked``): what the GPU
-compiles at the default config.
+compiles at the default config (a source that differs only in the asynchronous form's guard, which the
+default config decides alike under both settings, builds the same kernels and is not listed).
 Writes, per switch, the ids that differ to ``OUT_DIR/<switch>.txt`` (one per line, for
 ``gpu_sweep.py --cases @FILE --switch <switch>=1``) and one JSON line per case and switch to
 ``OUT_DIR/switch_cases.jsonl`` (both plans' kernels and modelled microseconds)::
@@ -96,16 +97,39 @@ def _compare(case, keys: list[str], backend, lower_check: bool) -> list[dict]:
     for key in keys:
         searched = probes[key].read or isinstance(off_plan, Exception)
         with switches.switched({**off_settings, key: True}):
-            on = _rendered(_plan(case, backend, lower_check) if searched else off_plan, backend)
+            on_plan = _plan(case, backend, lower_check) if searched else off_plan
+            on = _rendered(on_plan, backend)
+        changed = on["source"] != off["source"]
+        guard_only = changed and _same_plan(off_plan, on_plan) and \
+            _branches(off_plan, backend, off_settings) == _branches(on_plan, backend, {**off_settings, key: True})
         errors = [a["source"] for a in (off, on) if a["source"].startswith("error")]
         out.append({
-            "id": case.id, "switch": key, "changed": on["source"] != off["source"],
+            "id": case.id, "switch": key, "changed": changed and not guard_only, "guard_only": guard_only,
             "space_only": on["source"] == off["source"] and on["full"] != off["full"], "searched": searched,
             "off": {k: v for k, v in off.items() if k not in ("source", "full")},
             "on": {k: v for k, v in on.items() if k not in ("source", "full")},
             **({"error": errors[0]} if errors else {}),
         })
     return out
+
+
+def _same_plan(a, b) -> bool:
+    """The same kernels and configs (the cost estimate and provenance aside)."""
+    if isinstance(a, Exception) or isinstance(b, Exception):
+        return False
+    return a is b or a.model_dump(exclude={"cost", "provenance"}) == b.model_dump(exclude={"cost", "provenance"})
+
+
+def _branches(plan, backend, settings: dict[str, bool]) -> list[bool]:
+    """Whether each kernel takes its asynchronous form at its default config under ``settings``: the rendered
+    guard's verdict (``FitModel.renders_async``; tests/test_async_schedule.py holds them equal). A source that
+    differs only in that guard builds the same kernels where these agree, and is not listed (``guard_only``)."""
+    from pyrunner.plan.schema import axis_sizes
+    from pyrunner.target.fit import FitModel
+
+    sizes = axis_sizes(plan)
+    with switches.switched(settings):
+        return [FitModel(k, sizes, backend.device).renders_async(k.defaults) for k in plan.kernels]
 
 
 def _compare_star(job: tuple) -> list[dict]:
@@ -177,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
         ids = [r["id"] for r in records if r["switch"] == key and r["changed"]]
         (args.out_dir / f"{key}.txt").write_text("".join(f"{i}\n" for i in ids))
         space = sum(r["space_only"] for r in records if r["switch"] == key)
-        print(f"{key}: {len(ids)} of {len(cases)} case(s) change ({space} more change only their config space) "
-              f"-> {args.out_dir / (key + '.txt')}", file=sys.stderr)
+        guard = sum(r["guard_only"] for r in records if r["switch"] == key)
+        print(f"{key}: {len(ids)} of {len(cases)} case(s) change ({guard} more change only a rendered guard their "
+              f"default config decides alike, {space} only their config space) -> {args.out_dir / (key + '.txt')}",
+              file=sys.stderr)
     print(f"planned {len(cases)} case(s) x {1 + len(keys)} setting(s) in {time.monotonic() - t0:.0f} s "
           f"({args.jobs} process(es))", file=sys.stderr)
     return 0

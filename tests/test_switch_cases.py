@@ -134,3 +134,15 @@ def test_sweep_and_grad_bench_refuse_unknown_switches(tmp_path: Path, capsys: py
     with pytest.raises(SystemExit) as e:
         grad_bench.main(["--small", "--ab-switch", "nope"])
     assert e.value.code == 2 and "error: unknown switch" in capsys.readouterr().err
+
+
+def test_a_guard_the_default_config_decides_alike_is_not_listed() -> None:
+    """decode_matvec at its real shape (m 1, d 4096, n 4096): the switch drops the divisibility test on m from
+    the rendered guard of its GEMM mainloop, but at its default config (256 threads, 64 rows for one row) the
+    guard's other conditions keep the synchronous form either way, so the same kernel is built: not listed."""
+    import gpu_sweep
+
+    args = gpu_sweep.parser().parse_args(["--only", "decode_matvec", "--shapes", "real", "--random", "0"])
+    (case,) = gpu_sweep.collect(args)
+    (rec,) = switch_cases.compare_case(case, [ASYNC], "h200", False)
+    assert rec["guard_only"] and not rec["changed"], rec
