@@ -173,10 +173,11 @@ def plan_arm(graph_name: str, dtype: str, settings: dict[str, bool], work: Path 
 
 @functools.cache
 def _tree_hash() -> str:
-    """Hash of the planner's and renderer's source and the tuning databases: kept plans of another tree are
-    never taken (the work folder outlives a call on a warm machine)."""
+    """Hash of the planner's and renderer's source, the tuning databases and this script: kept plans of another
+    tree are never taken (the work folder outlives a call on a warm machine)."""
     h = hashlib.sha256()
-    for f in sorted([*(ROOT / "pyrunner").rglob("*.py"), *(ROOT / "benchmarks" / "tuning").glob("*.json")]):
+    for f in sorted([*(ROOT / "pyrunner").rglob("*.py"), *(ROOT / "benchmarks" / "tuning").glob("*.json"),
+                     Path(__file__).resolve()]):
         h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -223,6 +224,8 @@ def measure_switch(feature: str, graph_name: str, dtype: str, work: Path, rounds
         rec[f"{v}_config"] = resolve_config(plan)
     if _masked(arms["with"][0], arms["with"][2]) == _masked(arms["without"][0], arms["without"][2]):
         return {**rec, "status": f"skipped: the same kernels with {key} on and off"}
+    if _guard_only(arms["without"][0], arms["with"][0], key):
+        return {**rec, "status": f"skipped: {key} changes only a guard the default config decides alike"}
     if plan_only:
         return {**rec, "status": "planned: would time"}
     launches = {}
@@ -242,6 +245,17 @@ def measure_switch(feature: str, graph_name: str, dtype: str, work: Path, rounds
     if warm_only:
         return {**rec, "status": "warm"}
     return _timed(rec, launches, rounds)
+
+
+def _guard_only(off, on, key: str) -> bool:
+    """The same plan, whose kernels take the same rendered form at their default config with the switch off
+    and on (``switch_cases._branches``): the two arms would build the same kernels."""
+    from switch_cases import _branches, _same_plan
+
+    from pyrunner.backend.tilelang.backend import backend_for
+
+    backend = backend_for()
+    return _same_plan(off, on) and _branches(off, backend, {key: False}) == _branches(on, backend, {key: True})
 
 
 def _stem(graph_name: str) -> str:
