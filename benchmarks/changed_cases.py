@@ -67,6 +67,13 @@ def _plan_and_source(case, device: str) -> tuple[object, str]:
     return plan, render(plan, backend.target)
 
 
+def masked(src: str) -> str:
+    """Rendered source without what never reaches a compiled kernel: the config-space listing and the cost
+    model's estimate (the caller replaces the plan hash)."""
+    src = re.sub(r"CONFIG_SPACE = \{.*?\n\}", "", src, flags=re.S)
+    return re.sub(r"^Cost model estimate:.*?(?=^Provenance:)", "", src, flags=re.S | re.M)
+
+
 def _case_hash(case, built: bool, module_path: Path, device: str) -> str:
     """Hash of one case's rendered source (or built prim_funcs) for the backend of ``device``; an error counts
     as a change."""
@@ -78,9 +85,7 @@ def _case_hash(case, built: bool, module_path: Path, device: str) -> str:
 
             module = load_module(src, module_path)
             src = "\n".join(f"{k}\n{f.script()}" for k, f in module.build_kernels().items())
-        src = re.sub(r"CONFIG_SPACE = \{.*?\n\}", "", src, flags=re.S)
-        src = re.sub(r"^Cost model estimate:.*?(?=^Provenance:)", "", src, flags=re.S | re.M)
-        return hashlib.sha256(src.encode()).hexdigest()[:16]
+        return hashlib.sha256(masked(src).encode()).hexdigest()[:16]
     except Exception as e:  # noqa: BLE001 - a case that no longer plans counts as changed
         return f"error: {e}"
 
@@ -123,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     import gpu_sweep
 
     sweep = {**vars(gpu_sweep.parser().parse_args(sweep_argv)), "_built": args.built}
+    if sweep.get("switch"):
+        ap.error("--switch is not compared across trees: benchmarks/switch_cases.py lists what a switch changes")
     with tempfile.TemporaryDirectory(prefix="changed_cases_") as tmp:
         work = Path(tmp)
         base_tree = work / "base"

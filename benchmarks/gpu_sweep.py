@@ -39,9 +39,11 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-for p in (ROOT, ROOT / "tests"):
+for p in (ROOT, ROOT / "tests", ROOT / "benchmarks"):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
+
+import switches  # noqa: E402 - benchmarks/switches.py, found through the path above
 
 DEFAULT_BUDGET_S = 420.0
 CORPUS = ROOT / "tests" / "data"
@@ -182,6 +184,36 @@ def _emit(path: Path, rec: Record) -> None:
         fh.write(json.dumps(asdict(rec), allow_nan=False, default=str) + "\n")
 
 
+def plan_case(case: Case, backend, extra: dict, lower_check: bool = True):
+    """The case's plan and the graph it computes, as ``superopt --device`` hands it out (the backend's committed
+    tuning database included; ``lower_check=False``: the search's top plan, TileLang's lowering gate skipped);
+    what a reader of the record wants (saves of a backward, plans the gate skipped) goes to ``extra``.
+    ``benchmarks/switch_cases.py`` plans the cases through here too."""
+    from pyrunner.ir.graph_json import graph_from_json
+    from pyrunner.pipeline import best_plan
+    from pyrunner.target.tuning import committed_tuning
+
+    graph = graph_from_json(case.graph)
+    derived = None
+    if case.backward:  # as training plans it: the saves the cost model chose, then the backward graph
+        from pyrunner.planner.saves import choose_saves
+
+        derived = choose_saves(graph, case.dtype, None, backend.device)
+        graph = derived.graph
+        extra["saved"] = list(derived.saved)
+    notes: list = []
+    (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name),
+                        notes=notes.append, lower_check=lower_check)
+    if derived is not None:  # the plan records its derivation (`superopt --backward` writes it so too)
+        from pyrunner.plan.backward_of import with_backward_of
+
+        plan = with_backward_of(plan, derived)
+    skipped = [n.text for n in notes if n.kind in ("skipped", "naive-fallback")]
+    if skipped:
+        extra["skipped"] = skipped
+    return plan, graph
+
+
 def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | None = None) -> Record:
     """Plan, compile, verify one case for the backend of ``device`` (None: the default device); every stage
     reached is appended to ``results``."""
@@ -201,29 +233,7 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
         return rec
 
     try:
-        from pyrunner.ir.graph_json import graph_from_json
-        from pyrunner.pipeline import best_plan
-        from pyrunner.target.tuning import committed_tuning
-
-        graph = graph_from_json(case.graph)
-        derived = None
-        if case.backward:  # as training plans it: the saves the cost model chose, then the backward graph
-            from pyrunner.planner.saves import choose_saves
-
-            derived = choose_saves(graph, case.dtype, None, backend.device)
-            graph = derived.graph
-            rec.extra["saved"] = list(derived.saved)
-        notes: list = []
-        # as `superopt --device` hands it out: the backend's committed tuning database included
-        (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name),
-                            notes=notes.append)
-        if derived is not None:  # the plan records its derivation (`superopt --backward` writes it so too)
-            from pyrunner.plan.backward_of import with_backward_of
-
-            plan = with_backward_of(plan, derived)
-        skipped = [n.text for n in notes if n.kind in ("skipped", "naive-fallback")]
-        if skipped:
-            rec.extra["skipped"] = skipped
+        plan, graph = plan_case(case, backend, rec.extra)
     except Exception as e:  # noqa: BLE001 - one failing case never stops the sweep
         return _done(results, fail("failed-plan", e), t0)
     rec.stage, rec.plan_hash, rec.kernels = "planned", plan.provenance.plan_hash, len(plan.kernels)
@@ -280,6 +290,7 @@ def _done(results: Path, rec: Record, t0: float) -> Record:
 
 def worker(args) -> int:
     case = Case(**json.loads(Path(args.case).read_text()))
+    switches.apply(switches.parse_all(args.switch))
     try:
         run_case(case, Path(args.results), args.dry, Path(args.work), args.device)
     except BaseException:  # noqa: BLE001 - the supervisor reads the last record anyway
@@ -324,7 +335,8 @@ def _run_worker(args, case: Case, idx: int, end: float, log: Log) -> dict:
     if left < 5:
         return {**base, "status": "skipped", "message": "not started: sweep time budget exhausted"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", str(case_file),
-           "--results", str(res_file), "--work", str(work), "--device", args.device] + (["--dry"] if args.dry else [])
+           "--results", str(res_file), "--work", str(work), "--device", args.device] + (["--dry"] if args.dry else []) \
+        + (["--switch", switches.label(args.switches)] if args.switches else [])
     t0 = time.monotonic()
     with open(out_file, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
@@ -383,7 +395,8 @@ def draw_counts(records: list[dict]) -> dict[str, dict[str, int]]:
 
 
 def table(s: dict) -> str:
-    lines = [f"== GPU sweep ({s['mode']}, --device {s['device']}): {s['cases']} cases in "
+    lines = [f"== GPU sweep ({s['mode']}, --device {s['device']}"
+             + (f", switches {s['switches']}" if s.get("switches") else "") + f"): {s['cases']} cases in "
              f"{s['seconds']:.0f} s",
              f"   planned {s['planned']} / compiled {s['compiled']} / GPU-verified {s['gpu_verified']} / "
              f"failed {s['failed']} / skipped {s['skipped']} / not checkable {len(s.get('not_checkable', []))}"]
@@ -422,6 +435,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--backward", action="store_true",
                     help="sweep each graph's derived backward graph instead (ids end in /bwd): saves chosen as "
                          "training chooses them, checked on inputs whose saved tensors the forward computes")
+    ap.add_argument("--switch", action="append", metavar="NAME=0|1",
+                    help=f"set a planner switch for every case ({', '.join(switches.SWITCHES)}; repeatable or "
+                         "comma-separated): the sweep of the cases benchmarks/switch_cases.py lists")
     ap.add_argument("--device", default=DEFAULT_DEVICE, metavar="NAME",
                     help=f"the backend to plan, render and compile for ({', '.join(DEVICES)}; a100: sm_80, run on a "
                          "newer GPU from its own instruction set)")
@@ -445,6 +461,14 @@ def main(argv: list[str] | None = None) -> int:
         (args.work / sub).mkdir(parents=True, exist_ok=True)
     log = Log(args.out / "sweep.log")
     from pyrunner.errors import UserError
+
+    try:
+        args.switches = switches.parse_all(args.switch)
+    except ValueError as e:
+        log(f"error: {e}")
+        return 2
+    if args.switches:
+        log(f"planner switches: {switches.label(args.switches)}")
 
     try:
         backend = _backend(args.device)
@@ -484,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in records:
             fh.write(json.dumps(r, default=str) + "\n")
     summary = summarize(records, args.dry, time.monotonic() - start, args.device)
+    if args.switches:
+        summary["switches"] = switches.label(args.switches)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = table(summary)
     log.raw(text)

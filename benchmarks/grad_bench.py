@@ -20,6 +20,13 @@ On the GPU machine::
 
     SCRIPT=benchmarks/grad_bench.py TOTAL_S=500 bash benchmarks/gpu_run.sh
 
+Planner switches (``benchmarks/switches.py``): ``--switch cost.PHASED_BLOCKS=1`` plans every case with it set;
+``--ab-switch cost.PHASED_BLOCKS`` adds a variant ``superopt+PHASED_BLOCKS`` planned (and compiled) with that
+switch on beside ``superopt`` (the switches as set), both verified and timed side by side in the same rounds::
+
+    SCRIPT=benchmarks/grad_bench.py TOTAL_S=420 bash benchmarks/gpu_run.sh --cases attention causal \
+        --ab-switch cost.PHASED_BLOCKS
+
 ``--small`` is the CPU smoke test of the script: tiny shapes, Superopt's halves in the float64 interpreter
 (``Trainable(executor="reference")``), eager baselines, wall-clock times that mean nothing.
 """
@@ -34,8 +41,11 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import switches  # noqa: E402 - benchmarks/switches.py
 
 ATTN = {"h": 16, "t_q": 4096, "t_kv": 4096, "d": 128}
 CASES: dict[str, tuple[str, dict[str, int], tuple[str, ...]]] = {
@@ -143,6 +153,14 @@ def superopt(graph, small: bool, device: str):
     return f, conditioned_bound(bound, cond), note
 
 
+def _outputs_of(f, names: list[str]):
+    """fn(**inputs) -> {output: tensor} of a Trainable."""
+    def so(**kw):
+        o = f(**kw)
+        return dict(zip(names, o if isinstance(o, tuple) else (o,), strict=True))
+    return so
+
+
 def run_case(case: str, args: argparse.Namespace, out) -> None:
     import torch
 
@@ -158,19 +176,23 @@ def run_case(case: str, args: argparse.Namespace, out) -> None:
     variants: dict = {}
     bounds: dict[str, float] = {}
     notes: dict[str, str] = {}
-    t0 = time.perf_counter()
-    try:
-        f, bounds["superopt"], notes["superopt"] = superopt(graph, args.small, device)
-
-        def so(**kw):
-            o = f(**kw)
-            return dict(zip(names, o if isinstance(o, tuple) else (o,), strict=True))
-
-        variants["superopt"] = so
-        notes["superopt"] += f"; planned in {time.perf_counter() - t0:.1f} s"
-    except Exception as e:  # noqa: BLE001 - a failed variant is a row, not the end of the run
-        traceback.print_exc()
-        notes["superopt"] = f"FAIL {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+    first = None
+    for v, settings in [("superopt", {}), *((f"superopt+{k.split('.')[-1]}", {k: True}) for k in args.ab_switch)]:
+        t0 = time.perf_counter()
+        try:
+            with switches.switched(settings):  # planned and compiled (the renderer reads a switch too) under it
+                f, bounds[v], notes[v] = superopt(graph, args.small, device)
+                if not args.small:
+                    f.runs(torch.device(device))
+            hashes = (f.plans.forward and f.plans.forward.provenance.plan_hash,
+                      f.plans.backward and f.plans.backward.provenance.plan_hash)
+            first = first or hashes
+            same = "; the same plans as superopt" if v != "superopt" and hashes == first and any(hashes) else ""
+            variants[v] = _outputs_of(f, names)
+            notes[v] += f"; planned in {time.perf_counter() - t0:.1f} s{same}"
+        except Exception as e:  # noqa: BLE001 - a failed variant is a row, not the end of the run
+            traceback.print_exc()
+            notes[v] = f"FAIL {type(e).__name__}: {' '.join(str(e).split())[:300]}"
     for b, fn in baselines(graph, CASES[case][2], args.small).items():
         variants[b], bounds[b] = fn, BASELINE_BOUND
     fns, errors = {}, {}
@@ -204,6 +226,7 @@ def write_timed(fns: dict, variants: list[str], case: dict, errors: dict, bounds
                "grad_err_vs_f64": errors.get(v), "bound": bounds.get(v),
                "superopt_speedup": (us / so_us) if us and so_us and v != "superopt" else None,
                "note": notes.get(v, ""), "device": "cpu" if args.small else device_name(), "small": args.small,
+               "switches": switches.label({k: switches.get(k) for k in switches.SWITCHES}),
                "command": " ".join(sys.argv)}
         out.write(json.dumps(rec) + "\n")
         out.flush()
@@ -279,7 +302,7 @@ def run_llama_step(args: argparse.Namespace, out) -> None:
     write_timed(fns, list(variants), {"case": "llama_step", "shapes": LLAMA_SMALL if args.small else LLAMA}, errors,
                 dict.fromkeys(variants, BASELINE_BOUND), notes, args, out)
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", nargs="*", default=[*CASES, "llama_step"], choices=[*CASES, "llama_step"])
     ap.add_argument("--rounds", type=int, default=5)
@@ -288,7 +311,16 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="start no new case after this many seconds (0: no limit); gpu_run.sh passes it")
     ap.add_argument("--small", action="store_true", help="CPU smoke test of the script")
-    args = ap.parse_args()
+    ap.add_argument("--switch", action="append", metavar="NAME=0|1",
+                    help=f"set a planner switch for every variant ({', '.join(switches.SWITCHES)}; repeatable)")
+    ap.add_argument("--ab-switch", action="append", default=[], metavar="NAME",
+                    help="add a variant superopt+NAME planned with that switch on, timed beside superopt")
+    args = ap.parse_args(argv)
+    try:
+        switches.apply(switches.parse_all(args.switch))
+        args.ab_switch = [switches.resolve(n) for spec in args.ab_switch for n in spec.split(",") if n.strip()]
+    except ValueError as e:
+        ap.error(str(e))
     if not args.small:
         import torch
 

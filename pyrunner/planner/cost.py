@@ -406,7 +406,8 @@ def _estimated(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_
               / (dev.sms * dev.smem_wavefronts_per_s * max(util, 1e-3)))
     # few blocks on an SM to hide each other's phases: one, or a loop-less GEMM kernel's few large blocks (a
     # loop-less elementwise kernel's many small ones keep the fitted flat-block terms: runs 51 and 73)
-    if PHASED_BLOCKS and (per_sm == 1 or (low.stream is None and low.gemms)):
+    # (the switch read last, only where it decides: benchmarks/switch_cases.py relies on that)
+    if (per_sm == 1 or (low.stream is None and low.gemms)) and PHASED_BLOCKS:
         t_once = run * (bt.ew_once / dev.cc_flops + bt.trans_once / dev.sfu_ops) / max(util, 1e-3)
         latency = dev.l2_latency_s if l2_resident(facts, m) else dev.hbm_latency_s
         t_one = phased_time(low.stream is not None, bool(low.gemms), t_tc, t_cc, t_once, t_sync, t_mem, per_sm,

@@ -213,7 +213,9 @@ class FitModel:
         for rows, cols in ((geo.blocks[r], geo.blocks[c]) for r, c in self.chain_gemms):
             if rows % (64 * (geo.threads // 128)) or cols > MAX_GEMM_N:
                 return False
-        if not ASYNC_PARTIAL_TILES and any(self.sizes[a] % geo.blocks[a] for a in self.loaded_axes):
+        # the switch is read last, only where it decides (benchmarks/switch_cases.py skips the second search
+        # of a case that never reached this)
+        if any(self.sizes[a] % geo.blocks[a] for a in self.loaded_axes) and not ASYNC_PARTIAL_TILES:
             return False
         smem = self._footprint(geo).smem_bytes + sum(2 * math.prod(geo.blocks[a] for a in axes)
                                                      for axes in self.store_tiles)
