@@ -183,24 +183,15 @@ def _tree_hash() -> str:
 
 
 def _plan_and_render(graph_name: str, dtype: str):
-    """``plan_arm`` under the switches as they are set."""
+    """``plan_arm`` under the switches as they are set (planned as ``gpu_sweep`` plans a case)."""
+    from gpu_sweep import plan_graph
+
+    from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.backend.tilelang.render import render
-    from pyrunner.pipeline import best_plan
-    from pyrunner.target.tuning import committed_tuning
 
-    graph = load_workload(graph_name)
-    derived = None
-    if graph_name.endswith("/bwd"):
-        from pyrunner.planner.saves import choose_saves
-
-        derived = choose_saves(graph, DTYPES[dtype], None)
-        graph = derived.graph
-    (plan,) = best_plan(graph, DTYPES[dtype], tuning=committed_tuning())
-    if derived is not None:
-        from pyrunner.plan.backward_of import with_backward_of
-
-        plan = with_backward_of(plan, derived)
-    return plan, graph, render(plan)
+    backend = backend_for()
+    plan, graph = plan_graph(load_workload(graph_name), DTYPES[dtype], graph_name.endswith("/bwd"), backend)
+    return plan, graph, render(plan, backend.target)
 
 
 def _masked(plan, source: str) -> str:

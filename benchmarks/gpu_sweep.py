@@ -185,24 +185,31 @@ def _emit(path: Path, rec: Record) -> None:
 
 
 def plan_case(case: Case, backend, extra: dict, lower_check: bool = True):
-    """The case's plan and the graph it computes, as ``superopt --device`` hands it out (the backend's committed
-    tuning database included; ``lower_check=False``: the search's top plan, TileLang's lowering gate skipped);
-    what a reader of the record wants (saves of a backward, plans the gate skipped) goes to ``extra``.
+    """The case's plan and the graph it computes (``plan_graph`` of the case's graph).
     ``benchmarks/switch_cases.py`` plans the cases through here too."""
     from pyrunner.ir.graph_json import graph_from_json
+
+    return plan_graph(graph_from_json(case.graph), case.dtype, case.backward, backend, extra, lower_check)
+
+
+def plan_graph(graph, dtype: str, backward: bool, backend, extra: dict | None = None, lower_check: bool = True):
+    """The plan of ``graph`` (``backward``: of its derived backward) and the graph it computes, as
+    ``superopt --device`` hands it out (the backend's committed tuning database included; ``lower_check=False``:
+    the search's top plan, TileLang's lowering gate skipped); what a reader of the record wants (saves of a
+    backward, plans the gate skipped) goes to ``extra``. ``benchmarks/gpu_ab.py`` plans its arms through here."""
     from pyrunner.pipeline import best_plan
     from pyrunner.target.tuning import committed_tuning
 
-    graph = graph_from_json(case.graph)
+    extra = {} if extra is None else extra
     derived = None
-    if case.backward:  # as training plans it: the saves the cost model chose, then the backward graph
+    if backward:  # as training plans it: the saves the cost model chose, then the backward graph
         from pyrunner.planner.saves import choose_saves
 
-        derived = choose_saves(graph, case.dtype, None, backend.device)
+        derived = choose_saves(graph, dtype, None, backend.device)
         graph = derived.graph
         extra["saved"] = list(derived.saved)
     notes: list = []
-    (plan,) = best_plan(graph, case.dtype, backend=backend, tuning=committed_tuning(backend.device.name),
+    (plan,) = best_plan(graph, dtype, backend=backend, tuning=committed_tuning(backend.device.name),
                         notes=notes.append, lower_check=lower_check)
     if derived is not None:  # the plan records its derivation (`superopt --backward` writes it so too)
         from pyrunner.plan.backward_of import with_backward_of
