@@ -1,9 +1,10 @@
 """Planner switches a benchmark may flip in its own process: ``NAME=1`` / ``NAME=0`` on its command line.
 
 A switch is a module-level boolean the planner (and, for ``ASYNC_PARTIAL_TILES``, the renderer) reads
-each time it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``); both are off
-until a GPU run decides them. Setting one here sets the attribute and empties the process-wide caches
-keyed without it: the frontend's region plans (``frontend.region_plans._PLANS``) and derivations
+each time it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``): the first is on
+since runs 132-133, the second off until a GPU run decides it. Setting one here sets the attribute and
+empties the process-wide caches keyed without it: the frontend's region plans
+(``frontend.region_plans._PLANS``) and derivations
 (``frontend.training._DERIVED``: the saves are chosen by the cost model). Everything else the search
 memoises lives in one search (``planner.memo.TileMemo``, the fit models), and the committed tuning
 database is read afresh by each ``committed_tuning()`` call, so a switch flipped between two searches

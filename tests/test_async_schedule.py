@@ -380,13 +380,16 @@ PARTIAL = {  # no tile of the spaces divides the loaded axes: the last step is a
 }
 
 
-def test_partial_tiles_keep_the_synchronous_form_until_switched_on() -> None:
-    """Off (the default, until a GPU sweep runs it): a loaded axis with a partial last tile keeps the
+def test_partial_tiles_keep_the_synchronous_form_when_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On by default (runs 132-133); switched off, a loaded axis with a partial last tile keeps the
     guard's divisibility test, and the fit model says such a config renders T.Pipelined."""
     from pyrunner.plan.schema import axis_sizes
     from pyrunner.target import fit
 
-    assert fit.ASYNC_PARTIAL_TILES is False
+    assert fit.ASYNC_PARTIAL_TILES is True
+    on = _plan("Attention", PARTIAL["Attention"])
+    assert "SIZE_T_KV % block_t_kv == 0" not in render(on)
+    monkeypatch.setattr(fit, "ASYNC_PARTIAL_TILES", False)
     plan = _plan("Attention", PARTIAL["Attention"])
     assert "SIZE_T_KV % block_t_kv == 0" in render(plan)
     (k,) = plan.kernels

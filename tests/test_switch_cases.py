@@ -44,7 +44,7 @@ def test_the_listing_names_the_case_async_partial_tiles_changes() -> None:
     assert (len(changed["off"]["kernels"]), len(changed["on"]["kernels"])) == (2, 1), changed
     (same,) = switch_cases.compare_case(_case(WHOLE), [ASYNC], "h200", False)
     assert not same["changed"] and not same["searched"], same
-    assert fit.ASYNC_PARTIAL_TILES is False  # restored
+    assert fit.ASYNC_PARTIAL_TILES is True  # restored to its default
 
 
 def test_a_skipped_second_search_finds_what_a_real_one_finds() -> None:
@@ -122,7 +122,7 @@ def test_gpu_ab_plan_only_says_which_switch_cases_it_would_time(tmp_path: Path) 
     rows = [json.loads(line) for line in (tmp_path / "ab.jsonl").read_text().splitlines()]
     assert [r["status"].split(":")[0] for r in rows] == ["planned", "skipped"], rows
     assert len(rows[0]["without_kernels"]) > 1 and len(rows[0]["with_kernels"]) == 1, rows[0]
-    assert fit.ASYNC_PARTIAL_TILES is False
+    assert fit.ASYNC_PARTIAL_TILES is True  # restored to its default
 
 
 def test_sweep_and_grad_bench_refuse_unknown_switches(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -51,18 +51,19 @@ ASYNC_SMEM_SLACK = 1024
 TileLang's own scratch (``backend.tilelang.render_ws`` guards its form with it)."""
 
 
-ASYNC_PARTIAL_TILES = False
+ASYNC_PARTIAL_TILES = True
 """Whether the explicitly warp-specialised forms (``backend.tilelang.render_ws``) take loaded axes that
 end in a partial last tile (attention over 4000 keys in 128-wide steps; a GEMM over K = 1000).
 
-Off: such configs render ``T.Pipelined``, so the rank key (``planner.cost._rank_key``) prefers a
-chain config that divides the axis, however narrow (t = 4000 streams 32-wide steps, modelled at
-536 us against about 205 at 128). The rendered forms already carry what a partial tile needs: TMA
-fills rows past a tensor's end with zeros and drops stores past it, the step count is a ceiling
-division, and the mask runs only on the step it does not show whole. On the CPU emulator the
-asynchronous forms with partial tiles agree with float64 (``tests/test_async_schedule.py``), but
-explicit ``T.tma_copy`` boxes that cross a tensor's end have not run on the device yet: switch this on
-only with a GPU sweep of the cases it re-renders (``benchmarks/changed_cases.py``)."""
+Off, such configs render ``T.Pipelined``, so the rank key (``planner.cost._rank_key``) prefers a
+chain config that divides the axis, however narrow (t = 4000 streams 32-wide steps). The forms carry
+what a partial tile needs: TMA fills rows past a tensor's end with zeros and drops stores past it, the
+step count is a ceiling division, and the mask runs only on the step it does not show whole. On since
+runs 132-133 (H100, ``benchmarks/results/h100-runs132-133-switches.jsonl``): the GPU sweep of every case
+it re-renders (``benchmarks/cases/fit.ASYNC_PARTIAL_TILES.txt``, 78) passed 77; the 78th fails its
+outlier draw on two seeds with the switch off too (the max shift's FMA, docs/gpu.md). Measured in one
+A/B call: attention over 2000 keys 552.0 -> 112.9 us, over 4000 347.8 -> 219.2, causal over 4000
+219.6 -> 135.8. ``--switch fit.ASYNC_PARTIAL_TILES=0`` on a benchmark turns it off."""
 
 
 @dataclass(frozen=True)
