@@ -429,7 +429,7 @@ class Planner:
             if streams is not None and s not in streams:
                 continue
             try:
-                low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name, reserved)
+                low = lower(root, boundary, dtypes, self.sizes, self.dtype, s, labels, out_name, reserved, terms)
             except Infeasible as e:
                 whys.append(str(e))
                 continue
