@@ -12,7 +12,6 @@ share the per-lowering facts and the per-tile-extents terms they cache (``Loweri
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections.abc import Mapping
@@ -271,11 +270,7 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
     seen = facts.blocks_seen.get(key)
     if seen is not None:
         return seen
-    base = facts.shared_terms.get(key) if facts.shared_terms is not None else None
-    if base is None:
-        base = _tile_terms(low, blocks, cfg, sizes, tensor_bytes, facts, terms)
-        if facts.shared_terms is not None:
-            facts.shared_terms[key] = base
+    base = _shared_tile_terms(low, blocks, key, cfg, sizes, tensor_bytes, facts, terms)
     # a value is computed once per block of each grid axis it lacks
     split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
     again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
@@ -290,20 +285,21 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
     return out
 
 
-@dataclass(frozen=True)
-class _TileBase:
-    """The terms of a set of tile extents that ``_TimeFloor.first`` bounds time with (``_tile_terms``
-    adds the rest): blocks, loop steps and the share of them run, L2 re-reads and GEMM work."""
+def _shared_tile_terms(low: Lowered, blocks: dict[str, int], key: tuple, cfg: dict[str, int], sizes: dict[str, int],
+                       tensor_bytes: dict[str, int], facts: LoweringFacts, terms: CostTerms) -> _BlockTerms:
+    """``_tile_terms`` of these tile extents (``key``: their values), shared with the lowerings of the
+    same ``tile_terms_key`` (``LoweringFacts.shared_terms``)."""
+    base = facts.shared_terms.get(key) if facts.shared_terms is not None else None
+    if base is None:
+        base = _tile_terms(low, blocks, cfg, sizes, tensor_bytes, facts, terms)
+        if facts.shared_terms is not None:
+            facts.shared_terms[key] = base
+    return base
 
-    n_blocks: int
-    n_iter: int
-    run: float
-    reread: float
-    gemm_terms: list[tuple[float, float, float]]
 
-
-def _tile_base(low: Lowered, blocks: dict[str, int], cfg: dict[str, int], sizes: dict[str, int],
-               tensor_bytes: dict[str, int], terms: CostTerms) -> _TileBase:
+def _tile_terms(low: Lowered, blocks: dict[str, int], cfg: dict[str, int], sizes: dict[str, int],
+                tensor_bytes: dict[str, int], facts: LoweringFacts, terms: CostTerms) -> _BlockTerms:
+    """``_BlockTerms`` of one set of tile extents, its elementwise work left at 0 (``_block_terms``)."""
     n_blocks = grid_blocks(low, cfg, sizes)
     n_iter = -(-sizes[low.stream] // blocks[low.stream]) if low.stream else 1
     run = visible_fraction(low, blocks, sizes)  # loop steps left after masked tiles are skipped
@@ -317,37 +313,27 @@ def _tile_base(low: Lowered, blocks: dict[str, int], cfg: dict[str, int], sizes:
             tile = tile / sizes[a] * blocks.get(a, 1)
         total = tile * n_blocks * (n_iter * run if ld.in_loop else 1)
         reread += max(0.0, total - whole)
+    dram = sectored_bytes(low, blocks, sizes, tensor_bytes, facts.moved)
+
+    def padded(a: str) -> float:  # work on a partial last tile is done in full
+        return -(-sizes[a] // blocks[a]) * blocks[a] / sizes[a] if a in blocks else 1.0
+
+    flops = sum(g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis) * padded(g.k_axis)
+                for g in low.gemms)
     gemm_terms = []
     for g in low.gemms:
         bm = blocks[g.m_axis]
         base, depth = terms.k_depth_efficiency
         k_eff = min(1.0, base + blocks[g.k_axis] / depth) if g.k_axis in blocks else 1.0
         m_eff = min(1.0, bm / terms.m_full_rows) ** 0.5
-        work = g.flops * (run if g.streamed else 1.0) * _padded(g.m_axis, blocks, sizes) * _padded(g.n_axis, blocks,
-                                                                                                   sizes)
+        work = g.flops * (run if g.streamed else 1.0) * padded(g.m_axis) * padded(g.n_axis)
         gemm_terms.append((work, k_eff, m_eff))
-    return _TileBase(n_blocks, n_iter, run, reread, gemm_terms)
-
-
-def _padded(a: str, blocks: dict[str, int], sizes: dict[str, int]) -> float:
-    """Work on a partial last tile is done in full: the factor it adds along ``a``."""
-    return -(-sizes[a] // blocks[a]) * blocks[a] / sizes[a] if a in blocks else 1.0
-
-
-def _tile_terms(low: Lowered, blocks: dict[str, int], cfg: dict[str, int], sizes: dict[str, int],
-                tensor_bytes: dict[str, int], facts: LoweringFacts, terms: CostTerms) -> _BlockTerms:
-    """``_BlockTerms`` of one set of tile extents, its elementwise work left at 0 (``_block_terms``)."""
-    tb = _tile_base(low, blocks, cfg, sizes, tensor_bytes, terms)
-    run = tb.run
-    dram = sectored_bytes(low, blocks, sizes, tensor_bytes, facts.moved)
-    flops = sum(g.flops * (run if g.streamed else 1.0) * _padded(g.m_axis, blocks, sizes)
-                * _padded(g.n_axis, blocks, sizes) * _padded(g.k_axis, blocks, sizes) for g in low.gemms)
     loop_elements = sum(math.prod(blocks.get(a, 1) for a in ld.axes) for ld in low.loads if ld.in_loop)
     # maps that read a shared tile across its rows replay each warp read once per bank conflict
     # (``planner.banks``); the replays stall the warps that issue the loads, so they add
     step_passes, once_passes = extra_wavefronts(low, blocks, facts.shared_reads)
-    return _BlockTerms(blocks, tb.n_blocks, tb.n_iter, run, tb.reread, dram, flops, tb.gemm_terms, 0.0, 0.0,
-                       loop_elements, step_passes, once_passes)
+    return _BlockTerms(blocks, n_blocks, n_iter, run, reread, dram, flops, gemm_terms, 0.0, 0.0, loop_elements,
+                       step_passes, once_passes)
 
 
 def estimate(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
@@ -553,23 +539,17 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
             groups.setdefault(tuple([values[j] for j in extents]), []).append((i, values, v))
     if facts.long_rows:
         smallest = min((_size(dict(zip(names, c[1])), low.stream) for g in groups.values() for c in g), default=0)
-        order = [(0.0, g[0][0], True, [c for c in g if _size(dict(zip(names, c[1])), low.stream) <= smallest])
+        order = [(0.0, [c for c in g if _size(dict(zip(names, c[1])), low.stream) <= smallest])
                  for g in groups.values()]
-    else:  # a heap of (floor, first walk index, whether the floor is the full one, group)
+    else:
         floor = _TimeFloor.of(m)
-        order = [(floor.first(low, dict(zip(names, g[0][1])), sizes, tensor_bytes, facts), g[0][0], False, g)
-                 for g in groups.values()]
-        heapq.heapify(order)
+        order = sorted(((floor(low, dict(zip(names, g[0][1])), sizes, tensor_bytes, facts), g)
+                        for g in groups.values()), key=lambda x: (x[0], x[1][0][0]))
     # (rank key, walk index, the estimate's numbers, config, shared bytes): an ``Estimate`` for the winner only
     best: tuple[tuple, int, tuple[float, float, float, str], dict[str, int], int] | None = None
-    while order:
-        floor_us, first, full, group = heapq.heappop(order) if not facts.long_rows else order.pop(0)
+    for floor_us, group in order:
         if best is not None and not facts.long_rows and round(floor_us, 3) > best[0][1]:
             break
-        if not full and not facts.long_rows:
-            heapq.heappush(order, (max(floor_us, floor(low, dict(zip(names, group[0][1])), sizes, tensor_bytes,
-                                                       facts)), first, True, group))
-            continue
         for i, values, (smem, regs, slow_chain) in group:
             cfg = dict(zip(names, values))
             got = _estimated(low, cfg, sizes, tensor_bytes, smem, m, facts, regs)
@@ -590,8 +570,11 @@ by which its float arithmetic may part from ``_estimated``'s."""
 @dataclass(frozen=True)
 class _TimeFloor:
     """A time no config with given tile extents is priced below by ``_estimated`` (threads, stages,
-    shared memory and registers aside): its terms with full occupancy where that depends on them, the
-    best pipeline factor and MMA width, and nothing added (bank replays, sync, latency, phases)."""
+    shared memory and registers aside): its tensor-core and memory terms with full occupancy where
+    that depends on them, the best pipeline factor and MMA width, and nothing added (CUDA-core work,
+    bank replays, sync, latency, phases). Only terms of the tile extents alone (shared between
+    lowerings, ``_shared_tile_terms``) are read: the elementwise work is worked out only for the
+    extents priced."""
 
     m: Machine
     pipe: float  # the largest pipeline factor (at least 1)
@@ -605,48 +588,26 @@ class _TimeFloor:
         return _TimeFloor(m, max(1.0, *pipes), max(eff for _, eff in t.mma_width_efficiency),
                           0.0 <= t.cc_overlap <= 1.0 and min(pipes) > 0 and t.launch_us >= 0)
 
-    def first(self, low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
-              facts: LoweringFacts) -> float:
-        """A first, cheaper floor (at most the full one, ``__call__``): GEMM work and L2 re-reads only,
-        none of the terms that take longest to work out (HBM sectors, elementwise work)."""
-        if not self.sound or facts.structure_scale <= 0:
-            return 0.0
-        m = self.m
-        blocks = _blocks(low, cfg, sizes)
-        tb = _tile_base(low, blocks, cfg, sizes, tensor_bytes, m.terms)
-        t_tc, t_mem = self._tc_mem(low, tb.n_blocks, tb.gemm_terms, 0.0, tb.reread, facts)
-        return (max(t_tc, t_mem) * facts.structure_scale * 1e6 + m.launch_us) * (1.0 - FLOOR_SLACK)
-
     def __call__(self, low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
                  facts: LoweringFacts) -> float:
         m = self.m
         dev, terms = m.device, m.terms
-        bt = _block_terms(low, cfg, sizes, tensor_bytes, facts, terms)
+        blocks = _blocks(low, cfg, sizes)  # the terms of the tile extents alone: no elementwise work
+        bt = _shared_tile_terms(low, blocks, tuple(blocks.values()), cfg, sizes, tensor_bytes, facts, terms)
         if not self.sound or facts.structure_scale <= 0:
             return 0.0
-        t_tc, t_mem = self._tc_mem(low, bt.n_blocks, bt.gemm_terms, bt.dram, bt.reread, facts)
         util = min(1.0, bt.n_blocks / dev.sms) if bt.n_blocks < dev.sms else 1.0
-        t_cc = bt.run * (bt.ew / dev.cc_flops + bt.trans / dev.sfu_ops) / max(util, 1e-3)
-        t_compute = max(t_tc, t_cc) if low.gemms else 0.5 * t_cc
-        body = max(t_compute, t_mem) * facts.structure_scale
-        return (body * 1e6 + m.launch_us) * (1.0 - FLOOR_SLACK)
-
-    def _tc_mem(self, low: Lowered, n_blocks: int, gemm_terms: list[tuple[float, float, float]], dram: float,
-                reread: float, facts: LoweringFacts) -> tuple[float, float]:
-        """Floors of ``_estimated``'s tensor-core and memory times (HBM bytes ``dram``, at most the real)."""
-        m = self.m
-        dev, terms = m.device, m.terms
-        util = min(1.0, n_blocks / dev.sms) if n_blocks < dev.sms else 1.0
         t_tc = 0.0
-        for work, k_eff, m_eff in gemm_terms:
+        for work, k_eff, m_eff in bt.gemm_terms:
             t_tc += work / (dev.tc_flops * m.compute_efficiency * self.width * k_eff * m_eff)
         t_tc /= max(util, 1e-3) * self.pipe
-        flat = low.stream is None and not low.gemms and n_blocks < dev.sms
+        flat = low.stream is None and not low.gemms and bt.n_blocks < dev.sms
         reach = terms.flat_block_reach if flat else terms.stream_block_reach
-        t_mem = (dram / first_read_bw(facts, m) + reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
+        t_mem = (bt.dram / first_read_bw(facts, m) + bt.reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
         if low.stream is not None:
             t_mem /= self.pipe
-        return t_tc, t_mem
+        body = max(t_tc, t_mem) * facts.structure_scale
+        return (body * 1e6 + m.launch_us) * (1.0 - FLOOR_SLACK)
 
 
 def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None,

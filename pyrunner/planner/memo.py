@@ -51,9 +51,10 @@ def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *, str
 
     plain = {int, float, bool, type(None)}
     cut = len(BLOCK_PREFIX)
+    blocks = {BLOCK_PREFIX + a for a in sizes}  # the block parameter of every axis
 
     def name(x: str) -> str:
-        if x.startswith(BLOCK_PREFIX) and x[cut:] in sizes:
+        if x in blocks:
             return BLOCK_PREFIX + name(x[cut:])
         if x not in names:
             return x
