@@ -607,7 +607,8 @@ class _TimeFloor:
         if low.stream is not None:
             t_mem /= self.pipe
         body = max(t_tc, t_mem) * facts.structure_scale
-        return (body * 1e6 + m.launch_us) * (1.0 - FLOOR_SLACK)
+        floor = (body * 1e6 + m.launch_us) * (1.0 - FLOOR_SLACK)
+        return floor if floor == floor else 0.0  # not a number: no floor (the order above needs one)
 
 
 def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None,
