@@ -89,8 +89,17 @@ def constant_value(e: object, sizes: Mapping[str, int]) -> float | None:
 
 
 def expr_refs(expr: object) -> list[str]:
-    """Buffers an expression reads, in order of appearance (with repeats)."""
-    return [e.buf for e in walk(expr) if isinstance(e, Ref)]
+    """Buffers an expression reads, in order of appearance (with repeats): ``walk``'s order, without
+    a generator (the planner asks this of every op of every kernel it lowers, several times)."""
+    out: list[str] = []
+    stack = [expr]
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Call):
+            stack.extend(reversed(e.args))
+        elif isinstance(e, Ref):
+            out.append(e.buf)
+    return out
 
 
 def substitute_refs(expr: Expr, to: Mapping[str, Expr]) -> Expr:

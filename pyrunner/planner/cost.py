@@ -270,11 +270,7 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
     seen = facts.blocks_seen.get(key)
     if seen is not None:
         return seen
-    base = facts.shared_terms.get(key) if facts.shared_terms is not None else None
-    if base is None:
-        base = _tile_terms(low, blocks, cfg, sizes, tensor_bytes, facts, terms)
-        if facts.shared_terms is not None:
-            facts.shared_terms[key] = base
+    base = _shared_tile_terms(low, blocks, key, cfg, sizes, tensor_bytes, facts, terms)
     # a value is computed once per block of each grid axis it lacks
     split = {g.axis: -(-sizes[g.axis] // blocks[g.axis]) for g in low.grid}
     again = [math.prod(n for a, n in split.items() if a not in axes) for axes, _, _ in low.ew_by_axes]
@@ -287,6 +283,18 @@ def _block_terms(low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tenso
                       sum(e for e, _ in once), sum(x for _, x in once))
     facts.blocks_seen[key] = out
     return out
+
+
+def _shared_tile_terms(low: Lowered, blocks: dict[str, int], key: tuple, cfg: dict[str, int], sizes: dict[str, int],
+                       tensor_bytes: dict[str, int], facts: LoweringFacts, terms: CostTerms) -> _BlockTerms:
+    """``_tile_terms`` of these tile extents (``key``: their values), shared with the lowerings of the
+    same ``tile_terms_key`` (``LoweringFacts.shared_terms``)."""
+    base = facts.shared_terms.get(key) if facts.shared_terms is not None else None
+    if base is None:
+        base = _tile_terms(low, blocks, cfg, sizes, tensor_bytes, facts, terms)
+        if facts.shared_terms is not None:
+            facts.shared_terms[key] = base
+    return base
 
 
 def _tile_terms(low: Lowered, blocks: dict[str, int], cfg: dict[str, int], sizes: dict[str, int],
@@ -495,13 +503,10 @@ def config_verdicts(space: Mapping[str, list[int]], fit: FitModel) -> list[Verdi
     parameter names, ``itertools.product``). They depend on the fit model alone, so kernels whose fit
     models agree share them (``planner.memo``)."""
     names = sorted(space)
-    out: list[Verdict] = []
-    for values in itertools.product(*(space[n] for n in names)):
-        cfg = dict(zip(names, values))
-        why, fp = fit.check(cfg)
-        out.append(None if why is not None else
-                   (fp.smem_bytes, fp.regs_per_thread, fit.chain and not fit.renders_async(cfg)))
-    return out
+    configs = list(itertools.product(*(space[n] for n in names)))
+    return [None if got is None else
+            (got[0], got[1], fit.chain and not fit.renders_async(dict(zip(names, values))))
+            for values, got in zip(configs, fit.fitting(names, configs), strict=True)]
 
 
 def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, int],
@@ -509,7 +514,11 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
                 verdicts: list[Verdict] | None = None, facts: LoweringFacts | None = None) -> Estimate | None:
     """The cheapest config of ``space`` that fits the device (``fit``), or None. ``verdicts``:
     ``config_verdicts(space, fit)``, ``facts``: ``LoweringFacts.of(low, tensor_bytes, m)``, where the
-    caller has them."""
+    caller has them.
+
+    The winner is the config of least rank key, the first in walk order among equals. Configs are
+    priced by tile extents, the extents of least ``_TimeFloor`` first; once that floor (rounded as
+    the key rounds) exceeds the best time found, no later config can win and none is priced."""
     names = sorted(space)
     facts = facts or LoweringFacts.of(low, tensor_bytes, m)
     wide = wide_steps(low, sizes, facts, m)
@@ -519,26 +528,87 @@ def best_config(low: Lowered, space: Mapping[str, list[int]], sizes: dict[str, i
     # decides: a chain config that renders asynchronously beats every one that does not; with
     # ``small_first``, the smallest tiles and threads come first): the same config wins
     fast_chain = any(v is not None and not v[2] for v in verdicts)
-    smallest = min((_size(dict(zip(names, values)), low.stream)
-                    for values, v in zip(itertools.product(*(space[n] for n in names)), verdicts, strict=True)
-                    if v is not None), default=0) if facts.long_rows else 0
-    # (rank key, the estimate's numbers, config, shared bytes): an ``Estimate`` is built for the winner only
-    best: tuple[tuple, tuple[float, float, float, str], dict[str, int], int] | None = None
-    for values, verdict in zip(itertools.product(*(space[n] for n in names)), verdicts, strict=True):
-        if verdict is None or (fast_chain and verdict[2] and not facts.long_rows):
-            continue
-        cfg = dict(zip(names, values))
-        if facts.long_rows and _size(cfg, low.stream) > smallest:
-            continue
-        smem, regs, slow_chain = verdict
-        got = _estimated(low, cfg, sizes, tensor_bytes, smem, m, facts, regs)
-        key = _rank_key(fit, cfg, got[0], low.stream, facts.long_rows, wide, slow_chain)
-        if best is None or key < best[0]:
-            best = key, got, cfg, smem
+    slow_out = fast_chain and not facts.long_rows
+    # by tile extents (the values of every parameter but threads and stages; the rank key's first term
+    # is the same for every config left here, unless ``small_first``, whose key puts the tile sizes
+    # before time: those are priced in walk order)
+    extents = [j for j, n in enumerate(names) if n not in (THREADS_PARAM, STAGES_PARAM)]
+    groups: dict[tuple, list[tuple[int, tuple, tuple[int, int, bool]]]] = {}
+    for i, (values, v) in enumerate(zip(itertools.product(*(space[n] for n in names)), verdicts, strict=True)):
+        if v is not None and not (slow_out and v[2]):
+            groups.setdefault(tuple([values[j] for j in extents]), []).append((i, values, v))
+    if facts.long_rows:
+        smallest = min((_size(dict(zip(names, c[1])), low.stream) for g in groups.values() for c in g), default=0)
+        order = [(0.0, [c for c in g if _size(dict(zip(names, c[1])), low.stream) <= smallest])
+                 for g in groups.values()]
+    else:
+        floor = _TimeFloor.of(m)
+        order = sorted(((floor(low, dict(zip(names, g[0][1])), sizes, tensor_bytes, facts), g)
+                        for g in groups.values()), key=lambda x: (x[0], x[1][0][0]))
+    # (rank key, walk index, the estimate's numbers, config, shared bytes): an ``Estimate`` for the winner only
+    best: tuple[tuple, int, tuple[float, float, float, str], dict[str, int], int] | None = None
+    for floor_us, group in order:
+        if best is not None and not facts.long_rows and round(floor_us, 3) > best[0][1]:
+            break
+        for i, values, (smem, regs, slow_chain) in group:
+            cfg = dict(zip(names, values))
+            got = _estimated(low, cfg, sizes, tensor_bytes, smem, m, facts, regs)
+            key = _rank_key(fit, cfg, got[0], low.stream, facts.long_rows, wide, slow_chain)
+            if best is None or (key, i) < best[:2]:
+                best = key, i, got, cfg, smem
     if best is None:
         return None
-    _, (time_us, flops, nbytes, bound), cfg, smem = best
+    _, _, (time_us, flops, nbytes, bound), cfg, smem = best
     return Estimate(time_us=time_us, flops=flops, bytes=nbytes, bound=bound, smem=smem, config=cfg)
+
+
+FLOOR_SLACK = 1e-9
+"""Relative margin ``_TimeFloor`` leaves below the time it bounds: far more than the few roundings
+by which its float arithmetic may part from ``_estimated``'s."""
+
+
+@dataclass(frozen=True)
+class _TimeFloor:
+    """A time no config with given tile extents is priced below by ``_estimated`` (threads, stages,
+    shared memory and registers aside): its tensor-core and memory terms with full occupancy where
+    that depends on them, the best pipeline factor and MMA width, and nothing added (CUDA-core work,
+    bank replays, sync, latency, phases). Only terms of the tile extents alone (shared between
+    lowerings, ``_shared_tile_terms``) are read: the elementwise work is worked out only for the
+    extents priced."""
+
+    m: Machine
+    pipe: float  # the largest pipeline factor (at least 1)
+    width: float  # the best MMA width efficiency
+    sound: bool  # whether the terms keep each time term monotone (else the floor is 0)
+
+    @staticmethod
+    def of(m: Machine) -> _TimeFloor:
+        t = m.terms
+        pipes = (t.sync_staged_pipe, t.sync_gemm_pipe, *(f for _, f in t.pipe_by_stages))
+        return _TimeFloor(m, max(1.0, *pipes), max(eff for _, eff in t.mma_width_efficiency),
+                          0.0 <= t.cc_overlap <= 1.0 and min(pipes) > 0 and t.launch_us >= 0)
+
+    def __call__(self, low: Lowered, cfg: dict[str, int], sizes: dict[str, int], tensor_bytes: dict[str, int],
+                 facts: LoweringFacts) -> float:
+        m = self.m
+        dev, terms = m.device, m.terms
+        blocks = _blocks(low, cfg, sizes)  # the terms of the tile extents alone: no elementwise work
+        bt = _shared_tile_terms(low, blocks, tuple(blocks.values()), cfg, sizes, tensor_bytes, facts, terms)
+        if not self.sound or facts.structure_scale <= 0:
+            return 0.0
+        util = min(1.0, bt.n_blocks / dev.sms) if bt.n_blocks < dev.sms else 1.0
+        t_tc = 0.0
+        for work, k_eff, m_eff in bt.gemm_terms:
+            t_tc += work / (dev.tc_flops * m.compute_efficiency * self.width * k_eff * m_eff)
+        t_tc /= max(util, 1e-3) * self.pipe
+        flat = low.stream is None and not low.gemms and bt.n_blocks < dev.sms
+        reach = terms.flat_block_reach if flat else terms.stream_block_reach
+        t_mem = (bt.dram / first_read_bw(facts, m) + bt.reread / dev.l2_bw) / max(min(1.0, util * reach), 1e-3)
+        if low.stream is not None:
+            t_mem /= self.pipe
+        body = max(t_tc, t_mem) * facts.structure_scale
+        floor = (body * 1e6 + m.launch_us) * (1.0 - FLOOR_SLACK)
+        return floor if floor == floor else 0.0  # not a number: no floor (the order above needs one)
 
 
 def _rank_key(fit: FitModel, cfg: dict[str, int], time_us: float, stream: str | None = None,

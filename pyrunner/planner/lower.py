@@ -788,9 +788,10 @@ def _unique(xs: list[str]) -> list[str]:
 
 def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], sizes: dict[str, int],
           dtype: str, s: str | None, labels: dict[Term, str], out_tensor: str | list[str],
-          reserved: frozenset[str] | None = None) -> Lowered:
+          reserved: frozenset[str] | None = None, terms: list[Term] | None = None) -> Lowered:
     """Lower the cone of ``root`` with streamed axis ``s`` (None: no loop). ``reserved``: the
-    names of all global tensors (default: the boundary's), which no buffer name may shadow.
+    names of all global tensors (default: the boundary's), which no buffer name may shadow;
+    ``terms``: ``cone(root, boundary)`` where the caller has it (one per streamed axis tried).
 
     Several roots (a tuple, with one output tensor each in ``out_tensor``): one kernel computing
     all of them over one grid and one loop, with a store per root (a multi-output kernel)."""
@@ -798,7 +799,8 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
     outs = [out_tensor] if isinstance(out_tensor, str) else list(out_tensor)
     if len(outs) != len(roots) or len(set(outs)) != len(outs):
         raise ValueError(f"lower: {len(roots)} root(s) need as many distinct output tensors, got {outs}")
-    terms = cone(root, boundary)
+    if terms is None:
+        terms = cone(root, boundary)
     computed = kernel_computes(root, terms, boundary)
     leaves = [t for t in terms if _is_leaf(t, root, boundary) and t in boundary]
     phase = _phases(computed, s)

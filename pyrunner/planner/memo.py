@@ -49,20 +49,33 @@ def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *, str
     kernels equal up to renaming give one key; ``strict``: dict keys renamed too and an unknown type
     raises (the fit key must never hold an object compared by identity)."""
 
+    plain = {int, float, bool, type(None)}
+    cut = len(BLOCK_PREFIX)
+    blocks = {BLOCK_PREFIX + a for a in sizes}  # the block parameter of every axis
+
+    def name(x: str) -> str:
+        if x in blocks:
+            return BLOCK_PREFIX + name(x[cut:])
+        if x not in names:
+            return x
+        got = tok.get(x)
+        if got is None:
+            got = tok[x] = f"#{len(tok)}"
+        return got
+
     def walk(x: object) -> object:
-        kind = type(x)  # the common exact types first (the walk runs over every op of every kernel lowered)
+        # the common exact types first, leaves without a call (the walk runs over every op of every
+        # kernel lowered: model dumps, dicts of dicts of strings)
+        kind = type(x)
+        if kind is dict:
+            return tuple([(walk(k) if strict else k,
+                           v if type(v) in plain else name(v) if type(v) is str else walk(v)) for k, v in x.items()])
         if kind is tuple or kind is list:
-            return tuple([walk(v) for v in x])
-        if kind is int or kind is float or kind is bool or x is None:
+            return tuple([v if type(v) in plain else name(v) if type(v) is str else walk(v) for v in x])
+        if kind in plain:
             return x
         if isinstance(x, str):
-            if x.startswith(BLOCK_PREFIX) and x[len(BLOCK_PREFIX):] in sizes:
-                return BLOCK_PREFIX + str(walk(x[len(BLOCK_PREFIX):]))
-            if x not in names:
-                return x
-            if x not in tok:
-                tok[x] = f"#{len(tok)}"
-            return tok[x]
+            return name(x)
         if isinstance(x, AxisRole):
             return walk((x.axis, x.kind, x.block, x.size))
         if isinstance(x, dict):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from pyrunner.plan.analysis import KernelGeometry, kernel_axes, kernel_ops, op_reads_writes
@@ -221,6 +221,31 @@ class FitModel:
         smem = self._footprint(geo).smem_bytes + sum(2 * math.prod(geo.blocks[a] for a in axes)
                                                      for axes in self.store_tiles)
         return smem <= self.device.smem_per_block - ASYNC_SMEM_SLACK
+
+    def fitting(self, names: Sequence[str], configs: Iterable[Sequence[int]]) -> list[tuple[int, int] | None]:
+        """(shared bytes per block, registers per thread) of each config (its values in the order of
+        ``names``) that fits, else None: ``check`` over a tuning space. Only the shared-memory bound
+        reads the pipeline depth, so the rest is judged once per tile extents and thread count."""
+        threads_p, stages_p = self.kernel.threads, self._stages
+        t_at = names.index(threads_p) if isinstance(threads_p, str) else None
+        s_at = names.index(stages_p) if isinstance(stages_p, str) else None
+        ext_at = [j for j in range(len(names)) if j != t_at and j != s_at]
+        limit = self.device.smem_per_block
+        judged: dict[tuple, tuple[bool, int, int, int]] = {}  # (extents, threads) -> fits but for smem, bytes
+        out: list[tuple[int, int] | None] = []
+        for values in configs:
+            key = (tuple([values[j] for j in ext_at]), threads_p if t_at is None else values[t_at])
+            got = judged.get(key)
+            if got is None:
+                geo = self.geometry(dict(zip(names, values)))
+                fp = self._footprint(geo)
+                once, staged, _ = self._tiles_seen[tuple(geo.blocks.values())]
+                rest = self._why_not(geo, Footprint(fp.kernel, 0, fp.regs_per_thread, fp.threads))
+                got = judged[key] = (rest is None, once, staged, fp.regs_per_thread)
+            ok, once, staged, regs = got
+            smem = once + staged * max(1, stages_p if s_at is None else values[s_at])
+            out.append((smem, regs) if ok and smem <= limit else None)
+        return out
 
     def why_not(self, values: Mapping[str, int]) -> str | None:
         """None when the kernel fits the device under ``values``, else the first reason it does not."""
