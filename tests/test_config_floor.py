@@ -94,3 +94,19 @@ def test_the_floor_keeps_the_exhaustive_winner_and_never_exceeds_a_priced_time(n
             assert f <= t, (name, cfg)
             pruned += round(f, 3) > round(ref[2], 3)
     assert pruned > 0  # the floor rules configs out, so the search above is not the exhaustive one
+
+
+@pytest.mark.parametrize("name,make", CASES[:2])
+def test_batched_fit_verdicts_agree_with_check_on_every_config(name, make) -> None:
+    """``FitModel.fitting`` judges a space once per tile extents and thread count; each verdict must be
+    what ``check`` says of that config alone (fits or not, shared bytes, registers)."""
+    m = DEFAULT_MACHINE
+    for low, _, sizes in _kernels(make()):
+        space = param_space(low, sizes, m.device.sms)
+        names = sorted(space)
+        configs = list(itertools.product(*(space[n] for n in names)))
+        batched = FitModel(kernel_of(low, "k", space), sizes, m.device).fitting(names, configs)
+        alone = FitModel(kernel_of(low, "k", space), sizes, m.device)
+        for values, got in zip(configs, batched, strict=True):
+            why, fp = alone.check(dict(zip(names, values)))
+            assert got == (None if why is not None else (fp.smem_bytes, fp.regs_per_thread)), (name, values)

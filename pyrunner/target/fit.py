@@ -66,6 +66,12 @@ A/B call: attention over 2000 keys 552.0 -> 112.9 us, over 4000 347.8 -> 219.2, 
 219.6 -> 135.8. ``--switch fit.ASYNC_PARTIAL_TILES=0`` on a benchmark turns it off."""
 
 
+def _shared_bytes(once: int, staged: int, stages: int) -> int:
+    """Shared bytes per block: the tiles held once, and one copy of each staged tile per pipeline stage
+    (``FitModel._footprint`` and ``FitModel.fitting`` agree through this)."""
+    return once + staged * max(1, stages)
+
+
 @dataclass(frozen=True)
 class Footprint:
     """Estimated resources of one kernel under one config."""
@@ -189,7 +195,7 @@ class FitModel:
                 sum(math.prod(blocks[a] for a in axes) * size for axes, size, staged in self.shared if staged),
                 [math.prod(blocks[a] for a in axes) for axes, _ in self._frag_specs])
         once, staged, elems = per_tiles
-        smem = once + staged * max(1, geo.stages)
+        smem = _shared_bytes(once, staged, geo.stages)
         regs = self._regs_seen.get((tiles, geo.threads))
         if regs is None:
             # spread over the block's threads; small (replicated) fragments still take a register each
@@ -243,7 +249,7 @@ class FitModel:
                 rest = self._why_not(geo, Footprint(fp.kernel, 0, fp.regs_per_thread, fp.threads))
                 got = judged[key] = (rest is None, once, staged, fp.regs_per_thread)
             ok, once, staged, regs = got
-            smem = once + staged * max(1, stages_p if s_at is None else values[s_at])
+            smem = _shared_bytes(once, staged, stages_p if s_at is None else values[s_at])
             out.append((smem, regs) if ok and smem <= limit else None)
         return out
 
