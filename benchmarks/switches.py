@@ -22,6 +22,7 @@ from contextlib import contextmanager
 SWITCHES = {
     "fit.ASYNC_PARTIAL_TILES": ("pyrunner.target.fit", "ASYNC_PARTIAL_TILES"),
     "cost.PHASED_BLOCKS": ("pyrunner.planner.cost", "PHASED_BLOCKS"),
+    "emit.FOLD_EXP_SHIFT": ("pyrunner.backend.tilelang.emit", "FOLD_EXP_SHIFT"),
 }
 """Switch name -> (module, attribute)."""
 

@@ -70,11 +70,21 @@ def test_fast_math_exp2_fma_and_reciprocal_in_attention_source():
     src = render(_plan("Attention"))
     assert "PASS_CONFIGS = {'tl.enable_fast_math': True}" in src
     assert "pass_configs={**PASS_CONFIGS, **KERNEL_PASS_CONFIGS.get(name, {})}" in src
-    # exp2((S - m) * c) rendered as S * c - m * c (one FMA per element)
-    assert re.search(r"T\.exp2\(\(S\[[^]]+\] \* T\.float32\(1\.44[0-9]*\)\) - \(", src), src
+    # exp2((S - m) * c) with the constants multiplied once and the shift exact: 0 at the row's maximum
+    assert re.search(r"T\.exp2\(\(S\[[^]]+\] - [a-z_0-9]+\[[^]]+\]\) \* T\.float32\(1\.44[0-9]*\)\)", src), src
     # the final normalisation is a reciprocal per row and a multiply per element
     assert "* (T.float32(1.0) / sum_" in src
     assert "T.use_swizzle(panel_size=10, enable=" in src
+
+
+def test_the_fma_form_of_the_softmax_shift_is_a_switch(monkeypatch):
+    """FlashAttention's one FMA per element, S * c - m * c, only with ``emit.FOLD_EXP_SHIFT`` on: it leaves
+    the maximum's exponent at the rounding of m * c, which overflows exp2 past |m * c| = 2^31."""
+    from pyrunner.backend.tilelang import emit
+
+    monkeypatch.setattr(emit, "FOLD_EXP_SHIFT", True)
+    src = render(_plan("Attention"))
+    assert re.search(r"T\.exp2\(\(S\[[^]]+\] \* T\.float32\(1\.44[0-9]*\)\) - \(", src), src
 
 
 @pytest.mark.slow

@@ -14,7 +14,12 @@ roundoff, ``e`` uniform in [-1, 1], independently per element; ``SAMPLES`` draws
 outputs taken as the arithmetic's error on these inputs. Exact ops are left alone: a maximum, a comparison
 or a selection rounds nothing in a kernel either, and perturbing a row maximum apart from its row would
 break ``max(x) <= x``, the argmax mask of a max's gradient, where the kernel keeps it; so is index arithmetic
-(a band mask's ``|i - j| <= 4`` must not flip). It depends on the graph and the inputs alone, never on a plan.
+(a band mask's ``|i - j| <= 4`` must not flip). Each perturbed value is also held to float32's range: below its
+smallest normal it is 0 (a kernel built with fast math flushes it) and past its largest it is infinite. An RBF
+smoother's weights ``exp(-|q - k|^2 / 2)`` of a query 20 from every key are 1e-87 in float64 and 0 in any float32
+kernel, and its ``U / sum(W)`` is then 0/0 (run 134): the graph's value, not the plan's. A scaled score of 1e10
+(a temperature ``exp(16)``) is the same: one float32 rounding moves it by 600, and its softmax by all of itself.
+It depends on the graph and the inputs alone, never on a plan.
 ``verify`` raises a check's bound to ``OPERAND_ROUNDING_FACTOR`` times it (as it does for operand rounding)
 and calls a draw where it reaches ``draws.LOST_OPERAND_ERROR`` not checkable: the graph's value there is
 not determined to float32 arithmetic at all.
@@ -35,6 +40,9 @@ if TYPE_CHECKING:
     import torch
 
 UNIT_ROUNDOFF_FP32 = 2.0**-24
+FP32_TINY = 2.0**-126
+"""float32's smallest normal: a fast-math kernel flushes anything smaller to 0."""
+FP32_MAX = float(np.finfo(np.float32).max)
 SAMPLES = 2
 """Perturbed evaluations per check; the larger move is kept (one can land on a lucky cancellation)."""
 
@@ -61,8 +69,23 @@ def _numpy_perturbation(rng: np.random.Generator) -> Callable[[Term, np.ndarray]
         if not rounds(t):
             return v
         v = np.asarray(v, dtype=np.float64)
-        return v * (1.0 + UNIT_ROUNDOFF_FP32 * rng.uniform(-1.0, 1.0, v.shape))
+        return _numpy_range(v * (1.0 + UNIT_ROUNDOFF_FP32 * rng.uniform(-1.0, 1.0, v.shape)))
     return perturb
+
+
+def _numpy_range(v: np.ndarray) -> np.ndarray:
+    """``v`` as float32 can hold it: flushed to 0 below ``FP32_TINY``, infinite past ``FP32_MAX``."""
+    mag = np.abs(v)
+    return np.where(mag < FP32_TINY, 0.0, np.where(mag > FP32_MAX, np.copysign(np.inf, v), v))
+
+
+def _torch_range(v: torch.Tensor) -> torch.Tensor:
+    """``_numpy_range`` on the device."""
+    import torch
+
+    mag = v.abs()
+    inf = torch.full_like(v, float("inf")).copysign(v)
+    return torch.where(mag < FP32_TINY, torch.zeros_like(v), torch.where(mag > FP32_MAX, inf, v))
 
 
 def arithmetic_error(graph: Graph, inputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray],
@@ -93,7 +116,7 @@ def arithmetic_error_torch(graph: Graph, inputs: Mapping[str, torch.Tensor], ref
 
         def perturb(v: torch.Tensor, gen: torch.Generator = gen) -> torch.Tensor:
             e = torch.rand(v.shape, generator=gen, device=v.device, dtype=torch.float64) * 2.0 - 1.0
-            return v * (1.0 + UNIT_ROUNDOFF_FP32 * e).to(v.dtype)
+            return _torch_range(v * (1.0 + UNIT_ROUNDOFF_FP32 * e).to(v.dtype))
 
         with torch.no_grad():
             moved = perturbed_fn(graph, perturb, rounds)(**inputs)

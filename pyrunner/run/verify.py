@@ -300,7 +300,7 @@ class _DeviceDraw:
     operand_error: float
     bound: float
     arith_error: float = 0.0
-    """``run.conditioning.arithmetic_error`` on these inputs (measured for given inputs only)."""
+    """``run.conditioning.arithmetic_error`` on these inputs."""
 
 
 class GpuVerifier:
@@ -329,15 +329,14 @@ class GpuVerifier:
         self.storage_dtype = storage_dtype(plan)
         self.a_priori = error_bound(plan.dtype, reduction_length(graph), len(plan.kernels))
         if inputs is not None:  # a caller's: they belong together
-            self._drawn: Drawn[_DeviceDraw] = Drawn([("", self._draw(GIVEN, inputs, conditioning=True))],
+            self._drawn: Drawn[_DeviceDraw] = Drawn([("", self._draw(GIVEN, inputs))],
                                                     ["given"], [], [])
         else:
             from pyrunner.run.backward_draws import numpy_forward, plan_draws, torch_forward
 
             dts = output_dtypes(plan)
             linked = plan_draws(plan, draws, numpy_forward if reference == "numpy" else torch_forward(device))
-            saves = linked is not draws  # computed saved tensors: conditioning no random draw chose
-            self._drawn = drawn(linked, graph, self.seed, lambda desc, raw: self._draw(desc, raw, conditioning=saves),
+            self._drawn = drawn(linked, graph, self.seed, self._draw,
                                 lambda d: checkable(d.ref, d.operand_error, dts, d.arith_error), self.storage_dtype)
         self.draws: list[tuple[str, _DeviceDraw]] = self._drawn.prepared
         """Each draw checked (its label, empty for the first; its inputs, reference and bound)."""
@@ -348,9 +347,10 @@ class GpuVerifier:
         self._axes = output_axes(graph)
         self.view = view_of(plan)
 
-    def _draw(self, describe: str, raw: Mapping[str, np.ndarray], conditioning: bool = False) -> _DeviceDraw:
-        """One draw prepared (``conditioning``: with the arithmetic's error on it measured, for inputs a caller
-        gives, such as a backward's, whose conditioning no random draw of the checks chose)."""
+    def _draw(self, describe: str, raw: Mapping[str, np.ndarray]) -> _DeviceDraw:
+        """One draw prepared, with the arithmetic's error on it measured (``run.conditioning``): an outlier
+        draw can put a graph's values where float32 cannot determine them (run 134), and a backward's saved
+        tensors carry conditioning no random draw chose."""
         import torch
 
         dts = input_dtypes(self.plan)
@@ -363,15 +363,13 @@ class GpuVerifier:
             moved = self._reference(self.graph, rounded, self._reference_kind, self.storage_dtype)
             operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in ref.items())
             del moved
-        arith = 0.0
-        if conditioning:
-            from pyrunner.run.conditioning import arithmetic_error, arithmetic_error_torch
+        from pyrunner.run.conditioning import arithmetic_error, arithmetic_error_torch
 
-            if self._reference_kind == "numpy":
-                arith = arithmetic_error(self.graph, {k: v.cpu().numpy() for k, v in rounded.items()},
-                                         {k: v.cpu().numpy() for k, v in ref.items()}, self.seed, max_error)
-            else:
-                arith = arithmetic_error_torch(self.graph, rounded, ref, self.seed, _max_error_torch)
+        if self._reference_kind == "numpy":
+            arith = arithmetic_error(self.graph, {k: v.cpu().numpy() for k, v in rounded.items()},
+                                     {k: v.cpu().numpy() for k, v in ref.items()}, self.seed, max_error)
+        else:
+            arith = arithmetic_error_torch(self.graph, rounded, ref, self.seed, _max_error_torch)
         bound = conditioned_bound(self.a_priori, max(operand_error, arith))
         return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound, arith)
 
@@ -503,13 +501,13 @@ class _Prepared:
     """The largest magnitude of any value the graph computes on these inputs (inf if one is not finite):
     a plan may store any of them at a kernel boundary in its dtype."""
     arith_error: float = 0.0
-    """``run.conditioning.arithmetic_error`` on these inputs (measured for given inputs only)."""
+    """``run.conditioning.arithmetic_error`` on these inputs (0.0 where the caller gives the bound)."""
 
 
 def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: str,
-             bound: float | None, conditioning_seed: int | None = None) -> _Prepared:
-    """One draw of the CPU check (``conditioning_seed``: with the arithmetic's error on it measured, as the
-    GPU check does for given inputs)."""
+             bound: float | None, seed: int) -> _Prepared:
+    """One draw of the CPU check, with the arithmetic's error on it measured (``seed`` draws its roundings)
+    as the GPU check does."""
     rounded = _rounded(raw, plan)
     memo = evaluate_terms([t for _, t in graph.outputs], graph.sizes, rounded)
     ref = {n: memo[t] for n, t in graph.outputs}
@@ -520,10 +518,10 @@ def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: 
         moved = evaluate(graph, rounded, operand_rounding(storage_dtype(plan)))
         operand_error = finite_max(max_error(moved[n], r) for n, r in ref.items())
     arith = 0.0
-    if bound is None and conditioning_seed is not None:
+    if bound is None:
         from pyrunner.run.conditioning import arithmetic_error
 
-        arith = arithmetic_error(graph, rounded, ref, conditioning_seed, max_error)
+        arith = arithmetic_error(graph, rounded, ref, seed, max_error)
     return _Prepared(describe, rounded, ref, a_priori, operand_error, peak if math.isfinite(peak) else math.inf,
                      arith)
 
@@ -553,8 +551,7 @@ def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | Non
 
     dts = output_dtypes(plan)
     linked = plan_draws(plan, draws)
-    saves = seed if linked is not draws else None  # computed saved tensors: measure their conditioning
-    prepared = drawn(linked, graph, seed, lambda desc, raw: _prepare(plan, graph, raw, desc, bound, saves),
+    prepared = drawn(linked, graph, seed, lambda desc, raw: _prepare(plan, graph, raw, desc, bound, seed),
                      lambda p: checkable(p.ref, p.operand_error, dts, p.arith_error)
                      and p.peak <= DTYPE_MAX[storage_dtype(plan)],
                      storage_dtype(plan))

@@ -58,6 +58,13 @@ a warp-specialised stage with an ``mbarrier.arrive`` asm that has no memory clob
 those shared-memory reads after the release, and the producer's next copy overwrites the stage under
 them (sweep run 4: right on the CPU, wrong on the Hopper GPU; run 6 diagnosis: every such kernel is right
 without warp specialisation). The non-specialised pipeline syncs all threads between stages."""
+FOLD_EXP_SHIFT = False
+"""Whether ``exp2((a - b) * c)`` renders as one FMA per element, ``a * c - b * c``, as FlashAttention does.
+Off: the FMA keeps ``a * c`` unrounded and subtracts a rounded ``b * c``, so at a row's maximum (a == b) the
+exponent is that rounding, not 0: past ``|b * c|`` of 2^31 it exceeds 128 and exp2 overflows to inf (runs 132-133:
+a temperature ``exp(16)`` gave NaN in a softmax whose float64 value is one-hot and well-conditioned), and past
+2^16 it already moves the maximum's weight by more than bfloat16's rounding. ``(a - b) * c`` is exactly 0 at the
+maximum for one more instruction per element. A benchmark flips it (``benchmarks/switches.py``) to time both."""
 MERGE_ATOM_BYTES = 128  # TileLang's widest shared-memory swizzle atom: each half of a merged B tile spans whole atoms
 
 
@@ -259,9 +266,10 @@ def _expr(ctx: _Ctx, e, idx: dict[str, str]) -> str:
     if value is not None:  # e.g. rsqrt(|d|): one literal, not a special-function call per element
         return _const(value)
     folded = _folded_exp_arg(ctx, e)
-    if folded is not None:  # exp2((a - b) * c) as one FMA per element: a * c - b * c
+    if folded is not None:  # exp2((a - b) * c): one product of constants, the shift exact (FOLD_EXP_SHIFT)
         a, b, c = (_expr(ctx, x, idx) for x in folded)
-        return ELEMENTWISE[e.fn].emit_tilelang([f"({a} * {c}) - ({b} * {c})"])
+        arg = f"({a} * {c}) - ({b} * {c})" if FOLD_EXP_SHIFT else f"({a} - {b}) * {c}"
+        return ELEMENTWISE[e.fn].emit_tilelang([arg])
     if e.fn in ("lt", "le"):
         return f"T.if_then_else({_pred(ctx, e, idx)}, T.float32(1.0), T.float32(0.0))"
     if e.fn == "where":
@@ -284,7 +292,7 @@ def _constant_value(ctx: _Ctx, e) -> float | None:
 
 def _folded_exp_arg(ctx: _Ctx, e: Call):
     """(a, b, c) when ``e`` is exp/exp2 of ``(a - b)`` times constant factors whose product is c
-    (``((S - m) * rsqrt(|d|)) * log2(e)``), else None: rendered as one FMA, ``a * c - b * c``."""
+    (``((S - m) * rsqrt(|d|)) * log2(e)``), else None: the constants multiplied once (``FOLD_EXP_SHIFT``)."""
     if e.fn not in ("exp", "exp2") or len(e.args) != 1:
         return None
     factors, stack = [], [e.args[0]]
