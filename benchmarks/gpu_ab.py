@@ -25,6 +25,8 @@ is skipped:
   in a partial tile; attention over 4000 or 2000 keys: ``Attention:t_kv=4000``).
 - ``phased_blocks``: ``planner.cost.PHASED_BLOCKS`` (a lone block's phases added; attention's backward in
   FlashAttention-2's form: ``ScaledAttention/bwd``).
+- ``fold_exp_shift``: ``backend.tilelang.emit.FOLD_EXP_SHIFT`` (a softmax's ``exp2((S - m) * c)`` as one FMA
+  per element, ``S * c - m * c``; the plan is the same, only the rendered exponent differs).
 
 Workloads: catalog names (``NAME:axis=N;axis=N`` overrides shapes) or graph JSON files; ``/bwd`` after
 either times the graph's derived backward (saves as training chooses them, the plan records its derivation,
@@ -124,7 +126,8 @@ FEATURES = {
 }
 """Feature -> (plan, its rendered source) -> the source with the feature taken out."""
 
-PLANNER_FEATURES = {"async_partial_tiles": "fit.ASYNC_PARTIAL_TILES", "phased_blocks": "cost.PHASED_BLOCKS"}
+PLANNER_FEATURES = {"async_partial_tiles": "fit.ASYNC_PARTIAL_TILES", "phased_blocks": "cost.PHASED_BLOCKS",
+                    "fold_exp_shift": "emit.FOLD_EXP_SHIFT"}
 """Feature -> the planner switch (``benchmarks/switches.py``) whose two settings are the two arms."""
 ALL_FEATURES = sorted({*FEATURES, *PLANNER_FEATURES})
 
@@ -215,7 +218,7 @@ def measure_switch(feature: str, graph_name: str, dtype: str, work: Path, rounds
         rec[f"{v}_config"] = resolve_config(plan)
     if _masked(arms["with"][0], arms["with"][2]) == _masked(arms["without"][0], arms["without"][2]):
         return {**rec, "status": f"skipped: the same kernels with {key} on and off"}
-    if _guard_only(arms["without"][0], arms["with"][0], key):
+    if key in switches.GUARD_SWITCHES and _guard_only(arms["without"][0], arms["with"][0], key):
         return {**rec, "status": f"skipped: {key} changes only a guard the default config decides alike"}
     if plan_only:
         return {**rec, "status": "planned: would time"}

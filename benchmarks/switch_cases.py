@@ -100,7 +100,7 @@ def _compare(case, keys: list[str], backend, lower_check: bool) -> list[dict]:
             on_plan = _plan(case, backend, lower_check) if searched else off_plan
             on = _rendered(on_plan, backend)
         changed = on["source"] != off["source"]
-        guard_only = changed and _same_plan(off_plan, on_plan) and \
+        guard_only = changed and key in switches.GUARD_SWITCHES and _same_plan(off_plan, on_plan) and \
             _branches(off_plan, backend, off_settings) == _branches(on_plan, backend, {**off_settings, key: True})
         errors = [a["source"] for a in (off, on) if a["source"].startswith("error")]
         out.append({

@@ -2,7 +2,8 @@
 
 A switch is a module-level boolean the planner (and, for ``ASYNC_PARTIAL_TILES``, the renderer) reads
 each time it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``): the first is on
-since runs 132-133, the second off until a GPU run decides it. Setting one here sets the attribute and
+since runs 132-133, the second off until a GPU run decides it. ``emit.FOLD_EXP_SHIFT`` is the renderer's
+alone (the softmax shift's FMA form, off since run 134). Setting one here sets the attribute and
 empties the process-wide caches keyed without it: the frontend's region plans
 (``frontend.region_plans._PLANS``) and derivations
 (``frontend.training._DERIVED``: the saves are chosen by the cost model). Everything else the search
@@ -25,6 +26,10 @@ SWITCHES = {
     "emit.FOLD_EXP_SHIFT": ("pyrunner.backend.tilelang.emit", "FOLD_EXP_SHIFT"),
 }
 """Switch name -> (module, attribute)."""
+GUARD_SWITCHES = frozenset({"fit.ASYNC_PARTIAL_TILES"})
+"""Switches the renderer reads only in the guard that picks a kernel's asynchronous form: a source that differs
+in that guard alone builds the same kernels where the default config decides it alike (``switch_cases``).
+``emit.FOLD_EXP_SHIFT`` changes the exponent's arithmetic itself, so any difference in its source counts."""
 
 ALIASES = {
     **{k.lower(): k for k in SWITCHES},
