@@ -1,5 +1,6 @@
-"""A check on given inputs measures how far float32 arithmetic alone moves the graph's float64 value there
-(``run.conditioning``): the bound follows it, and where it is lost the draw is not checkable, never passed."""
+"""Every check measures how far float32 arithmetic alone (its roundings and its range) moves the graph's
+float64 value on its inputs (``run.conditioning``): the bound follows it, and where it is lost the draw is
+not checkable (a later draw is taken smaller), never passed."""
 
 from __future__ import annotations
 
@@ -84,3 +85,45 @@ def test_the_query_temperature_backward_on_the_gpu_sweeps_draw_is_not_checkable(
     assert gpu_draw.uncheckable and "ill-conditioned" in gpu_draw.message
     other = verify_executor(plan, der.graph, execute, seed=0, inputs=backward_inputs(der, der.graph, 0))
     assert other.ok and other.bound < 0.02, other.message
+
+
+def _rbf_smoother():
+    """Run 134's failure: Y = (W V) / sum_k W with W = exp(-|q - k|^2 / 2), at the sweep's small shape."""
+    from pyrunner.ir.graph_json import load_graph_file
+
+    root = Path(__file__).resolve().parent.parent
+    return load_graph_file(root / "benchmarks" / "graphs" / "rbf_smoother.json").with_sizes(
+        {"q": 128, "k": 128, "d": 2, "e": 64})
+
+
+def test_weights_that_underflow_float32_are_measured_as_lost() -> None:
+    """A query 20 from every key weighs each at 1e-87: finite in float64, 0 in float32 (flushed below its
+    smallest normal), so its row is 0/0 in any float32 kernel. The perturbed reference holds every value to
+    float32's range and finds that row lost; on normal inputs nothing leaves the range."""
+    from pyrunner.ir.reference import outlier_inputs, random_inputs
+
+    graph = _rbf_smoother()
+    inputs = outlier_inputs(graph, 970199984, magnitude=20.0)
+    ref = evaluate(graph, inputs)
+    assert np.isfinite(ref["Y"]).all()
+    assert arithmetic_error(graph, inputs, ref, 0, max_error) == float("inf")
+    tensors = {k: torch.from_numpy(v) for k, v in inputs.items()}
+    on_torch = arithmetic_error_torch(graph, tensors, {k: torch.from_numpy(v) for k, v in ref.items()}, 0,
+                                      lambda a, b: max_error(a.numpy(), b.numpy()))
+    assert on_torch == float("inf")
+    normal = random_inputs(graph, 970199984)
+    assert arithmetic_error(graph, normal, evaluate(graph, normal), 0, max_error) < 1e-5
+
+
+def test_an_outlier_draw_float32_cannot_hold_is_taken_smaller() -> None:
+    """Run 134's seed: the GPU check took the outlier draw at magnitude 20 (its computed GEMM operands moved
+    the reference by 6e-2 only) and the kernel's NaN failed it. Every draw's conditioning is measured now, on
+    the GPU check and the CPU one alike, so that draw is taken at a magnitude float32 can hold."""
+    graph = _rbf_smoother()
+    (plan,) = search(graph, "bf16", top=1, tuning=False)
+    gpu = GpuVerifier(plan, graph, seed=970199984, device="cpu")
+    labels = [label for label, _ in gpu.draws]
+    assert "on outlier inputs (up to 10)" in labels, labels
+    assert all(d.arith_error < 1e-3 for _, d in gpu.draws)
+    cpu = verify_executor(plan, graph, execute, seed=970199984)
+    assert cpu.ok and "on outlier inputs (up to 10)" in cpu.message, cpu.message
