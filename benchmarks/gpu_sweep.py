@@ -221,9 +221,11 @@ def plan_graph(graph, dtype: str, backward: bool, backend, extra: dict | None = 
     return plan, graph
 
 
-def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | None = None) -> Record:
+def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | None = None,
+             seed: int | None = None) -> Record:
     """Plan, compile, verify one case for the backend of ``device`` (None: the default device); every stage
-    reached is appended to ``results``."""
+    reached is appended to ``results``. ``seed``: the check's draws (a record's ``seed`` reproduces its check;
+    None: a fresh one), recorded from the start."""
     from pyrunner.backend.tilelang.backend import backend_for
     from pyrunner.backend.tilelang.diagnose import detail, one_line
     from pyrunner.target.device import DEFAULT_DEVICE
@@ -232,6 +234,8 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
     rec = Record(case.id, case.source, case.shape, case.dtype, dict(case.graph["axes"]))
     backend = backend_for(device or DEFAULT_DEVICE)
     rec.extra["backend"] = f"{backend.name} ({backend.target.arch})"
+    if seed is not None:
+        rec.extra["seed"] = seed
     _emit(results, rec)
 
     def fail(status: str, e: BaseException) -> Record:
@@ -271,7 +275,7 @@ def run_case(case: Case, results: Path, dry: bool, work: Path, device: str | Non
 
         # a backward plan records its derivation: every draw computes its saved tensors from its forward
         # inputs (run.backward_draws), on the normal, outlier and planted draws as any plan is checked
-        verifier = GpuVerifier(plan, graph, device="cuda")
+        verifier = GpuVerifier(plan, graph, seed=seed, device="cuda")
         res = verifier.check(launch)
         del verifier
         torch.cuda.empty_cache()
@@ -299,7 +303,7 @@ def worker(args) -> int:
     case = Case(**json.loads(Path(args.case).read_text()))
     switches.apply(switches.parse_all(args.switch))
     try:
-        run_case(case, Path(args.results), args.dry, Path(args.work), args.device)
+        run_case(case, Path(args.results), args.dry, Path(args.work), args.device, args.seed)
     except BaseException:  # noqa: BLE001 - the supervisor reads the last record anyway
         traceback.print_exc()
         return 1
@@ -343,7 +347,8 @@ def _run_worker(args, case: Case, idx: int, end: float, log: Log) -> dict:
         return {**base, "status": "skipped", "message": "not started: sweep time budget exhausted"}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--case", str(case_file),
            "--results", str(res_file), "--work", str(work), "--device", args.device] + (["--dry"] if args.dry else []) \
-        + (["--switch", switches.label(args.switches)] if args.switches else [])
+        + (["--switch", switches.label(args.switches)] if args.switches else []) \
+        + (["--seed", str(args.seed)] if args.seed is not None else [])
     t0 = time.monotonic()
     with open(out_file, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True,
@@ -438,6 +443,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--graph", action="append", help="another graph JSON file to sweep (repeatable)")
     ap.add_argument("--cases", help="only these case ids (NAME@SHAPE/DTYPE), comma-separated, or @FILE with "
                     "one per line (benchmarks/changed_cases.py writes it)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="check every case on the draws of this seed (a record's 'seed': its check again); "
+                         "default: a fresh seed per case")
     ap.add_argument("--dry", action="store_true", help="no GPU: plan, render, lower to CUDA only")
     ap.add_argument("--backward", action="store_true",
                     help="sweep each graph's derived backward graph instead (ids end in /bwd): saves chosen as "

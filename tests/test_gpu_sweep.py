@@ -35,11 +35,13 @@ def test_dry_sweep_on_two_small_graphs(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_dry_sweep_for_the_ampere_backend(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(SWEEP), "--dry", "--device", "a100", "--only", "ScaledAttention",
-                           "--shapes", "small", "--random", "0", "--jobs", "1", "--out", str(tmp_path)],
+                           "--shapes", "small", "--random", "0", "--jobs", "1", "--out", str(tmp_path),
+                           "--seed", "124662122"],
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (record,) = [json.loads(ln) for ln in (tmp_path / "cases.jsonl").read_text().splitlines()]
     assert record["status"] == "lowered" and record["extra"]["backend"] == "tilelang-ampere (sm_80)"
+    assert record["extra"]["seed"] == 124662122  # handed to the worker: its check would draw from it
     assert json.loads((tmp_path / "summary.json").read_text())["device"] == "a100"
     rendered = "".join(p.read_text() for p in (tmp_path / "work" / "sources").rglob("*.py"))
     assert "'arch': 'sm_80'" in rendered and "T.gemm(" in rendered and "T.wgmma_gemm(" not in rendered
