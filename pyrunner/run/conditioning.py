@@ -17,8 +17,9 @@ break ``max(x) <= x``, the argmax mask of a max's gradient, where the kernel kee
 (a band mask's ``|i - j| <= 4`` must not flip). Each perturbed value is also held to float32's range: below its
 smallest normal it is 0 (a kernel built with fast math flushes it) and past its largest it is infinite. An RBF
 smoother's weights ``exp(-|q - k|^2 / 2)`` of a query 20 from every key are 1e-87 in float64 and 0 in any float32
-kernel, and its ``U / sum(W)`` is then 0/0 (run 134): the graph's value, not the plan's. A scaled score of 1e10
-(a temperature ``exp(16)``) is the same: one float32 rounding moves it by 600, and its softmax by all of itself.
+kernel, and its ``U / sum(W)`` is then 0/0 (run 134): the graph's value, not the plan's. Large values alone
+are not lost: scores of 1e10 whose softmax is one-hot (a temperature ``exp(16)``, runs 132-133) move by 600
+under a rounding and stay one-hot, so a kernel that gives NaN there is wrong (``emit.FOLD_EXP_SHIFT``).
 It depends on the graph and the inputs alone, never on a plan.
 ``verify`` raises a check's bound to ``OPERAND_ROUNDING_FACTOR`` times it (as it does for operand rounding)
 and calls a draw where it reaches ``draws.LOST_OPERAND_ERROR`` not checkable: the graph's value there is
