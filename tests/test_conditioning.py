@@ -127,3 +127,20 @@ def test_an_outlier_draw_float32_cannot_hold_is_taken_smaller() -> None:
     assert all(d.arith_error < 1e-3 for _, d in gpu.draws)
     cpu = verify_executor(plan, graph, execute, seed=970199984)
     assert cpu.ok and "on outlier inputs (up to 10)" in cpu.message, cpu.message
+
+
+def test_a_one_hot_softmax_of_huge_scores_stays_checkable() -> None:
+    """Runs 132-133's draw in kind: a temperature exp(20) puts scores near 1e9, where one float32 rounding moves
+    a score by about 60, yet every row's gaps are far wider, its softmax stays one-hot and the graph is
+    well-conditioned: a kernel that gives NaN there (the FMA form of the shift) is wrong, not excused."""
+    from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.ir.reference import random_inputs
+
+    graph = load_graph_file(DATA / "attention_head_temperature.json").with_sizes(
+        {"h": 2, "t_q": 64, "t_kv": 64, "d": 64})
+    inputs = random_inputs(graph, 3)
+    inputs["log_scale"] = np.full_like(inputs["log_scale"], 20.0)
+    ref = evaluate(graph, inputs)
+    scores = np.einsum("hqd,hkd->hqk", inputs["Q"], inputs["K"]) * np.exp(20.0)
+    assert np.abs(scores).max() > 2.0**30
+    assert arithmetic_error(graph, inputs, ref, 0, max_error) < 1e-3
