@@ -218,7 +218,7 @@ def measure_switch(feature: str, graph_name: str, dtype: str, work: Path, rounds
         rec[f"{v}_config"] = resolve_config(plan)
     if _masked(arms["with"][0], arms["with"][2]) == _masked(arms["without"][0], arms["without"][2]):
         return {**rec, "status": f"skipped: the same kernels with {key} on and off"}
-    if key in switches.GUARD_SWITCHES and _guard_only(arms["without"][0], arms["with"][0], key):
+    if _guard_only(arms["without"][0], arms["with"][0], key):
         return {**rec, "status": f"skipped: {key} changes only a guard the default config decides alike"}
     if plan_only:
         return {**rec, "status": "planned: would time"}
@@ -242,14 +242,12 @@ def measure_switch(feature: str, graph_name: str, dtype: str, work: Path, rounds
 
 
 def _guard_only(off, on, key: str) -> bool:
-    """The same plan, whose kernels take the same rendered form at their default config with the switch off
-    and on (``switch_cases._branches``): the two arms would build the same kernels."""
-    from switch_cases import _branches, _same_plan
+    """``switch_cases.guard_only_change`` on the default backend: the two arms would build the same kernels."""
+    from switch_cases import guard_only_change
 
     from pyrunner.backend.tilelang.backend import backend_for
 
-    backend = backend_for()
-    return _same_plan(off, on) and _branches(off, backend, {key: False}) == _branches(on, backend, {key: True})
+    return guard_only_change(off, on, key, backend_for(), {key: False})
 
 
 def _stem(graph_name: str) -> str:

@@ -100,8 +100,7 @@ def _compare(case, keys: list[str], backend, lower_check: bool) -> list[dict]:
             on_plan = _plan(case, backend, lower_check) if searched else off_plan
             on = _rendered(on_plan, backend)
         changed = on["source"] != off["source"]
-        guard_only = changed and key in switches.GUARD_SWITCHES and _same_plan(off_plan, on_plan) and \
-            _branches(off_plan, backend, off_settings) == _branches(on_plan, backend, {**off_settings, key: True})
+        guard_only = changed and guard_only_change(off_plan, on_plan, key, backend, off_settings)
         errors = [a["source"] for a in (off, on) if a["source"].startswith("error")]
         out.append({
             "id": case.id, "switch": key, "changed": changed and not guard_only, "guard_only": guard_only,
@@ -111,6 +110,15 @@ def _compare(case, keys: list[str], backend, lower_check: bool) -> list[dict]:
             **({"error": errors[0]} if errors else {}),
         })
     return out
+
+
+def guard_only_change(off_plan, on_plan, key: str, backend, off_settings: dict[str, bool]) -> bool:
+    """Whether switching ``key`` on (from ``off_settings``) changes only the guard of the asynchronous form
+    that the default config decides alike: a switch the renderer reads as that guard alone
+    (``switches.GUARD_SWITCHES``), the same plan, and the same rendered form of every kernel
+    (``_branches``). The two arms then build the same kernels."""
+    return key in switches.GUARD_SWITCHES and _same_plan(off_plan, on_plan) and \
+        _branches(off_plan, backend, off_settings) == _branches(on_plan, backend, {**off_settings, key: True})
 
 
 def _same_plan(a, b) -> bool:
