@@ -166,3 +166,14 @@ def test_record_backend_reads_every_form_writers_use() -> None:
     assert record_backend({"backend": "tilelang-ampere (sm_80)"}) == "tilelang-ampere"  # gpu_sweep.py
     assert record_backend({"backend": "a100 (tilelang-ampere, sm_80)"}) == "tilelang-ampere"  # describe()
     assert record_backend({"backend": "h200 (tilelang-hopper, sm_90a)"}) == "tilelang-hopper"
+
+
+def test_a_record_tagged_with_its_run_names_that_run_whatever_its_file(tmp_path: Path) -> None:
+    tagged = _rec(ts="2026-12-02T00:00:00")
+    tagged["extra"]["run"] = 139
+    _write(tmp_path, "h100-seeds-runs128-139.jsonl", tagged, _rec(workload="H"))
+    _write(tmp_path, "h200-run5-a.jsonl", {**_rec(workload="K"), "extra": {**_rec()["extra"], "run": "../x"}})
+    rows = {r.record.workload: r for r in newest_rows(tmp_path, DEFAULT_GPU_NAME)}
+    assert rows["G"].run == "139"
+    assert rows["H"].run == "-"  # untagged, and the file name names no single run
+    assert rows["K"].run == "5"  # a tag that is not a run number is ignored

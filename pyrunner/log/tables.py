@@ -60,6 +60,10 @@ class Row:
 
     @property
     def run(self) -> str:
+        """The record's own ``extra.run`` tag (a file may gather several runs), else the file name's."""
+        tag = self.record.extra.get("run")
+        if isinstance(tag, (int, str)) and _RUN.fullmatch(f"run{tag}"):
+            return str(tag)
         m = _RUN.search(self.file)
         return m.group(1) if m else "-"
 
