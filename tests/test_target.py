@@ -114,3 +114,38 @@ def test_a_reduction_over_a_tile_that_is_not_a_power_of_two_is_refused() -> None
     assert set(lower_to_cuda(plan)) == {k.name}
     plan = search(load_graph_file(Path(__file__).parent / "data" / "gated_mixture.json"), "bf16")[0]
     assert set(lower_to_cuda(plan)) == {k.name for k in plan.kernels}
+
+
+def _prologue_operand_attention(state: bool):
+    """The attention fixture with Q scaled before the loop into a float32 fragment that the loop casts to
+    the GEMM's register operand every step (QK-norm attention's shape of kernel); ``state`` marks that
+    fragment as loop state."""
+    from plan_fixtures import attention_plan, call, const, ref
+
+    from pyrunner.plan.schema import Buffer, Map
+
+    plan = attention_plan(h=2, t_q=1024, t_kv=1024, d=128, dtype="bfloat16")
+    (k,) = plan.kernels
+    k = k.model_copy(update={
+        "buffers": [*k.buffers, Buffer(name="Qf", axes=["t_q", "d"], scope="fragment", dtype="float32", state=state),
+                    Buffer(name="Q16", axes=["t_q", "d"], scope="fragment", dtype="bfloat16")],
+        "prologue": [*k.prologue, Map(dst="Qf", expr=call("mul", ref("Q_s"), const(2.0)))],
+        "body": [Map(dst="Q16", expr=ref("Qf")),
+                 *[op.model_copy(update={"a": "Q16"}) if getattr(op, "a", None) == "Q_s" else op for op in k.body]],
+    })
+    return k, axis_sizes(plan)
+
+
+def test_a_value_made_before_the_loop_and_read_in_it_holds_registers_through_the_loop() -> None:
+    """Run 141 (H100): QK-norm attention at h 8, t 1024, d 128 was wrong on the GPU (error 0.84) at
+    128-wide steps and right at 64 and 32: the normalised Q, made before the loop and read at the top of
+    every step, was counted dead after that read, so the fit model put the kernel at 195 registers per
+    thread where it needs more than the 240 its warp-specialised consumers get. Read again every step, such
+    a value is live through the whole body, as loop state is."""
+    k, sizes = _prologue_operand_attention(state=False)
+    as_state, _ = _prologue_operand_attention(state=True)
+    cfg = {"block_t_q": 64, "block_t_kv": 128, "stages": 2, "threads": 128}
+    held = FitModel(k, sizes).footprint(cfg).regs_per_thread
+    assert held == FitModel(as_state, sizes).footprint(cfg).regs_per_thread
+    narrower = FitModel(k, sizes).footprint({**cfg, "block_t_kv": 64}).regs_per_thread
+    assert held - narrower >= 16  # the step's scores and probabilities, beside the 64 of Qf held throughout

@@ -98,10 +98,15 @@ def _live_sets(kernel: Kernel, frags: set[str]) -> list[frozenset[str]]:
         for b in (*r, *w):
             first.setdefault(b, i)
             last[b] = i
+    loop = kernel.loop is not None and len(body) > 0
     for b in kernel.buffers:
-        if b.state and b.name in first and kernel.loop is not None and len(body):
+        if b.state and b.name in first and loop:
             first[b.name] = min(first[b.name], body.start)
             last[b.name] = max(last[b.name], body.stop - 1)
+    if loop:  # a value made before the loop and read in it is read again every step: live through the body
+        for b in frags:
+            if b in first and first[b] < body.start and body.start <= last[b] < body.stop:
+                last[b] = body.stop - 1
     out: set[frozenset[str]] = set()
     for i, op in enumerate(ops):
         r, w = op_reads_writes(op)
