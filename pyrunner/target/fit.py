@@ -85,7 +85,8 @@ class Footprint:
 def _live_sets(kernel: Kernel, frags: set[str]) -> list[frozenset[str]]:
     """Fragments counted at each op, by a linear liveness scan.
 
-    A fragment lives from its first to its last mention; state buffers span the whole loop body.
+    A fragment lives from its first to its last mention; state buffers, and values made before the loop
+    and read in it, span the whole loop body.
     At a Map the operands read for the last time do not count (elementwise: the result can reuse
     their registers); at a Gemm or Reduce they do.
     """
@@ -98,15 +99,12 @@ def _live_sets(kernel: Kernel, frags: set[str]) -> list[frozenset[str]]:
         for b in (*r, *w):
             first.setdefault(b, i)
             last[b] = i
-    loop = kernel.loop is not None and len(body) > 0
     for b in kernel.buffers:
-        if b.state and b.name in first and loop:
+        # loop state, and a value made before the loop and read in it (read again every step), live through the body
+        if b.name in first and kernel.loop is not None and len(body) and (
+                b.state or first[b.name] < body.start <= last[b.name]):
             first[b.name] = min(first[b.name], body.start)
             last[b.name] = max(last[b.name], body.stop - 1)
-    if loop:  # a value made before the loop and read in it is read again every step: live through the body
-        for b in frags:
-            if b in first and first[b] < body.start and body.start <= last[b] < body.stop:
-                last[b] = body.stop - 1
     out: set[frozenset[str]] = set()
     for i, op in enumerate(ops):
         r, w = op_reads_writes(op)
