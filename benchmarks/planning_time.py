@@ -1,9 +1,12 @@
 """Planning time per workload on this machine (DESIGN shapes, fp16).
 
-usage: python benchmarks/planning_time.py [--top K] [--repeat N] [--corpus] [--only TEXT]
+usage: python benchmarks/planning_time.py [--top K] [--repeat N] [--corpus] [--only TEXT] [--alone]
 Prints one row per workload (with ``--corpus``, also per graph file of tests/data and benchmarks/graphs at
 its own shapes): median wall and CPU time of `search`, the plan found, and whether a work budget cut the
-search (``provenance.search_cut``). On a shared machine compare CPU seconds: wall time counts the waits.
+search (``provenance.search_cut``). CPU time is the search's own process: where the prefetch helper
+runs beside it (``planner.prefetch``, searches of 8 or more derivation variants on 2 or more CPUs), wall
+time is what a user waits and the helper's CPU is not counted. ``--alone`` runs every search without the
+helper (one process), for comparison; compare runs taken in turn on a quiet machine.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from rich.table import Table
 from pyrunner.ir import catalog as workloads
 from pyrunner.ir.graph import Graph
 from pyrunner.ir.graph_json import load_graph_file
-from pyrunner.planner import search
+from pyrunner.planner import prefetch, search
 from pyrunner.target.tuning import committed_tuning
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,8 +45,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--corpus", action="store_true", help="also every graph file of tests/data and benchmarks/graphs")
     ap.add_argument("--only", help="only the cases whose name contains this")
+    ap.add_argument("--alone", action="store_true", help="no prefetch helper: every search in one process")
     args = ap.parse_args()
-    table = Table(title="planning time (python planner, this machine)")
+    prefetch.ENABLED = not args.alone
+    table = Table(title="planning time (python planner, this machine" + (", one process)" if args.alone else ")"))
     for col in ("workload", "median s", "max s", "cpu s", "kernels", "predicted us", "derivation steps", "cut"):
         table.add_column(col)
     for name, make in cases(args.corpus):

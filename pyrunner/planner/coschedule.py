@@ -128,15 +128,17 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
         a, b = kernels[i], kernels[i + 1]
         if i in taken:
             continue
+        if b.est.time_us - machine.launch_us < MIN_LOOP_US or a.low.gemms:
+            continue  # decided before anything needs a fit model
         memo.setdefault(("alive", id(a.kernel)), a.kernel)  # keys hold ids: keep their objects alive
         memo.setdefault(("alive", id(b.kernel)), b.kernel)
         key = ("b", id(b.kernel), tuple(sorted(b.est.config.items())), frozenset(written))
         if key not in memo:
-            ok = b.fit.renders_async(b.est.config) and tma_rows(b.low)
+            ok = tma_rows(b.low) and b.fit.renders_async(b.est.config)  # the cheap test first: no fit model
             idle = idle_sms(b.low, b.est.config, sizes, machine) if ok else 0
             memo[key] = idle if idle and waits_after_loop(b.kernel, frozenset(written)) else 0
         idle = memo[key]
-        if idle == 0 or b.est.time_us - machine.launch_us < MIN_LOOP_US or a.low.gemms:
+        if idle == 0:
             continue
         key = ("a", id(a.kernel), idle, tuple(sorted(tensor_bytes.get(n, 0) for n in a.low.reads)))
         if key not in memo:

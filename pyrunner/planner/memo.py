@@ -11,6 +11,7 @@ rejected without searching (no smaller tile or more threads exist to try).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, AxisRole, block_param
@@ -163,6 +164,8 @@ class TileMemo:
         self._keys: dict[int, tuple[tuple, dict[str, str]]] = {}
         self._verdict_memo: dict[tuple, list[Verdict]] = {}
         self._tile_terms: dict[tuple, dict] = {}
+        self.send: Callable[[tuple, object], None] | None = None  # the prefetch helper's: entries it makes
+        self.take: Callable[[tuple], object | None] | None = None  # the search's: entries the helper made
 
     def best(self, low: Lowered, name: str,
              nbytes: dict[str, int]) -> tuple[Kernel, Estimate | None, str | None, FitModel | None]:
@@ -172,6 +175,10 @@ class TileMemo:
         key, tok = _tokenise(low, self.sizes, nbytes)
         self._keys[id(kernel)] = key, tok
         fit = None
+        if key not in self._memo and self.take is not None:
+            got = self.take(("tile", key))
+            if got is not None:
+                self._memo[key] = got
         if key not in self._memo:
             fit = FitModel(kernel, self.sizes, self.machine.device)
             why = hopeless(fit, kernel.params)
@@ -181,6 +188,8 @@ class TileMemo:
                 self._memo[key] = None, why or _smallest_why(fit, kernel.params)
             else:
                 self._memo[key] = replace(est, config=_rename_params(est.config, tok)), None
+            if self.send is not None:
+                self.send(("tile", key), self._memo[key])
         est, why = self._memo[key]
         if est is not None:
             back = {t: n for n, t in tok.items()}
@@ -198,12 +207,20 @@ class TileMemo:
         """``cost.config_verdicts``, shared by kernels whose fit models agree (``_fit_key``)."""
         key = _fit_key(fit, space, self.sizes)
         got = self._verdict_memo.get(key)
+        if got is None and self.take is not None:
+            got = self.take(("verdicts", key))
         if got is None:
-            got = self._verdict_memo[key] = config_verdicts(space, fit)
+            got = config_verdicts(space, fit)
+            if self.send is not None:
+                self.send(("verdicts", key), got)
+        self._verdict_memo[key] = got
         return got
 
     def fitting(self, kernel: Kernel, defaults: dict[str, int]) -> dict[str, list[int]]:
         """``cost.fitting_space`` of a kernel this memo chose a config for, shared by isomorphic kernels."""
+        if id(kernel) not in self._keys:  # priced in the prefetch helper (``prefetch``): not memoised here
+            fit = FitModel(kernel, self.sizes, self.machine.device)
+            return fitting_space(kernel.params, defaults, lambda cfg: fit.why_not(cfg) is None)
         key, tok = self._keys[id(kernel)]
         skey = (key, tuple(sorted(_rename_params(defaults, tok).items())))
         if skey not in self._spaces:

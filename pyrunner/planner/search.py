@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyrunner.planner.prefetch as prefetch
 from pyrunner import __version__
 from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.axes import axes_of
@@ -81,6 +82,8 @@ from pyrunner.planner.lower import (
 )
 from pyrunner.planner.memo import TileMemo, kernel_of
 from pyrunner.planner.merge import Group, merge_siblings
+from pyrunner.planner.prefetch import Prefetch
+from pyrunner.planner.space import param_space
 from pyrunner.target.device import Device
 from pyrunner.target.fit import FitModel
 
@@ -125,6 +128,8 @@ DEPENDENT_MERGE_CANDIDATES = 8
 """Best partitions (distinct variant and cut) the dependent-merge pass revisits."""
 DEPENDENT_MERGE_WORK = 20_000
 """Budget of that pass (deterministic, like ``MAX_WORK``)."""
+UNBOUNDED_WORK = 1 << 62
+"""The prefetch helper's budget: it runs each variant through; the search keeps the real one."""
 MERGE_WORK = 8
 """Budget a merge attempt costs per term of the union it lowers, where the kernel cache does not hold
 that union yet (a lowering and a tile search); one unit where it does (an earlier partition tried the
@@ -358,6 +363,8 @@ class Planner:
         self.tiles = TileMemo(self.sizes, machine)
         self._why: dict[tuple, list[str]] = {}
         self._coschedule_memo: dict = {}
+        self._prefetch: Prefetch | None = None  # the helper process's kernels (``prefetch``)
+        self._send: Callable[[tuple, object], None] | None = None  # set in the helper: where its kernels go
         self.rejections: dict[str, int] = {}  # why candidate kernels were dropped, for the error message
         self.cut: list[str] = []  # what a work budget left unexplored (``provenance.search_cut``)
         self.derive_cut = False  # derivation stopped at ``max_variants`` with rewrites left
@@ -421,6 +428,15 @@ class Planner:
             self._cache[key], self._why[key] = None, [mixed]
             self._reject(mixed)
             return None, leaves
+        got = self._prefetch.take(key) if self._prefetch is not None else None
+        if got is not None:  # the helper lowered and priced it: the same value, computed there
+            parts, whys = got
+            best = None
+            if parts is not None:  # the plan kernel is rebuilt here: cheaper than unpickling one
+                low, est = parts
+                kernel = kernel_of(low, outs[0], param_space(low, self.sizes, self.machine.device.sms))
+                best = KernelChoice(low, kernel, est, self.sizes, self.machine)
+            return self._cached(key, best, whys), leaves
         dtypes = {boundary[t]: tensors[boundary[t]].dtype for t in leaves}
         nbytes = {n: DTYPE_BYTES[tensors[n].dtype] * _prod(tensors[n].shape) for n in [*dtypes, *outs]}
         best: KernelChoice | None = None
@@ -440,12 +456,18 @@ class Planner:
                 continue
             if best is None or est.time_us < best.est.time_us:
                 best = KernelChoice(low, kernel, est, self.sizes, self.machine, fit)
+        if self._send is not None:
+            self._send(key, (None if best is None else (best.low, best.est), whys))
+        return self._cached(key, best, whys), leaves
+
+    def _cached(self, key: tuple, best: KernelChoice | None, whys: list[str]) -> KernelChoice | None:
+        """Keep a lowered kernel (or, when none fits, why not) under its cache key."""
         self._cache[key] = best
         if best is None:
             self._why[key] = whys
             for why in whys:
                 self._reject(why)
-        return best, leaves
+        return best
 
     @staticmethod
     def _kernel_key(root: Roots, boundary: dict[Term, str], tensors: dict[str, GlobalTensor],
@@ -532,9 +554,15 @@ class Planner:
             return Group(members, frozenset(kc.low.reads), frozenset(kc.low.writes), merge_key(kc.low), kc,
                          kc.est.time_us)
 
+        # the partition's own term objects: a cached kernel's roots may be another variant's equal terms,
+        # and a cone mixing the two finds a root's equal below another root and reads it as a leaf
+        # (``loop_body.is_leaf`` tells roots by identity), so a merge's feasibility would depend on which
+        # variant first lowered each kernel
+        own = {t: t for t in boundary}
+
         def try_merge(a: Group[KernelChoice], b: Group[KernelChoice]) -> Group[KernelChoice] | None:
             la, lb = a.choice.low, b.choice.low
-            roots, writes = la.roots + lb.roots, (*la.writes, *lb.writes)
+            roots, writes = tuple(own.get(r, r) for r in la.roots + lb.roots), (*la.writes, *lb.writes)
 
             def paid(streams: tuple[str | None, ...] | None) -> bool:
                 if budget is None or budget.spend(self._merge_work(roots, boundary, tensors, writes, streams)):
@@ -665,9 +693,25 @@ class Planner:
             c = self.partition(v, tuple(self.layout(v).inner))
             return [c] if c is not None else []
         budget = budget or Budget()
-        out: list[Candidate] = []
         variants = self.variants()
+        self._prefetch = prefetch.start(len(variants), (t for v in variants for t in v.graph.terms()),
+                                        lambda send, stop, next_pass: self._helper(variants, send, stop, next_pass))
+        if self._prefetch is not None:
+            self.tiles.take = self._prefetch.take
+        try:
+            return self._passes(variants, budget)
+        finally:
+            if self._prefetch is not None:
+                self._prefetch.close()
+                self._prefetch = self.tiles.take = None
+
+    def _passes(self, variants: list[Variant], budget: Budget) -> list[Candidate]:
+        """The first partition pass over every variant, the operand pass over the best, the dependent
+        merges; ranked."""
+        out: list[Candidate] = []
         for i, v in enumerate(variants):
+            if self._prefetch is not None:
+                self._prefetch.reached(i)
             out.extend(self._explore(v, budget))
             if budget.exhausted():
                 left = variants[i + 1:]
@@ -685,15 +729,44 @@ class Planner:
         best = [v for v in _best_variants(out, OPERAND_PASS_VARIANTS) if self._has_operand_cuts(v)]
         if not best:  # the best variants have nothing to cut: the best ones that have, if any
             best = _best_variants(out, OPERAND_PASS_VARIANTS, self._has_operand_cuts)
-        for v in best:
+        if self._prefetch is not None:
+            index = {id(v): i for i, v in enumerate(variants)}
+            self._prefetch.next_pass([index[id(v)] for v in best])
+        for i, v in enumerate(best):
             if budget.exhausted():
                 self._skipped(budget, "computed GEMM operands not tried as cuts of the best variants")
                 break
+            if self._prefetch is not None:
+                self._prefetch.reached(i)
             out.extend(self._explore(v, budget, operands=True))
         out.sort(key=Candidate.rank)
         out.extend(self._dependent_merges(out))
         out.sort(key=Candidate.rank)
         return out
+
+    def _helper(self, variants: list[Variant], send: prefetch.Send, stop: prefetch.Stop,
+                next_pass: prefetch.NextPass) -> None:
+        """The helper process's work (``prefetch``): each pass's variants from the last back, each kernel
+        sent as it is priced, until the search has reached the variant in hand; then the next pass."""
+        number, at = 0, len(variants)
+
+        def sent(key: tuple, value: object) -> None:
+            if stop(number, at):
+                raise prefetch.Met
+            send(key, value)
+
+        self._send = self.tiles.send = sent
+        listed: Sequence[int] | None = range(len(variants))
+        while listed is not None:
+            try:
+                for at in range(len(listed) - 1, -1, -1):
+                    if stop(number, at):
+                        break
+                    self._explore(variants[listed[at]], Budget(UNBOUNDED_WORK), operands=number > 0)
+            except prefetch.Met:
+                pass
+            number += 1
+            listed = next_pass(number)
 
     def _has_operand_cuts(self, v: Variant) -> bool:
         """``v`` has computed GEMM operands, cut candidates of the second pass only."""
