@@ -31,6 +31,19 @@ def _alone(graph, monkeypatch: pytest.MonkeyPatch) -> list[str]:
         return _plan_bytes(graph)
 
 
+def _record_starts(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every ``Prefetch`` the search starts (None where it ran alone), kept for the test to read."""
+    started: list = []
+    real = prefetch.start
+
+    def start(*args):
+        started.append(real(*args))
+        return started[-1]
+
+    monkeypatch.setattr(prefetch, "start", start)
+    return started
+
+
 class _Served:
     """Stands in for the helper's pipe: every entry a helper would send, already there."""
 
@@ -54,19 +67,16 @@ class _Served:
         pass
 
 
-def test_a_search_served_every_prefetched_kernel_gives_the_same_plans(monkeypatch):
-    graph = catalog.get("Attention")
-    alone = _alone(graph, monkeypatch)
-    # a second planner runs the helper's first pass in this process; its entries go through the pickling
+def _serve_helper_entries(graph, monkeypatch: pytest.MonkeyPatch, met_at: int = 0) -> tuple[dict, list[_Served]]:
+    """Run a helper's first pass in this process (a second planner, so its terms are other objects than
+    the search's) down to variant ``met_at``, through the pickling, and have every search take from it.
+    Returns the entries sent and the stand-ins the searches got."""
     helper = search_module.Planner(graph, "bf16")
     variants = helper.variants()
-    assert len(variants) >= prefetch.MIN_VARIANTS
     table = prefetch._Shared(t for v in variants for t in v.graph.terms())
     entries: dict = {}
-    helper._helper(variants, lambda k, v: entries.setdefault(k, table.dumps(v)), lambda p, i: False,
+    helper._helper(variants, lambda k, v: entries.setdefault(k, table.dumps(v)), lambda p, i: i < met_at,
                    lambda p: None)
-    kinds = {k[0] if isinstance(k[0], str) else "kernel" for k in entries}
-    assert kinds == {"kernel", "tile", "verdicts"}
     served: list[_Served] = []
 
     def start(n, shared, work):
@@ -74,6 +84,16 @@ def test_a_search_served_every_prefetched_kernel_gives_the_same_plans(monkeypatc
         return served[-1]
 
     monkeypatch.setattr(prefetch, "start", start)
+    return entries, served
+
+
+def test_a_search_served_every_prefetched_kernel_gives_the_same_plans(monkeypatch):
+    graph = catalog.get("Attention")
+    alone = _alone(graph, monkeypatch)
+    assert len(search_module.Planner(graph, "bf16").variants()) >= prefetch.MIN_VARIANTS
+    entries, served = _serve_helper_entries(graph, monkeypatch)
+    kinds = {k[0] if isinstance(k[0], str) else "kernel" for k in entries}
+    assert kinds == {"kernel", "tile", "verdicts"}
     assert _plan_bytes(graph) == alone
     assert served and served[0].taken > 100  # the search took the helper's kernels, not its own
 
@@ -88,19 +108,7 @@ def test_kernels_lowered_for_other_variants_merge_as_the_search_own_would(met_at
     graph = load_graph_file(path)
     graph = graph.with_sizes({a: min(n, 1024) for a, n in graph.sizes.items()})
     alone = _alone(graph, monkeypatch)
-    helper = search_module.Planner(graph, "bf16")
-    variants = helper.variants()
-    table = prefetch._Shared(t for v in variants for t in v.graph.terms())
-    entries: dict = {}
-    helper._helper(variants, lambda k, v: entries.setdefault(k, table.dumps(v)), lambda p, i: i < met_at,
-                   lambda p: None)
-    served: list[_Served] = []
-
-    def start(n, shared, work):
-        served.append(_Served(dict(entries), table))
-        return served[-1]
-
-    monkeypatch.setattr(prefetch, "start", start)
+    _, served = _serve_helper_entries(graph, monkeypatch, met_at)
     assert _plan_bytes(graph) == alone
     assert served[0].taken > 0
 
@@ -109,14 +117,7 @@ def test_kernels_lowered_for_other_variants_merge_as_the_search_own_would(met_at
 @pytest.mark.parametrize("name", ["Attention", "LayerNormMatmul"])
 def test_a_forked_helper_leaves_the_plans_byte_identical(name, monkeypatch):
     graph = catalog.get(name)
-    started: list = []
-    real = prefetch.start
-
-    def start(*args):
-        started.append(real(*args))
-        return started[-1]
-
-    monkeypatch.setattr(prefetch, "start", start)
+    started = _record_starts(monkeypatch)
     helped = _plan_bytes(graph)
     assert started and started[0] is not None
     assert helped == _alone(graph, monkeypatch)
@@ -149,14 +150,7 @@ def test_no_helper_is_forked_from_a_thread_other_than_the_main_one():
 @pytest.mark.skipif(not TWO_CPUS, reason="the helper runs only with fork and two usable CPUs")
 def test_the_qk_norm_attention_plans_the_same_with_the_helper_doing_part_of_the_work(monkeypatch):
     graph = load_graph_file(Path(__file__).parent / "data" / "attention_qk_norm.json")
-    started: list = []
-    real = prefetch.start
-
-    def start(*args):
-        started.append(real(*args))
-        return started[-1]
-
-    monkeypatch.setattr(prefetch, "start", start)
+    started = _record_starts(monkeypatch)
     helped = _plan_bytes(graph)
     assert started[0] is not None and started[0].taken > 0
     assert helped == _alone(graph, monkeypatch)
