@@ -82,7 +82,6 @@ from pyrunner.planner.lower import (
 )
 from pyrunner.planner.memo import TileMemo, kernel_of
 from pyrunner.planner.merge import Group, merge_siblings
-from pyrunner.planner.prefetch import Prefetch
 from pyrunner.planner.space import param_space
 from pyrunner.target.device import Device
 from pyrunner.target.fit import FitModel
@@ -363,7 +362,7 @@ class Planner:
         self.tiles = TileMemo(self.sizes, machine)
         self._why: dict[tuple, list[str]] = {}
         self._coschedule_memo: dict = {}
-        self._prefetch: Prefetch | None = None  # the helper process's kernels (``prefetch``)
+        self._prefetch: prefetch.Prefetch | None = None  # the helper process's kernels (``prefetch``)
         self._send: Callable[[tuple, object], None] | None = None  # set in the helper: where its kernels go
         self.rejections: dict[str, int] = {}  # why candidate kernels were dropped, for the error message
         self.cut: list[str] = []  # what a work budget left unexplored (``provenance.search_cut``)
