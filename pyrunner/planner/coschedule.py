@@ -134,9 +134,10 @@ def pairings(kernels: list, sizes: dict[str, int], tensors: Mapping[str, GlobalT
         memo.setdefault(("alive", id(b.kernel)), b.kernel)
         key = ("b", id(b.kernel), tuple(sorted(b.est.config.items())), frozenset(written))
         if key not in memo:
-            ok = tma_rows(b.low) and b.fit.renders_async(b.est.config)  # the cheap test first: no fit model
-            idle = idle_sms(b.low, b.est.config, sizes, machine) if ok else 0
-            memo[key] = idle if idle and waits_after_loop(b.kernel, frozenset(written)) else 0
+            # the cheap tests first: a fit model is built only for a grid short of a wave
+            idle = idle_sms(b.low, b.est.config, sizes, machine) if tma_rows(b.low) else 0
+            ok = idle > 0 and b.fit.renders_async(b.est.config)
+            memo[key] = idle if ok and waits_after_loop(b.kernel, frozenset(written)) else 0
         idle = memo[key]
         if idle == 0:
             continue

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from pydantic_core import to_json
+
 from pyrunner.plan.analysis import STAGES_PARAM, THREADS_PARAM, AxisRole, block_param
 from pyrunner.plan.schema import Kernel, StreamLoop
 from pyrunner.planner.cost import (
@@ -87,6 +89,7 @@ def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *, str
             raise TypeError(f"_fit_key: {type(x).__name__} not tokenised")
         return x
 
+    walk.name = name  # type: ignore[attr-defined]  # the renaming alone, for text (``_tokenise``)
     return walk
 
 
@@ -94,16 +97,29 @@ def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tu
     names = set(sizes) | {b.name for b in low.buffers} | set(low.reads) | set(low.writes)
     tok: dict[str, str] = {}
     walk = _renamer(names, sizes, tok, strict=False)
+    name = walk.name  # type: ignore[attr-defined]
 
-    structure = walk((
-        [(g.axis, g.block) for g in low.grid],
-        low.stream, low.tiled, sorted(low.full.items()),
-        [b.model_dump() for b in low.buffers],
-        [[op.model_dump() for op in ops] for ops in (low.prologue, low.body, low.epilogue)],
+    head = walk(([(g.axis, g.block) for g in low.grid], low.stream, low.tiled, sorted(low.full.items())))
+    # the buffers and ops as JSON text (serialised in Rust), every string value renamed in order of
+    # appearance as the walk would (object keys are field names, never renamed): a walk over their
+    # dumps cost more than the tile search it saved on the kernels lowered once
+    text = to_json([low.buffers, low.prologue, low.body, low.epilogue]).decode()
+    if "\\" in text:  # an escaped character in a string (never in a lowering of validated names): the walk
+        ops: object = walk([[x.model_dump() for x in xs] for xs in (low.buffers, low.prologue, low.body,
+                                                                     low.epilogue)])
+    else:  # strings are the odd pieces between quotes; a key is followed by a colon
+        parts = text.split('"')
+        renamed = names | {BLOCK_PREFIX + a for a in sizes}  # what ``name`` changes
+        for i in range(1, len(parts) - 1, 2):
+            if parts[i] in renamed and parts[i + 1][:1] != ":":
+                parts[i] = name(parts[i])
+        ops = '"'.join(parts)
+    tail = walk((
         low.reads, low.writes,
         [(ld.tensor, ld.axes, ld.in_loop) for ld in low.loads],
         [(g.m_axis, g.n_axis, g.k_axis, g.streamed, g.flops, g.a_in_registers) for g in low.gemms],
     ))
+    structure = (head, ops, tail)
     measures = tuple((t, sizes.get(n), nbytes.get(n)) for n, t in tok.items())
     return (structure, measures, low.ew_by_axes), tok
 

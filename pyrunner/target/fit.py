@@ -17,6 +17,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from pyrunner.plan.analysis import KernelGeometry, kernel_axes, kernel_ops, op_reads_writes
 from pyrunner.plan.passes import rendered_kernel
@@ -123,19 +124,17 @@ class FitModel:
         self.kernel, self.sizes, self.device = kernel, dict(sizes), device
         self.roles = kernel_axes(kernel, self.sizes)
         staged = {op.dst for op in kernel.body if isinstance(op, Load)} if kernel.loop else set()
-        bridged = {b for bs in layout_bridges(kernel).values() for b in bs}
+        bridges = layout_bridges(kernel)
+        bridged = {b for bs in bridges.values() for b in bs}
         nbytes = device.dtype_bytes
         # (axes, bytes per element, copies per stage?) of every shared allocation
         self.shared = [(tuple(b.axes), nbytes[b.dtype], b.name in staged)
                        for b in kernel.buffers if b.scope == "shared"]
         self.shared += [(tuple(b.axes), nbytes[b.dtype], False) for b in kernel.buffers if b.name in bridged]
         frags = {b.name: (tuple(b.axes), nbytes[b.dtype]) for b in kernel.buffers if b.scope == "fragment"}
-        live = _live_sets(kernel, set(frags))
-        # (axes, bytes per element) of every fragment, and the fragments live together as indices into
-        # that list, without sets contained in another (never the peak): per-config arithmetic
-        order = {name: i for i, name in enumerate(frags)}
+        self._frag_names = list(frags)
         self._frag_specs = list(frags.values())
-        self._peak_sets = [tuple(order[b] for b in s) for s in live if not any(s < other for other in live)]
+        """(axes, bytes per element) of every fragment: per-config arithmetic."""
         self._tiles_seen: dict[tuple, tuple[int, int, list[int]]] = {}
         self._regs_seen: dict[tuple, int] = {}
         self._gemm_seen: dict[tuple, str | None] = {}
@@ -159,7 +158,7 @@ class FitModel:
         shared_a = sched is not None and not isinstance(sched, ChainSchedule) and (
             len({kernel.body[i].a for i in sched.gemms}) < len(sched.gemms))
         self.asynchronous = sched is not None and not shared_a and not any(
-            section == "body" for section, _ in layout_bridges(kernel))
+            section == "body" for section, _ in bridges)
         """Scheduled for the explicitly warp-specialised form (a chain, or a GEMM mainloop whose GEMMs
         read distinct A operands, so none merge into one wide MMA, and whose steps need no layout
         bridge: ``backend.tilelang.ws_forms.async_schedule`` renders those under ``T.Pipelined``)."""
@@ -173,6 +172,17 @@ class FitModel:
             # epilogue stores of 2-D fragments go through a shared tile (counted as 16-bit: never less)
             self.store_tiles = [tuple(bufs[op.src].axes) for op in kernel.epilogue if isinstance(op, Store)
                                 and bufs[op.src].scope == "fragment" and len(bufs[op.src].axes) == 2]
+
+    @cached_property
+    def _peak_sets(self) -> list[tuple[int, ...]]:
+        """The fragments live together (``_live_sets``) as indices into ``_frag_specs``, without sets
+        contained in another (never the peak). Only register counts read them, so a fit model asked
+        about shared memory alone (``renders_async``) never scans the kernel's liveness."""
+        live = _live_sets(self.kernel, set(self._frag_names))
+        order = {name: i for i, name in enumerate(self._frag_names)}
+        # as sorted indices, in sorted order: kernels equal up to names get equal lists (``planner.memo``
+        # shares config verdicts by them), whatever the names' order in a set or the alphabet
+        return sorted(tuple(sorted(order[b] for b in s)) for s in live if not any(s < other for other in live))
 
     def geometry(self, values: Mapping[str, int]) -> KernelGeometry:
         """``kernel_geometry`` of this kernel under ``values`` (its roles resolved once)."""
@@ -188,16 +198,21 @@ class FitModel:
         geo = self.geometry(values)
         return self._footprint(geo)
 
-    def _footprint(self, geo: KernelGeometry) -> Footprint:
-        blocks = geo.blocks
-        tiles = tuple(blocks.values())  # shared bytes hang on tiles and stages, registers on tiles and threads
+    def _per_tiles(self, blocks: dict[str, int]) -> tuple[int, int, list[int]]:
+        """(shared bytes not staged, staged per stage, elements of each fragment) under these tile
+        extents: shared bytes hang on tiles and stages, registers on tiles and threads."""
+        tiles = tuple(blocks.values())
         per_tiles = self._tiles_seen.get(tiles)
-        if per_tiles is None:  # (shared bytes not staged, staged per stage, elements of each fragment)
+        if per_tiles is None:
             per_tiles = self._tiles_seen[tiles] = (
                 sum(math.prod(blocks[a] for a in axes) * size for axes, size, staged in self.shared if not staged),
                 sum(math.prod(blocks[a] for a in axes) * size for axes, size, staged in self.shared if staged),
                 [math.prod(blocks[a] for a in axes) for axes, _ in self._frag_specs])
-        once, staged, elems = per_tiles
+        return per_tiles
+
+    def _footprint(self, geo: KernelGeometry) -> Footprint:
+        tiles = tuple(geo.blocks.values())
+        once, staged, elems = self._per_tiles(geo.blocks)
         smem = _shared_bytes(once, staged, geo.stages)
         regs = self._regs_seen.get((tiles, geo.threads))
         if regs is None:
@@ -227,8 +242,9 @@ class FitModel:
         # of a case that never reached this)
         if any(self.sizes[a] % geo.blocks[a] for a in self.loaded_axes) and not ASYNC_PARTIAL_TILES:
             return False
-        smem = self._footprint(geo).smem_bytes + sum(2 * math.prod(geo.blocks[a] for a in axes)
-                                                     for axes in self.store_tiles)
+        once, staged, _ = self._per_tiles(geo.blocks)
+        smem = _shared_bytes(once, staged, geo.stages) + sum(2 * math.prod(geo.blocks[a] for a in axes)
+                                                              for axes in self.store_tiles)
         return smem <= self.device.smem_per_block - ASYNC_SMEM_SLACK
 
     def fitting(self, names: Sequence[str], configs: Iterable[Sequence[int]]) -> list[tuple[int, int] | None]:

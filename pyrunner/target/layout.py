@@ -74,6 +74,7 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
         return group[x]
 
     origin: dict[str, str] = {}
+    reduced = {find(op.src) for _, _, op in ops if isinstance(op, Reduce) and op.src in frag}  # groups reduced
     for _, _, op in ops:
         if isinstance(op, Gemm):
             for x in (op.c, op.a):
@@ -82,10 +83,8 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
     for _, _, op in ops:  # reduced groups written only from memory (shared or global) pick their own layout
         if isinstance(op, (Map, Load)) and op.dst in frag and find(op.dst) not in origin:
             reads_frag = isinstance(op, Map) and any(r in frag and find(r) != find(op.dst) for r in expr_refs(op.expr))
-            if isinstance(op, Load) or (not reads_frag and bufs[op.dst].axes):
-                members = [b for b in frag if find(b) == find(op.dst)]
-                if any(isinstance(o, Reduce) and o.src in members for _, _, o in ops):
-                    origin[find(op.dst)] = f"free:{find(op.dst)}"
+            if (isinstance(op, Load) or (not reads_frag and bufs[op.dst].axes)) and find(op.dst) in reduced:
+                origin[find(op.dst)] = f"free:{find(op.dst)}"
     changed = True
     while changed:  # reduce results follow their source (to a fixpoint: results can be reduced again)
         changed = False
