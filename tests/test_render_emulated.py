@@ -80,3 +80,20 @@ def test_the_check_catches_planted_renderer_bugs(mutation: str) -> None:
     except EmulationError:
         return  # the emulator itself rejects it (a shape that TileLang would reject too)
     assert not ok or problems, f"mutation {mutation!r} went unnoticed"
+
+
+def test_the_rendered_softplus_keeps_float32_precision_where_its_value_is_tiny() -> None:
+    """softplus(x) is exp(x) itself at very negative x; as ``log(1 + exp(-|x|))`` the sum rounded to 1 (an
+    Ampere sweep draw, x near -16: 1.2e-7 came out within 8.8e-8 of 0). Evaluated as rendered, on the
+    emulator's float32 ``T``, each value is within 1e-6 of float64 relative to itself."""
+    from pyrunner.backend.tilelang.emulate import FakeT, Trace
+    from pyrunner.ir.ops import UNARY
+
+    op = UNARY["softplus"]
+    helper: dict = {}
+    exec(f"def softplus(x):\n    {op.tilelang}\n", {"T": FakeT(Trace())}, helper)  # noqa: S102 - our op table
+    x = np.array([-80.0, -30.0, -16.1, -5.0, -0.5, 0.0, 0.5, 5.0, 16.1, 30.0, 80.0], dtype=np.float32)
+    got = np.asarray(helper["softplus"](x), dtype=np.float64)
+    ref = op.numpy(x.astype(np.float64))
+    assert got.dtype == np.float64 and np.all(np.isfinite(got))
+    assert np.max(np.abs(got - ref) / ref) < 1e-6

@@ -402,6 +402,9 @@ class FakeT:
     def log(self, x):
         return np.log(x)
 
+    def log1p(self, x):
+        return np.log1p(x)
+
     def sqrt(self, x):
         return np.sqrt(x)
 
