@@ -60,7 +60,7 @@ Off, such configs render ``T.Pipelined``, so the rank key (``planner.cost._rank_
 chain config that divides the axis, however narrow (t = 4000 streams 32-wide steps). The forms carry
 what a partial tile needs: TMA fills rows past a tensor's end with zeros and drops stores past it, the
 step count is a ceiling division, and the mask runs only on the step it does not show whole. On since
-runs 132-133 (H100, ``benchmarks/results/h100-runs132-135-switches.jsonl``): the GPU sweep of every case
+runs 132-133 (H100, ``benchmarks/results/h100-runs132-151-switches.jsonl``): the GPU sweep of every case
 it re-renders (``benchmarks/cases/fit.ASYNC_PARTIAL_TILES.txt``, 78) passed 77; the 78th fails its
 outlier draw on two seeds with the switch off too (the max shift's FMA, docs/gpu.md). Measured in one
 A/B call: attention over 2000 keys 552.0 -> 112.9 us, over 4000 347.8 -> 219.2, causal over 4000
