@@ -47,10 +47,12 @@ def kernel_of(low: Lowered, name: str, space: dict[str, list[int]]) -> Kernel:
     )
 
 
-def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *, strict: bool):
+def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *,
+             strict: bool) -> tuple[Callable[[object], object], Callable[[str], str]]:
     """A walk that replaces every name in ``names`` by its order of first appearance (``tok``), so two
-    kernels equal up to renaming give one key; ``strict``: dict keys renamed too and an unknown type
-    raises (the fit key must never hold an object compared by identity)."""
+    kernels equal up to renaming give one key, and that renaming of one string (for text); ``strict``:
+    dict keys renamed too and an unknown type raises (the fit key must never hold an object compared by
+    identity)."""
 
     plain = {int, float, bool, type(None)}
     cut = len(BLOCK_PREFIX)
@@ -89,15 +91,13 @@ def _renamer(names: set[str], sizes: dict[str, int], tok: dict[str, str], *, str
             raise TypeError(f"_fit_key: {type(x).__name__} not tokenised")
         return x
 
-    walk.name = name  # type: ignore[attr-defined]  # the renaming alone, for text (``_tokenise``)
-    return walk
+    return walk, name
 
 
 def _tokenise(low: Lowered, sizes: dict[str, int], nbytes: dict[str, int]) -> tuple[tuple, dict[str, str]]:
     names = set(sizes) | {b.name for b in low.buffers} | set(low.reads) | set(low.writes)
     tok: dict[str, str] = {}
-    walk = _renamer(names, sizes, tok, strict=False)
-    name = walk.name  # type: ignore[attr-defined]
+    walk, name = _renamer(names, sizes, tok, strict=False)
 
     head = walk(([(g.axis, g.block) for g in low.grid], low.stream, low.tiled, sorted(low.full.items())))
     # the buffers and ops as JSON text (serialised in Rust), every string value renamed in order of
@@ -131,7 +131,7 @@ def _fit_key(fit: FitModel, space: dict[str, list[int]], sizes: dict[str, int]) 
     by their order of first appearance, with the extent behind every axis."""
     names = set(sizes) | {b.name for b in fit.kernel.buffers}
     tok: dict[str, str] = {}
-    walk = _renamer(names, sizes, tok, strict=True)
+    walk, _ = _renamer(names, sizes, tok, strict=True)
 
     structure = walk((
         [(p, space[p]) for p in sorted(space)],
