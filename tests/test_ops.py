@@ -76,6 +76,7 @@ def _tilelang_value(op: Elementwise, args: tuple[float, ...]) -> float:
         exp = staticmethod(math.exp)
         exp2 = staticmethod(lambda x: 2.0**x)
         log = staticmethod(math.log)
+        log1p = staticmethod(math.log1p)
         sqrt = staticmethod(math.sqrt)
         rsqrt = staticmethod(lambda x: 1.0 / math.sqrt(x))
         tanh = staticmethod(math.tanh)
