@@ -84,7 +84,7 @@ def test_the_check_catches_planted_renderer_bugs(mutation: str) -> None:
 
 def test_the_rendered_softplus_keeps_float32_precision_where_its_value_is_tiny() -> None:
     """softplus(x) is exp(x) itself at very negative x; as ``log(1 + exp(-|x|))`` the sum rounded to 1 (an
-    Ampere sweep draw, x near -16: 1.2e-7 came out within 8.8e-8 of 0). Evaluated as rendered, on the
+    Ampere sweep draw, x near -16: 1.2e-7 came out 8.8e-8 off). Evaluated as rendered, on the
     emulator's float32 ``T``, each value is within 1e-6 of float64 relative to itself."""
     from pyrunner.backend.tilelang.emulate import FakeT, Trace
     from pyrunner.ir.ops import UNARY

@@ -128,7 +128,7 @@ UNARY: dict[str, Elementwise] = {op.name: op for op in (
     _u("abs", "|x|.", np.abs, "torch.abs({0})", "T.abs({0})", lambda sp, x: sp.Abs(x), False),
     _u("softplus", "log(1 + exp(x)), as max(x, 0) + log1p(exp(-|x|)): large |x| cannot overflow, and at very "
        "negative x, where the result is exp(x) itself, 1 + exp(x) does not round to 1 (an Ampere sweep draw, "
-       "run 147: x near -16 gave 1.2e-7 within 8.8e-8 of 0 through log).",
+       "run 147: at x near -16, 1.2e-7 came out 8.8e-8 off through log).",
        lambda x: np.logaddexp(0.0, x), "F.softplus({0})",
        "return T.max(x, T.float32(0.0)) + T.log1p(T.exp(-T.abs(x)))",
        lambda sp, x: sp.log(1 + sp.exp(x)), True, helper=True),
