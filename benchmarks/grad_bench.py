@@ -5,6 +5,8 @@ Cases (bf16):
 
 * ``attention``: softmax(Q K^T / sqrt(d)) V, h16 t4096 d128, against SDPA (FlashAttention-2 / cuDNN backward);
 * ``causal`` and ``sliding`` (window 1024): against FlexAttention (compiled, block mask) and, for causal, SDPA;
+* ``softcap``: tanh score capping at 30 (``tests/data/attention_softcap.json``, Gemma-2's), h16 t4096 d128, against
+  FlexAttention (compiled, the cap as its score modification);
 * ``swiglu`` and ``rmsnorm_mlp`` (catalog shapes): against torch.compile of the same PyTorch code;
 * ``llama_step``: one training step (forward, backward, no optimizer) of the Llama-3-8B-shaped Hugging Face
   layer (2048 tokens) through the superopt backend against torch.compile, parameter gradients against the
@@ -53,6 +55,7 @@ CASES: dict[str, tuple[str, dict[str, int], tuple[str, ...]]] = {
     "attention": ("ScaledAttention", ATTN, ("sdpa",)),
     "causal": ("CausalAttention", ATTN, ("flex", "sdpa")),
     "sliding": ("SlidingWindowAttention", ATTN, ("flex",)),
+    "softcap": ("tests/data/attention_softcap.json", ATTN, ("flex",)),
     "swiglu": ("SwiGLU", {}, ("torch.compile",)),
     "rmsnorm_mlp": ("RMSNormMLP", {}, ("torch.compile",)),
 }
@@ -62,10 +65,12 @@ BASELINE_BOUND = 5e-2
 
 
 def graph_of(case: str, small: bool):
+    """The case's graph (a catalog name, or a graph file under the repository) at its timed sizes."""
     from pyrunner.ir import catalog
+    from pyrunner.ir.graph_json import load_graph_file
 
     name, sizes, _ = CASES[case]
-    g = catalog.get(name)
+    g = load_graph_file(ROOT / name) if name.endswith(".json") else catalog.get(name)
     want = {a: n for a, n in (SMALL if small else sizes).items() if a in g.sizes}
     return g.with_sizes(want) if want else g
 
