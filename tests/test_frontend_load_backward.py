@@ -81,3 +81,27 @@ def test_grad_bench_small_smoke(tmp_path) -> None:
     assert {r["variant"] for r in rows} == {"superopt", "eager"}
     for r in rows:
         assert r["grad_err_vs_f64"] <= r["bound"] and r["fwd_bwd_us"] > 0, r
+
+
+def test_a_region_input_no_output_reads_is_left_out_of_the_plans_call() -> None:
+    """A region can list an input its graph never reads (a value the captured code used only for its shape or
+    dtype: ``type_as``, ``view_as``); the plan's signature leaves it out, so feeding it made the Llama-3-8B
+    training step fail ("unexpected input 'in2'", run 154). The region's runs feed only what the plan takes."""
+    from pyrunner.frontend.autograd import plan_run
+    from pyrunner.frontend.load import LoadedPlan
+    from pyrunner.frontend.signature import plan_inputs
+    from pyrunner.ir.graph_json import graph_from_json
+
+    g = graph_from_json({"name": "ShapeOnlyInput", "axes": {"m": 32, "d": 64, "n": 48},
+                         "inputs": {"X": ["m", "d"], "W": ["d", "n"], "Z": ["m", "n"]},
+                         "nodes": [{"name": "Y", "op": "matmul", "args": ["X", "W"], "contract": "d"}],
+                         "outputs": ["Y"]})
+    loaded = LoadedPlan(search(g, "fp16")[0])
+    assert loaded.sig.input_names == ("X", "W")
+    feed = {"X": torch.randn(32, 64).half(), "W": torch.randn(64, 48).half(), "Z": torch.randn(32, 48).half()}
+    assert list(plan_inputs(loaded.sig, feed)) == ["X", "W"]
+    with pytest.raises(FrontendError, match="missing input"):
+        loaded(**plan_inputs(loaded.sig, {"X": feed["X"]}))  # an input the plan needs is still asked for
+    if not torch.cuda.is_available():  # binding passes; what stops the call is the missing GPU
+        with pytest.raises(FrontendError, match="no CUDA GPU"):
+            plan_run(loaded)(feed)

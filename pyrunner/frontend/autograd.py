@@ -74,11 +74,13 @@ def plan_run(loaded: Any) -> Run:
     masks included, as ``plan_impl``; float32 for a saved statistic such as a log-sum-exp)."""
     import torch
 
+    from pyrunner.frontend.signature import plan_inputs
+
     dt = getattr(torch, loaded.plan.dtype)
     dts = {s.name: getattr(torch, s.dtype) for s in loaded.sig.inputs}
 
     def run(feed: dict[str, Any]) -> tuple:
-        out = loaded(**{k: v.to(dts.get(k, dt)) for k, v in feed.items()})
+        out = loaded(**{k: v.to(dts.get(k, dt)) for k, v in plan_inputs(loaded.sig, feed).items()})
         return out if isinstance(out, tuple) else (out,)
 
     return run

@@ -35,13 +35,14 @@ def plan_impl(plan: Plan, verify: bool = True, device: str | None = None) -> Imp
     import torch
 
     from pyrunner.frontend.load import LoadedPlan
+    from pyrunner.frontend.signature import plan_inputs
 
     f = LoadedPlan(plan, verify=verify, backend=device, views=True)
     dt = getattr(torch, plan.dtype)
     dts = {s.name: getattr(torch, s.dtype) for s in f.sig.inputs}
 
     def run(feed: dict[str, Any]) -> tuple:
-        out = f(**{k: v.to(dts.get(k, dt)) for k, v in feed.items()})
+        out = f(**{k: v.to(dts.get(k, dt)) for k, v in plan_inputs(f.sig, feed).items()})
         return out if isinstance(out, tuple) else (out,)
 
     def layouts() -> tuple:
