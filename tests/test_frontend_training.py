@@ -162,3 +162,35 @@ def test_backward_false_leaves_training_graphs_to_pytorch() -> None:
     assert not rep.regions and "backward=False" in rep.fallbacks[0][1]
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
+
+
+def test_saved_tensors_cross_between_the_halves_in_the_dtype_the_forward_plan_writes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region keeps each added save as its forward plan writes it (``TrainingImpl.save_dtypes``): widening a
+    bf16 contraction to float32 and back cost two conversions of a layer's largest tensor. Here the saves are
+    declared float64 (the float64 interpreter's own), so the backward must receive float64, not float32."""
+    import pyrunner.frontend.autograd as ag
+
+    prepare, seen = ag._prepare, {}
+
+    def declared_f64(rg, meta, opts, flops):
+        impl, choice = prepare(rg, meta, opts, flops)
+        impl.save_dtypes = {n: torch.float64 for n in impl.bwd.saved}
+        back = impl.backward
+
+        def recording(feed):
+            seen.update({k: v.dtype for k, v in feed.items() if k in impl.bwd.saved})
+            return back(feed)
+
+        impl.backward = recording
+        return impl, choice
+
+    monkeypatch.setattr(ag, "_prepare", declared_f64)
+    ref, args, kwargs = llama_layer()
+    m = llama_layer()[0]
+    want = _two_steps(ref, ref, args, kwargs)
+    torch._dynamo.reset()
+    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": "eager"})
+    got = _two_steps(m, c, args, kwargs)
+    assert seen and set(seen.values()) == {torch.float64}, seen
+    _compare(ref, m, want, got)

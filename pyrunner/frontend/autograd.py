@@ -13,10 +13,12 @@ CPU), ``plan`` (no GPU) plans both halves, CPU-checks them (``training``) and le
 their gradients, to PyTorch. A region whose backward cannot be derived, planned or checked stays
 PyTorch ops (PyTorch's gradients), with one log line.
 
-Saved tensors the forward adds (log-sum-exps, saved contractions) are kept in float32 (or the
-model's dtype when wider) between the halves on the paths this module runs; the GPU plans write
-saved statistics (log-sum-exps) and saved values the backward reads inside an exponent or logarithm (a
-pre-softmax score) in float32, other saved contractions in the plan's dtype (``ir.grad``).
+Saved tensors the forward adds (log-sum-exps, saved contractions) are kept between the halves as
+the forward plan writes them: saved statistics (log-sum-exps) and saved values the backward reads inside
+an exponent or logarithm (a pre-softmax score) in float32, other saved contractions in the plan's dtype
+(``ir.grad``), which the backward plan reads as they are. Widening a bf16 contraction to float32 in
+between added nothing but two conversions of the largest tensor of a layer. The float64 interpreter's
+saves are kept in float32 (or the model's dtype when wider).
 """
 
 from __future__ import annotations
@@ -45,8 +47,11 @@ class TrainingImpl:
     """A region's two halves. Called like a forward ``runtime.Impl`` (the region's own outputs);
     ``runtime.assemble`` calls ``autograd_function`` instead when it finds one."""
 
-    def __init__(self, bwd: Backward, forward: Run, backward: Run, n_outputs: int) -> None:
+    def __init__(self, bwd: Backward, forward: Run, backward: Run, n_outputs: int,
+                 save_dtypes: dict[str, Any] | None = None) -> None:
         self.bwd, self.forward, self.backward, self.n_outputs = bwd, forward, backward, n_outputs
+        self.save_dtypes = save_dtypes or {}
+        """Saved tensor -> the torch dtype the forward plan writes it in (empty for the float64 interpreter)."""
 
     def __call__(self, feed: dict[str, Any]) -> tuple:
         return tuple(self.forward(feed)[:self.n_outputs])  # the derived forward lists the graph's outputs first
@@ -132,7 +137,8 @@ def region_function(rg: RegionGraph, impl: TrainingImpl, meta: Callable[[Any], A
     in_meta = [meta(src) for _, src, _ in rg.inputs]
     own = {n for n, _, _, _ in rg.outputs}
     wide = torch.promote_types(torch.float32, out_dt[0])
-    save_dt = [out_dt[[o[0] for o in rg.outputs].index(n)] if n in own else wide for n in saved]
+    save_dt = [out_dt[[o[0] for o in rg.outputs].index(n)] if n in own else impl.save_dtypes.get(n, wide)
+               for n in saved]
     ir_shape = {n: bwd.forward.shape_of(t) for n, t in bwd.forward.outputs}
     in_axes = {t.name: tuple(t.axes) for t in rg.graph.inputs()}
     back_in = {t.name for t in bwd.graph.inputs()}
@@ -265,7 +271,10 @@ def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int)
     if opts.verify:
         f, b = fwd.check("cuda"), gpu_check_backward(back, tp.bwd)
         check = f"forward verified ({f.message}); backward {'not ' * b.uncheckable}verified ({b.message})"
-    impl = TrainingImpl(tp.bwd, plan_run(fwd), plan_run(back), n)
+    import torch
+
+    written = {t.name: getattr(torch, t.dtype) for t in tp.forward.tensors if t.name in tp.bwd.saved}
+    impl = TrainingImpl(tp.bwd, plan_run(fwd), plan_run(back), n, written)
     return impl, RegionChoice(rg, tp.forward, None, check, flops=flops,
                               reason=f"{check or 'kernels compiled'}; {kernels}")
 

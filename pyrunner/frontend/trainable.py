@@ -111,7 +111,9 @@ def _function(t: Trainable) -> Any:
         def forward(ctx: Any, *xs: Any) -> Any:
             fwd, _ = t.runs(xs[0].device)
             res = dict(zip(fwd_names, fwd(dict(zip(names, xs, strict=True))), strict=True))
-            extra = [res[n] if n in own else res[n].float() for n in bwd.saved]  # added saves (LSE) in float32
+            # added saves as the plan writes them (a log-sum-exp in float32, a contraction in the plan's dtype);
+            # the float64 interpreter's in float32
+            extra = [res[n] if n in own or t.executor == "gpu" else res[n].float() for n in bwd.saved]
             ctx.save_for_backward(*xs, *extra)
             return tuple(res[n] for n in own)
 
