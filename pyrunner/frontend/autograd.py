@@ -57,7 +57,11 @@ class TrainingImpl:
         return tuple(self.forward(feed)[:self.n_outputs])  # the derived forward lists the graph's outputs first
 
     def autograd_function(self, rg: RegionGraph, meta: Callable[[Any], Any]) -> Callable[..., Any]:
-        return region_function(rg, self, meta)
+        """The region as a differentiable function; made once per region (measured, then assembled)."""
+        made = self.__dict__.setdefault("_functions", {})
+        if id(rg) not in made:
+            made[id(rg)] = (rg, region_function(rg, self, meta))
+        return made[id(rg)][1]
 
 
 def reference_run(graph: Any) -> Run:

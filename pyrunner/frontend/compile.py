@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +263,9 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
     time, on inputs of the regions' shapes; or read from the decision cache). A region that loses keeps its FX
     nodes, so the fallback compiler compiles them with the rest of the graph as one: no op call between, and
     its fusions across the region's edges kept. Deciding at the first call instead (a region op that runs the
-    fallback's code inside) cost the Llama-3-8B-shaped layer 8% against torch.compile in run 111."""
+    fallback's code inside) cost the Llama-3-8B-shaped layer 8% against torch.compile in run 111. A training
+    region (``autograd``) is timed forward and backward (``training_step``) against the fallback's forward and
+    backward, and its decision is cached apart from a forward-only one."""
     import copy
 
     import torch
@@ -285,12 +287,16 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
             choice.decision, choice.reason = "fallback", ("not measured: the region's ops read values from outside "
                                                           "it; the fallback compiler's code runs")
             continue
-        if choice is None or getattr(impl, "autograd_function", None) is not None:
-            # a training region (a forward timing does not decide forward and backward): the cost model's word
+        if choice is None:
             kept.append((rg, impl))
             continue
         dtype = choice.plan.dtype if choice.plan else str(meta(rg.inputs[0][1]).dtype).removeprefix("torch.")
-        fn = region_callable(rg, impl, meta)
+        training = getattr(impl, "autograd_function", None) is not None
+        # a training region is timed as a training step spends it: its forward and backward, against the
+        # fallback compiler's forward and backward of the same ops (a forward timing decides neither)
+        # (every floating input gets a gradient on both sides: the example values say nothing of requires_grad)
+        wants = [meta(src).dtype.is_floating_point for _, src, _ in rg.inputs] if training else []
+        fn = impl.autograd_function(rg, meta) if training else region_callable(rg, impl, meta)
         # Made at the first measurement only: a decision read from the cache (every decode step of a KV
         # bucket after the first) must not draw the region's inputs, weights included (three 4096 x 14336
         # random matrices for the Llama-3-8B-shaped MLP, seconds on a CPU), nor compile its fallback.
@@ -302,20 +308,34 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
                 xs.extend(region_inputs(rg, meta, device))
             return xs
 
-        def fallback(sub: Any = sub, inputs: Callable[[], list] = inputs, compiled: list = compiled) -> object:
+        def example(inputs: Callable[[], list] = inputs, wants: list = wants) -> list[Any]:
+            return [x.detach().requires_grad_(w) for x, w in zip(inputs(), wants, strict=True)] if wants else inputs()
+
+        def fallback_fn(sub: Any = sub, example: Callable[[], list] = example, compiled: list = compiled) -> Any:
             if not compiled:
                 # Compiled apart from the graph dynamo is compiling now: inside its tracing context the
                 # fallback compiler would add guards on symbols of its own to dynamo's shape environment,
                 # which then fails to build the graph's guards ("sources must not be empty for symbol").
                 with torch._guards.tracing(None):
-                    compiled.append(compile_fallback(copy.deepcopy(sub), inputs()))
-            return compiled[0](*inputs())
+                    compiled.append(compile_fallback(copy.deepcopy(sub), example()))
+            return compiled[0]
 
+        if training:
+            ours: Callable[[], object] = training_step(fn, inputs, wants)
+            theirs = training_step(lambda *xs, f=fallback_fn: f()(*xs), inputs, wants)
+        else:
+            ours = _timed_call(rg, impl, fn, inputs)
+
+            def theirs(fallback_fn: Callable[[], Any] = fallback_fn, inputs: Callable[[], list] = inputs) -> object:
+                return fallback_fn()(*inputs())
+
+        key = decision_key(choice.planned or rg.graph, dtype, key_device)
+        if training:  # a forward-only decision of the same graph is another question
+            key = replace(key, method=f"{key.method}+backward")
         opts.tracker.start("measure")
         try:
             # keyed by the planned graph: every shape of a bucket (a decode loop's KV lengths) shares one decision
-            d, _ = decide_once(rg.label, decision_key(choice.planned or rg.graph, dtype, key_device), measure,
-                               _timed_call(rg, impl, fn, inputs), fallback, cache)
+            d, _ = decide_once(rg.label, key, measure, ours, theirs, cache)
         finally:
             opts.tracker.done("measure")
         choice.decision = "superopt" if d.choice == "superopt" else "fallback"
@@ -323,6 +343,28 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
         if d.choice == "superopt":
             kept.append((rg, impl))
     return kept
+
+
+def training_step(fn: Callable[..., Any], inputs: Callable[[], list], wants: list[bool]) -> Callable[[], object]:
+    """One forward and backward of ``fn`` on ``inputs()``: fresh leaves each call (those ``wants`` marks need a
+    gradient; a leaf reused from an earlier call would carry its stream into a CUDA-graph capture), cotangents
+    of ones made at the first call (the values do not change these kernels' time), the input gradients taken."""
+    import torch
+
+    cot: list[Any] = []
+
+    def step() -> object:
+        xs = [x.detach().requires_grad_(w) for x, w in zip(inputs(), wants, strict=True)]
+        outs = fn(*xs)
+        diff = [o for o in (outs if isinstance(outs, (tuple, list)) else (outs,)) if o.requires_grad]
+        leaves = [x for x in xs if x.requires_grad]
+        if not diff or not leaves:
+            return outs
+        if not cot:
+            cot.extend(torch.ones_like(o) for o in diff)
+        return torch.autograd.grad(diff, leaves, cot, allow_unused=True)
+
+    return step
 
 
 def _timed_call(rg: RegionGraph, impl: Impl, fn: Callable[..., tuple],
