@@ -196,9 +196,10 @@ def test_saved_tensors_cross_between_the_halves_in_the_dtype_the_forward_plan_wr
     _compare(ref, m, want, got)
 
 
-@pytest.mark.parametrize("superopt_us, kept", [(1.0, True), (3.0, False)])
+@pytest.mark.parametrize("superopt_us, kept, fallback", [(1.0, True, "eager"), (3.0, False, "eager"),
+                                                        (3.0, False, "inductor")])
 def test_a_training_region_is_measured_forward_and_backward_against_the_fallback(
-        superopt_us: float, kept: bool, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+        superopt_us: float, kept: bool, fallback: str, tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Under autograd a region is timed as a training step spends it: the measure gets its forward and derived
     backward, and the fallback's forward and backward of the same ops; the slower side is dropped. Before, a
     training region was never measured, and the Llama-3-8B training step ran every region in Superopt kernels
@@ -220,7 +221,7 @@ def test_a_training_region_is_measured_forward_and_backward_against_the_fallback
     x = torch.randn(32, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64).requires_grad_()
     want = _two_steps(ref, ref, (x,), {})
     torch._dynamo.reset()
-    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": "eager",
+    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": fallback,
                                                       "measure": measure})
     before = CALLS["backward"]
     got = _two_steps(m, c, (x,), {})

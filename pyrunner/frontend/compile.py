@@ -316,7 +316,7 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
                 # Compiled apart from the graph dynamo is compiling now: inside its tracing context the
                 # fallback compiler would add guards on symbols of its own to dynamo's shape environment,
                 # which then fails to build the graph's guards ("sources must not be empty for symbol").
-                with torch._guards.tracing(None):
+                with torch._guards.tracing(None), eager_backward_lowering(bool(wants)):
                     compiled.append(compile_fallback(copy.deepcopy(sub), example()))
             return compiled[0]
 
@@ -343,6 +343,20 @@ def _keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callabl
         if d.choice == "superopt":
             kept.append((rg, impl))
     return kept
+
+
+def eager_backward_lowering(training: bool) -> Any:
+    """A context in which the fallback compiler lowers a graph's backward with its forward (for ``training``).
+    AOTAutograd lowers it lazily, at the first backward, and that compile records metrics (``is_forward``)
+    in the per-thread context which the compile of the model's graph, still under way here when a region
+    is measured, already holds: setting it twice raised."""
+    import contextlib
+
+    import torch._functorch.config as functorch_config
+
+    if training and hasattr(functorch_config, "force_non_lazy_backward_lowering"):
+        return functorch_config.patch(force_non_lazy_backward_lowering=True)
+    return contextlib.nullcontext()
 
 
 def training_step(fn: Callable[..., Any], inputs: Callable[[], list], wants: list[bool]) -> Callable[[], object]:
