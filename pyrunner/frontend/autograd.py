@@ -52,16 +52,16 @@ class TrainingImpl:
         self.bwd, self.forward, self.backward, self.n_outputs = bwd, forward, backward, n_outputs
         self.save_dtypes = save_dtypes or {}
         """Saved tensor -> the torch dtype the forward plan writes it in (empty for the float64 interpreter)."""
+        self._functions: dict[int, tuple[RegionGraph, Callable[..., Any]]] = {}
 
     def __call__(self, feed: dict[str, Any]) -> tuple:
         return tuple(self.forward(feed)[:self.n_outputs])  # the derived forward lists the graph's outputs first
 
     def autograd_function(self, rg: RegionGraph, meta: Callable[[Any], Any]) -> Callable[..., Any]:
         """The region as a differentiable function; made once per region (measured, then assembled)."""
-        made = self.__dict__.setdefault("_functions", {})
-        if id(rg) not in made:
-            made[id(rg)] = (rg, region_function(rg, self, meta))
-        return made[id(rg)][1]
+        if id(rg) not in self._functions:  # the region kept beside its function, so its id stays its own
+            self._functions[id(rg)] = (rg, region_function(rg, self, meta))
+        return self._functions[id(rg)][1]
 
 
 def reference_run(graph: Any) -> Run:

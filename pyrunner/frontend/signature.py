@@ -157,10 +157,11 @@ def bind(sig: Signature, args: tuple, kwargs: dict) -> dict[str, object]:
 def plan_inputs(sig: Signature, feed: dict[str, object]) -> dict[str, object]:
     """The region's values a plan takes: ``feed`` less the inputs the plan's graph never reads.
 
-    A region input can reach no output of its graph (a value the captured code touched only for its
-    shape, say, as in the Llama-3-8B training step's capture of run 154), and the plan's signature lists
-    only the inputs its graph reads (``input_order``). Such an input cannot change an output, and its
-    gradient is zero; an input the plan needs and ``feed`` lacks is still ``bind``'s error."""
+    A region input can reach no output of its graph (a value the captured code reads only for its shape
+    or dtype: ``type_as``, ``view_as``), and the plan's signature lists only the inputs its graph reads
+    (``input_order``). Run 154's Llama-3-8B training step fed one and failed; which op of its capture read
+    it was not kept. Such an input cannot change an output, and its gradient is zero; an input the plan
+    needs and ``feed`` lacks is still ``bind``'s error."""
     return {k: v for k, v in feed.items() if k in sig.input_names}
 
 
