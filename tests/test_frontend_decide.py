@@ -296,3 +296,16 @@ def test_kernels_only_launches_every_plan_tensor_in_the_plans_layout() -> None:
     assert len(calls) == 2 and calls[0] is calls[1]  # the same tensors each call: nothing converted again
     assert {n: list(t.shape) for n, t in calls[0].items()} == {gt.name: list(gt.shape) for gt in plan.tensors}
     assert kernels_only(rg, SimpleNamespace(), xs) is None
+
+
+def test_a_fallback_that_fails_to_run_loses_to_the_regions_kernels() -> None:
+    """The fallback compiler's code for a training region is compiled and run inside the model's compile; if
+    it raises, the region's kernels are kept (timed alone), as a region whose kernels fail loses."""
+    from pyrunner.frontend.decide import gpu_measure
+
+    def broken() -> None:
+        raise RuntimeError("no backward for this graph")
+
+    ours_us, theirs_us, note = gpu_measure("r", lambda: torch.ones(4).sum(), broken)
+    assert theirs_us == float("inf") and 0 < ours_us < float("inf") and "fallback" in note
+    assert decide(ours_us, theirs_us).choice == "superopt"

@@ -231,3 +231,25 @@ def test_a_training_region_is_measured_forward_and_backward_against_the_fallback
     assert (CALLS["backward"] - before - len(calls) > 0) == kept  # the step's own backward: ours or PyTorch's
     for g, w in zip(got, want, strict=True):
         assert _relative(g, w) <= GRAD_FP32_VS_F64
+
+
+def test_the_backends_own_measure_times_a_training_region_and_the_step_stays_right(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``decide.gpu_measure`` itself (its wall-clock path here, no GPU) on a training region: both steps run
+    repeatedly (warm-up, rounds) on fresh leaves, a decision with its reason is recorded, and the model's
+    gradients are eager's whichever side won."""
+    from pyrunner.frontend.decide import gpu_measure
+
+    monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
+    ref, m = Mlp().double(), Mlp().double()
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(4), dtype=torch.float64).requires_grad_()
+    want = _two_steps(ref, ref, (x,), {})
+    torch._dynamo.reset()
+    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": "inductor",
+                                                      "measure": gpu_measure})
+    got = _two_steps(m, c, (x,), {})
+    rep = LAST_REPORTS[-1]
+    assert rep.regions and not rep.fallbacks, rep
+    assert all(ch.decision in ("superopt", "fallback") and "us" in ch.reason for ch in rep.regions), rep
+    for g, w in zip(got, want, strict=True):
+        assert _relative(g, w) <= GRAD_FP32_VS_F64

@@ -62,6 +62,13 @@ def gpu_measure(label: str, superopt: Callable[[], object],  # noqa: ARG001 - la
                     "is kept", label, type(e).__name__, " ".join(str(e).split())[:200])
         times, _, _ = side_by_side_us({"fallback": fallback}, rounds=3)
         return float("inf"), times["fallback"], "its kernels failed to run"
+    try:
+        fallback()
+    except Exception as e:  # noqa: BLE001 - code that cannot run (a training graph's compile, say) loses
+        log.warning("superopt: %s: the fallback compiler's code failed to run (%s: %s); the region's kernels "
+                    "are kept", label, type(e).__name__, " ".join(str(e).split())[:200])
+        times, _, _ = side_by_side_us({"superopt": superopt}, rounds=3)
+        return times["superopt"], float("inf"), "the fallback compiler's code failed to run"
     fns = {"superopt": superopt, "fallback": fallback}
     kernels = getattr(superopt, "kernels_only", None)
     if kernels is not None:
