@@ -179,7 +179,7 @@ def test_a_cached_decision_draws_no_region_inputs(tmp_path: Path, monkeypatch: p
     """Decode steps of one KV bucket share a decision: only the step that measures draws the region's timing
     inputs (at the Llama-3-8B shape, weights included, seconds of random numbers on the CPU per step)."""
     import pyrunner.frontend  # noqa: F401 - registers the backend
-    import pyrunner.frontend.compile as comp
+    import pyrunner.frontend.winners as comp
 
     monkeypatch.setenv("SUPEROPT_CACHE_DIR", str(tmp_path))
     drawn: list[str] = []

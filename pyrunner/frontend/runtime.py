@@ -254,7 +254,7 @@ def region_module(gm: Any, rg: RegionGraph, args: tuple) -> Any:
 
 def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[Any], Any]) -> Any:
     """Replace each region's nodes in ``gm`` (in place) by a call of its op; returns gm, recompiled.
-    Regions that lost their measurement (``compile._keep_winners``) are not among them: their nodes stay."""
+    Regions that lost their measurement (``winners.keep_winners``) are not among them: their nodes stay."""
     import operator
 
     import torch
