@@ -71,7 +71,8 @@ def keep_winners(gm: Any, chosen: list[tuple[RegionGraph, Impl]], meta: Callable
         def example(inputs: Callable[[], list] = inputs, wants: list = wants) -> list[Any]:
             return [x.detach().requires_grad_(w) for x, w in zip(inputs(), wants, strict=True)] if wants else inputs()
 
-        def fallback_fn(sub: Any = sub, example: Callable[[], list] = example, compiled: list = compiled) -> Any:
+        def fallback_fn(sub: Any = sub, example: Callable[[], list] = example, compiled: list = compiled,
+                        wants: list = wants) -> Any:
             if not compiled:
                 # Compiled apart from the graph dynamo is compiling now: inside its tracing context the
                 # fallback compiler would add guards on symbols of its own to dynamo's shape environment,
