@@ -162,7 +162,8 @@ def plan_inputs(sig: Signature, feed: dict[str, object]) -> dict[str, object]:
     (``input_order``). Run 154's Llama-3-8B training step fed one and failed; which op of its capture read
     it was not kept. Such an input cannot change an output, and its gradient is zero; an input the plan
     needs and ``feed`` lacks is still ``bind``'s error."""
-    return {k: v for k, v in feed.items() if k in sig.input_names}
+    names = set(sig.input_names)  # the property builds its tuple anew: once per call, not once per input
+    return {k: v for k, v in feed.items() if k in names}
 
 
 def check_tensor(spec: TensorSpec, value: object) -> None:
