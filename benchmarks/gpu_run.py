@@ -178,10 +178,13 @@ def _plan_all(args, work: Path, results: Path, say: Tee,
             for tag, g in graphs:
                 t = time.monotonic()
                 try:
-                    plans = best_plan(g, dtype, backend=backend, top=1 + args.alternatives,
-                                      calibration=args.calibration, tuning=committed_tuning(backend.device.name))
-                    configs = [ranked_plan_configs(g, p, max(args.autotune, 1), args.calibration, backend.device)
-                               for p in plans]
+                    for part, pg, wrap in _parts(args, g, dtype, backend):
+                        plans = [wrap(p) for p in best_plan(pg, dtype, backend=backend, top=1 + args.alternatives,
+                                                            calibration=args.calibration,
+                                                            tuning=committed_tuning(backend.device.name))]
+                        configs = [ranked_plan_configs(pg, p, max(args.autotune, 1), args.calibration,
+                                                       backend.device) for p in plans]
+                        jobs += _write_plans(args, work, tag + part + at, dtype, device, plans, configs, t, say)
                 except Exception as e:  # noqa: BLE001 - record and go on with the others
                     say(f"PLAN FAILED {g.name} {dtype} ({device}): {type(e).__name__}: {e}")
                     append_record(log, make_record(
@@ -189,8 +192,21 @@ def _plan_all(args, work: Path, results: Path, say: Tee,
                         device="planner", status="failed-compile", message=f"planner failed: {type(e).__name__}: {e}",
                         extra={"backend": backend_label(device)}))
                     continue
-                jobs += _write_plans(args, work, tag + at, dtype, device, plans, configs, t, say)
     return jobs
+
+
+def _parts(args, graph, dtype: str, backend) -> list[tuple[str, object, object]]:
+    """(tag suffix, graph to plan, plan wrapper) per graph: the graph itself, or with ``--training`` the two
+    halves a training step runs (``planner.saves``): the forward that also writes the saved tensors, and the
+    derived backward, whose plan records its derivation so its checks draw saved tensors that belong to the
+    inputs. Their kernels are tuned and filed in the tuning database like any other."""
+    if not getattr(args, "training", False):
+        return [("", graph, lambda p: p)]
+    from pyrunner.plan.backward_of import with_backward_of
+    from pyrunner.planner.saves import choose_saves
+
+    derived = choose_saves(graph, dtype, args.calibration, backend.device)
+    return [("_fwd", derived.forward, lambda p: p), ("_bwd", derived.graph, lambda p: with_backward_of(p, derived))]
 
 
 def _write_plans(args, work: Path, tag: str, dtype: str, device: str, plans: list, configs: list, t: float,
@@ -462,6 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also run the second shape set (attention t=8192 and t=1024, matmul 4096^3, "
                          "RMSNormMLP m=8192)")
     ap.add_argument("--shapes2-only", action="store_true", help="run only the second shape set")
+    ap.add_argument("--training", action="store_true",
+                    help="run each graph's training halves instead: its forward with the saved tensors (<tag>_fwd) "
+                         "and its derived backward (<tag>_bwd), verified, autotuned and filed like any plan")
     ap.add_argument("--alternatives", type=int, default=0,
                     help="also time the next N distinct plans of each graph (no baselines; alternatives.jsonl), "
                          "so the tuning database learns which plan is fastest")

@@ -159,6 +159,23 @@ def test_saved_contractions_are_chosen_by_the_cost_model() -> None:
     assert all(t not in chosen.recomputed for t in extra)  # a saved contraction is read, not recomputed
 
 
+@pytest.mark.slow
+def test_saves_are_chosen_as_a_set_not_one_at_a_time() -> None:
+    """RMSNormMLP at its catalog shape: saving either projection alone spares the backward nothing (it still
+    recomputes the normalised input for the other), saving both spares the norm and both GEMMs. A greedy
+    walk in graph order stopped at the first; the chosen set is predicted no dearer than any subset."""
+    import itertools
+
+    g = catalog.get("RMSNormMLP")
+    base = derive(g)
+    chosen = choose_saves(g, "bfloat16")
+    best = predicted_us(chosen, "bfloat16")
+    for r in range(len(base.recomputed) + 1):
+        for kept in itertools.combinations(base.recomputed, r):
+            assert best <= predicted_us(derive(g, save=kept), "bfloat16") + 1e-9
+    assert not chosen.recomputed  # at this shape the model prefers both saved
+
+
 def test_cli_backward_reads_what_with_saves_writes(capsys) -> None:
     shape = ["--shape", "m=32", "--shape", "d=32", "--shape", "n=32"]
     code, back, _ = _superopt(["SwiGLU", *shape, "--backward"], capsys)

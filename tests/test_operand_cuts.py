@@ -83,3 +83,24 @@ def test_a_value_is_costed_once_per_block_of_each_grid_axis_it_lacks() -> None:
     softmax_ops = sum(e for axes, e, _ in kc.low.ew_by_axes if "d" not in axes)
     assert softmax_ops > 0
     assert split.flops - whole.flops == softmax_ops * 7  # 8 blocks of d instead of 1
+
+
+def test_operand_of_inputs_alone_is_a_cut_candidate() -> None:
+    """SwiGLU's backward with G and U saved: the gradients dY * U * silu'(G) and dY * silu(G) are GEMM operands
+    computed from inputs alone (no contraction upstream). Fused, both GEMMs that read them (the weight
+    gradients over m, d_X over n) recompute them on every tile; cut, one elementwise kernel writes them
+    once in bf16. Before such operands were cut candidates the search never offered that plan."""
+    from pyrunner.ir.grad import derive as derive_grad
+
+    g = catalog.get("SwiGLU")
+    both = derive_grad(g, save=derive_grad(g).recomputed)
+    (plan,) = search(both.graph, "bf16", tuning=False)
+    inter = _intermediates(plan)
+    assert inter and set(inter.values()) == {"bfloat16"}
+    producer = next(k for k in plan.kernels if set(k.writes) & set(inter))
+    assert not any(op.op == "gemm" for op in [*producer.prologue, *producer.body, *producer.epilogue])
+    gemms = [k for k in plan.kernels if set(k.reads) & set(inter)]
+    assert gemms and all(not thread_reads_staged(k.body) for k in gemms)  # loops of loads and GEMMs
+    small = cpu_check_plan(plan)
+    res = verify_executor(small, graph_of(small), execute)
+    assert res.ok, res.message

@@ -6,11 +6,13 @@ costs its GEMM again in the backward; saving it costs the forward a write and th
 (attention's scores, t_q x t_kv per head, are far dearer to store than to recompute; a GLU's two
 projections usually the reverse). The choice is the planner's: each contraction the backward
 recomputes (``Backward.recomputed``) is saved when the searched forward-plus-backward plans predict
-less time with it saved, one at a time in graph order (greedy, deterministic: no clock decides).
+less time with it saved: every subset of a few, greedily in graph order beyond (deterministic: no
+clock decides).
 """
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from pyrunner.ir.grad import Backward, derive
@@ -26,6 +28,13 @@ def predicted_us(bwd: Backward, dtype: str, calibration: Path | None = None, dev
     return fwd.cost.total_us + back.cost.total_us
 
 
+EXHAUSTIVE_SAVES = 3
+"""Up to this many recomputed contractions every subset of them is costed (at most 8 pairs of searches);
+beyond it, greedy. Greedy alone missed RMSNormMLP's pair: saving either projection alone costs the
+forward a write and spares the backward nothing (it still recomputes the normalised input for the
+other), saving both spares it the norm and both GEMMs."""
+
+
 def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None, device: Device | None = None) -> Backward:
     """The backward of ``graph`` whose saved contractions the cost model of ``device`` (default: the
     search's) prefers (see the module doc)."""
@@ -33,8 +42,17 @@ def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None, devi
     if not best.recomputed:
         return best
     cost = predicted_us(best, dtype, calibration, device)
+    terms = best.recomputed
+    if len(terms) <= EXHAUSTIVE_SAVES:  # every subset, smallest first: a tie keeps the fewer saves
+        for r in range(1, len(terms) + 1):
+            for kept in itertools.combinations(terms, r):
+                trial = derive(graph, save=kept)
+                c = predicted_us(trial, dtype, calibration, device)
+                if c < cost:
+                    best, cost = trial, c
+        return best
     kept: tuple[Term, ...] = ()
-    for t in best.recomputed:
+    for t in terms:
         trial = derive(graph, save=kept + (t,))
         c = predicted_us(trial, dtype, calibration, device)
         if c < cost:

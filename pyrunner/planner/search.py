@@ -819,6 +819,27 @@ only loads tiles (warp-specialised, ``-nows`` avoided) and the elementwise work 
 producer's epilogue or a kernel of its own, instead of on every tile the GEMM loads."""
 
 
+def _full_inputs(t: Term) -> set[str]:
+    """The graph inputs ``t`` reads that span all of its axes. A GEMM operand computed elementwise from two
+    or more of them (a GLU's gradient ``dY * U * silu'(G)`` once the backward saves G and U) is a cut
+    candidate too: fused, the GEMM loads and combines a full tile of each on every pass over the operand;
+    cut, one kernel writes it once. A broadcast factor (a row scale, a norm's weight) is nearly free to
+    re-load, so it does not count."""
+    full = set(result_axes(t))
+    seen: set[Term] = set()
+    out: set[str] = set()
+    stack = [t]
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op == "input" and set(u.axes) == full:
+            out.add(u.name)
+        stack.extend(u.args)
+    return out
+
+
 def _layout(g: Graph) -> _Layout:
     terms = g.terms()
     outs = {t: n for n, t in g.outputs}
@@ -843,7 +864,8 @@ def _layout(g: Graph) -> _Layout:
         if t.op in ELEMENTWISE_TERMS and any(a in computed for a in t.args):
             computed.add(t)
     primary = [t for t in inner if t.op in ("reduce", "matmul")]
-    anchors = [t for t in inner if t in computed and (t.op in ("reduce", "matmul") or t in gemm_only)]
+    anchors = [t for t in inner if (t in computed and (t.op in ("reduce", "matmul") or t in gemm_only))
+               or (t in gemm_only and t.op in ELEMENTWISE_TERMS and len(_full_inputs(t)) >= 2)]
     return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms), scaled_gemm_operands(terms), gemm_only,
                    primary)
 
