@@ -56,6 +56,14 @@ def _plan_and_source(case, device: str) -> tuple[object, str]:
     from pyrunner.pipeline import best_plan
     from pyrunner.target.tuning import DEFAULT_DEVICE, committed_tuning
 
+    if getattr(case, "backward", False):  # the derived backward, as gpu_sweep plans it (a tree with --backward)
+        import gpu_sweep
+
+        from pyrunner.backend.tilelang.backend import backend_for
+
+        backend = backend_for(device)
+        plan, _ = gpu_sweep.plan_case(case, backend, {})
+        return plan, render(plan, backend.target)
     graph = graph_from_json(case.graph)
     if device == DEFAULT_DEVICE:  # the default backend: also what a tree from before ``--device`` plans, renders
         (plan,) = best_plan(graph, case.dtype, tuning=committed_tuning())

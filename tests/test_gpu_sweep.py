@@ -181,3 +181,15 @@ def test_dry_backward_sweep_plans_and_lowers_the_derived_backward(tmp_path: Path
     assert "LSE_P" in record["extra"]["saved"]  # the backward reads the forward's log-sum-exp
     rendered = "".join(p.read_text() for p in (tmp_path / "work" / "sources").rglob("*.py"))
     assert "d_Q" in rendered and "d_K" in rendered and "d_V" in rendered
+
+
+def test_changed_cases_hashes_a_backward_case_by_its_backward_plan() -> None:
+    """``changed_cases -- --backward`` planned each case's forward graph, so no planner change to a backward
+    ever showed as a changed case: the hash of a backward case is its derived backward's rendered source."""
+    import changed_cases
+
+    args = gpu_sweep.parser().parse_args(["--only", "SwiGLU", "--shapes", "small", "--random", "0", "--backward"])
+    (case,) = gpu_sweep.collect(args)
+    plan, src = changed_cases._plan_and_source(case, "h200")
+    assert plan.provenance.backward_of is not None and plan.workload == "SwiGLUBackward"
+    assert "d_W_gate" in src
