@@ -231,38 +231,18 @@ def step_grads(fn, xs: dict, names: list[str], wrt: list[str], cot: dict):
     return torch.autograd.grad([outs[n] for n in names], [leaves[n] for n in wrt], [cot[n] for n in names])
 
 
-def kernel_breakdown(fn, iters: int = 5) -> list[tuple[str, float, int]]:
-    """The CUDA kernels one step of ``fn`` launches: (name, device µs per step, launches per step), the
-    dearest first, from ``torch.profiler`` over ``iters`` eager steps (not the timed CUDA-graph replay): it says
-    where a variant's time goes beyond its planned kernels (casts, copies, gradient accumulation)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    got: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if "CUDA" in str(getattr(ev, "device_type", "")):
-            name = ev.name.split("(")[0].strip()
-            t = got.setdefault(name, [0.0, 0])
-            t[0] += (ev.time_range.end - ev.time_range.start) / iters
-            t[1] += 1
-    return sorted(((n, us, round(c / iters)) for n, (us, c) in got.items()), key=lambda r: -r[1])
-
-
 def write_timed(fns: dict, variants: list[str], case: dict, errors: dict, bounds: dict, notes: dict,
                 args: argparse.Namespace, out) -> None:
     """Time the verified variants side by side (one method for all) and write one record per variant,
     failed or unverified ones included, with the speedup of superopt over each."""
-    from pyrunner.run.timing import device_name, side_by_side_us
+    from pyrunner.run.timing import device_name, kernel_times_us, side_by_side_us
 
     times, method, per_round = side_by_side_us(fns, rounds=args.rounds) if fns else ({}, {}, {})
     so_us = times.get("superopt")
-    kernels = {v: kernel_breakdown(fn) for v, fn in fns.items()} if args.profile and not args.small else {}
+    # each variant's CUDA kernels per step (torch.profiler over eager steps, apart from the CUDA-graph timing):
+    # where a step spends time beyond its planned kernels (casts, copies, gradient accumulation)
+    kernels = {v: sorted(kernel_times_us(fn, [], calls=5).items(), key=lambda kv: -kv[1])
+               for v, fn in fns.items()} if args.profile and not args.small else {}
     for v in variants:
         us = times.get(v)
         rec = {**case, "variant": v, "fwd_bwd_us": us, "method": method.get(v), "rounds_us": per_round.get(v),
@@ -273,9 +253,9 @@ def write_timed(fns: dict, variants: list[str], case: dict, errors: dict, bounds
                "command": " ".join(sys.argv)}
         if v in kernels:
             rec["kernels_us"] = kernels[v]
-            busy = sum(us for _, us, _ in kernels[v])
+            busy = sum(us for _, us in kernels[v])
             print(f"[{case['case']}] {v}: {busy:.1f} us of CUDA kernels per step (profiled apart): " + ", ".join(
-                f"{name[:40]} {us:.1f}" + (f" x{n}" if n > 1 else "") for name, us, n in kernels[v][:10]), flush=True)
+                f"{name.split('(')[0][:40]} {us:.1f}" for name, us in kernels[v][:10]), flush=True)
         out.write(json.dumps(rec) + "\n")
         out.flush()
         print(f"[{case['case']}] {v:14s} {'-' if us is None else f'{us:10.1f} us'}  grad err {errors.get(v)}  "

@@ -40,7 +40,7 @@ from pyrunner import __version__
 from pyrunner.errors import GraphError, PlanError
 from pyrunner.ir.axes import axes_of
 from pyrunner.ir.brief import brief
-from pyrunner.ir.graph import Graph, Term, result_axes
+from pyrunner.ir.graph import Graph, Term, result_axes, subterms
 from pyrunner.ir.merge_axes import AxisMerge, merge_all
 from pyrunner.ir.split_axes import AxisSplit, apply_split, chunk_counts, split_names, split_problem
 from pyrunner.ir.unit_axes import AxisUnit, add_unit, unit_candidate
@@ -826,18 +826,7 @@ def _full_inputs(t: Term) -> set[str]:
     cut, one kernel writes it once. A broadcast factor (a row scale, a norm's weight) is nearly free to
     re-load, so it does not count."""
     full = set(result_axes(t))
-    seen: set[Term] = set()
-    out: set[str] = set()
-    stack = [t]
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op == "input" and set(u.axes) == full:
-            out.add(u.name)
-        stack.extend(u.args)
-    return out
+    return {u.name for u in subterms([t]) if u.op == "input" and set(u.axes) == full}
 
 
 def _layout(g: Graph) -> _Layout:
