@@ -207,7 +207,7 @@ def compile_for_gpu(plan: Plan, config: dict | None = None, work_dir: Path | Non
     cfg = resolve_config(plan, config)
     check_fits(plan, cfg, target.device)
     module = rendered_module(plan, work_dir, target)
-    kernels = module.compile_kernels(cfg, target=target.target)
+    kernels = compile_kernels_in_threads(module, cfg, target.target)
 
     def launch(tensors: dict) -> None:
         module.launch(tensors, cfg, kernels=kernels)
@@ -215,6 +215,30 @@ def compile_for_gpu(plan: Plan, config: dict | None = None, work_dir: Path | Non
     launch.module = module  # type: ignore[attr-defined]
     launch.kernels = kernels  # type: ignore[attr-defined]
     return launch
+
+
+def compile_kernels_in_threads(module: ModuleType, config: dict, target: str,
+                               workers: int | None = None) -> dict:
+    """The rendered module's ``compile_kernels``, one thread per kernel: nvcc, which takes most of a
+    kernel's compile, runs as a subprocess outside the GIL, so a nine-kernel backward plan builds in
+    about the time of its slowest kernel (TileLang's autotuner compiles its configs in threads the same
+    way). Each thread selects the caller's CUDA device, which is per thread, before loading its kernel."""
+    import tilelang
+    import torch
+
+    funcs = module.build_kernels(config)
+    device = torch.cuda.current_device()
+
+    def one(name: str):
+        torch.cuda.set_device(device)
+        return tilelang.compile(funcs[name], target=target,
+                                pass_configs={**module.PASS_CONFIGS, **module.KERNEL_PASS_CONFIGS.get(name, {})})
+
+    workers = max(1, min(len(funcs), workers or os.cpu_count() or 1))
+    if workers == 1:
+        return {name: one(name) for name in funcs}
+    with ThreadPoolExecutor(workers) as pool:
+        return dict(zip(funcs, pool.map(one, funcs), strict=True))
 
 
 # --- device fit -------------------------------------------------------------------
