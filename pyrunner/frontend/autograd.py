@@ -102,13 +102,15 @@ def _to_node(o: Any, layout: tuple, shape: tuple[int, ...], dt: Any) -> Any:
     return o.permute(perm).reshape(ones).expand(full).reshape(shape).to(dt).contiguous()
 
 
-def _to_ir(g: Any, layout: tuple, ir_shape: tuple[int, ...]) -> Any:
-    """A cotangent of an FX value -> the IR output's layout: summed over the axes the value only broadcasts."""
+def _to_ir(g: Any, layout: tuple, ir_shape: tuple[int, ...], wide: Any) -> Any:
+    """A cotangent of an FX value -> the IR output's layout: summed in ``wide`` over the axes the value only
+    broadcasts. Otherwise its dtype is kept: the plan's run casts it once to the dtype the plan reads (a
+    cast to float32 here and back to bf16 there was two copies of every cotangent per step)."""
     perm, ones, full = layout
     g = g.reshape(full)
     dims = [i for i, (a, b) in enumerate(zip(ones, full, strict=True)) if a == 1 and b != 1]
     if dims:
-        g = g.sum(dims, keepdim=True)
+        g = g.to(wide).sum(dims, keepdim=True)
     inverse = sorted(range(len(perm)), key=perm.__getitem__)
     return g.reshape([ir_shape[p] for p in perm]).permute(inverse)
 
@@ -168,7 +170,7 @@ def region_function(rg: RegionGraph, impl: TrainingImpl, meta: Callable[[Any], A
         feed.update(zip(saved, kept, strict=True))
         for (n, _, layout, _), g in zip(rg.outputs, gs, strict=True):
             if n in cot_of:
-                feed[cot_of[n]] = _to_ir(g, layout, ir_shape[n]).to(wide)
+                feed[cot_of[n]] = _to_ir(g, layout, ir_shape[n], wide)
         res = dict(zip(back_names, impl.backward({k: v for k, v in feed.items() if k in back_in}), strict=True))
         grads = []
         for (name, _, _), m in zip(rg.inputs, in_meta, strict=True):
