@@ -24,7 +24,9 @@ from pyrunner.run.executor import execute
 from pyrunner.run.shrink import scale_down
 from pyrunner.run.verify import GpuVerifier
 
-SHAPE = ["--shape", "h=2", "--shape", "t_q=64", "--shape", "t_kv=64", "--shape", "d=32"]
+SHAPE = ["--shape", "h=2", "--shape", "t_q=256", "--shape", "t_kv=256", "--shape", "d=32"]
+"""Where the backward is two kernels: at t = 64 it is one, whose tighter a-priori bound leaves the planted draw
+ill-conditioned in fp16 (``PlantedDraw.accepts``), so no planted draw would be checked."""
 
 
 @pytest.fixture(scope="module")

@@ -233,7 +233,7 @@ class _Loaded:
 def test_the_training_checks_run_a_backward_plan_on_every_draw(executor_launch) -> None:
     """The training path's checks (``cpu_check_backward``, ``gpu_check_backward``) run a backward plan on every
     draw, each with saves computed from its forward inputs, as ``run`` does, not on one normal set. The gradient
-    of max |X @ W| flows to its argmax alone: a backward plan whose last row of d_W is zeroed passed on one normal
+    of max |X @ W| flows to its argmax alone: a backward plan whose last column of d_W is zeroed passed on one normal
     set (the argmax sat elsewhere) and fails on the planted draw, which puts it in that row."""
     from test_plan_mutations import _at, _edit, _sites
 
@@ -241,7 +241,8 @@ def test_the_training_checks_run_a_backward_plan_on_every_draw(executor_launch) 
     from pyrunner.frontend.training import cpu_check_backward, gpu_check_backward
     from pyrunner.plan.schema import plan_document, with_hash
 
-    forward = load_graph_file(BENCH / "gemm_max_scalar.json").with_sizes({"m": 64, "d": 64, "n": 64})
+    # n the longest axis of d_W, so the mutation zeroes its last column, where the planted draw puts the argmax
+    forward = load_graph_file(BENCH / "gemm_max_scalar.json").with_sizes({"m": 64, "d": 64, "n": 128})
     bwd = derive(forward)
     (plan,) = search(bwd.graph, "bf16", top=1)
     doc = plan_document(plan)

@@ -183,15 +183,29 @@ REDUCE_VJP: dict[str, ReduceVjp] = {
 }
 
 
-def _contract_with(g: Term, other: Term, free: tuple[str, ...], shapes: Shapes) -> Term:
+def _contract_with(g: Term, other: Term, free: tuple[str, ...], shapes: Shapes, want: tuple[str, ...]) -> Term:
     """sum over ``free`` of g * other: a contraction over the longest of them g carries, else a product
     (the caller sums the rest away). Longest: with several (a grouped query's group and t_q), the
-    contraction shrinks the product most, and what is left to sum is smallest."""
+    contraction shrinks the product most, and what is left to sum is smallest.
+
+    The contraction's operands go in the order whose result lists its axes as ``want`` (the operand the
+    gradient is of) does: a weight stored (d, n) gets its gradient written (d, n), not (n, d) and then
+    transposed by a copy on every training step."""
     have = shapes.axes(g)
     for r in sorted(free, key=lambda a: -shapes.sizes[a]):
         if r in have:
-            return matmul(g, other, contract=r)
+            first = matmul(g, other, contract=r)
+            if _in_order(shapes.axes(first), want):
+                return first
+            swapped = matmul(other, g, contract=r)
+            return swapped if _in_order(shapes.axes(swapped), want) else first
     return _mul(g, other)
+
+
+def _in_order(axes: tuple[str, ...], want: tuple[str, ...]) -> bool:
+    """Whether the axes ``axes`` shares with ``want`` come in ``want``'s order."""
+    common = set(axes) & set(want)
+    return [a for a in axes if a in common] == [a for a in want if a in common]
 
 
 def _matmul_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, shapes: Shapes) -> tuple[Term | None, ...]:
@@ -200,7 +214,7 @@ def _matmul_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, shapes: Shape
     ax_a, ax_b = shapes.axes(a), shapes.axes(b)
     free_b = tuple(x for x in ax_b if x != t.axis and x not in ax_a)
     free_a = tuple(x for x in ax_a if x != t.axis and x not in ax_b)
-    return _contract_with(g, vals[1], free_b, shapes), _contract_with(g, vals[0], free_a, shapes)
+    return (_contract_with(g, vals[1], free_b, shapes, ax_a), _contract_with(g, vals[0], free_a, shapes, ax_b))
 
 
 def _elementwise_vjp(t: Term, vals: tuple[Term, ...], y: Term, g: Term, shapes: Shapes) -> tuple[Term | None, ...]:
