@@ -528,7 +528,13 @@ def gemm_merges(kernel: Kernel) -> list[GemmMerge]:
     axes, each filled by one Load in the loop and read by nothing else; their accumulators are
     float32 fragments of equal axes, touched in the loop only by these GEMMs, in the prologue only
     by equal Fills, and the first is neither reduced nor a GEMM operand afterwards (it is a
-    half-view of a wider fragment).
+    half-view of a wider fragment). Nor does an epilogue map read the first into another fragment:
+    the forwards that also save both halves (SwiGLU's ``Y = silu(G) * U`` beside ``G`` and ``U``,
+    RMSNormMLP's) did, and their ``Y`` failed the float64 check on the GPU (run 157: normalised error
+    1.0 and 1.1) while their ``G``, ``U`` and every merged kernel that maps in place (the forward plans)
+    or stores the half (the backward ones) pass. In the lowered CUDA TileLang lays such a fragment out
+    at the merged width (128 registers a thread for a 128 x 128 tile) and stores twice the tile from
+    it; the unmerged form is not yet re-run on a GPU (``benchmarks/probes/saves_merge_probe.py``).
     """
     if kernel.loop is None:
         return []
@@ -569,6 +575,9 @@ def gemm_merges(kernel: Kernel) -> list[GemmMerge]:
                 continue
             if any(isinstance(op, (Reduce, Gemm)) and _mentions(op, g1.c) for op in kernel.epilogue):
                 continue
+            if any(isinstance(op, Map) and op.dst != g1.c and g1.c in op_reads_writes(op)[0]
+                   for op in kernel.epilogue):
+                continue  # a fragment computed from the merged half: see the docstring
             out.append(GemmMerge(g1, g2))
             used |= {i, j}
             break
