@@ -56,7 +56,7 @@ def _plan_and_source(case, device: str) -> tuple[object, str]:
     from pyrunner.pipeline import best_plan
     from pyrunner.target.tuning import DEFAULT_DEVICE, committed_tuning
 
-    if getattr(case, "backward", False):  # the derived backward, as gpu_sweep plans it (a tree with --backward)
+    if getattr(case, "backward", False) or getattr(case, "saving", False):  # a training half, as gpu_sweep plans it
         import gpu_sweep
 
         from pyrunner.backend.tilelang.backend import backend_for

@@ -73,6 +73,8 @@ class Case:
     dtype: str = "bf16"
     backward: bool = False
     """Sweep the graph's derived backward graph (``--backward``) instead of the graph."""
+    saving: bool = False
+    """Sweep the graph's forward that also writes what its backward reads (``--with-saves``) instead."""
 
 
 def small_sizes(sizes: dict[str, int]) -> dict[str, int]:
@@ -148,6 +150,8 @@ def collect(args) -> list[Case]:
                 cases.append(Case(f"{name}@{shape}/{dtype}", source, _resized(doc, sizes), shape, dtype))
     if getattr(args, "backward", False):
         cases = [replace(c, id=f"{c.id}/bwd", backward=True) for c in cases]
+    elif getattr(args, "with_saves", False):
+        cases = [replace(c, id=f"{c.id}/saves", saving=True) for c in cases]
     if getattr(args, "cases", None):
         text = args.cases
         ids = set(Path(text[1:]).read_text().split() if text.startswith("@") else text.split(","))
@@ -189,11 +193,14 @@ def plan_case(case: Case, backend, extra: dict, lower_check: bool = True):
     ``benchmarks/switch_cases.py`` plans the cases through here too."""
     from pyrunner.ir.graph_json import graph_from_json
 
-    return plan_graph(graph_from_json(case.graph), case.dtype, case.backward, backend, extra, lower_check)
+    return plan_graph(graph_from_json(case.graph), case.dtype, case.backward, backend, extra, lower_check,
+                      saving=getattr(case, "saving", False))
 
 
-def plan_graph(graph, dtype: str, backward: bool, backend, extra: dict | None = None, lower_check: bool = True):
-    """The plan of ``graph`` (``backward``: of its derived backward) and the graph it computes, as
+def plan_graph(graph, dtype: str, backward: bool, backend, extra: dict | None = None, lower_check: bool = True,
+               saving: bool = False):
+    """The plan of ``graph`` (``backward``: of its derived backward; ``saving``: of its forward that also writes
+    the tensors that backward reads, which training runs) and the graph it computes, as
     ``superopt --device`` hands it out (the backend's committed tuning database included; ``lower_check=False``:
     the search's top plan, TileLang's lowering gate skipped); what a reader of the record wants (saves of a
     backward, plans the gate skipped) goes to ``extra``. ``benchmarks/gpu_ab.py`` plans its arms through here."""
@@ -202,12 +209,13 @@ def plan_graph(graph, dtype: str, backward: bool, backend, extra: dict | None = 
 
     extra = {} if extra is None else extra
     derived = None
-    if backward:  # as training plans it: the saves the cost model chose, then the backward graph
+    if backward or saving:  # as training plans it: the saves the cost model chose, then either half
         from pyrunner.planner.saves import choose_saves
 
-        derived = choose_saves(graph, dtype, None, backend.device)
-        graph = derived.graph
-        extra["saved"] = list(derived.saved)
+        chosen = choose_saves(graph, dtype, None, backend.device)
+        graph = chosen.graph if backward else chosen.forward
+        derived = chosen if backward else None
+        extra["saved"] = list(chosen.saved)
     notes: list = []
     (plan,) = best_plan(graph, dtype, backend=backend, tuning=committed_tuning(backend.device.name),
                         notes=notes.append, lower_check=lower_check)
@@ -450,6 +458,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--backward", action="store_true",
                     help="sweep each graph's derived backward graph instead (ids end in /bwd): saves chosen as "
                          "training chooses them, checked on inputs whose saved tensors the forward computes")
+    ap.add_argument("--with-saves", action="store_true",
+                    help="sweep each graph's forward that also writes what its backward reads, as training runs it "
+                         "(ids end in /saves; run 157 found a kernel form only these plans have)")
     ap.add_argument("--switch", action="append", metavar="NAME=0|1",
                     help=f"set a planner switch for every case ({', '.join(switches.SWITCHES)}; repeatable or "
                          "comma-separated): the sweep of the cases benchmarks/switch_cases.py lists")

@@ -183,6 +183,25 @@ def test_dry_backward_sweep_plans_and_lowers_the_derived_backward(tmp_path: Path
     assert "d_Q" in rendered and "d_K" in rendered and "d_V" in rendered
 
 
+def test_saving_cases_plan_the_forward_training_runs() -> None:
+    """``--with-saves`` sweeps the forward that also writes what the backward reads (run 157: such a plan failed
+    on the GPU in a kernel form no plain forward has), planned and hashed as training plans it."""
+    import changed_cases
+
+    from pyrunner.backend.tilelang.backend import backend_for
+
+    args = gpu_sweep.parser().parse_args(["--only", "SwiGLU", "--shapes", "small", "--random", "0", "--with-saves"])
+    (case,) = gpu_sweep.collect(args)
+    assert case.id == "SwiGLU@small/bf16/saves" and case.saving and not case.backward
+    extra: dict = {}
+    plan, graph = gpu_sweep.plan_case(case, backend_for("h200"), extra)
+    outputs = {n for n, _ in graph.outputs}
+    assert "Y" in outputs and set(extra["saved"]) <= outputs and extra["saved"], (outputs, extra)
+    assert {t.name for t in plan.tensors if t.role == "output"} == outputs
+    hashed, _ = changed_cases._plan_and_source(case, "h200")
+    assert hashed.provenance.plan_hash == plan.provenance.plan_hash
+
+
 def test_changed_cases_hashes_a_backward_case_by_its_backward_plan() -> None:
     """``changed_cases -- --backward`` planned each case's forward graph, so no planner change to a backward
     ever showed as a changed case: the hash of a backward case is its derived backward's rendered source."""
