@@ -54,13 +54,14 @@ def test_kernels_compile_concurrently_on_the_callers_device(monkeypatch, module)
         return types.SimpleNamespace(func=func)
 
     monkeypatch.setattr(tilelang, "compile", fake_compile)
-    kernels = tl_compile.compile_kernels_in_threads(mod, cfg, "cuda -arch=sm_90a", workers=n)
-
     funcs = mod.build_kernels(cfg)
+    kernels = tl_compile.compile_kernels_in_threads(funcs, tl_compile.pass_configs(plan), "cuda -arch=sm_90a",
+                                                    workers=n)
+
     assert list(kernels) == list(funcs)
     assert len({tid for tid, *_ in calls}) == n
     for tid, func, target, passes in calls:
-        name = next(k for k, f in funcs.items() if str(f) == str(func))
+        name = next(k for k, f in funcs.items() if f is func)
         assert kernels[name].func is func
         assert target == "cuda -arch=sm_90a"
         assert passes == {**mod.PASS_CONFIGS, **mod.KERNEL_PASS_CONFIGS.get(name, {})}
@@ -75,6 +76,7 @@ def test_one_worker_compiles_in_order_on_the_calling_thread(monkeypatch, module)
     seen = []
     monkeypatch.setattr(tilelang, "compile",
                         lambda func, target, pass_configs: seen.append(threading.get_ident()) or func)
-    kernels = tl_compile.compile_kernels_in_threads(mod, resolve_config(plan, None), "cuda", workers=1)
+    kernels = tl_compile.compile_kernels_in_threads(mod.build_kernels(resolve_config(plan, None)),
+                                                    tl_compile.pass_configs(plan), "cuda", workers=1)
     assert list(kernels) == [k.name for k in plan.kernels]
     assert set(seen) == {threading.get_ident()}

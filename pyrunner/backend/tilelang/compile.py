@@ -116,12 +116,18 @@ def lower_to_cuda(plan: Plan, config: dict | None = None, work_dir: Path | None 
     funcs = build_prim_funcs(plan, config, work_dir, compile_target)
     target = Target(compile_target.target)
     out: dict[str, str] = {}
-    kernels = {k.name: k for k in plan.kernels}
-    tensors = {t.name: t for t in plan.tensors}
+    passes = pass_configs(plan)
     for name, func in funcs.items():
-        with target, tvm.transform.PassContext(config={**PASS_CONFIGS, **kernel_pass_configs(kernels[name], tensors)}):
+        with target, tvm.transform.PassContext(config=passes[name]):
             out[name] = tilelang.lower(func, target=target).kernel_source
     return out
+
+
+def pass_configs(plan: Plan) -> dict[str, dict[str, bool]]:
+    """Kernel name -> the TileLang pass configs it is lowered and compiled under (the rendered module's
+    ``PASS_CONFIGS`` overlaid by its ``KERNEL_PASS_CONFIGS`` entry)."""
+    tensors = {t.name: t for t in plan.tensors}
+    return {k.name: {**PASS_CONFIGS, **kernel_pass_configs(k, tensors)} for k in plan.kernels}
 
 
 @dataclass
@@ -207,7 +213,7 @@ def compile_for_gpu(plan: Plan, config: dict | None = None, work_dir: Path | Non
     cfg = resolve_config(plan, config)
     check_fits(plan, cfg, target.device)
     module = rendered_module(plan, work_dir, target)
-    kernels = compile_kernels_in_threads(module, cfg, target.target)
+    kernels = compile_kernels_in_threads(module.build_kernels(cfg), pass_configs(plan), target.target)
 
     def launch(tensors: dict) -> None:
         module.launch(tensors, cfg, kernels=kernels)
@@ -217,22 +223,21 @@ def compile_for_gpu(plan: Plan, config: dict | None = None, work_dir: Path | Non
     return launch
 
 
-def compile_kernels_in_threads(module: ModuleType, config: dict, target: str,
+def compile_kernels_in_threads(funcs: dict, passes: dict[str, dict[str, bool]], target: str,
                                workers: int | None = None) -> dict:
-    """The rendered module's ``compile_kernels``, one thread per kernel: nvcc, which takes most of a
-    kernel's compile, runs as a subprocess outside the GIL, so a nine-kernel backward plan builds in
-    about the time of its slowest kernel (TileLang's autotuner compiles its configs in threads the same
-    way). Each thread selects the caller's CUDA device, which is per thread, before loading its kernel."""
+    """The rendered module's ``compile_kernels`` of the prim_funcs ``funcs`` (its ``build_kernels``), one
+    thread per kernel: nvcc, which takes most of a kernel's compile, runs as a subprocess outside the GIL,
+    so a nine-kernel backward plan builds in about the time of its slowest kernel (TileLang's autotuner
+    compiles its configs in threads the same way). ``passes``: ``pass_configs`` of the plan. Each thread
+    selects the caller's CUDA device, which is per thread, before loading its kernel."""
     import tilelang
     import torch
 
-    funcs = module.build_kernels(config)
     device = torch.cuda.current_device()
 
     def one(name: str):
         torch.cuda.set_device(device)
-        return tilelang.compile(funcs[name], target=target,
-                                pass_configs={**module.PASS_CONFIGS, **module.KERNEL_PASS_CONFIGS.get(name, {})})
+        return tilelang.compile(funcs[name], target=target, pass_configs=passes[name])
 
     workers = max(1, min(len(funcs), workers or os.cpu_count() or 1))
     if workers == 1:
