@@ -546,6 +546,33 @@ theorem merge_axes (nb j l : Nat) (hl : l < nb) :
   · rw [Nat.add_comm, Nat.add_mul_div_right l j hpos, Nat.div_eq_of_lt hl, Nat.zero_add]
   · rw [Nat.add_comm, Nat.add_mul_mod_self_right, Nat.mod_eq_of_lt hl]
 
+/-- Two sums over `n` terms agree where their summands agree below `n`. -/
+theorem sumUpTo_congr (f g : Nat → α) (n : Nat) :
+    (∀ j, j < n → f j = g j) → sumUpTo f n = sumUpTo g n := by
+  induction n with
+  | zero => intro _; rfl
+  | succ n ih =>
+    intro h
+    show sumUpTo f n + f n = sumUpTo g n + g n
+    rw [ih (fun j hj => h j (Nat.lt.step hj)), h n (Nat.lt_succ_self n)]
+
+/--
+A pair contraction merged: summing an outer axis of extent `T` and an inner one of extent `k` (a
+contraction over the inner axis, then a sum over the outer one) is one sum over the merged axis of
+extent `T * k`, each merged index `m` read as the pair `(m / k, m % k)` of `merge_axes`. So
+`sum_a(c)`, with `c` contracting `b` over operands that carry `a` and `b` adjacent and in order,
+is one contraction over the merged axis; `pyrunner.ir.merge_axes.pair_contractions` finds them.
+-/
+theorem merge_contraction (g : Nat → Nat → α) (T k : Nat) :
+    sumUpTo (fun m => g (m / k) (m % k)) (T * k) = sumUpTo (fun t => sumUpTo (fun j => g t j) k) T := by
+  rw [reduction_tiling_range]
+  apply sumUpTo_congr
+  intro t _
+  apply sumUpTo_congr
+  intro j hj
+  show g ((t * k + j) / k) ((t * k + j) % k) = g t j
+  rw [(merge_axes k t j hj).1, (merge_axes k t j hj).2]
+
 /-! ## An axis of extent one -/
 
 /--

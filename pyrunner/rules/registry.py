@@ -467,7 +467,10 @@ _RULE_LIST = (
         "stores together, in that order, and that no term reduces, contracts, indexes or sizes, may be "
         "read as one axis of extent na * nb: element (j, l) sits at j * nb + l, and that index map is a "
         "bijection ((j * nb + l) / nb = j, (j * nb + l) % nb = l for l < nb), so every value is the same "
-        "row-major reshape of the source graph's.",
+        "row-major reshape of the source graph's. A pair contraction sum_a(c), c contracting or summing b "
+        "over operands that carry a and b adjacent in order and read by that sum alone, becomes one "
+        "contraction over the merged axis: sum_{j < na} sum_{l < nb} f(j, l) = sum_{m < na * nb} "
+        "f(m / nb, m % nb) (Lean: merge_contraction).",
         None,
     ),
     Rule(

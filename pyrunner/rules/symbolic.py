@@ -807,8 +807,22 @@ def _merge_axes(transposed: bool) -> Callable[[], list[str]]:
         err = float(np.max(np.abs(back - evaluate(src, x)["O"])))
         if err > 1e-12:
             raise _Refuted(f"grouped-query attention on the merged graph differs by {err:.3g}")
+        # a pair contraction (an output projection over heads and head dims): one contraction merged
+        gb = GraphBuilder("heads_out")
+        o, w = gb.input("O", t=4, h=3, d=5), gb.input("W", h=3, d=5, n=6)
+        gb.output("Y", gb.reduce("sum", gb.matmul(o, w, contract="d"), axis="h"))
+        src = gb.build()
+        merged, merges = merge_all(src)
+        if [m.parts for m in merges] != [("h", "d")]:
+            raise _Unproved(f"expected the head and head-dim axes to merge, got {merges}")
+        x = random_inputs(src, 8)
+        got = evaluate(merged, {"O": x["O"].reshape(4, 15), "W": x["W"].reshape(15, 6)})["Y"]
+        err = float(np.max(np.abs(got - evaluate(src, x)["Y"])))
+        if err > 1e-12:
+            raise _Refuted(f"the pair contraction on the merged graph differs by {err:.3g}")
         return ["(j, l) -> j * nb + l splits back to (j, l) for every na, nb <= 6",
-                "grouped-query attention on the merged (group, t) axis equals the source graph reshaped"]
+                "grouped-query attention on the merged (group, t) axis equals the source graph reshaped",
+                "sum_h(O @_d W) equals one contraction over the merged (h, d) axis"]
     return body
 
 
