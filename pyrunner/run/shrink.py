@@ -271,16 +271,16 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         if loop is not None and isinstance(loop.block, int):
             loop = loop.model_copy(update={"block": new_sizes[loop.axis]})
         kernels.append(k.model_copy(update={"grid": grid, "loop": loop, "params": params, "defaults": defaults}))
-    merges = []
+    splits = []
+    for sp in plan.axis_splits:  # the chunk and in-chunk axes got sizes of their own; the split axis is both
+        new_sizes[sp.axis] = new_sizes[sp.parts[0]] * new_sizes[sp.parts[1]]
+        splits.append(sp.model_copy(update={"sizes": [new_sizes[sp.parts[0]], new_sizes[sp.parts[1]]]}))
+    merges = []  # after the splits: a merged axis reduced whole may be the axis a split reads as chunks
     for m in reversed(plan.axis_merges):  # a later merge may merge an earlier one's axis
         n = new_sizes[m.axis]
         outer = min((d for d in range(2, n + 1) if n % d == 0), default=1)
         new_sizes.update({m.parts[0]: outer, m.parts[1]: n // outer})
         merges.insert(0, m.model_copy(update={"sizes": [outer, n // outer]}))
-    splits = []
-    for sp in plan.axis_splits:  # the chunk and in-chunk axes got sizes of their own; the split axis is both
-        new_sizes[sp.axis] = new_sizes[sp.parts[0]] * new_sizes[sp.parts[1]]
-        splits.append(sp.model_copy(update={"sizes": [new_sizes[sp.parts[0]], new_sizes[sp.parts[1]]]}))
     tensors = [t.model_copy(update={"shape": [new_sizes[a] for a in t.axes]}) for t in plan.tensors]
     graph = dict(plan.graph)
     if "axes" in graph:
