@@ -25,6 +25,7 @@ from pyrunner.ir.grad import Backward, derive, statistic
 from pyrunner.ir.graph import binary, inp, reduce, unary
 from pyrunner.plan.validate import plan_graph
 from pyrunner.planner import search
+from pyrunner.run.executor import execute
 from pyrunner.run.grad_check import backward_inputs, composed_error
 from pyrunner.run.runner import graph_of
 from pyrunner.run.shrink import scale_down
@@ -198,3 +199,17 @@ def test_rendered_source_stores_and_reads_the_saved_score_in_float32(target) -> 
         inputs = backward_inputs(bwd, sg, 0) if graph is bwd.graph else None
         res = verify_executor(small, sg, rendered_executor(target), seed=0, inputs=inputs)
         assert res.ok, res.message
+
+
+def test_a_scaled_softmax_saves_its_log_sum_exp_in_the_softmaxs_own_terms() -> None:
+    """Scores ``S * rsqrt(|d|)``: the saved LSE shifts by ``max(S) * rsqrt(|d|)``, as
+    ``softmax_scaled_max_shift`` does the softmax, so the saving forward is the plain forward's kernel with
+    one more store. With the LSE shifted by ``max(S * rsqrt(|d|))`` the kernel scaled every score in a pass
+    of its own before the max (H100: 259.8 us against the plain attention's 206.5)."""
+    g = catalog.get("ScaledAttention", SMALL)
+    bwd = derive(g)
+    (fwd,) = search(bwd.forward, "bf16")
+    assert "softmax_scaled_max_shift" in [s.rule for s in fwd.derivation] and len(fwd.kernels) == 1
+    small = scale_down(fwd)
+    res = verify_executor(small, graph_of(small), execute)
+    assert res.ok, res.message

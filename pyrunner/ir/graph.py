@@ -143,6 +143,24 @@ def matmul(a: Term, b: Term, contract: str) -> Term:
     return Term("matmul", (a, b), axis=contract)
 
 
+def positive_constant(t: Term) -> bool:
+    """Whether t has no axes and is positive whatever the sizes: a positive constant, an axis size,
+    sqrt/rsqrt/exp of one, or a product or quotient of them (attention's ``rsqrt(|d|)``)."""
+    if result_axes(t):
+        return False
+    if t.op == "const":
+        return t.value > 0
+    if t.op == "axis_size":
+        return True
+    if t.op == "unary" and t.fn in ("exp", "exp2"):
+        return True
+    if t.op == "unary" and t.fn in ("sqrt", "rsqrt"):
+        return positive_constant(t.args[0])
+    if t.op == "binary" and t.fn in ("mul", "div"):
+        return all(positive_constant(x) for x in t.args)
+    return False
+
+
 SHOW_LIMIT = 400
 """Longest rendering of any term by ``show``: shared subgraphs would otherwise grow it exponentially."""
 

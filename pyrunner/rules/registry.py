@@ -32,6 +32,7 @@ from pyrunner.ir.graph import (
     binary,
     const,
     matmul,
+    positive_constant,
     reduce,
     result_axes,
     subterms,
@@ -65,24 +66,6 @@ def _keeps_axes(old: Term, new: Term) -> Term | None:
 
 def _is_binary(t: Term, fn: str) -> bool:
     return t.op == "binary" and t.fn == fn
-
-
-def positive_constant(t: Term) -> bool:
-    """Whether t has no axes and is positive whatever the sizes: a positive constant, an axis size,
-    sqrt/rsqrt/exp of one, or a product or quotient of them (attention's ``rsqrt(|d|)``)."""
-    if result_axes(t):
-        return False
-    if t.op == "const":
-        return t.value > 0
-    if t.op == "axis_size":
-        return True
-    if t.op == "unary" and t.fn in ("exp", "exp2"):
-        return True
-    if t.op == "unary" and t.fn in ("sqrt", "rsqrt"):
-        return positive_constant(t.args[0])
-    if t.op == "binary" and t.fn in ("mul", "div"):
-        return all(positive_constant(x) for x in t.args)
-    return False
 
 
 def strip_positive_scale(x: Term) -> Term:

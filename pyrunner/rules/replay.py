@@ -19,8 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from pyrunner.ir.axes import axes_of
-from pyrunner.ir.graph import LOG2E, Term, axis_size, binary, const, matmul, reduce, subterms, unary
-from pyrunner.rules.registry import positive_constant
+from pyrunner.ir.graph import LOG2E, Term, axis_size, binary, const, matmul, positive_constant, reduce, subterms, unary
 
 
 class ReplayError(Exception):
