@@ -107,6 +107,15 @@ MAX_EXHAUSTIVE_CUTS = 6
 """Up to this many cut candidates, every subset is tried (2**6 partitions per variant)."""
 BEAM_WIDTH = 4
 OPERAND_PASS_VARIANTS = 8
+OPERAND_PASS_WRITTEN = False
+"""The operand pass also cuts the graph as written when its best variants leave it out. Derivations pull a
+scale out of each GEMM operand apart, so one operand several GEMMs share (a norm's output times its weight)
+becomes one per GEMM, none worth cutting alone, while the first pass ranks the written graph low (each GEMM
+recomputes the shared operand there): the Llama MLP's backward recomputed the normalised input in
+d_W_gate's GEMM (427.6 us modelled) beside d_W_up's GEMM reading it (315.2); 1689.2 -> 1576.9 us. It also
+re-plans forward graphs (LayerNormMatmul: the normalised operand in one kernel, then a plain GEMM, 54.8 ->
+51.0 us modelled). A planner switch (``benchmarks/switches.py``), read last in its condition, so
+``switch_cases.py`` lists the cases it changes; off until a GPU sweep of those cases and a timing decide."""
 """Variants (those of the best plans of the first pass) searched again with their computed GEMM
 operands as cut candidates too."""
 OPERAND_PASS_SHARE = 0.25
@@ -728,6 +737,10 @@ class Planner:
         best = [v for v in _best_variants(out, OPERAND_PASS_VARIANTS) if self._has_operand_cuts(v)]
         if not best:  # the best variants have nothing to cut: the best ones that have, if any
             best = _best_variants(out, OPERAND_PASS_VARIANTS, self._has_operand_cuts)
+        written = next((v for v in variants if not v.steps), None)
+        if (written is not None and self._has_operand_cuts(written) and not any(written is v for v in best)
+                and OPERAND_PASS_WRITTEN):
+            best.append(written)
         if self._prefetch is not None:
             index = {id(v): i for i, v in enumerate(variants)}
             self._prefetch.next_pass([index[id(v)] for v in best])
