@@ -12,6 +12,7 @@ CPU check at shapes where the edit bites. Both must reject it.
 from __future__ import annotations
 
 import json
+import math
 from functools import partial
 
 import pytest
@@ -119,3 +120,24 @@ def test_a_partial_last_tile_at_the_real_shape_stays_partial_when_scaled() -> No
     assert sizes["m"] % ks.defaults["block_m"] == 0
     res = verify_executor(small, graph_of(small), partial(execute, audit=True), seed=5)
     assert res.ok, res.message
+
+
+def test_scale_down_never_scales_an_axis_up() -> None:
+    """An axis shorter than the small size it would be given keeps its own extent (where no other axis has
+    it). A Llama layer's rotary region (``multi_rotary_qk_value_projection``): its halves (2), query heads
+    (32) and half head dim (64) became 96, 144 and 112 wide, so its backward's CPU check asked the float64
+    reference for more than 16 GiB; the frontend took the failed check for a region without a backward
+    plan and split it into six pieces, each slower than inductor's code (run 160)."""
+    from pathlib import Path
+
+    from pyrunner.ir.grad import derive
+    from pyrunner.ir.graph_json import load_graph_file
+    from pyrunner.plan.schema import axis_sizes
+    from pyrunner.run.shrink import scale_down
+
+    g = load_graph_file(Path(__file__).parent / "data" / "multi_rotary_qk_value_projection.json")
+    (plan,) = search(derive(g).graph, "bf16", tuning=False)
+    real, small = axis_sizes(plan), axis_sizes(scale_down(plan))
+    grown = {a for a in real if small[a] > real[a]}
+    assert grown == {a for a in grown if real[a] in {n for b, n in small.items() if b != a}}  # only where taken
+    assert math.prod(small[a] for a in ("h", "s", "half", "hd")) <= math.prod(real[a] for a in ("h", "s", "half", "hd"))

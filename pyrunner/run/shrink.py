@@ -231,6 +231,10 @@ def scale_down(plan: Plan, tile_cap: int = 16) -> Plan:
         except StopIteration:
             raise PlanError(f"plan has more than {len(TILED_SIZES)} axes; the CPU check cannot give each "
                             f"a distinct small size") from None
+    for a in sorted(new_sizes):  # scaled down, never up: an axis shorter than its small size keeps its extent
+        if a not in units and new_sizes[a] > sizes[a] and sizes[a] not in {
+                n for b, n in new_sizes.items() if b != a}:
+            new_sizes[a] = sizes[a]
     tails = _keep_constants_and_tails(plan, sizes, new_sizes, {a for a, r in roles.items() if r == {"padded"}}
                                       | units | parts)
     kernels = []
