@@ -243,6 +243,12 @@ def training_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Any, re
             why = f"no backward plan: {e if isinstance(e, UserError) else f'{type(e).__name__}: {e}'}"
     if len(nodes) > 1:
         a, b = split(nodes)
+        # said, as the forward-only path says it: a region split for a failed check looked like a planned one
+        msg = f"{opts.name}: {len(nodes)} op(s) from {nodes[0].name}: {' '.join(why.split())[:300]}; " \
+              f"splitting {len(a)} + {len(b)} op(s)"
+        log.info(msg)
+        if opts.progress is not None:
+            opts.progress("  " + msg)
         return (training_segment(a, meta, opts, report, counter) + training_segment(b, meta, opts, report, counter))
     report.fallback(nodes, why)
     return []
