@@ -107,6 +107,8 @@ MAX_EXHAUSTIVE_CUTS = 6
 """Up to this many cut candidates, every subset is tried (2**6 partitions per variant)."""
 BEAM_WIDTH = 4
 OPERAND_PASS_VARIANTS = 8
+"""Variants (those of the best plans of the first pass) searched again with their computed GEMM
+operands as cut candidates too."""
 OPERAND_PASS_WRITTEN = False
 """The operand pass also cuts the graph as written when its best variants leave it out. Derivations pull a
 scale out of each GEMM operand apart, so one operand several GEMMs share (a norm's output times its weight)
@@ -116,8 +118,6 @@ d_W_gate's GEMM (427.6 us modelled) beside d_W_up's GEMM reading it (315.2); 168
 re-plans forward graphs (LayerNormMatmul: the normalised operand in one kernel, then a plain GEMM, 54.8 ->
 51.0 us modelled). A planner switch (``benchmarks/switches.py``), read last in its condition, so
 ``switch_cases.py`` lists the cases it changes; off until a GPU sweep of those cases and a timing decide."""
-"""Variants (those of the best plans of the first pass) searched again with their computed GEMM
-operands as cut candidates too."""
 OPERAND_PASS_SHARE = 0.25
 """Work the operand pass gets on top of what the first pass left, as a share of the budget. A large graph's
 first pass spends the whole budget on derivation variants (many differing only in where a constant sits),
