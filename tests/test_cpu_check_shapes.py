@@ -124,10 +124,11 @@ def test_a_partial_last_tile_at_the_real_shape_stays_partial_when_scaled() -> No
 
 def test_scale_down_never_scales_an_axis_up() -> None:
     """An axis shorter than the small size it would be given keeps its own extent (where no other axis has
-    it). A Llama layer's rotary region (``multi_rotary_qk_value_projection``): its halves (2), query heads
-    (32) and half head dim (64) became 96, 144 and 112 wide, so its backward's CPU check asked the float64
-    reference for more than 16 GiB; the frontend took the failed check for a region without a backward
-    plan and split it into six pieces, each slower than inductor's code (run 160)."""
+    it). A Llama layer's rotary region (``multi_rotary_qk_value_projection``, with 16 query heads where the
+    layer has 32): its halves (2), heads (32) and half head dim (64) became 96, 144 and 112 wide, so its
+    backward's CPU check asked the float64 reference for more than 16 GiB; the frontend took the failed
+    check for a region without a backward plan and split it into six pieces, each slower than inductor's
+    code (run 160)."""
     from pathlib import Path
 
     from pyrunner.ir.grad import derive
