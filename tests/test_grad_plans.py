@@ -52,7 +52,12 @@ def _check_backward_plan(forward: Graph, shrink: bool, seed: int = 5) -> None:
         scaled = scale_down(plans[0])
         small = scaled if _elements(scaled) <= _elements(plans[0]) else plans[0]
     graph = graph_of(small)
-    res = verify_executor(small, graph, execute, seed=seed, inputs=backward_inputs(bwd, graph, seed))
+    for draw in range(seed, seed + 3):
+        # a draw on which the graph itself is ill-conditioned says nothing of the plan (a query temperature drawn
+        # near zero); the next seed is drawn then, and the first checkable draw must pass
+        res = verify_executor(small, graph, execute, seed=draw, inputs=backward_inputs(bwd, graph, draw))
+        if not res.uncheckable:
+            break
     assert res.ok, f"{forward.name} backward plan {plans[0].provenance.plan_hash}: {res.message}"
 
 
