@@ -161,6 +161,22 @@ def positive_constant(t: Term) -> bool:
     return False
 
 
+def positive_scalings(x: Term, axis: str) -> list[tuple[Term, Term, bool]]:
+    """``x = y * c`` with ``c`` a positive constant and ``axis`` an axis of ``y``: ``(y, c, y_first)`` for each
+    factor order that fits. A softmax over such scores may take its shift of ``y`` and keep ``c`` on the
+    exponent (``softmax_scaled_max_shift``, and the log-sum-exp a training forward saves)."""
+    if x.op != "binary" or x.fn != "mul":
+        return []
+    p, q = x.args
+    return [(y, c, first) for y, c, first in ((p, q, True), (q, p, False))
+            if positive_constant(c) and axis in result_axes(y)]
+
+
+def scaled_by(y: Term, c: Term, y_first: bool) -> Term:
+    """``y * c`` in the factor order ``positive_scalings`` found."""
+    return binary("mul", y, c) if y_first else binary("mul", c, y)
+
+
 SHOW_LIMIT = 400
 """Longest rendering of any term by ``show``: shared subgraphs would otherwise grow it exponentially."""
 

@@ -33,8 +33,10 @@ from pyrunner.ir.graph import (
     const,
     matmul,
     positive_constant,
+    positive_scalings,
     reduce,
     result_axes,
+    scaled_by,
     subterms,
     unary,
 )
@@ -124,14 +126,10 @@ def softmax_scaled_max_shift(t: Term) -> Term | None:
     if num.op != "unary" or num.fn != "exp" or den.op != "reduce" or den.fn != "sum" or den.args[0] != num:
         return None
     x, a = num.args[0], den.axis
-    if not _is_binary(x, "mul"):
-        return None
-    p, q = x.args
-    for y, c, y_first in ((p, q, True), (q, p, False)):
-        if not positive_constant(c) or a not in result_axes(y) or _is_max_shifted(y, a):
+    for y, c, y_first in positive_scalings(x, a):
+        if _is_max_shifted(y, a):
             continue
-        centred = binary("sub", y, reduce("max", y, a))
-        e = unary("exp", binary("mul", centred, c) if y_first else binary("mul", c, centred))
+        e = unary("exp", scaled_by(binary("sub", y, reduce("max", y, a)), c, y_first))
         new = _keeps_axes(t, binary("div", e, reduce("sum", e, a)))
         if new is not None:
             return new

@@ -534,7 +534,7 @@ def gemm_merges(kernel: Kernel) -> list[GemmMerge]:
     1.0 and 1.1) while their ``G``, ``U`` and every merged kernel that maps in place (the forward plans)
     or stores the half (the backward ones) pass. In the lowered CUDA TileLang lays such a fragment out
     at the merged width (128 registers a thread for a 128 x 128 tile) and stores twice the tile from
-    it; the unmerged form is not yet re-run on a GPU (``benchmarks/probes/saves_merge_probe.py``).
+    it; unmerged, both forwards pass on the GPU (runs 158-159, small and real shapes).
     """
     if kernel.loop is None:
         return []
