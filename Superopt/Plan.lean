@@ -74,7 +74,8 @@ def ruleCatalog : List RuleInfo := [
   ⟨``matmul_assoc, "(A @_j B) @_k C = A @_j (B @_k C) when k is not A's and j not C's: both are sum_j sum_k A B C"⟩,
   ⟨``matmul_as_sum, "x @_a w = sum_a(x * w): a contraction is the sum of the elementwise product"⟩,
   ⟨``exp_shift_to_max, "E((x - n) * c) = E((x - m) * c) * E((m - n) * c) for any m, taken as max_a(x)"⟩,
-  ⟨``sum_scale_commute, "sum_a(x * s) = sum_a(x) * s when s is constant along a"⟩]
+  ⟨``sum_scale_commute, "sum_a(x * s) = sum_a(x) * s when s is constant along a"⟩,
+  ⟨``shared_accumulator, "two contractions over one axis, summed, accumulate into one tile in one loop"⟩]
 
 /-- The rule names, in catalog order. -/
 def ruleNames : List String := ruleCatalog.map (·.name)

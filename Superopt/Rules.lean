@@ -681,6 +681,16 @@ theorem listSum_map_add (l : List ι) (f g : ι → α) :
     simp only [List.map_cons, listSum, ih]
     exact scalar_add_add_add_comm (f a) (g a) (listSum (l.map f)) (listSum (l.map g))
 
+/--
+Two contractions over the same axis, summed, accumulated into one register tile in one loop (each
+step adds both tiles' products to it): the running sum of `x k * a k + y k * b k` is the sum of the
+two contractions, so the kernel needs one accumulator and no add after the loop.
+-/
+theorem shared_accumulator (ks : List ι) (x a y b : ι → α) :
+    listSum (ks.map fun k => x k * a k + y k * b k) =
+      listSum (ks.map fun k => x k * a k) + listSum (ks.map fun k => y k * b k) :=
+  listSum_map_add ks (fun k => x k * a k) (fun k => y k * b k)
+
 /-- A sum of zeros is zero. -/
 theorem listSum_map_zero (l : List ι) :
     listSum (l.map fun (_ : ι) => (ScalarField.zero : α)) = ScalarField.zero := by

@@ -21,6 +21,7 @@ kernel's loop from the plan's JSON and checks them, computably, as Python's `val
   reduction), a sum over `s`, and rescales by an exponential of that running max (or of a map of it);
 * `shared_operand_fusion`: two or more contractions over `s` in the one loop, sharing an operand;
 * `reduction_in_contraction_loop`: a contraction over `s` and a reduction over `s` in the one loop;
+* `shared_accumulator`: two contractions over `s` in the one loop accumulating into one tile `c`;
 * `masked_tile_skip`: cited exactly where the loop has a `visible` predicate; every conjunct of that
   predicate is a conjunct of a mask (a `where` condition) of the terms the certificate says the kernel
   computes, and for every block of the grid axes the predicate names, the loop's run range (the steps
@@ -430,6 +431,9 @@ def loopRuleOk (body : List Lean.Json) (s : String) (n block : Nat) : String →
       (decide (distinctCount (anyGemm.map fun op => sField op "a") < anyGemm.length) ||
         decide (distinctCount (anyGemm.map fun op => sField op "b") < anyGemm.length))
   | "reduction_in_contraction_loop" => body.any (gemmOver s) && body.any (reduceOver s "")
+  | "shared_accumulator" =>
+    let accs := (body.filter (gemmOver s)).map fun op => sField op "c"
+    decide (distinctCount accs < accs.length)
   | "masked_tile_skip" => true
   | _ => false
 

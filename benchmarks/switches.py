@@ -4,7 +4,8 @@ A switch is a module-level boolean the planner (and, for ``ASYNC_PARTIAL_TILES``
 each time it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``): the first is on
 since runs 132-133, the second off until a GPU run decides it. ``emit.FOLD_EXP_SHIFT`` is the renderer's
 alone (the softmax shift's FMA form, off since run 134). ``search.OPERAND_PASS_WRITTEN`` (off until a GPU
-sweep decides) lets the operand pass cut the graph as written too. Setting one here sets the attribute and
+sweep decides) lets the operand pass cut the graph as written too; ``lower.SHARED_ACCUMULATOR`` (likewise)
+accumulates a sum of contractions over the loop axis in one tile. Setting one here sets the attribute and
 empties the process-wide caches keyed without it: the frontend's region plans
 (``frontend.region_plans._PLANS``) and derivations
 (``frontend.training._DERIVED``: the saves are chosen by the cost model). Everything else the search
@@ -26,6 +27,7 @@ SWITCHES = {
     "cost.PHASED_BLOCKS": ("pyrunner.planner.cost", "PHASED_BLOCKS"),
     "emit.FOLD_EXP_SHIFT": ("pyrunner.backend.tilelang.emit", "FOLD_EXP_SHIFT"),
     "search.OPERAND_PASS_WRITTEN": ("pyrunner.planner.search", "OPERAND_PASS_WRITTEN"),
+    "lower.SHARED_ACCUMULATOR": ("pyrunner.planner.lower", "SHARED_ACCUMULATOR"),
 }
 """Switch name -> (module, attribute)."""
 GUARD_SWITCHES = frozenset({"fit.ASYNC_PARTIAL_TILES"})

@@ -72,7 +72,7 @@ def test_registry_names_and_kinds() -> None:
         "reduction_in_contraction_loop",
         "elementwise_mul_comm", "elementwise_mul_assoc",
         "masked_tile_skip", "merge_axes", "unit_axis", "split_reduction", "matmul_assoc", "matmul_as_sum",
-        "exp_shift_to_max", "sum_scale_commute",
+        "exp_shift_to_max", "sum_scale_commute", "shared_accumulator",
     )
     for name, rule in RULES.items():
         assert rule.name == name and rule.statement

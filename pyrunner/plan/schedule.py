@@ -174,9 +174,7 @@ def mainloop_schedule(kernel: Kernel) -> MainloopSchedule | None:
     staged = {body[i].dst for i in loads}
     if len(staged) != len(loads) or staged & state:
         return None
-    accs = {body[i].c for i in gemms}
-    if len(accs) != len(gemms):
-        return None
+    accs = {body[i].c for i in gemms}  # two GEMMs may share one (shared_accumulator): wgmma orders them
     for i in gemms:
         g = body[i]
         if g.clear or g.c not in state or g.a not in shared or g.b not in shared or {g.a, g.b} & accs:

@@ -11,6 +11,7 @@ for loops of a certain form. These checks read the loop from the plan's JSON exa
   exponential of that running max;
 * ``shared_operand_fusion``: two or more contractions over ``s`` in the loop, sharing an operand;
 * ``reduction_in_contraction_loop``: a contraction and a reduction over ``s`` in the loop;
+* ``shared_accumulator``: two contractions over ``s`` in the loop accumulating into one tile;
 * ``masked_tile_skip``: cited exactly where the loop has ``visible``; each conjunct of ``visible`` is a
   conjunct of a ``where`` condition of the kernel's certificate terms, and per block of the grid axes
   it names, every loop step outside the run range (first to last step whose tile is not all false) is
@@ -87,6 +88,9 @@ def loop_rule_ok(body: Sequence[Json], s: str, n: int, block: int, rule: str) ->
             len({op["a"] for op in gemms}) < len(gemms) or len({op["b"] for op in gemms}) < len(gemms))
     if rule == "reduction_in_contraction_loop":
         return any(_gemm_over(s, op) for op in body) and any(_reduce_over(s, "", op) for op in body)
+    if rule == "shared_accumulator":
+        accs = [op.get("c") for op in body if _gemm_over(s, op)]
+        return len(set(accs)) < len(accs)
     return rule == "masked_tile_skip"
 
 

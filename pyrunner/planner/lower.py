@@ -69,6 +69,13 @@ from pyrunner.target.layout import fragment_groups, padded_row, whole_row_divisi
 
 TRANSCENDENTAL = tuple(name for name, op in UNARY.items() if op.sfu)
 
+SHARED_ACCUMULATOR = False
+"""A sum of contractions over the streamed axis accumulates in one register tile (``shared_accumulator``):
+``dX = dG @ W_gate^T + dU @ W_up^T`` is one GEMM over the two K ranges, as cuBLAS runs it on the
+concatenated operands, with one fragment and no epilogue add where two accumulators took twice the
+registers (run 159: SwiGLU's d_X 32.4 us against cuBLAS's 27.6). A switch (``benchmarks/switches.py``),
+off until a GPU sweep of the plans it changes and an A/B decide it."""
+
 SHORT_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 
 MAX_FULL_EXTENT = 256
@@ -453,6 +460,8 @@ class _Builder:
         self.padded: dict[str, int] = {}  # axes held whole in a tile larger than the axis
         self.loaded: set[str] = set()
         self.tail_masked: dict[tuple[str, float, str], str] = {}
+        self.sum_member: dict[Term, Term] = {}  # a summed contraction -> the first of its sum (_sum_groups)
+        self.acc_of: dict[Term, str] = {}  # a contraction or sum of them -> the accumulator they share
 
     def is_root(self, t: Term) -> bool:
         """t is stored by the kernel: it needs a buffer of its own, never an inline expression."""
@@ -614,6 +623,10 @@ class _Builder:
     # --- one method per op kind ------------------------------------------------
     def emit_elementwise(self, t: Term) -> None:
         at = self.where[t]
+        shared = self._shared_sum(t)
+        if shared is not None:  # both terms went into one accumulator: it holds the sum already
+            self.buf_of[t] = self.acc_of[t] = shared
+            return
         if static(t) and not self.is_root(t):
             self.expr_inline[t] = (static_expr(t), 0)
             return
@@ -638,6 +651,13 @@ class _Builder:
             name = self.fragment_for(t, "t")
             self.ops[at].append(Map(dst=name, expr=e))
             self.buf_of[t] = name
+
+    def _shared_sum(self, t: Term) -> str | None:
+        """The accumulator holding ``t`` where ``t`` adds two contractions (or such sums) that share it."""
+        if t.op != "binary" or t.fn != "add":
+            return None
+        accs = {self.acc_of.get(a) for a in t.args}
+        return accs.pop() if len(accs) == 1 and None not in accs else None
 
     def _folded_factor(self, t: Term) -> bool:
         """A constant factor on an inlined elementwise value, ``(S - m) * rsqrt(|d|) * log2(e)``: the
@@ -726,8 +746,16 @@ class _Builder:
         fa, fb = self.gemm_layout(a_buf, b_buf, t.axis)
         self.gemms.append(GemmInfo(fa, fb, t.axis, streamed, flops=2.0 * self.elems(t) * self.sizes[t.axis],
                                    a_in_registers=self.buffers[a_buf].scope == "fragment"))
+        first = self.sum_member.get(t)
+        joined = self.acc_of.get(first) if first is not None and first != t else None
+        if streamed and joined is not None and self.buffers[joined].axes == [fa, fb]:
+            self.acc_of[t] = joined  # shared_accumulator: this contraction adds into the first one's tile
+            self.ops["body"].append(Gemm(a=a_buf, b=b_buf, c=joined, contract=t.axis, clear=False))
+            return
         name = self.add_buffer(self.labels.get(t, "acc"), [fa, fb], "fragment", "float32", state=streamed)
         self.buf_of[t] = name
+        if streamed and first == t:
+            self.acc_of[t] = name
         if streamed:
             self.ops["prologue"].append(Fill(dst=name, value=0.0))
             if t in self.online:
@@ -762,6 +790,9 @@ class _Builder:
                 self.rules.append("shared_operand_fusion")
         if streamed and any(t.op == "reduce" and _is_acc(t, self.s) for t in self.computed):
             self.rules.append("reduction_in_contraction_loop")
+        accs = [op.c for op in self.ops["body"] if isinstance(op, Gemm) and op.contract == self.s]
+        if len(set(accs)) < len(accs):
+            self.rules.append("shared_accumulator")
 
 
 _EMIT = {
@@ -772,6 +803,34 @@ _EMIT = {
     "reduce": _Builder.emit_reduce,
     "matmul": _Builder.emit_matmul,
 }
+
+
+def _sum_groups(computed: list[Term], s: str | None, online: dict, roots: tuple[Term, ...],
+                users: dict[Term, list[Term]]) -> dict[Term, Term]:
+    """Contractions over ``s`` summed by ``add`` terms (``a + b``, ``(a + b) + c``), each read by that sum
+    alone: contraction -> the first of its sum, whose accumulator the others join (``shared_accumulator``).
+
+    An online-rescaled contraction keeps its own tile (its rescale would scale the others), and so does
+    one that is stored or read twice (its value alone is needed)."""
+    if s is None or not SHARED_ACCUMULATOR:
+        return {}
+
+    def alone(t: Term) -> bool:
+        return len(users.get(t, [])) == 1 and not any(t is r for r in roots)
+
+    order = {t: i for i, t in enumerate(computed)}  # the first emitted makes the tile the others join
+    groups: dict[Term, list[Term]] = {}  # a summable term -> the contractions it sums
+    first: dict[Term, Term] = {}
+    for t in computed:
+        if t.op == "matmul" and t.axis == s and t not in online and alone(t):
+            groups[t] = [t]
+        elif (t.op == "binary" and t.fn == "add" and t.args[0] != t.args[1]
+              and all(a in groups for a in t.args) and axes_of(t.args[0]) == axes_of(t.args[1])):
+            merged = sorted(groups.pop(t.args[0]) + groups.pop(t.args[1]), key=order.__getitem__)
+            if alone(t):
+                groups[t] = merged
+            first.update((m, merged[0]) for m in merged)
+    return first
 
 
 def _users(computed: list[Term]) -> dict[Term, list[Term]]:
@@ -813,6 +872,7 @@ def lower(root: Roots, boundary: dict[Term, str], tensor_dtype: dict[str, str], 
 
     b = _Builder(root, computed, boundary, tensor_dtype, sizes, dtype, s, labels, out_tensor, indexed, reserved)
     b.online, b.online_src, b.users = online, set(sources), _users(computed)
+    b.sum_member = _sum_groups(computed, s, online, as_roots(root), b.users)
     where = {"pre": "prologue", "tile": "body", "acc": "body", "post": "epilogue"}
     b.where = {t: where[phase[t]] for t in computed}
     b.emit_loads(leaves)

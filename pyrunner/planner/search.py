@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pyrunner.planner.lower as lower_module
 import pyrunner.planner.prefetch as prefetch
 from pyrunner import __version__
 from pyrunner.errors import GraphError, PlanError
@@ -865,11 +866,26 @@ def _layout(g: Graph) -> _Layout:
     for t in terms:  # elementwise values of a reduction or contraction
         if t.op in ELEMENTWISE_TERMS and any(a in computed for a in t.args):
             computed.add(t)
-    primary = [t for t in inner if t.op in ("reduce", "matmul")]
+    sums = _sums_of_contractions(inner)
+    primary = [t for t in inner if t.op in ("reduce", "matmul") or t in sums]
     anchors = [t for t in inner if (t in computed and (t.op in ("reduce", "matmul") or t in gemm_only))
-               or (t in gemm_only and t.op in ELEMENTWISE_TERMS and len(_full_inputs(t)) >= 2)]
+               or (t in gemm_only and t.op in ELEMENTWISE_TERMS and len(_full_inputs(t)) >= 2) or t in sums]
     return _Layout(terms, inner, anchors, names, outs, unguarded_exps(terms), scaled_gemm_operands(terms), gemm_only,
                    primary)
+
+
+def _sums_of_contractions(inner: list[Term]) -> list[Term]:
+    """Sums of contractions (``a @ W + b @ V``, nested), cut candidates where one tile accumulates them
+    (``lower.SHARED_ACCUMULATOR``): cut at the sum, a kernel writes it once, where a cut at each
+    contraction writes two tensors the next kernel reads and adds."""
+    if not lower_module.SHARED_ACCUMULATOR:
+        return []
+    sums: set[Term] = set()
+    for t in inner:  # operands first
+        if t.op == "binary" and t.fn == "add" and t.args[0] != t.args[1] \
+                and all(a.op == "matmul" or a in sums for a in t.args):
+            sums.add(t)
+    return [t for t in inner if t in sums]
 
 
 def _guarded(arg: Term) -> bool:

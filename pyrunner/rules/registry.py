@@ -502,6 +502,13 @@ _RULE_LIST = (
         "axis of s.",
         sum_scale_commute,
     ),
+    Rule(
+        "shared_accumulator", "schedule",
+        "Two matmuls X @_a W and Y @_a V contracting the same axis a, summed (X @_a W + Y @_a V, read "
+        "nowhere else), are computed in one loop over tiles of a into one accumulator: each step adds "
+        "both tiles' products to it; the result equals the sum of the separate matmuls.",
+        None,
+    ),
 )
 
 RULES: dict[str, Rule] = {r.name: r for r in _RULE_LIST}

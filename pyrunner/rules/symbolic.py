@@ -606,6 +606,24 @@ def _check_shared_operand_fusion() -> list[str]:
             "gives both products exactly (shared left or right operand, d/k = 4/2, 6/3)")]
 
 
+def _shared_accumulator(keep: bool) -> Callable[[], list[str]]:
+    """X @_d W + Y @_d V accumulated in one tile over tiles of d equals the sum. Wrong: each step's
+    second product overwrites the tile (a GEMM that clears the accumulator it shares)."""
+    def body() -> list[str]:
+        m, n = 2, 2
+        for d, k in ((4, 2), (6, 3)):
+            x, w = _sym_matrix("X", m, d), _sym_matrix("W", d, n)
+            y, v = _sym_matrix("Y", m, d), _sym_matrix("V", d, n)
+            acc = sp.zeros(m, n)
+            for tile in _tiles(d, k):
+                acc += x[:, tile.start:tile.stop] * w[tile.start:tile.stop, :]
+                second = y[:, tile.start:tile.stop] * v[tile.start:tile.stop, :]
+                acc = acc + second if keep else second
+            _assert_matrices_equal(acc, x * w + y * v, f"one accumulator for both products, d={d}, k={k}")
+        return [("both products added into one tile step by step give their sum exactly (d/k = 4/2, 6/3)")]
+    return body
+
+
 def _reduction_in_loop(accumulate: bool) -> Callable[[], list[str]]:
     """sum_d X^2 accumulated inside X @_d W's loop equals the direct sum. Wrong: reset per tile."""
     def body() -> list[str]:
@@ -947,6 +965,7 @@ RULE_CHECKS: dict[str, Callable[[], CheckResult]] = {
     "matmul_as_sum": _scoped("matmul_as_sum", _matmul_as_sum(product_of_sums=False)),
     "exp_shift_to_max": _scoped("exp_shift_to_max", _exp_shift_to_max(flip_second=False)),
     "sum_scale_commute": _scoped("sum_scale_commute", _sum_scale_commute(scale_on_summed_axis=False)),
+    "shared_accumulator": _scoped("shared_accumulator", _shared_accumulator(keep=True)),
 }
 
 WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
@@ -967,6 +986,7 @@ WRONG_VARIANTS: dict[str, Callable[[], CheckResult]] = {
     "matmul_assoc_shared_axis": lambda: _run(_matmul_assoc(tie_shared_axis=True)),
     "exp_shift_reversed": lambda: _run(_exp_shift_to_max(flip_second=True)),
     "sum_scale_along_summed_axis": lambda: _run(_sum_scale_commute(scale_on_summed_axis=True)),
+    "shared_accumulator_overwritten": lambda: _run(_shared_accumulator(keep=False)),
 }
 
 assert set(RULE_CHECKS) == set(RULE_NAMES), "every rule needs a symbolic check"

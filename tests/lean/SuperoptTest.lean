@@ -314,13 +314,13 @@ def checks : List (String × Bool) := [
   ("engine command line", ((parseOptions {} ["--top", "3", "--dtype", "bf16", "--calibrate", "r.jsonl"]).toOption.map
       (engineArgs "g.json")) == some ["-m", "pyrunner", "superopt", "--graph", "g.json", "--dtype", "bf16",
         "--top", "3", "--calibrate", "r.jsonl"]),
-  ("twenty-one rules", ruleNames.length == 21),
+  ("twenty-two rules", ruleNames.length == 22),
   ("rule names", ruleNames == ["softmax_max_shift", "softmax_scaled_max_shift", "matmul_div_commute",
     "matmul_row_scale_commute", "exp_to_exp2", "mean_to_sum_div", "variance_sum_of_squares",
     "reduction_tiling", "online_softmax_rescale", "shared_operand_fusion",
     "reduction_in_contraction_loop", "elementwise_mul_comm", "elementwise_mul_assoc",
     "masked_tile_skip", "merge_axes", "unit_axis", "split_reduction", "matmul_assoc", "matmul_as_sum",
-    "exp_shift_to_max", "sum_scale_commute"]),
+    "exp_shift_to_max", "sum_scale_commute", "shared_accumulator"]),
   ("last line of an error", lastLine "Traceback\nerror: no plan\n\n" == "error: no plan"),
   ("json string escapes", jsonString "a\"b\\c\n" == "\"a\\\"b\\\\c\\n\""),
   ("graph JSON of the resized Attention", graphText "Attention" [("t_kv", 64), ("d", 32)] == goldenResized)]

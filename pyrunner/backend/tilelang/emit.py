@@ -437,8 +437,8 @@ def _gemm_policy_full_row(kernel: Kernel, buffers: dict[str, Buffer], op: Gemm) 
 def gemm_policy_names(kernel: Kernel, buffers: dict[str, Buffer]) -> dict[str, str]:
     """Accumulator -> the policy its GEMMs use: "FullRow" (required) or "mma" (chosen from the MMA shape)."""
     out: dict[str, str] = {}
-    for o in kernel_ops(kernel):
-        if isinstance(o, Gemm):
+    for o in kernel_ops(kernel):  # an accumulator two GEMMs share takes FullRow if either needs it
+        if isinstance(o, Gemm) and out.get(o.c) != "FullRow":
             out[o.c] = "FullRow" if _gemm_policy_full_row(kernel, buffers, o) else "mma"
     return out
 
@@ -673,7 +673,7 @@ def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm, fn: str = "T.gemm", full_row: 
         kwargs.append("transpose_B=True")
     if ctx.merged_first and id(op) in ctx.merged_first:
         kwargs.append(f"policy={ctx.policy_vars[op.c + ' wide']}")
-    elif full_row or _gemm_policy_full_row(ctx.kernel, ctx.buffers, op):
+    elif full_row or _gemm_policy_full_row(ctx.kernel, ctx.buffers, op) or op.c not in ctx.policy_vars:
         kwargs.append("policy=T.GemmWarpPolicy.FullRow")
     else:
         kwargs.append(f"policy={ctx.policy_vars[op.c]}")
