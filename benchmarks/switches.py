@@ -4,7 +4,7 @@ A switch is a module-level boolean the planner (and, for ``ASYNC_PARTIAL_TILES``
 each time it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``): the first is on
 since runs 132-133, the second off until a GPU run decides it. ``emit.FOLD_EXP_SHIFT`` is the renderer's
 alone (the softmax shift's FMA form, off since run 134). ``search.OPERAND_PASS_WRITTEN`` (off until a GPU
-sweep decides) lets the operand pass cut the graph as written too; ``lower.SHARED_ACCUMULATOR`` (likewise)
+sweep decides) lets the operand pass cut the graph as written too; ``lower.SHARED_ACCUMULATOR`` (on since run 165)
 accumulates a sum of contractions over the loop axis in one tile. Setting one here sets the attribute and
 empties the process-wide caches keyed without it: the frontend's region plans
 (``frontend.region_plans._PLANS``) and derivations

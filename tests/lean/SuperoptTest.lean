@@ -154,6 +154,12 @@ def scheduleExamples : List (String × String × Bool) := [
   ("fused contractions over different axes are refused",
     "{\"sizes\":{\"m\":256,\"n\":256,\"d\":512},\"masks\":[],\"kernel\":{\"name\":\"glu\",\"grid\":[{\"axis\":\"m\",\"block\":64},{\"axis\":\"n\",\"block\":64}],\"loop\":{\"axis\":\"d\",\"block\":32},\"body\":[{\"op\":\"load\",\"src\":\"X\",\"dst\":\"X_s\"},{\"op\":\"load\",\"src\":\"A\",\"dst\":\"A_s\"},{\"op\":\"load\",\"src\":\"B\",\"dst\":\"B_s\"},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"A_s\",\"c\":\"ca\",\"contract\":\"d\",\"clear\":false},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"B_s\",\"c\":\"cb\",\"contract\":\"n\",\"clear\":false}],\"fused_rules\":[\"shared_operand_fusion\"]}}",
     false),
+  ("two contractions over the loop axis accumulate into one tile",
+    "{\"sizes\":{\"m\":256,\"n\":256,\"d\":512},\"masks\":[],\"kernel\":{\"name\":\"dx\",\"grid\":[{\"axis\":\"m\",\"block\":64},{\"axis\":\"n\",\"block\":64}],\"loop\":{\"axis\":\"d\",\"block\":32},\"body\":[{\"op\":\"load\",\"src\":\"X\",\"dst\":\"X_s\"},{\"op\":\"load\",\"src\":\"A\",\"dst\":\"A_s\"},{\"op\":\"load\",\"src\":\"Y\",\"dst\":\"Y_s\"},{\"op\":\"load\",\"src\":\"B\",\"dst\":\"B_s\"},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"A_s\",\"c\":\"acc\",\"contract\":\"d\",\"clear\":false},{\"op\":\"gemm\",\"a\":\"Y_s\",\"b\":\"B_s\",\"c\":\"acc\",\"contract\":\"d\",\"clear\":false}],\"fused_rules\":[\"shared_accumulator\"]}}",
+    true),
+  ("a shared accumulator cited for two tiles is refused",
+    "{\"sizes\":{\"m\":256,\"n\":256,\"d\":512},\"masks\":[],\"kernel\":{\"name\":\"dx\",\"grid\":[{\"axis\":\"m\",\"block\":64},{\"axis\":\"n\",\"block\":64}],\"loop\":{\"axis\":\"d\",\"block\":32},\"body\":[{\"op\":\"load\",\"src\":\"X\",\"dst\":\"X_s\"},{\"op\":\"load\",\"src\":\"A\",\"dst\":\"A_s\"},{\"op\":\"load\",\"src\":\"Y\",\"dst\":\"Y_s\"},{\"op\":\"load\",\"src\":\"B\",\"dst\":\"B_s\"},{\"op\":\"gemm\",\"a\":\"X_s\",\"b\":\"A_s\",\"c\":\"acc\",\"contract\":\"d\",\"clear\":false},{\"op\":\"gemm\",\"a\":\"Y_s\",\"b\":\"B_s\",\"c\":\"acc_2\",\"contract\":\"d\",\"clear\":false}],\"fused_rules\":[\"shared_accumulator\"]}}",
+    false),
   ("a cited rule needs a loop",
     "{\"sizes\":{\"m\":64},\"masks\":[],\"kernel\":{\"name\":\"k\",\"grid\":[],\"body\":[],\"fused_rules\":[\"reduction_tiling\"]}}",
     false)]
