@@ -131,3 +131,70 @@ def test_swiglu_backward_sums_its_input_gradient_in_one_tile(monkeypatch) -> Non
     graph = graph_of(small)
     res = verify_executor(small, graph, execute, seed=3, inputs=backward_inputs(bwd, graph, 3))
     assert res.ok, res.message
+
+
+def _graph(build) -> object:
+    g = GraphBuilder(build.__name__)
+    build(g)
+    return g.build()
+
+
+def _projection(g, i: int, m: int = 1024, d: int = 2048, n: int = 1024, axis: str = "d"):
+    x = g.input(f"X{i}", **{"m": m, axis: d})
+    w = g.input(f"W{i}", **{axis: d, "n": n})
+    return g.matmul(x, w, axis)
+
+
+def right_nested(g) -> None:
+    a, b, c = (_projection(g, i) for i in range(3))
+    g.output("Y", g.add(a, g.add(b, c)))
+
+
+def balanced_four(g) -> None:
+    a, b, c, d = (_projection(g, i) for i in range(4))
+    g.output("Y", g.add(g.add(a, b), g.add(c, d)))
+
+
+def sum_then_activation(g) -> None:
+    s = g.input("S", n=1024)
+    g.output("Y", g.mul(g.unary("relu", g.add(_projection(g, 0), _projection(g, 1))), s))
+
+
+@pytest.mark.parametrize("build,parts", [(right_nested, 3), (balanced_four, 4), (sum_then_activation, 2)],
+                         ids=["right_nested", "balanced_four", "sum_then_activation"])
+def test_sums_of_any_shape_share_one_tile(build, parts: int, monkeypatch) -> None:
+    plan = _plan(_graph(build), True, monkeypatch)
+    gemms = _loop_gemms(plan)
+    assert len(gemms) == parts and len({g.c for g in gemms}) == 1
+    _cpu_checked(plan)
+
+
+def difference(g) -> None:
+    g.output("Y", g.sub(_projection(g, 0), _projection(g, 1)))
+
+
+def scaled_member(g) -> None:
+    g.output("Y", g.add(_projection(g, 0), g.mul(_projection(g, 1), 2.0)))
+
+
+def different_axes(g) -> None:
+    g.output("Y", g.add(_projection(g, 0), _projection(g, 1, axis="e", d=4096)))
+
+
+def attention_plus_projection(g) -> None:
+    """softmax(Q K^T) V + Z U, both contracting t: the attention's accumulator is rescaled by the running max
+    at every step, which would scale Z U's products too."""
+    q, k = g.input("Q", h=16, m=2048, d=64), g.input("K", h=16, t=2048, d=64)
+    v, z, u = g.input("V", h=16, t=2048, n=64), g.input("Z", h=16, m=2048, t=2048), g.input("U", h=16, t=2048, n=64)
+    p = g.softmax(g.matmul(q, k, "d"), "t")
+    g.output("Y", g.add(g.matmul(p, v, "t"), g.matmul(z, u, "t")))
+
+
+@pytest.mark.parametrize("build", [difference, scaled_member, different_axes, attention_plus_projection],
+                         ids=lambda b: b.__name__)
+def test_what_is_not_a_plain_sum_keeps_its_tiles(build, monkeypatch) -> None:
+    plan = _plan(_graph(build), True, monkeypatch)
+    for k in plan.kernels:
+        accs = [op.c for op in k.body if isinstance(op, Gemm) and k.loop is not None and op.contract == k.loop.axis]
+        assert len(set(accs)) == len(accs) and "shared_accumulator" not in k.fused_rules, k.name
+    _cpu_checked(plan)
