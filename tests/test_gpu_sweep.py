@@ -212,3 +212,25 @@ def test_changed_cases_hashes_a_backward_case_by_its_backward_plan() -> None:
     plan, src = changed_cases._plan_and_source(case, "h200")
     assert plan.provenance.backward_of is not None and plan.workload == "SwiGLUBackward"
     assert "d_W_gate" in src
+
+
+def test_a_case_out_of_gpu_memory_beside_the_others_is_run_again_alone() -> None:
+    """Run 166: SlidingWindowAttention@real failed to launch (CUDA out of memory) beside 14 other workers."""
+    def rec(i, status, msg=""):
+        return {"id": f"g{i}@real/bf16", "source": "corpus", "status": status, "stage": "compiled", "message": msg}
+
+    oom = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
+    first = [rec(0, "ok"), rec(1, "failed-launch", oom), rec(2, "failed-launch", "RuntimeError: illegal address"),
+             rec(3, "failed-verification", "output 'Y': error 4.3e-01 > 3e-02")]
+    ran, lines = [], []
+
+    def run(i: int) -> dict:
+        ran.append(i)
+        return {**rec(i, "ok"), "stage": "verified"}
+
+    out = gpu_sweep.retry_alone(first, run, lines.append)
+    assert ran == [1]  # only the memory failure: a launch error or a wrong result is a verdict
+    assert out[1]["status"] == "ok" and out[1]["extra"]["retried_alone"] == oom
+    assert out[0] is first[0] and out[2:] == first[2:] and "g1@real/bf16" in lines[0]
+    s = gpu_sweep.summarize(out, dry=False, seconds=1.0)
+    assert (s["gpu_verified"], s["failed"]) == (2, 2)
