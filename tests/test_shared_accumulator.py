@@ -198,3 +198,38 @@ def test_what_is_not_a_plain_sum_keeps_its_tiles(build, monkeypatch) -> None:
         accs = [op.c for op in k.body if isinstance(op, Gemm) and k.loop is not None and op.contract == k.loop.axis]
         assert len(set(accs)) == len(accs) and "shared_accumulator" not in k.fused_rules, k.name
     _cpu_checked(plan)
+
+
+def random_sum(seed: int):
+    """2-4 projections of one shape summed in a random tree, weights in either layout, sometimes a member
+    stored too, sometimes an activation after the sum: unseen graphs of the kind the lowering groups."""
+    import random
+
+    rng = random.Random(seed)
+    g = GraphBuilder(f"RandomSum{seed}")
+    m, d, n = rng.choice([512, 1024]), rng.choice([512, 1024, 1536]), rng.choice([256, 512])
+    parts = []
+    for i in range(rng.randint(2, 4)):
+        x = g.input(f"X{i}", m=m, d=d)
+        w = g.input(f"W{i}", d=d, n=n) if rng.random() < 0.5 else g.input(f"W{i}", n=n, d=d)
+        parts.append(g.matmul(x, w, "d"))
+    if rng.random() < 0.3:
+        g.output("P0", parts[0])
+    while len(parts) > 1:
+        i = rng.randrange(len(parts) - 1)
+        parts[i:i + 2] = [g.add(parts[i], parts[i + 1])]
+    y = parts[0]
+    if rng.random() < 0.5:
+        y = g.unary(rng.choice(["relu", "tanh", "exp"]), g.mul(y, 0.01))
+    g.output("Y", y)
+    return g.build()
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_sums_of_projections_plan_and_compute_the_graph(seed: int, monkeypatch) -> None:
+    plan = _plan(random_sum(seed), True, monkeypatch)
+    for k in plan.kernels:
+        if k.loop is not None and "shared_accumulator" in k.fused_rules:
+            accs = [op.c for op in k.body if isinstance(op, Gemm) and op.contract == k.loop.axis]
+            assert len(set(accs)) < len(accs)
+    _cpu_checked(plan)
