@@ -1,17 +1,18 @@
 """Planner switches a benchmark may flip in its own process: ``NAME=1`` / ``NAME=0`` on its command line.
 
-A switch is a module-level boolean the planner (and, for ``ASYNC_PARTIAL_TILES``, the renderer) reads
-each time it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``): the first is on
-since runs 132-133, the second off until a GPU run decides it. ``emit.FOLD_EXP_SHIFT`` is the renderer's
-alone (the softmax shift's FMA form, off since run 134). ``search.OPERAND_PASS_WRITTEN`` (off until a GPU
-sweep decides) lets the operand pass cut the graph as written too; ``lower.SHARED_ACCUMULATOR`` (on since run 165)
-accumulates a sum of contractions over the loop axis in one tile. Setting one here sets the attribute and
-empties the process-wide caches keyed without it: the frontend's region plans
-(``frontend.region_plans._PLANS``) and derivations
-(``frontend.training._DERIVED``: the saves are chosen by the cost model). Everything else the search
-memoises lives in one search (``planner.memo.TileMemo``, the fit models), and the committed tuning
-database is read afresh by each ``committed_tuning()`` call, so a switch flipped between two searches
-of one process gives the plan a fresh process with that setting gives (tests/test_switch_cases.py).
+A switch is a module-level boolean the planner (and, for ``ASYNC_PARTIAL_TILES``, the renderer) reads each time
+it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``): the first is on since runs
+132-133, the second off until a GPU run decides it. ``emit.FOLD_EXP_SHIFT`` is the renderer's alone (the softmax
+shift's FMA form, off since run 134). ``search.OPERAND_PASS_WRITTEN`` (off until a GPU sweep decides) lets the
+operand pass cut the graph as written too; ``lower.SHARED_ACCUMULATOR`` (on since run 165) accumulates a sum of
+contractions over the loop axis in one tile; ``merge.SHARED_INTERMEDIATES`` (off until a GPU sweep decides) lets
+a kernel store an intermediate it reads for a third kernel, computing it itself. Setting one here sets the
+attribute and empties the process-wide caches keyed without it: the frontend's region plans
+(``frontend.region_plans._PLANS``) and derivations (``frontend.training._DERIVED``: the saves are chosen by the
+cost model). Everything else the search memoises lives in one search (``planner.memo.TileMemo``, the fit
+models), and the committed tuning database is read afresh by each ``committed_tuning()`` call, so a switch
+flipped between two searches of one process gives the plan a fresh process with that setting gives
+(tests/test_switch_cases.py).
 Never read from the environment: only a benchmark option sets a switch.
 """
 
@@ -28,6 +29,7 @@ SWITCHES = {
     "emit.FOLD_EXP_SHIFT": ("pyrunner.backend.tilelang.emit", "FOLD_EXP_SHIFT"),
     "search.OPERAND_PASS_WRITTEN": ("pyrunner.planner.search", "OPERAND_PASS_WRITTEN"),
     "lower.SHARED_ACCUMULATOR": ("pyrunner.planner.lower", "SHARED_ACCUMULATOR"),
+    "merge.SHARED_INTERMEDIATES": ("pyrunner.planner.merge", "SHARED_INTERMEDIATES"),
 }
 """Switch name -> (module, attribute)."""
 GUARD_SWITCHES = frozenset({"fit.ASYNC_PARTIAL_TILES"})

@@ -27,6 +27,13 @@ MAX_MERGE_KERNELS = 64
 """Partitions with more kernels than this are not merged (the pairwise search is quadratic; such
 partitions are long chains, whose kernels depend on each other anyway)."""
 
+SHARED_INTERMEDIATES = False
+"""The dependent pass also pairs a kernel with one that reads an intermediate it writes which a third kernel
+reads too: the reader computes the value and stores it for the third. Attention's backward: the D pass
+(``rowsum(dO * O)``, read by the dK/dV and dQ kernels) folds into the dQ kernel, which loads dO already
+(ScaledAttention's backward 1041.6 -> 1028.5 us modelled on the H100, CausalAttention's 990.3 -> 978.3). A
+switch (``benchmarks/switches.py``), off until a GPU sweep of the plans it changes and a timing decide it."""
+
 MAX_MERGE_TRIES = 4
 """Merges tried per kernel of a partition (each is a lowering and a tile search), so a partition of
 many compatible siblings costs linear, not cubic, work."""
@@ -141,14 +148,21 @@ def _mergeable(i: int, j: int, groups: list[Group], reach: list[set[int]], depen
 def _pairs(groups: list[Group], dependent: bool = False,
            outputs: frozenset[str] = frozenset()) -> list[tuple[int, int]]:
     """Index pairs of groups with the same grid axes and loop axis, earliest kernels first. With
-    ``dependent``, also a kernel and one that reads a graph output it writes, whatever their grids: a
-    row statistic returned beside the rows it scales (absmax scaling) is streamed on its own, but
-    merged, the statistic's row is held whole and read once, a form no partition reaches (the
-    output's cut is fixed), so ``try_merge`` lowers the union afresh (``Planner._merged``)."""
+    ``dependent``, also a kernel and one that reads a graph output it writes (``SHARED_INTERMEDIATES``: or
+    an intermediate a third kernel reads too), whatever their grids: a row statistic returned beside the
+    rows it scales (absmax scaling) is streamed on its own, but merged, the statistic's row is held whole
+    and read once, a form no partition reaches (the output's cut is fixed), so ``try_merge`` lowers the
+    union afresh (``Planner._merged``)."""
     order = sorted(range(len(groups)), key=lambda gi: min(groups[gi].members))
 
+    def needed(w: str, a: int, b: int) -> bool:
+        """``w`` must be stored whoever computes it: a graph output, or (``SHARED_INTERMEDIATES``) read by a
+        third kernel."""
+        return w in outputs or (SHARED_INTERMEDIATES and any(
+            w in groups[k].reads for k in range(len(groups)) if k not in (a, b)))
+
     def feeds(a: int, b: int) -> bool:
-        return bool(groups[a].writes & outputs & groups[b].reads)
+        return any(needed(w, a, b) for w in groups[a].writes & groups[b].reads)
 
     return [(i, j) for a, i in enumerate(order) for j in order[a + 1:]
             if groups[i].key == groups[j].key or (dependent and (feeds(i, j) or feeds(j, i)))]
