@@ -74,9 +74,10 @@ SHARED_ACCUMULATOR = True
 ``dX = dG @ W_gate^T + dU @ W_up^T`` is one GEMM over the two K ranges, as cuBLAS runs it on the
 concatenated operands, with one fragment and no epilogue add, and such a sum is a cut candidate
 (``search._sums_of_contractions``): written once, not as two products the next kernel adds. On since run 165
-(H100): RMSNormMLP's forward + backward 46.1 -> 43.6 us per step (its backward's GEMM pair 12.9 -> 11.3 us, the
-norm's backward reading one tensor 4.4 -> 3.7), SwiGLU's 93.4 -> 93.3 (its d_X kernel 32.2 us either way:
-cuBLAS's 27.3 is not about the accumulators). A switch (``benchmarks/switches.py``)."""
+(H100): RMSNormMLP's forward + backward 46.1 -> 43.6 us per step, SwiGLU's 93.4 -> 93.3; in kernel profiles taken
+apart from that timing, RMSNormMLP's backward GEMM pair 12.9 -> 11.3 us and the norm's backward, reading one tensor,
+4.4 -> 3.7; SwiGLU's d_X kernel 32.2 us either way (cuBLAS's 27.3 is not about the accumulators). A switch
+(``benchmarks/switches.py``)."""
 
 SHORT_DTYPE = {"float16": "f16", "bfloat16": "bf16", "float32": "f32"}
 

@@ -673,7 +673,7 @@ def _render_gemm(w: _Writer, ctx: _Ctx, op: Gemm, fn: str = "T.gemm", full_row: 
         kwargs.append("transpose_B=True")
     if ctx.merged_first and id(op) in ctx.merged_first:
         kwargs.append(f"policy={ctx.policy_vars[op.c + ' wide']}")
-    elif full_row or _gemm_policy_full_row(ctx.kernel, ctx.buffers, op) or op.c not in ctx.policy_vars:
+    elif full_row or op.c not in ctx.policy_vars:  # FullRow where ``gemm_policy_names`` chose it for the accumulator
         kwargs.append("policy=T.GemmWarpPolicy.FullRow")
     else:
         kwargs.append(f"policy={ctx.policy_vars[op.c]}")
