@@ -228,9 +228,12 @@ def _binary_code(fn: str, xa: str, a_const: bool, xb: str, b_const: bool) -> str
 
 
 def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
-            perturbed: Callable[[Term], bool] | None = None) -> tuple[str, list[AttentionMatch]]:
+            perturbed: Callable[[Term], bool] | None = None,
+            decided: Callable[[Term], bool] | None = None) -> tuple[str, list[AttentionMatch]]:
     """Plain PyTorch source computing the graph: one statement per op, static shapes (``perturbed``: each
-    computed value it holds true of passed through ``_perturb``, which the caller's namespace supplies)."""
+    computed value it holds true of passed through ``_perturb``, which the caller's namespace supplies;
+    ``decided``: each comparison it holds true of passed through ``_decide(mask, a, b, |a|, |b|)`` with its
+    operands and their magnitudes, ``_magnitude_code``, computed beside every value)."""
     roots = [t for _, t in graph.outputs]
     sizes = graph.sizes
     axes: dict[Term, tuple[str, ...]] = {}
@@ -307,12 +310,66 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
             code = _matmul_code(xa, axes[a], xb, axes[b], t.axis, axes[t], sizes)
         else:  # pragma: no cover - check() rejects unknown ops
             raise ValueError(t.op)
-        if perturbed is not None and t.op not in ("input", "iota") and perturbed(t):
-            code = f"_perturb({code})"
-        lines.append(f"    {v} = {code}")
+        lines += _statements(t, v, code, perturbed, decided, _Values(name, consts, axes, sizes))
     outs = ", ".join(f"{n!r}: {ref(t)}" for n, t in graph.outputs)
     lines.append(f"    return {{{outs}}}")
     return "\n".join(lines) + "\n", list(attn.values())
+
+
+@dataclass(frozen=True)
+class _Values:
+    """How generated code names each value and its magnitude (``_source``'s tables)."""
+
+    name: Mapping[Term, str]
+    consts: Mapping[Term, float]
+    axes: Mapping[Term, tuple[str, ...]]
+    sizes: Mapping[str, int]
+
+    def value(self, x: Term, want: tuple[str, ...]) -> str:
+        """``x``'s value viewed against the axes ``want`` (a constant as a Python number)."""
+        if x in self.consts:
+            return _lit(self.consts[x])
+        return _broadcast(self.name[x], self.axes[x], want, self.sizes)
+
+    def mag(self, x: Term, want: tuple[str, ...] | None = None) -> str:
+        """The magnitude of ``x``'s value (``want``: viewed against those axes)."""
+        if x in self.consts:
+            return _lit(abs(self.consts[x]))
+        m = f"m{self.name[x]}"
+        return m if want is None else _broadcast(m, self.axes[x], want, self.sizes)
+
+
+def _statements(t: Term, v: str, code: str, perturbed: Callable[[Term], bool] | None,
+                decided: Callable[[Term], bool] | None, vals: _Values) -> list[str]:
+    """A term's statement (``_source``'s ``perturbed`` and ``decided``), with its magnitude's under ``decided``."""
+    if perturbed is not None and t.op not in ("input", "iota") and perturbed(t):
+        code = f"_perturb({code})"
+    if decided is None:
+        return [f"    {v} = {code}"]
+    if t.op == "binary" and decided(t):
+        a, b = t.args
+        ax = vals.axes[t]
+        code = f"_decide({code}, {vals.value(a, ax)}, {vals.value(b, ax)}, {vals.mag(a, ax)}, {vals.mag(b, ax)})"
+    return [f"    {v} = {code}", f"    m{v} = {_magnitude_code(t, v, vals)}"]
+
+
+def _magnitude_code(t: Term, v: str, vals: _Values) -> str:
+    """The magnitude a kernel's float32 rounding of ``t`` scales with: a running error analysis's bound, one
+    rule per linear op (a contraction's ``|A| @ |B|``, a sum's sum of magnitudes, a sum's or product's of its
+    operands'), the value's own size for everything else. Where a contraction cancels (``X W`` near 0 in a
+    row of large products) its rounding is that of the products, not of the small result."""
+    axes = vals.axes
+    if t.op == "matmul":
+        a, b = t.args
+        return _matmul_code(vals.mag(a), axes[a], vals.mag(b), axes[b], t.axis, axes[t], vals.sizes)
+    if t.op == "reduce" and t.fn in ("sum", "mean"):
+        return REDUCTIONS[t.fn].torch.format(vals.mag(t.args[0]), axes[t.args[0]].index(t.axis))
+    if t.op == "unary" and t.fn == "neg":
+        return vals.mag(t.args[0])
+    if t.op == "binary" and t.fn in ("add", "sub", "mul"):
+        ma, mb = (vals.mag(x, axes[t]) for x in t.args)
+        return f"({ma} {'*' if t.fn == 'mul' else '+'} {mb})"
+    return f"{v}.abs().double()"
 
 
 def _load(src: str, extra: Mapping[str, object] | None = None) -> TorchFn:
@@ -352,6 +409,13 @@ def perturbed_fn(graph: Graph, perturb: Callable[[torch.Tensor], torch.Tensor],
     """``torch_fn(graph)`` with ``perturb`` applied to every value it computes that ``rounds`` holds true of:
     the float64 reference under a kernel's own roundings (``run.conditioning``)."""
     return _load(_source(graph, False, None, perturbed=rounds)[0], {"_perturb": perturb})
+
+
+def decided_fn(graph: Graph, decide: Callable[..., torch.Tensor], decided: Callable[[Term], bool]) -> TorchFn:
+    """``torch_fn(graph)`` with each comparison ``decided`` holds true of passed through
+    ``decide(mask, a, b, |a|, |b|)``: the float64 reference with decisions a kernel's rounding can turn
+    taken another way (``run.conditioning.decision_tolerance``)."""
+    return _load(_source(graph, False, None, decided=decided)[0], {"_decide": decide})
 
 
 def attention_matches(graph: Graph) -> list[AttentionMatch]:

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pyrunner.ir.graph import Graph, Term
+from pyrunner.ir.graph import Graph, Term, subterms
 from pyrunner.ir.reference import evaluate
 
 if TYPE_CHECKING:
@@ -124,3 +124,73 @@ def arithmetic_error_torch(graph: Graph, inputs: Mapping[str, torch.Tensor], ref
         worst = max([worst, *(e for n, r in ref.items() if not np.isnan(e := error(moved[n], r)))])
         del moved
     return worst
+
+
+# --- decisions a kernel's rounding can take the other way -------------------------------------------------
+
+DECISION_BAND = 4.0
+"""A comparison is undecided where its operands differ by at most this many float32 unit roundoffs of their
+magnitudes (``baselines._magnitude_code``): run 168's flip of ``relu'(X W)`` had ``X W = -4.1e-5`` against
+``|X| @ |W| = 957``, 0.7 of one."""
+
+
+@lru_cache(maxsize=1 << 16)
+def inexact(t: Term) -> bool:
+    """Whether a kernel's value of ``t`` carries rounding: ``t`` or a term it reads rounds (``rounds``)."""
+    if t.op in ("input", "const", "axis_size", "iota"):
+        return False
+    return rounds(t) or any(inexact(a) for a in t.args)
+
+
+def decides(t: Term) -> bool:
+    """A comparison of a value the kernel rounds: its 0/1 result can differ from float64's where the operands
+    are within rounding of each other (a ReLU's derivative at a pre-activation near 0)."""
+    return t.op == "binary" and t.fn in ("lt", "le") and any(inexact(a) for a in t.args)
+
+
+def has_decisions(graph: Graph) -> bool:
+    return any(decides(t) for t in subterms([t for _, t in graph.outputs]))
+
+
+def decision_tolerance(graph: Graph, inputs: Mapping[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], int]:
+    """Per output element, how far the float64 value moves when the comparisons a float32 kernel can decide
+    either way (``decides``, operands within ``DECISION_BAND`` of each other, not exactly equal) are taken
+    the other way: ``|up - as_is| + |down - as_is|``, ``up`` with every undecided comparison true and ``down``
+    false (non-finite moves are infinite), and the count of undecided comparisons (0: the dict is empty).
+
+    Such a comparison is not the graph's value to float32 arithmetic at all: run 168's ReLU backward took one
+    pre-activation of ``-4.1e-5`` (``|X| @ |W| = 957``) as positive, which moved a row of ``d_X`` by 0.30 of
+    its scale, while the kernel was right to the bound elsewhere. A kernel must match the reference where no
+    such decision reaches and either decision where one does; an exact tie (a row's maximum against itself,
+    the argmax mask of a max's gradient) is the kernel's exactly too and stays decided. The masks come from
+    each run's own operands, so a decision downstream of a flipped one is judged on moved operands."""
+    import torch
+
+    from pyrunner.run.baselines import decided_fn
+
+    counts: list[int] = []
+
+    def decider(force: float | None) -> Callable[..., torch.Tensor]:
+        def decide(mask: torch.Tensor, a, b, ma, mb) -> torch.Tensor:
+            gap = torch.as_tensor(a - b, dtype=torch.float64).abs()
+            undecided = (gap > 0) & (gap <= DECISION_BAND * UNIT_ROUNDOFF_FP32 * torch.as_tensor(ma + mb))
+            if force is None:
+                counts.append(int(undecided.sum()))
+                return mask
+            return torch.where(undecided, torch.full_like(mask, force), mask)
+        return decide
+
+    def run(force: float | None) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            return decided_fn(graph, decider(force), decides)(**inputs)
+
+    as_is = run(None)
+    n = sum(counts)
+    if not n:
+        return {}, 0
+    up, down = run(1.0), run(0.0)
+    tol: dict[str, torch.Tensor] = {}
+    for name, r in as_is.items():
+        move = (up[name] - r).abs() + (down[name] - r).abs()
+        tol[name] = torch.nan_to_num(move.to(torch.float64), nan=float("inf"))
+    return tol, n

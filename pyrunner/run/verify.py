@@ -192,9 +192,10 @@ class VerifyResult:
         return {"checked": list(self.draws), "not_checked": list(self.not_checked)}
 
 
-def max_error(out: np.ndarray, ref: np.ndarray) -> float:
+def max_error(out: np.ndarray, ref: np.ndarray, tolerance: np.ndarray | None = None) -> float:
     """Normalised max error; inf when out has a NaN/inf (e.g. an unwritten, poisoned element);
-    NaN when the reference itself is not finite (nothing can be checked against it)."""
+    NaN when the reference itself is not finite (nothing can be checked against it). ``tolerance``: how far
+    each element may lie from ``ref`` before its error counts (``run.conditioning.decision_tolerance``)."""
     out = np.asarray(out, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     if not np.all(np.isfinite(ref)):
@@ -204,7 +205,8 @@ def max_error(out: np.ndarray, ref: np.ndarray) -> float:
     if not np.all(np.isfinite(out)):
         return float("inf")
     scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-    diff = float(np.max(np.abs(out - ref))) if ref.size else 0.0
+    gap = np.abs(out - ref) if tolerance is None else np.maximum(np.abs(out - ref) - tolerance, 0.0)
+    diff = float(np.max(gap)) if ref.size else 0.0
     return diff / scale if scale > 0 else diff
 
 
@@ -213,7 +215,7 @@ def finite_max(errors: Iterable[float]) -> float:
     return max((e for e in errors if not math.isnan(e)), default=0.0)
 
 
-def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
+def _max_error_torch(out: torch.Tensor, ref: torch.Tensor, tolerance: torch.Tensor | None = None) -> float:
     import torch
 
     if not bool(torch.isfinite(ref).all()):
@@ -224,7 +226,8 @@ def _max_error_torch(out: torch.Tensor, ref: torch.Tensor) -> float:
     if not bool(torch.isfinite(o).all()):
         return float("inf")
     scale = float(ref.abs().max()) if ref.numel() else 0.0
-    diff = float((o - ref).abs().max()) if ref.numel() else 0.0
+    gap = (o - ref).abs() if tolerance is None else ((o - ref).abs() - tolerance).clamp_min(0.0)
+    diff = float(gap.max()) if ref.numel() else 0.0
     return diff / scale if scale > 0 else diff
 
 
@@ -262,9 +265,10 @@ def output_axes(graph: Graph) -> dict[str, tuple[str, ...]]:
 
 def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bound: float, seed: int,
             axes: Mapping[str, list[str]] | None = None, graph: Graph | None = None,
-            what: str = "", inputs: str = "normal, std 0.5") -> VerifyResult:
+            what: str = "", inputs: str = "normal, std 0.5",
+            tolerance: Mapping[str, np.ndarray] | None = None) -> VerifyResult:
     """Compare numpy outputs (axes ``axes``, a permutation of the graph's) with the float64 reference
-    (a missing output is a failure)."""
+    (a missing output is a failure; ``tolerance``: per output, as ``max_error`` takes it)."""
     want = output_axes(graph) if graph is not None else {}
     errs: dict[str, float] = {}
     for name, r in ref.items():
@@ -274,8 +278,16 @@ def compare(outputs: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray], bo
         o = outputs[name]
         if axes and name in axes and name in want:
             o = to_source_layout(np.asarray(o), axes[name], want[name], View())
-        errs[name] = max_error(o, r)
+        errs[name] = max_error(o, r, (tolerance or {}).get(name))
     return judge(errs, bound, seed, what, inputs)
+
+
+def undecided_note(count: int) -> str:
+    """The message's note on a draw with comparisons the kernel may decide either way."""
+    if not count:
+        return ""
+    return (f" ({count} comparison(s) within float32 rounding of their threshold, accepted either way: "
+            f"run.conditioning.decision_tolerance)")
 
 
 # --- the GPU check -------------------------------------------------------------
@@ -301,6 +313,9 @@ class _DeviceDraw:
     bound: float
     arith_error: float = 0.0
     """``run.conditioning.arithmetic_error`` on these inputs."""
+    tolerance: dict = field(default_factory=dict)
+    """Per output, ``run.conditioning.decision_tolerance`` on these inputs (empty: nothing undecided)."""
+    undecided: int = 0
 
 
 class GpuVerifier:
@@ -363,7 +378,12 @@ class GpuVerifier:
             moved = self._reference(self.graph, rounded, self._reference_kind, self.storage_dtype)
             operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in ref.items())
             del moved
-        from pyrunner.run.conditioning import arithmetic_error, arithmetic_error_torch
+        from pyrunner.run.conditioning import (
+            arithmetic_error,
+            arithmetic_error_torch,
+            decision_tolerance,
+            has_decisions,
+        )
 
         if self._reference_kind == "numpy":
             arith = arithmetic_error(self.graph, {k: v.cpu().numpy() for k, v in rounded.items()},
@@ -371,7 +391,10 @@ class GpuVerifier:
         else:
             arith = arithmetic_error_torch(self.graph, rounded, ref, self.seed, _max_error_torch)
         bound = conditioned_bound(self.a_priori, max(operand_error, arith))
-        return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound, arith)
+        tolerance, undecided = ({}, 0)
+        if has_decisions(self.graph):
+            tolerance, undecided = decision_tolerance(self.graph, rounded)
+        return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound, arith, tolerance, undecided)
 
     def _reference(self, graph: Graph, rounded: dict, reference: str, operand_dtype: str | None) -> dict:
         """The float64 outputs (``operand_dtype``: with computed GEMM operands rounded to it)."""
@@ -425,9 +448,10 @@ class GpuVerifier:
                 errs[name] = float("inf")
                 continue
             o = to_source_layout(t[name], axes.get(name, self._axes[name]), self._axes[name], self.view)
-            errs[name] = _max_error_torch(o, ref)
+            errs[name] = _max_error_torch(o, ref, d.tolerance.get(name))
         res = judge(errs, d.bound, self.seed, what, d.describe)
         res.message += _raised(d.a_priori, d.bound, d.operand_error, self.storage_dtype, d.arith_error)
+        res.message += undecided_note(d.undecided)
         return res
 
     def check_fn(self, fn: Callable[..., Mapping[str, torch.Tensor]]) -> float:
@@ -502,6 +526,9 @@ class _Prepared:
     a plan may store any of them at a kernel boundary in its dtype."""
     arith_error: float = 0.0
     """``run.conditioning.arithmetic_error`` on these inputs (0.0 where the caller gives the bound)."""
+    tolerance: dict[str, np.ndarray] = field(default_factory=dict)
+    """Per output, ``run.conditioning.decision_tolerance`` on these inputs."""
+    undecided: int = 0
 
 
 def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: str,
@@ -522,8 +549,22 @@ def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: 
         from pyrunner.run.conditioning import arithmetic_error
 
         arith = arithmetic_error(graph, rounded, ref, seed, max_error)
+    tolerance, undecided = _numpy_decisions(graph, rounded)
     return _Prepared(describe, rounded, ref, a_priori, operand_error, peak if math.isfinite(peak) else math.inf,
-                     arith)
+                     arith, tolerance, undecided)
+
+
+def _numpy_decisions(graph: Graph, rounded: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
+    """``run.conditioning.decision_tolerance`` for the CPU check (evaluated by torch on the CPU)."""
+    from pyrunner.run.conditioning import decision_tolerance, has_decisions
+
+    if not has_decisions(graph):
+        return {}, 0
+    import torch
+
+    tol, n = decision_tolerance(graph, {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
+                                        for k, v in rounded.items()})
+    return {k: v.numpy() for k, v in tol.items()}, n
 
 
 def verify_executor(plan: Plan, graph: Graph, execute: Callable, seed: int | None = None,
@@ -576,6 +617,7 @@ def _executor_once(plan: Plan, graph: Graph, execute: Callable, seed: int, prep:
         return VerifyResult(False, float("inf"), bound, seed, {},
                             f"CPU executor {label}: failed: {type(e).__name__}: {e}" if label else
                             f"CPU executor failed: {type(e).__name__}: {e}")
-    res = compare(outs, prep.ref, bound, seed, axes, graph, what, prep.describe)
+    res = compare(outs, prep.ref, bound, seed, axes, graph, what, prep.describe, prep.tolerance)
     res.message += _raised(prep.a_priori, bound, prep.operand_error, dtype, prep.arith_error)
+    res.message += undecided_note(prep.undecided)
     return res
