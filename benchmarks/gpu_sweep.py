@@ -16,8 +16,9 @@ it out), compile it
 (``backend.tilelang.compile.compile_for_gpu``) and
 check it once on fresh random inputs with the runner's verifier (``run.verify.GpuVerifier``:
 NaN-poisoned outputs, float64 reference, per-dtype bound). A worker records its progress line
-by line, so a case killed by the time guard still says how far it got. A case that ran out of GPU
-memory beside the other workers is run again alone once they are done (``retry_alone``). No timing
+by line, so a case killed by the time guard still says how far it got. A case that runs out of GPU
+memory beside the other workers halves how many cases run at once and is run again at once under the
+narrower limit, alone at the last (``Throttle``, ``run_narrowing``). No timing
 here: this is the correctness net, ``gpu_run.sh`` times.
 
 Writes to ``--out`` (default ``$OUT``): ``sweep.log`` (everything, with each worker's full
@@ -33,6 +34,7 @@ import math
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -387,19 +389,55 @@ def out_of_memory(rec: dict) -> bool:
     return rec.get("status") == "failed-launch" and "out of memory" in str(rec.get("message", "")).lower()
 
 
-def retry_alone(records: list[dict], run: Callable[[int], dict], log: Callable[[str], None]) -> list[dict]:
-    """Run again, one at a time once every worker is done, each case that ran out of GPU memory beside the
-    others (run 149's ScaledAttention backward and run 166's SlidingWindowAttention passed alone); the new
-    record replaces the first and says so (``extra.retried_alone``: the first record's message). The time
-    budget still bounds them: a retry that cannot start is ``skipped``."""
-    out = list(records)
-    for i, rec in enumerate(records):
-        if out_of_memory(rec):
-            log(f"retrying {rec['id']} alone: it ran out of GPU memory beside the other workers")
-            again = run(i)
-            again["extra"] = {**(again.get("extra") or {}), "retried_alone": rec.get("message", "")}
-            out[i] = again
-    return out
+class Throttle:
+    """How many cases run at once: ``jobs`` at first, halved by each out-of-memory (never below 1, where a
+    case runs alone). Run 168 started 15 real-shape backward checks together; 13 ran out of GPU memory
+    and, kept for a retry after the pool, found the budget spent. Run 169 passed all 13 with 4 at once."""
+
+    def __init__(self, jobs: int) -> None:
+        self.limit, self.running = max(1, jobs), 0
+        self._cond = threading.Condition()
+
+    def acquire(self) -> int:
+        """Wait for a slot; the limit it was taken under."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.running < self.limit)
+            self.running += 1
+            return self.limit
+
+    def release(self) -> None:
+        with self._cond:
+            self.running -= 1
+            self._cond.notify_all()
+
+    def narrow(self, under: int) -> int:
+        """Halve the limit after a case ran out of memory under ``under`` (once per limit: several cases
+        failing together narrow it once); the new limit."""
+        with self._cond:
+            if self.limit >= under and self.limit > 1:
+                self.limit = max(1, under // 2)
+            return self.limit
+
+
+def run_narrowing(run: Callable[[], dict], throttle: Throttle, log: Callable[[str], None]) -> dict:
+    """``run()`` under the throttle; a case that ran out of GPU memory narrows it and runs again at once, until
+    it passes that point or has run alone. The last record counts (``extra.out_of_memory_under``: the limits
+    it ran out of memory under)."""
+    under: list[int] = []
+    while True:
+        limit = throttle.acquire()
+        try:
+            rec = run()
+        finally:
+            throttle.release()
+        if not out_of_memory(rec) or limit == 1:
+            break
+        under.append(limit)
+        log(f"{rec['id']} ran out of GPU memory with {limit} case(s) at once: now at most "
+            f"{throttle.narrow(limit)}, and it runs again")
+    if under:
+        rec["extra"] = {**(rec.get("extra") or {}), "out_of_memory_under": under}
+    return rec
 
 
 def summarize(records: list[dict], dry: bool, seconds: float, device: str | None = None) -> dict:
@@ -543,16 +581,17 @@ def main(argv: list[str] | None = None) -> int:
     log(f"== sweep: {len(cases)} case(s), {args.jobs} worker(s), budget {args.budget_s:.0f} s, "
         f"{'dry (no GPU)' if args.dry else 'GPU'}")
 
+    throttle = Throttle(args.jobs)
+
     def one(item: tuple[int, Case]) -> dict:
         idx, case = item
-        rec = _run_worker(args, case, idx, end, log)
+        rec = run_narrowing(lambda: _run_worker(args, case, idx, end, log), throttle, log)
         err = f" error {rec['error']:.1e}" if isinstance(rec.get("error"), (int, float)) else ""
         log(f"{rec['status']:20s} {case.id:52s} {rec.get('seconds', 0):6.1f} s{err}  {rec['message'][:200]}")
         return rec
 
     with ThreadPoolExecutor(args.jobs) as pool:
         records = list(pool.map(one, enumerate(cases)))
-    records = retry_alone(records, lambda i: one((i, cases[i])), log)
     with open(args.out / "cases.jsonl", "w") as fh:
         for r in records:
             fh.write(json.dumps(r, default=str) + "\n")

@@ -214,23 +214,61 @@ def test_changed_cases_hashes_a_backward_case_by_its_backward_plan() -> None:
     assert "d_W_gate" in src
 
 
-def test_a_case_out_of_gpu_memory_beside_the_others_is_run_again_alone() -> None:
-    """Run 166: SlidingWindowAttention@real failed to launch (CUDA out of memory) beside 14 other workers."""
-    def rec(i, status, msg=""):
-        return {"id": f"g{i}@real/bf16", "source": "corpus", "status": status, "stage": "compiled", "message": msg}
-
+def test_a_case_out_of_gpu_memory_narrows_the_sweep_and_runs_again() -> None:
+    """Run 168: 13 real-shape backward checks ran out of GPU memory beside 14 other workers; run 169 passed them
+    with 4 at once. Each memory failure halves how many cases run at once and the case runs again under it."""
     oom = "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."
-    first = [rec(0, "ok"), rec(1, "failed-launch", oom), rec(2, "failed-launch", "RuntimeError: illegal address"),
-             rec(3, "failed-verification", "output 'Y': error 4.3e-01 > 3e-02")]
-    ran, lines = [], []
+    throttle, lines, seen = gpu_sweep.Throttle(8), [], []
 
-    def run(i: int) -> dict:
-        ran.append(i)
-        return {**rec(i, "ok"), "stage": "verified"}
+    def fits_under(k: int):
+        def run() -> dict:
+            seen.append(throttle.limit)
+            if throttle.limit > k:
+                return {"id": "g@real/bf16/bwd", "status": "failed-launch", "stage": "compiled", "message": oom}
+            return {"id": "g@real/bf16/bwd", "status": "ok", "stage": "verified", "message": ""}
+        return run
 
-    out = gpu_sweep.retry_alone(first, run, lines.append)
-    assert ran == [1]  # only the memory failure: a launch error or a wrong result is a verdict
-    assert out[1]["status"] == "ok" and out[1]["extra"]["retried_alone"] == oom
-    assert out[0] is first[0] and out[2:] == first[2:] and "g1@real/bf16" in lines[0]
-    s = gpu_sweep.summarize(out, dry=False, seconds=1.0)
-    assert (s["gpu_verified"], s["failed"]) == (2, 2)
+    rec = gpu_sweep.run_narrowing(fits_under(2), throttle, lines.append)
+    assert rec["status"] == "ok" and rec["extra"]["out_of_memory_under"] == [8, 4]
+    assert seen == [8, 4, 2] and throttle.limit == 2 and "g@real/bf16/bwd" in lines[0]
+    # alone and still out of memory: that record stands, nothing loops
+    seen.clear()
+    rec = gpu_sweep.run_narrowing(fits_under(0), throttle, lines.append)
+    assert rec["status"] == "failed-launch" and seen == [2, 1] and throttle.limit == 1
+    # a launch error or a wrong result is a verdict, run once
+    calls = []
+
+    def wrong() -> dict:
+        calls.append(1)
+        return {"id": "h@real/bf16", "status": "failed-launch", "stage": "compiled", "message": "illegal address"}
+
+    assert gpu_sweep.run_narrowing(wrong, gpu_sweep.Throttle(4), lines.append)["status"] == "failed-launch"
+    assert calls == [1]
+
+
+def test_the_throttle_holds_its_limit_across_threads() -> None:
+    """Cases that fail together narrow the limit once, and no more than the limit ever run at once."""
+    import threading
+    import time
+
+    throttle, lock, state = gpu_sweep.Throttle(4), threading.Lock(), {"now": 0, "peak": 0}
+
+    def case() -> None:
+        throttle.acquire()
+        with lock:
+            state["now"] += 1
+            state["peak"] = max(state["peak"], state["now"])
+        time.sleep(0.01)
+        with lock:
+            state["now"] -= 1
+        throttle.release()
+
+    assert throttle.narrow(4) == 2 and throttle.narrow(4) == 2  # the second failure under 4 changes nothing
+    threads = [threading.Thread(target=case) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert state["peak"] <= 2 and throttle.running == 0
+
+
