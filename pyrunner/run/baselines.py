@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from pyrunner.ir.graph import Graph, Term, result_axes, softmax_source, subterms
 from pyrunner.ir.ops import COMPARISONS, ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import evaluate_terms
+from pyrunner.run.torch_code import Values, broadcast, lit, magnitude_code, matmul_code, permute, reshape
 
 TorchFn = Callable[..., dict[str, torch.Tensor]]
 
@@ -32,59 +33,8 @@ def _is_constant(t: Term) -> bool:
     return all(s.op not in ("input", "iota") for s in subterms([t]))
 
 
-def _lit(v: float) -> str:
-    """A Python literal for a constant (infinities included)."""
-    return repr(v) if math.isfinite(v) else f"float({str(v)!r})"
-
-
 def _constant_value(t: Term, sizes: Mapping[str, int]) -> float:
     return float(evaluate_terms([t], sizes, {})[t])
-
-
-def _permute(x: str, have: tuple[str, ...], want: tuple[str, ...]) -> str:
-    """Code reordering x's dims (same axis set) from `have` to `want`."""
-    if have == want:
-        return x
-    return f"{x}.permute({', '.join(str(have.index(a)) for a in want)})"
-
-
-def _reshape(x: str, shape: list[int]) -> str:
-    return f"{x}.reshape({', '.join(str(n) for n in shape)})"
-
-
-def _broadcast(x: str, have: tuple[str, ...], want: tuple[str, ...], sizes: Mapping[str, int]) -> str:
-    """Code viewing x (axes `have`, a subset of `want`) as broadcastable against `want`."""
-    if have == want or not have:
-        return x
-    order = tuple(sorted(have, key=want.index))
-    y = _permute(x, have, order)
-    if order == want:
-        return y
-    return _reshape(y, [sizes[a] if a in have else 1 for a in want])
-
-
-def _matmul_code(a: str, a_axes: tuple[str, ...], b: str, b_axes: tuple[str, ...], contract: str,
-                 out_axes: tuple[str, ...], sizes: Mapping[str, int]) -> str:
-    """A named-axis contraction as one (batched) ``torch.matmul``.
-
-    Batch axes are those both operands carry; each operand's other axes are
-    flattened into the matrix's free dimension (a view where there is one).
-    """
-    batch = tuple(x for x in a_axes if x in b_axes and x != contract)
-    left = tuple(x for x in a_axes if x not in batch and x != contract)
-    right = tuple(x for x in b_axes if x not in batch and x != contract)
-    bshape = [sizes[x] for x in batch]
-    a2 = _permute(a, a_axes, batch + left + (contract,))
-    b2 = _permute(b, b_axes, batch + (contract,) + right)
-    if len(left) != 1:
-        a2 = _reshape(a2, bshape + [math.prod(sizes[x] for x in left), sizes[contract]])
-    if len(right) != 1:
-        b2 = _reshape(b2, bshape + [sizes[contract], math.prod(sizes[x] for x in right)])
-    c = f"torch.matmul({a2}, {b2})"
-    have = batch + left + right
-    if len(left) != 1 or len(right) != 1:
-        c = _reshape(c, [sizes[x] for x in have])
-    return _permute(c, have, out_axes)
 
 
 @dataclass(frozen=True)
@@ -186,18 +136,18 @@ def _sdpa_code(m: AttentionMatch, q: str, k: str, v: str, out_axes: tuple[str, .
     v_free = tuple(x for x in va if x not in batch and x != m.kv)
     # 4-D (1, batch, seq, dim): SDPA's flash and cuDNN backends only take 4-D inputs
     nb = [1, math.prod(sizes[x] for x in batch)]
-    q3 = _reshape(_permute(q, qa, batch + q_free + (m.d,)), nb + [math.prod(sizes[x] for x in q_free), sizes[m.d]])
-    k3 = _reshape(_permute(k, ka, batch + (m.kv, m.d)), nb + [sizes[m.kv], sizes[m.d]])
-    v3 = _reshape(_permute(v, va, batch + (m.kv,) + v_free), nb + [sizes[m.kv], math.prod(sizes[x] for x in v_free)])
+    q3 = reshape(permute(q, qa, batch + q_free + (m.d,)), nb + [math.prod(sizes[x] for x in q_free), sizes[m.d]])
+    k3 = reshape(permute(k, ka, batch + (m.kv, m.d)), nb + [sizes[m.kv], sizes[m.d]])
+    v3 = reshape(permute(v, va, batch + (m.kv,) + v_free), nb + [sizes[m.kv], math.prod(sizes[x] for x in v_free)])
     extra = ""
     if m.causal:
         extra = ", is_causal=True"
     elif m.mask is not None and mask is not None:
         (qf,) = q_free
-        extra = f", attn_mask={_permute(mask, result_axes(m.mask), (qf, m.kv))} != 0"
+        extra = f", attn_mask={permute(mask, result_axes(m.mask), (qf, m.kv))} != 0"
     o = f"F.scaled_dot_product_attention({q3}, {k3}, {v3}, scale={m.scale!r}{extra})"
     have = batch + q_free + v_free
-    return _permute(_reshape(o, [sizes[x] for x in have]), have, out_axes)
+    return permute(reshape(o, [sizes[x] for x in have]), have, out_axes)
 
 
 # --- code generation -------------------------------------------------------------
@@ -277,7 +227,7 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
         lines.append("    _dt = next(iter(inputs.values())).dtype")
 
     def ref(t: Term) -> str:
-        return _lit(consts[t]) if t in consts else name[t]
+        return lit(consts[t]) if t in consts else name[t]
 
     for t in needed:
         v = name[t] = f"v{len(name)}"
@@ -290,7 +240,7 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
         elif t.op == "iota":
             code = f"torch.arange({sizes[t.axis]}, device=_dev, dtype=torch.float32)"
         elif t.op == "ternary":
-            args = [ref(a) if a in consts else _broadcast(ref(a), axes[a], axes[t], sizes) for a in t.args]
+            args = [ref(a) if a in consts else broadcast(ref(a), axes[a], axes[t], sizes) for a in t.args]
             code = ELEMENTWISE[t.fn].torch.format(*args)
         elif t in softmax:
             x, a = softmax[t]
@@ -299,48 +249,25 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
             code = ELEMENTWISE[t.fn].torch.format(ref(t.args[0]))
         elif t.op == "binary":
             a, b = t.args
-            xa = ref(a) if a in consts else _broadcast(ref(a), axes[a], axes[t], sizes)
-            xb = ref(b) if b in consts else _broadcast(ref(b), axes[b], axes[t], sizes)
+            xa = ref(a) if a in consts else broadcast(ref(a), axes[a], axes[t], sizes)
+            xb = ref(b) if b in consts else broadcast(ref(b), axes[b], axes[t], sizes)
             code = _binary_code(t.fn, xa, a in consts, xb, b in consts)
         elif t.op == "reduce":
             code = REDUCTIONS[t.fn].torch.format(ref(t.args[0]), axes[t.args[0]].index(t.axis))
         elif t.op == "matmul":
             a, b = t.args
             xa, xb = (_matmul_operand(ref(x), x, operand_dtype, x in consts, has_iota) for x in (a, b))
-            code = _matmul_code(xa, axes[a], xb, axes[b], t.axis, axes[t], sizes)
+            code = matmul_code(xa, axes[a], xb, axes[b], t.axis, axes[t], sizes)
         else:  # pragma: no cover - check() rejects unknown ops
             raise ValueError(t.op)
-        lines += _statements(t, v, code, perturbed, decided, _Values(name, consts, axes, sizes))
+        lines += _statements(t, v, code, perturbed, decided, Values(name, consts, axes, sizes))
     outs = ", ".join(f"{n!r}: {ref(t)}" for n, t in graph.outputs)
     lines.append(f"    return {{{outs}}}")
     return "\n".join(lines) + "\n", list(attn.values())
 
 
-@dataclass(frozen=True)
-class _Values:
-    """How generated code names each value and its magnitude (``_source``'s tables)."""
-
-    name: Mapping[Term, str]
-    consts: Mapping[Term, float]
-    axes: Mapping[Term, tuple[str, ...]]
-    sizes: Mapping[str, int]
-
-    def value(self, x: Term, want: tuple[str, ...]) -> str:
-        """``x``'s value viewed against the axes ``want`` (a constant as a Python number)."""
-        if x in self.consts:
-            return _lit(self.consts[x])
-        return _broadcast(self.name[x], self.axes[x], want, self.sizes)
-
-    def mag(self, x: Term, want: tuple[str, ...] | None = None) -> str:
-        """The magnitude of ``x``'s value (``want``: viewed against those axes)."""
-        if x in self.consts:
-            return _lit(abs(self.consts[x]))
-        m = f"m{self.name[x]}"
-        return m if want is None else _broadcast(m, self.axes[x], want, self.sizes)
-
-
 def _statements(t: Term, v: str, code: str, perturbed: Callable[[Term], bool] | None,
-                decided: Callable[[Term], bool] | None, vals: _Values) -> list[str]:
+                decided: Callable[[Term], bool] | None, vals: Values) -> list[str]:
     """A term's statement (``_source``'s ``perturbed`` and ``decided``), with its magnitude's under ``decided``."""
     if perturbed is not None and t.op not in ("input", "iota") and perturbed(t):
         code = f"_perturb({code})"
@@ -350,26 +277,7 @@ def _statements(t: Term, v: str, code: str, perturbed: Callable[[Term], bool] | 
         a, b = t.args
         ax = vals.axes[t]
         code = f"_decide({code}, {vals.value(a, ax)}, {vals.value(b, ax)}, {vals.mag(a, ax)}, {vals.mag(b, ax)})"
-    return [f"    {v} = {code}", f"    m{v} = {_magnitude_code(t, v, vals)}"]
-
-
-def _magnitude_code(t: Term, v: str, vals: _Values) -> str:
-    """The magnitude a kernel's float32 rounding of ``t`` scales with: a running error analysis's bound, one
-    rule per linear op (a contraction's ``|A| @ |B|``, a sum's sum of magnitudes, a sum's or product's of its
-    operands'), the value's own size for everything else. Where a contraction cancels (``X W`` near 0 in a
-    row of large products) its rounding is that of the products, not of the small result."""
-    axes = vals.axes
-    if t.op == "matmul":
-        a, b = t.args
-        return _matmul_code(vals.mag(a), axes[a], vals.mag(b), axes[b], t.axis, axes[t], vals.sizes)
-    if t.op == "reduce" and t.fn in ("sum", "mean"):
-        return REDUCTIONS[t.fn].torch.format(vals.mag(t.args[0]), axes[t.args[0]].index(t.axis))
-    if t.op == "unary" and t.fn == "neg":
-        return vals.mag(t.args[0])
-    if t.op == "binary" and t.fn in ("add", "sub", "mul"):
-        ma, mb = (vals.mag(x, axes[t]) for x in t.args)
-        return f"({ma} {'*' if t.fn == 'mul' else '+'} {mb})"
-    return f"{v}.abs().double()"
+    return [f"    {v} = {code}", f"    m{v} = {magnitude_code(t, v, vals)}"]
 
 
 def _load(src: str, extra: Mapping[str, object] | None = None) -> TorchFn:

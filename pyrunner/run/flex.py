@@ -20,12 +20,10 @@ from pyrunner.run.baselines import (
     _constant_value,
     _is_constant,
     _is_index_only,
-    _lit,
     _load,
-    _permute,
-    _reshape,
     match_attention,
 )
+from pyrunner.run.torch_code import lit, permute, reshape
 
 
 @dataclass(frozen=True)
@@ -100,7 +98,7 @@ def _flex_source(graph: Graph) -> str | None:
         if u.op == "iota":
             return {q_free: "q_idx", m.kv: "kv_idx"}.get(u.axis)
         if u.op != "input" and _is_constant(u):
-            return _lit(_constant_value(u, sizes))
+            return lit(_constant_value(u, sizes))
         if u.op == "input":
             ax = result_axes(u)
             full, plain = batch + (q_free, m.kv), (q_free, m.kv)
@@ -114,7 +112,7 @@ def _flex_source(graph: Graph) -> str | None:
             if u.name not in biases:
                 biases[u.name] = f"bias{len(biases)}"
                 prep.append(f"    {biases[u.name]} = "
-                            f"{_reshape(_permute(f'inputs[{u.name!r}]', ax, want), shape)}.contiguous()")
+                            f"{reshape(permute(f'inputs[{u.name!r}]', ax, want), shape)}.contiguous()")
             return f"{biases[u.name]}{idx}"
         if u.op in ("unary", "binary", "ternary") and u.fn in ELEMENTWISE:
             args = [code(x) for x in u.args]
@@ -130,11 +128,11 @@ def _flex_source(graph: Graph) -> str | None:
     body = code(x)
     if body is None:
         return None
-    q4 = _reshape(_permute("inputs[%r]" % m.q.name, qa, batch + (q_free, m.d)), [1, nb, sizes[q_free], sizes[m.d]])
-    k4 = _reshape(_permute("inputs[%r]" % m.k.name, ka, batch + (m.kv, m.d)), [1, nb, sizes[m.kv], sizes[m.d]])
-    v4 = _reshape(_permute("inputs[%r]" % m.v.name, va, batch + (m.kv, v_free)), [1, nb, sizes[m.kv], sizes[v_free]])
+    q4 = reshape(permute("inputs[%r]" % m.q.name, qa, batch + (q_free, m.d)), [1, nb, sizes[q_free], sizes[m.d]])
+    k4 = reshape(permute("inputs[%r]" % m.k.name, ka, batch + (m.kv, m.d)), [1, nb, sizes[m.kv], sizes[m.d]])
+    v4 = reshape(permute("inputs[%r]" % m.v.name, va, batch + (m.kv, v_free)), [1, nb, sizes[m.kv], sizes[v_free]])
     have = batch + (q_free, v_free)
-    o = _permute(_reshape("o", [sizes[x] for x in have]), have, result_axes(t))
+    o = permute(reshape("o", [sizes[x] for x in have]), have, result_axes(t))
     masked = [] if mask is None else [
         "",
         "def mask_mod(b, h, q_idx, kv_idx):",
