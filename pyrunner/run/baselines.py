@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from pyrunner.ir.graph import Graph, Term, result_axes, softmax_source, subterms
 from pyrunner.ir.ops import COMPARISONS, ELEMENTWISE, REDUCTIONS
 from pyrunner.ir.reference import evaluate_terms
-from pyrunner.run.torch_code import Values, broadcast, lit, magnitude_code, matmul_code, permute, reshape
+from pyrunner.run.torch_code import Values, lit, magnitude_code, matmul_code, permute, reshape
 
 TorchFn = Callable[..., dict[str, torch.Tensor]]
 
@@ -183,7 +183,7 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
     """Plain PyTorch source computing the graph: one statement per op, static shapes (``perturbed``: each
     computed value it holds true of passed through ``_perturb``, which the caller's namespace supplies;
     ``decided``: each comparison it holds true of passed through ``_decide(mask, a, b, |a|, |b|)`` with its
-    operands and their magnitudes, ``_magnitude_code``, computed beside every value)."""
+    operands and their magnitudes, ``torch_code.magnitude_code``, computed beside every value)."""
     roots = [t for _, t in graph.outputs]
     sizes = graph.sizes
     axes: dict[Term, tuple[str, ...]] = {}
@@ -229,6 +229,8 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
     def ref(t: Term) -> str:
         return lit(consts[t]) if t in consts else name[t]
 
+    vals = Values(name, consts, axes, sizes)
+
     for t in needed:
         v = name[t] = f"v{len(name)}"
         if t.op == "input":
@@ -240,7 +242,7 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
         elif t.op == "iota":
             code = f"torch.arange({sizes[t.axis]}, device=_dev, dtype=torch.float32)"
         elif t.op == "ternary":
-            args = [ref(a) if a in consts else broadcast(ref(a), axes[a], axes[t], sizes) for a in t.args]
+            args = [vals.value(a, axes[t]) for a in t.args]
             code = ELEMENTWISE[t.fn].torch.format(*args)
         elif t in softmax:
             x, a = softmax[t]
@@ -249,9 +251,7 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
             code = ELEMENTWISE[t.fn].torch.format(ref(t.args[0]))
         elif t.op == "binary":
             a, b = t.args
-            xa = ref(a) if a in consts else broadcast(ref(a), axes[a], axes[t], sizes)
-            xb = ref(b) if b in consts else broadcast(ref(b), axes[b], axes[t], sizes)
-            code = _binary_code(t.fn, xa, a in consts, xb, b in consts)
+            code = _binary_code(t.fn, vals.value(a, axes[t]), a in consts, vals.value(b, axes[t]), b in consts)
         elif t.op == "reduce":
             code = REDUCTIONS[t.fn].torch.format(ref(t.args[0]), axes[t.args[0]].index(t.axis))
         elif t.op == "matmul":
@@ -260,7 +260,7 @@ def _source(graph: Graph, use_sdpa: bool, operand_dtype: str | None = None,
             code = matmul_code(xa, axes[a], xb, axes[b], t.axis, axes[t], sizes)
         else:  # pragma: no cover - check() rejects unknown ops
             raise ValueError(t.op)
-        lines += _statements(t, v, code, perturbed, decided, Values(name, consts, axes, sizes))
+        lines += _statements(t, v, code, perturbed, decided, vals)
     outs = ", ".join(f"{n!r}: {ref(t)}" for n, t in graph.outputs)
     lines.append(f"    return {{{outs}}}")
     return "\n".join(lines) + "\n", list(attn.values())

@@ -130,7 +130,7 @@ def arithmetic_error_torch(graph: Graph, inputs: Mapping[str, torch.Tensor], ref
 
 DECISION_BAND = 4.0
 """A comparison is undecided where its operands differ by at most this many float32 unit roundoffs of their
-magnitudes (``baselines._magnitude_code``): run 168's flip of ``relu'(X W)`` had ``X W = -4.1e-5`` against
+magnitudes (``torch_code.magnitude_code``): run 168's flip of ``relu'(X W)`` had ``X W = -4.1e-5`` against
 ``|X| @ |W| = 957``, 0.7 of one."""
 
 
@@ -149,6 +149,7 @@ def decides(t: Term) -> bool:
 
 
 def has_decisions(graph: Graph) -> bool:
+    """Whether ``graph`` compares a value a kernel rounds anywhere (``decides``)."""
     return any(decides(t) for t in subterms([t for _, t in graph.outputs]))
 
 
@@ -156,7 +157,8 @@ def decision_tolerance(graph: Graph, inputs: Mapping[str, torch.Tensor]) -> tupl
     """Per output element, how far the float64 value moves when the comparisons a float32 kernel can decide
     either way (``decides``, operands within ``DECISION_BAND`` of each other, not exactly equal) are taken
     the other way: ``|up - as_is| + |down - as_is|``, ``up`` with every undecided comparison true and ``down``
-    false (non-finite moves are infinite), and the count of undecided comparisons (0: the dict is empty).
+    false (non-finite moves are infinite), and the count of undecided comparisons (0: the dict is empty, and a
+    graph comparing no computed value costs no evaluation).
 
     Such a comparison is not the graph's value to float32 arithmetic at all: run 168's ReLU backward took one
     pre-activation of ``-4.1e-5`` (``|X| @ |W| = 957``) as positive, which moved a row of ``d_X`` by 0.30 of
@@ -168,6 +170,8 @@ def decision_tolerance(graph: Graph, inputs: Mapping[str, torch.Tensor]) -> tupl
 
     from pyrunner.run.baselines import decided_fn
 
+    if not has_decisions(graph):
+        return {}, 0
     counts: list[int] = []
 
     def decider(force: float | None) -> Callable[..., torch.Tensor]:

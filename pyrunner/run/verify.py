@@ -378,12 +378,7 @@ class GpuVerifier:
             moved = self._reference(self.graph, rounded, self._reference_kind, self.storage_dtype)
             operand_error = finite_max(_max_error_torch(moved[n], r) for n, r in ref.items())
             del moved
-        from pyrunner.run.conditioning import (
-            arithmetic_error,
-            arithmetic_error_torch,
-            decision_tolerance,
-            has_decisions,
-        )
+        from pyrunner.run.conditioning import arithmetic_error, arithmetic_error_torch, decision_tolerance
 
         if self._reference_kind == "numpy":
             arith = arithmetic_error(self.graph, {k: v.cpu().numpy() for k, v in rounded.items()},
@@ -391,9 +386,7 @@ class GpuVerifier:
         else:
             arith = arithmetic_error_torch(self.graph, rounded, ref, self.seed, _max_error_torch)
         bound = conditioned_bound(self.a_priori, max(operand_error, arith))
-        tolerance, undecided = ({}, 0)
-        if has_decisions(self.graph):
-            tolerance, undecided = decision_tolerance(self.graph, rounded)
+        tolerance, undecided = decision_tolerance(self.graph, rounded)
         return _DeviceDraw(describe, inputs, ref, self.a_priori, operand_error, bound, arith, tolerance, undecided)
 
     def _reference(self, graph: Graph, rounded: dict, reference: str, operand_dtype: str | None) -> dict:
@@ -556,11 +549,9 @@ def _prepare(plan: Plan, graph: Graph, raw: Mapping[str, np.ndarray], describe: 
 
 def _numpy_decisions(graph: Graph, rounded: Mapping[str, np.ndarray]) -> tuple[dict[str, np.ndarray], int]:
     """``run.conditioning.decision_tolerance`` for the CPU check (evaluated by torch on the CPU)."""
-    from pyrunner.run.conditioning import decision_tolerance, has_decisions
-
-    if not has_decisions(graph):
-        return {}, 0
     import torch
+
+    from pyrunner.run.conditioning import decision_tolerance
 
     tol, n = decision_tolerance(graph, {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float64))
                                         for k, v in rounded.items()})
