@@ -2,7 +2,7 @@
 
 A switch is a module-level boolean the planner (and, for ``ASYNC_PARTIAL_TILES``, the renderer) reads each time
 it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``): the first is on since runs
-132-133, the second off until a GPU run decides it. ``emit.FOLD_EXP_SHIFT`` is the renderer's alone (the softmax
+132-133, the second since runs 171-174. ``emit.FOLD_EXP_SHIFT`` is the renderer's alone (the softmax
 shift's FMA form, off since run 134). ``search.OPERAND_PASS_WRITTEN`` (off until a GPU sweep decides) lets the
 operand pass cut the graph as written too; ``lower.SHARED_ACCUMULATOR`` (on since run 165) accumulates a sum of
 contractions over the loop axis in one tile; ``merge.SHARED_INTERMEDIATES`` (off until a GPU sweep decides) lets
@@ -23,15 +23,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-SWITCHES = {
-    "fit.ASYNC_PARTIAL_TILES": ("pyrunner.target.fit", "ASYNC_PARTIAL_TILES"),
-    "cost.PHASED_BLOCKS": ("pyrunner.planner.cost", "PHASED_BLOCKS"),
-    "emit.FOLD_EXP_SHIFT": ("pyrunner.backend.tilelang.emit", "FOLD_EXP_SHIFT"),
-    "search.OPERAND_PASS_WRITTEN": ("pyrunner.planner.search", "OPERAND_PASS_WRITTEN"),
-    "lower.SHARED_ACCUMULATOR": ("pyrunner.planner.lower", "SHARED_ACCUMULATOR"),
-    "merge.SHARED_INTERMEDIATES": ("pyrunner.planner.merge", "SHARED_INTERMEDIATES"),
-}
-"""Switch name -> (module, attribute)."""
+from pyrunner.switches import SWITCHES, get  # the registry (and reading one) live in the package
+
 GUARD_SWITCHES = frozenset({"fit.ASYNC_PARTIAL_TILES"})
 """Switches the renderer reads only in the guard that picks a kernel's asynchronous form: a source that differs
 in that guard alone builds the same kernels where the default config decides it alike (``switch_cases``).
@@ -76,11 +69,6 @@ def parse_all(specs: list[str] | None) -> dict[str, bool]:
                 k, v = parse(part)
                 out[k] = v
     return out
-
-
-def get(key: str) -> bool:
-    module, attr = SWITCHES[key]
-    return bool(getattr(importlib.import_module(module), attr))
 
 
 def clear_caches() -> None:

@@ -17,7 +17,7 @@ LONG_MARK = "Why one module:"
 
 # Each subpackage may import only from earlier layers (or itself): the folder list is the pipeline.
 LAYERS = [
-    {"pyrunner", "errors", "files"},
+    {"pyrunner", "errors", "files", "switches"},
     {"ir"},
     {"rules", "plan", "log"},
     {"target"},

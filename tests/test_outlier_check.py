@@ -78,8 +78,9 @@ def test_the_catalog_matmul_passes_both_draws() -> None:
 def test_a_plan_clamping_its_inputs_to_4_fails(seed: int) -> None:
     doc = _matmul_doc()
     (k,) = doc["kernels"]
-    at = max(i for i, op in enumerate(k["prologue"]) if op["op"] == "load") + 1
-    k["prologue"][at:at] = [_clamp(op["dst"], 4.0) for op in k["prologue"] if op["op"] == "load"]
+    ops = next(k[part] for part in ("prologue", "body") if any(op["op"] == "load" for op in k[part]))
+    at = max(i for i, op in enumerate(ops) if op["op"] == "load") + 1  # the loads: before the loop or in it
+    ops[at:at] = [_clamp(op["dst"], 4.0) for op in ops if op["op"] == "load"]
     before, now, msg = _checks(doc, seed)
     assert before, "the normal draw alone passes it (the hole)"
     assert not now and "outlier inputs" in msg, msg
@@ -113,8 +114,10 @@ def test_a_softmax_shift_from_negated_scores_fails() -> None:
     score."""
     g = load_graph_file("benchmarks/graphs/attention_sinks.json").with_sizes({"h": 16, "q": 256, "t": 256, "d": 64})
     doc = plan_document(search(g, "fp16", tuning=False, budget=Budget(4000))[0])
-    row_max = [k for k in doc["kernels"] if any(op["op"] == "reduce" and op["fn"] == "max" for op in k["prologue"])
-               and not any(op["op"] == "store" and op["dst"] == "O" for op in k["epilogue"])]
+    def ops(k: dict) -> list[dict]:
+        return k["prologue"] + k["body"] + k["epilogue"]
+    row_max = [k for k in doc["kernels"] if any(op["op"] == "reduce" and op["fn"] == "max" for op in ops(k))
+               and not any(op["op"] == "store" and op["dst"] == "O" for op in ops(k))]
     assert row_max, "the plan keeps its row maximum in a kernel of its own"
     assert _negate(row_max[0], 0.125)
     for seed in SEEDS:

@@ -75,9 +75,9 @@ def test_switches_parse_set_and_restore(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(ValueError, match="value must be"):
         switches.parse("cost.PHASED_BLOCKS=maybe")
     region_plans._PLANS[("stale", "bf16", None)] = None  # type: ignore[attr-defined]
-    with switches.switched({"cost.PHASED_BLOCKS": True}):
-        assert cost.PHASED_BLOCKS is True and not region_plans._PLANS
-    assert cost.PHASED_BLOCKS is False
+    with switches.switched({"cost.PHASED_BLOCKS": False}):
+        assert cost.PHASED_BLOCKS is False and not region_plans._PLANS
+    assert cost.PHASED_BLOCKS is True
 
 
 def test_switch_cases_writes_the_list_gpu_sweep_reads(tmp_path: Path) -> None:

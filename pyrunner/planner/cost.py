@@ -97,13 +97,14 @@ def machine_for(device: Device) -> Machine:
 
 DEFAULT_MACHINE = machine_for(DEFAULT_TARGET)
 
-PHASED_BLOCKS = False
-"""Whether blocks no other block hides are priced by their phases (``phased_time``): off until a GPU sweep
-and a re-timing of the plans it moves have run. On, attention's backward plans FlashAttention-2's fused form
-instead of storing dS (run 122's loop-less dS kernel: 771 us measured, 325 modelled before, 696 with it), the
-median error over run 122's kernel rows falls from 24% to 18%, the five seeds keep their plans at their
-catalog shapes, and 67 of 410 catalog and corpus snapshot cases change their top plan (mostly a loop-less
-GEMM at a toy shape becoming a 3-stage loop; ``benchmarks/snapshot_compare.py``)."""
+PHASED_BLOCKS = True
+"""Whether blocks no other block hides are priced by their phases (``phased_time``). On since runs 171-174:
+every case it changes GPU-verified with it on (155 forward, 180 backward), and attention's training
+step timed both ways in one call (run 173: 1624.9 us off, 1144.0 on; causal 1518.5 and 718.2). Off, the HBM3e
+device's model plans attention's backward as a loop-less kernel storing dS (run 122: 771 us measured, 325 modelled
+then, 696 with phases); on, FlashAttention-2's fused form. Also on, the median error over run 122's kernel
+rows falls from 24% to 18% and the five seeds keep their plans at their catalog shapes
+(``benchmarks/snapshot_compare.py`` lists the snapshot cases whose top plan it moves)."""
 """The cost model of the default target device, uncalibrated (``planner.calibration`` fits one from a log)."""
 
 

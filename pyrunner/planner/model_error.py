@@ -10,7 +10,11 @@ re-predicted by the current model alone:
 
 - the record's graph is rebuilt (a catalog workload, or the graph file of ``benchmarks/graphs`` or
   ``tests/data`` of that name) at the record's shapes and dtype and planned in every view the search
-  plans it in (as written, axes merged, a reduction split, a unit axis), with no tuning database;
+  plans it in (as written, axes merged, a reduction split, a unit axis), with no tuning database, and
+  again with each switch that reprices kernel forms flipped (``REPRICING``): the search keeps one form
+  per partition, the one the model prices lowest, so a plan timed when the model priced it lower is
+  otherwise no longer among the candidates (with ``cost.PHASED_BLOCKS`` on, 24 of 533 samples, mostly
+  ones the model had under-predicted: leaving them out flattered it);
 - the candidate whose kernels carry the record's kernel names and parameters is the plan that was
   timed; each kernel is estimated at the timed config (the record's ``config``), and the plan's total is
   their sum less what co-scheduling saves (``coschedule.pairings``), as the planner totals a plan;
@@ -92,7 +96,7 @@ class Graphs:
         if key not in self._planned:
             graph = self.get(workload, dict(shapes))
             try:
-                self._planned[key] = [] if graph is None else list(views(graph, dtype, m))
+                self._planned[key] = [] if graph is None else list(every_view(graph, dtype, m))
             except Exception:  # noqa: BLE001 - a graph the current planner refuses: nothing to predict
                 self._planned[key] = []
         return self._planned[key]
@@ -109,6 +113,31 @@ class Graphs:
         except Exception:  # noqa: BLE001 - shapes this graph cannot take: the record is skipped
             return None
         return None
+
+
+REPRICING = ("cost.PHASED_BLOCKS",)
+"""Planner switches that change which kernel form the search keeps for a partition, by pricing the forms
+differently, not which forms exist (``pyrunner.switches``)."""
+
+
+def every_view(graph, dtype: str, machine: Machine) -> Iterator[tuple[object, object]]:
+    """``views``, then ``views`` again with each ``REPRICING`` switch flipped: candidates to find the timed
+    plan among. Each is predicted afterwards by the model as set (``predict`` reads it at call time)."""
+    import importlib
+
+    from pyrunner.switches import SWITCHES
+
+    yield from views(graph, dtype, machine)
+    for key in REPRICING:
+        module, attr = SWITCHES[key]
+        mod = importlib.import_module(module)
+        before = getattr(mod, attr)
+        setattr(mod, attr, not before)
+        try:
+            flipped = list(views(graph, dtype, machine))
+        finally:
+            setattr(mod, attr, before)
+        yield from flipped
 
 
 def views(graph, dtype: str, machine: Machine) -> Iterator[tuple[object, object]]:
