@@ -29,6 +29,14 @@ switch on beside ``superopt`` (the switches as set), both verified and timed sid
     SCRIPT=benchmarks/grad_bench.py TOTAL_S=420 bash benchmarks/gpu_run.sh --cases attention causal \
         --ab-switch cost.PHASED_BLOCKS
 
+``--plan-store DIR`` keeps plans and derivations across processes (``pyrunner.frontend.plan_store``); with
+``--plan-only`` this machine plans every case's variants into it, no GPU needed, so a GPU call of the same tree
+spends its minutes compiling, checking and timing (run 173 spent 48-77 s a variant before timing it)::
+
+    python benchmarks/grad_bench.py --plan-only --plan-store .device/plan-store --cases attention causal
+    SCRIPT=benchmarks/grad_bench.py TOTAL_S=420 bash benchmarks/gpu_run.sh --cases attention causal \
+        --plan-store .device/plan-store
+
 ``--small`` is the CPU smoke test of the script: tiny shapes, Superopt's halves in the float64 interpreter
 (``Trainable(executor="reference")``), eager baselines, wall-clock times that mean nothing.
 """
@@ -167,6 +175,26 @@ def _outputs_of(f, names: list[str]):
     return so
 
 
+def variants_of(args: argparse.Namespace) -> list[tuple[str, dict[str, bool]]]:
+    """Superopt's variants: ``superopt`` (the switches as set) and one per ``--ab-switch``, with its settings."""
+    return [("superopt", {}), *((f"superopt+{k.split('.')[-1]}", {k: True}) for k in args.ab_switch)]
+
+
+def plan_case(case: str, args: argparse.Namespace) -> None:
+    """``--plan-only``: each variant's plans, as ``run_case`` asks for them, into the plan store (no GPU)."""
+    from pyrunner.frontend.region_plans import cached_plan
+    from pyrunner.frontend.training import training_plans
+
+    graph = graph_of(case, False)
+    for v, settings in variants_of(args):
+        t0 = time.perf_counter()
+        with switches.switched(settings):
+            tp = training_plans(cached_plan(graph, "bfloat16")[0])
+        print(f"[{case}] {v}: forward {tp.forward.provenance.plan_hash} ({len(tp.forward.kernels)} kernel(s)), "
+              f"backward {tp.backward.provenance.plan_hash} ({len(tp.backward.kernels)}), saves "
+              f"{', '.join(tp.bwd.saved)}; planned in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
 def run_case(case: str, args: argparse.Namespace, out) -> None:
     import torch
 
@@ -183,7 +211,7 @@ def run_case(case: str, args: argparse.Namespace, out) -> None:
     bounds: dict[str, float] = {}
     notes: dict[str, str] = {}
     first = None
-    for v, settings in [("superopt", {}), *((f"superopt+{k.split('.')[-1]}", {k: True}) for k in args.ab_switch)]:
+    for v, settings in variants_of(args):
         t0 = time.perf_counter()
         try:
             with switches.switched(settings):  # planned and compiled (the renderer reads a switch too) under it
@@ -345,12 +373,33 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"set a planner switch for every variant ({', '.join(switches.SWITCHES)}; repeatable)")
     ap.add_argument("--ab-switch", action="append", default=[], metavar="NAME",
                     help="add a variant superopt+NAME planned with that switch on, timed beside superopt")
+    ap.add_argument("--plan-store", metavar="DIR",
+                    help="keep plans and derivations in DIR across processes (pyrunner.frontend.plan_store)")
+    ap.add_argument("--plan-only", action="store_true",
+                    help="with --plan-store: plan every case's variants here (no GPU, the lowering gate on), so a "
+                         "GPU run of the same tree finds them")
     args = ap.parse_args(argv)
+    if args.plan_only and not args.plan_store:
+        ap.error("--plan-only needs --plan-store DIR")
+    if args.plan_store:
+        from pyrunner.frontend import plan_store
+
+        plan_store.use(Path(args.plan_store))
     try:
         switches.apply(switches.parse_all(args.switch))
         args.ab_switch = [switches.resolve(n) for spec in args.ab_switch for n in spec.split(",") if n.strip()]
     except ValueError as e:
         ap.error(str(e))
+    if args.plan_only:
+        from pyrunner.frontend import region_plans
+
+        region_plans.LOWER_CHECK = True  # as on the GPU host, which runs the lowering gate
+        for case in args.cases:
+            if case == "llama_step":
+                print("[llama_step] not planned ahead: its regions come from the model's trace on the GPU host")
+                continue
+            plan_case(case, args)
+        return 0
     if not args.small:
         import torch
 

@@ -1,4 +1,5 @@
-"""A region graph's plan, loaded kernels and CPU check, each made once per process.
+"""A region graph's plan, loaded kernels and CPU check, each made once per process (plans also across processes,
+through the plan store where one is in use: ``frontend.plan_store``).
 
 The layers of a model, and every decode step of a KV bucket, give the same region graph: these
 caches are why they are planned, compiled and checked once. Planning is deterministic, so a cache
@@ -12,6 +13,10 @@ from typing import Any
 from pyrunner.errors import UserError
 from pyrunner.frontend.runtime import Impl, plan_impl
 from pyrunner.plan.schema import Plan
+
+LOWER_CHECK: bool | None = None
+"""Whether ``plan_region`` runs the TileLang lowering gate; None: where a GPU is (``grad_bench --plan-only`` sets
+it, so plans made on a CPU machine for the plan store are the ones the GPU host would make)."""
 
 
 def plan_region(graph: Any, dtype: str, device: str | None = None) -> Plan:
@@ -28,7 +33,7 @@ def plan_region(graph: Any, dtype: str, device: str | None = None) -> Plan:
 
     backend = resolve_backend(device)
     return best_plan(graph, dtype, backend=backend, tuning=committed_tuning(backend.device.name),
-                     lower_check=torch.cuda.is_available())[0]
+                     lower_check=torch.cuda.is_available() if LOWER_CHECK is None else LOWER_CHECK)[0]
 
 
 _PLANS: dict[tuple[str, str, str | None], Plan] = {}
@@ -46,8 +51,28 @@ def cached_plan(graph: Any, dtype: str, device: str | None = None) -> tuple[Plan
     key = (canonical_json(graph_to_json(graph)), dtype, device)
     hit = key in _PLANS
     if not hit:
-        _PLANS[key] = plan_region(graph, dtype, device)
+        _PLANS[key] = _stored_or_planned(graph, dtype, device)
     return _PLANS[key], hit
+
+
+def _stored_or_planned(graph: Any, dtype: str, device: str | None) -> Plan:
+    """``plan_region``, through the plan store where one is in use (``frontend.plan_store``)."""
+    import pyrunner.frontend.plan_store as plan_store
+
+    if plan_store.ROOT is None:
+        return plan_region(graph, dtype, device)
+    import torch
+
+    from pyrunner.backend.tilelang.backend import resolve_backend
+    from pyrunner.ir.graph_json import graph_to_json
+
+    lower = torch.cuda.is_available() if LOWER_CHECK is None else LOWER_CHECK
+    key = plan_store.plan_key(graph_to_json(graph), dtype, resolve_backend(device).device.name, lower)
+    plan = plan_store.load_plan(key)
+    if plan is None:
+        plan = plan_region(graph, dtype, device)
+        plan_store.save_plan(key, plan)
+    return plan
 
 
 _IMPLS: dict[tuple[str, int, str | None], Impl] = {}

@@ -30,9 +30,7 @@ class Trainable:
     def __init__(self, plan: Plan, *, verify: bool = False, config: dict | None = None,
                  executor: str = "gpu") -> None:
         from pyrunner.frontend.load import LoadedPlan
-        from pyrunner.frontend.region_plans import cached_plan
-        from pyrunner.frontend.training import derivation
-        from pyrunner.plan.backward_of import with_backward_of
+        from pyrunner.frontend.training import derivation, training_plans
         from pyrunner.plan.validate import plan_graph
 
         graph: Graph = plan_graph(plan)
@@ -47,12 +45,9 @@ class Trainable:
         if executor == "reference":  # the derivation alone: nothing is planned or compiled
             self.plans = TrainingPlans(derivation(graph, None))
             return
-        bwd = derivation(graph, plan.dtype)
-        same = [n for n, _ in bwd.forward.outputs] == [n for n, _ in graph.outputs]
-        fwd_plan = plan if same else cached_plan(bwd.forward, plan.dtype)[0]
-        self.plans = TrainingPlans(bwd, fwd_plan, with_backward_of(cached_plan(bwd.graph, plan.dtype)[0], bwd))
-        if not same:
-            self.loaded = LoadedPlan(fwd_plan)
+        self.plans = training_plans(plan)
+        if self.plans.forward is not plan:
+            self.loaded = LoadedPlan(self.plans.forward)
         self.loaded_backward = LoadedPlan(self.plans.backward)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:

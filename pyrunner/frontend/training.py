@@ -53,11 +53,24 @@ def derivation(graph: Graph, dtype: str | None, device: str | None = None) -> Ba
         if dtype is None:
             _DERIVED[key] = derive(graph)
         else:
-            from pyrunner.backend.tilelang.backend import resolve_backend
-            from pyrunner.planner.saves import choose_saves
-
-            _DERIVED[key] = choose_saves(graph, dtype, device=resolve_backend(device).device)
+            _DERIVED[key] = _stored_or_chosen(graph, dtype, device)
     return _DERIVED[key]
+
+
+def _stored_or_chosen(graph: Graph, dtype: str, device: str | None) -> Backward:
+    """``choose_saves`` for the backend of ``device``, through the plan store where one is in use."""
+    import pyrunner.frontend.plan_store as plan_store
+    from pyrunner.backend.tilelang.backend import resolve_backend
+    from pyrunner.ir.graph_json import graph_to_json
+    from pyrunner.planner.saves import choose_saves
+
+    target = resolve_backend(device).device
+    key = {"graph": graph_to_json(graph), "dtype": dtype, "device": target.name}
+    bwd = plan_store.load_derivation(key) if plan_store.ROOT is not None else None
+    if bwd is None:
+        bwd = choose_saves(graph, dtype, device=target)
+        plan_store.save_derivation(key, bwd)
+    return bwd
 
 
 def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: str | None = None) -> TrainingPlans:
@@ -74,6 +87,20 @@ def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: s
     if cpu_check:
         tp.check = "; ".join((f"forward {check_forward(fwd_plan)}", cpu_check_backward(graph, bwd, back_plan)))
     return tp
+
+
+def training_plans(plan: Plan) -> TrainingPlans:
+    """Both halves for a forward ``plan`` (``load(plan, backward=True)``): ``plan`` itself as the forward where
+    its graph already writes every saved tensor, else the forward-with-saves plan, and the derived backward."""
+    from pyrunner.frontend.region_plans import cached_plan
+    from pyrunner.plan.backward_of import with_backward_of
+    from pyrunner.plan.validate import plan_graph
+
+    graph = plan_graph(plan)
+    bwd = derivation(graph, plan.dtype)
+    same = [n for n, _ in bwd.forward.outputs] == [n for n, _ in graph.outputs]
+    fwd_plan = plan if same else cached_plan(bwd.forward, plan.dtype)[0]
+    return TrainingPlans(bwd, fwd_plan, with_backward_of(cached_plan(bwd.graph, plan.dtype)[0], bwd))
 
 
 def recorded(plan: Plan, bwd: Backward) -> Plan:

@@ -76,6 +76,18 @@ def derivation_of(plan: Plan) -> Backward | None:
     rec = plan.provenance.backward_of
     if rec is None:
         return None
+    bwd = replay(rec)
+    got = plan_graph(plan)
+    if (bwd.graph.name, bwd.graph.sizes, bwd.graph.outputs) != (got.name, got.sizes, got.outputs):
+        source = bwd.source.name if bwd.source is not None else "?"
+        raise PlanError(f"{WHERE}: the plan's graph is not the backward its forward graph {source!r} derives "
+                        f"({_difference(bwd.graph, got)}); plan it again with `superopt --backward`")
+    return bwd
+
+
+def replay(rec: BackwardOf) -> Backward:
+    """The derivation a record names, derived again from its forward graph; PlanError (one line) when the
+    record does not parse (an untrusted file's: a plan's, or the plan store's)."""
     try:
         forward = graph_from_json(rec.forward)
     except GraphError as e:
@@ -92,8 +104,4 @@ def derivation_of(plan: Plan) -> Backward | None:
         bwd = derive(forward, rec.outputs, rec.wrt, [terms[k] for k in rec.save])
     except GraphError as e:
         raise PlanError(f"{WHERE}: the forward graph derives no backward: {e}") from None
-    got = plan_graph(plan)
-    if (bwd.graph.name, bwd.graph.sizes, bwd.graph.outputs) != (got.name, got.sizes, got.outputs):
-        raise PlanError(f"{WHERE}: the plan's graph is not the backward its forward graph {forward.name!r} derives "
-                        f"({_difference(bwd.graph, got)}); plan it again with `superopt --backward`")
     return bwd
