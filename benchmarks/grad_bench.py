@@ -22,12 +22,13 @@ On the GPU machine::
 
     SCRIPT=benchmarks/grad_bench.py TOTAL_S=500 bash benchmarks/gpu_run.sh
 
-Planner switches (``benchmarks/switches.py``): ``--switch cost.PHASED_BLOCKS=1`` plans every case with it set;
-``--ab-switch cost.PHASED_BLOCKS`` adds a variant ``superopt+PHASED_BLOCKS`` planned (and compiled) with that
-switch on beside ``superopt`` (the switches as set), both verified and timed side by side in the same rounds::
+Planner switches (``benchmarks/switches.py``): ``--switch cost.PHASED_BLOCKS=0`` plans every case with it set;
+``--ab-switch merge.SHARED_INTERMEDIATES`` adds a variant ``superopt+SHARED_INTERMEDIATES`` planned (and
+compiled) with that switch on beside ``superopt`` (the switches as set), both verified and timed side by side in
+the same rounds::
 
     SCRIPT=benchmarks/grad_bench.py TOTAL_S=420 bash benchmarks/gpu_run.sh --cases attention causal \
-        --ab-switch cost.PHASED_BLOCKS
+        --ab-switch merge.SHARED_INTERMEDIATES
 
 ``--plan-store DIR`` keeps plans and derivations across processes (``pyrunner.frontend.plan_store``); with
 ``--plan-only`` this machine plans every case's variants into it, no GPU needed, so a GPU call of the same tree
@@ -185,7 +186,7 @@ def plan_case(case: str, args: argparse.Namespace) -> None:
     from pyrunner.frontend.region_plans import cached_plan
     from pyrunner.frontend.training import training_plans
 
-    graph = graph_of(case, False)
+    graph = graph_of(case, args.small)
     for v, settings in variants_of(args):
         t0 = time.perf_counter()
         with switches.switched(settings):

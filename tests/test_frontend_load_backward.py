@@ -83,6 +83,32 @@ def test_grad_bench_small_smoke(tmp_path) -> None:
         assert r["grad_err_vs_f64"] <= r["bound"] and r["fwd_bwd_us"] > 0, r
 
 
+def test_grad_bench_plan_only_fills_the_store_a_second_run_reads(tmp_path) -> None:
+    """``grad_bench.py --plan-only --plan-store DIR`` plans each variant into DIR without a GPU; the next process
+    finds every plan there (the same hashes, nothing planned again: no new entry); without a store it refuses."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    cmd = [sys.executable, str(root / "benchmarks" / "grad_bench.py"), "--small", "--cases", "swiglu",
+           "--ab-switch", "merge.SHARED_INTERMEDIATES", "--plan-only", "--plan-store", str(tmp_path)]
+    first = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    entries = {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.json")}
+    assert {p.parent.name for p in entries} == {"plans", "derivations"}
+    assert len({p.parent.parent for p in entries}) == 2  # one folder per switch setting
+    again = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.rglob("*.json")} == entries  # read, none written again
+
+    def plans(out: str) -> list[str]:
+        return [line.split(";")[0] for line in out.splitlines() if line.startswith("[swiglu]")]
+    assert len(plans(first.stdout)) == 2 and plans(again.stdout) == plans(first.stdout)
+    refused = subprocess.run(cmd[:-2], cwd=root, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "--plan-only needs --plan-store" in refused.stderr
+
+
 def test_a_region_input_no_output_reads_is_left_out_of_the_plans_call() -> None:
     """A region can list an input its graph never reads (a value the captured code used only for its shape or
     dtype: ``type_as``, ``view_as``); the plan's signature leaves it out, so feeding it made the Llama-3-8B
