@@ -18,12 +18,11 @@ Never read from the environment: only a benchmark option sets a switch.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from pyrunner.switches import SWITCHES, get  # the registry (and reading one) live in the package
+from pyrunner.switches import SWITCHES, get, put  # the registry (reading and setting one) live in the package
 
 GUARD_SWITCHES = frozenset({"fit.ASYNC_PARTIAL_TILES"})
 """Switches the renderer reads only in the guard that picks a kernel's asynchronous form: a source that differs
@@ -81,8 +80,7 @@ def clear_caches() -> None:
 def apply(settings: dict[str, bool] | dict[str, Probe]) -> None:
     """Set each switch (for the rest of the process) and empty the caches keyed without them."""
     for key, value in settings.items():
-        module, attr = SWITCHES[key]
-        setattr(importlib.import_module(module), attr, value)
+        put(key, value)
     clear_caches()
 
 

@@ -8,6 +8,8 @@ sits below every layer it names.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 SWITCHES = {
     "fit.ASYNC_PARTIAL_TILES": ("pyrunner.target.fit", "ASYNC_PARTIAL_TILES"),
@@ -24,6 +26,23 @@ def get(key: str) -> bool:
     """The switch ``key`` as set in this process."""
     module, attr = SWITCHES[key]
     return bool(getattr(importlib.import_module(module), attr))
+
+
+def put(key: str, value: object) -> None:
+    """Set the switch ``key`` for the rest of the process (``benchmarks/switches.py`` also empties caches)."""
+    module, attr = SWITCHES[key]
+    setattr(importlib.import_module(module), attr, value)
+
+
+@contextmanager
+def setting(key: str, value: bool) -> Iterator[None]:
+    """The switch ``key`` at ``value`` inside the block, as it was after it."""
+    before = get(key)
+    put(key, value)
+    try:
+        yield
+    finally:
+        put(key, before)
 
 
 def state() -> str:

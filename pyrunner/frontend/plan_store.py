@@ -52,8 +52,19 @@ def fingerprint(device: str) -> str:
     from pyrunner.target.tuning import tuning_path
 
     db = tuning_path(device)
-    tuning = hashlib.sha256(db.read_bytes()).hexdigest() if db.is_file() else "none"
+    tuning = _file_digest(db, *_stamp(db)) if db.is_file() else "none"
     return hashlib.sha256(f"{_source_digest()}|{device}|{tuning}|{state()}".encode()).hexdigest()[:20]
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_mtime_ns, st.st_size
+
+
+@cache
+def _file_digest(path: Path, mtime_ns: int, size: int) -> str:
+    """A file's content hash, read once per version of it (each lookup and store asks for the fingerprint)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def _entry(kind: str, key: dict) -> Path | None:

@@ -25,15 +25,20 @@ def plan_region(graph: Any, dtype: str, device: str | None = None) -> Plan:
     database, so both doors hand out the same plan). The lowering gate runs where the kernels will be
     built (a GPU); without one the plan is only CPU-checked, and TileLang lowering there would cost
     seconds per region for nothing the check uses."""
-    import torch
-
     from pyrunner.backend.tilelang.backend import resolve_backend
     from pyrunner.pipeline import best_plan
     from pyrunner.target.tuning import committed_tuning
 
     backend = resolve_backend(device)
     return best_plan(graph, dtype, backend=backend, tuning=committed_tuning(backend.device.name),
-                     lower_check=torch.cuda.is_available() if LOWER_CHECK is None else LOWER_CHECK)[0]
+                     lower_check=lower_check())[0]
+
+
+def lower_check() -> bool:
+    """``LOWER_CHECK``, or whether a GPU is here when it is None."""
+    import torch
+
+    return torch.cuda.is_available() if LOWER_CHECK is None else LOWER_CHECK
 
 
 _PLANS: dict[tuple[str, str, str | None], Plan] = {}
@@ -61,13 +66,10 @@ def _stored_or_planned(graph: Any, dtype: str, device: str | None) -> Plan:
 
     if plan_store.ROOT is None:
         return plan_region(graph, dtype, device)
-    import torch
-
     from pyrunner.backend.tilelang.backend import resolve_backend
     from pyrunner.ir.graph_json import graph_to_json
 
-    lower = torch.cuda.is_available() if LOWER_CHECK is None else LOWER_CHECK
-    key = plan_store.plan_key(graph_to_json(graph), dtype, resolve_backend(device).device.name, lower)
+    key = plan_store.plan_key(graph_to_json(graph), dtype, resolve_backend(device).device.name, lower_check())
     plan = plan_store.load_plan(key)
     if plan is None:
         plan = plan_region(graph, dtype, device)

@@ -123,20 +123,12 @@ differently, not which forms exist (``pyrunner.switches``)."""
 def every_view(graph, dtype: str, machine: Machine) -> Iterator[tuple[object, object]]:
     """``views``, then ``views`` again with each ``REPRICING`` switch flipped: candidates to find the timed
     plan among. Each is predicted afterwards by the model as set (``predict`` reads it at call time)."""
-    import importlib
-
-    from pyrunner.switches import SWITCHES
+    from pyrunner.switches import get, setting
 
     yield from views(graph, dtype, machine)
     for key in REPRICING:
-        module, attr = SWITCHES[key]
-        mod = importlib.import_module(module)
-        before = getattr(mod, attr)
-        setattr(mod, attr, not before)
-        try:
+        with setting(key, not get(key)):
             flipped = list(views(graph, dtype, machine))
-        finally:
-            setattr(mod, attr, before)
         yield from flipped
 
 
