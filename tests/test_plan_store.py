@@ -134,3 +134,14 @@ def test_without_a_store_nothing_is_written(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(region_plans, "_PLANS", {})
     region_plans.cached_plan(catalog.get("Matmul", {"m": 64, "d": 64, "n": 64}), "bfloat16")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_store_named_by_a_string_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(plan_store, "ROOT", None)
+    monkeypatch.setattr(region_plans, "_PLANS", {})
+    plan_store.use(str(tmp_path))
+    try:
+        region_plans.cached_plan(catalog.get("Matmul", {"m": 64, "d": 64, "n": 64}), "bfloat16")
+    finally:
+        plan_store.use(None)
+    assert len(_files(tmp_path, "plans")) == 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from functools import cache
 from pathlib import Path
 
@@ -31,10 +32,10 @@ ROOT: Path | None = None
 PACKAGE = Path(__file__).resolve().parents[1]
 
 
-def use(root: Path | None) -> None:
-    """Keep plans under ``root`` from now on in this process (None: stop)."""
+def use(root: str | os.PathLike | None) -> None:
+    """Keep plans under ``root`` (a path or a string) from now on in this process (None: stop)."""
     global ROOT
-    ROOT = root
+    ROOT = None if root is None else Path(root)
 
 
 @cache
