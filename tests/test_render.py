@@ -23,6 +23,7 @@ from pyrunner.errors import DeviceFitError, PlanError
 from pyrunner.plan.analysis import kernel_axes, resolve_config
 from pyrunner.plan.schema import Plan, axis_sizes
 from pyrunner.target.device import H200
+from pyrunner.target.fit import FitModel
 from pyrunner.target.layout import launch_axes, layout_bridges
 
 
@@ -93,6 +94,34 @@ def test_more_than_three_grid_axes_fold_into_blockidx_z():
     assert launch_axes(k, kernel_axes(k, axis_sizes(plan))) == [["e"], ["c"], ["a", "b"]]
     source = render(plan)
     assert "a_idx = a_b_fold // SIZE_B" in source and "b_idx = a_b_fold % SIZE_B" in source
+
+
+def test_a_launch_past_cudas_y_z_limit_folds_into_blockidx_x(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 heads x 2048 rows of single-row blocks (65536) cannot launch along gridDim.z (65535 at most): those
+    axes fold into .x, outermost, and the rendered source computes what the unfolded launch does (emulated,
+    with the limit lowered so the fold happens at a size the emulator runs)."""
+    from pyrunner.backend.tilelang.emulate import execute_rendered
+    from pyrunner.target import layout
+
+    big = elementwise4d_plan(a=32, b=2048, c=16, e=32)
+    k = big.kernels[0]
+    assert launch_axes(k, kernel_axes(k, axis_sizes(big))) == [["a", "b", "e"], ["c"]]
+    assert "share blockIdx.x" in render(big)
+    # and the device fits it at its smallest blocks (refused before: 65536 blocks along gridDim.z)
+    assert FitModel(k, axis_sizes(big), H200).why_not({"block_c": 16, "block_e": 32}) is None
+    plan = elementwise4d_plan(a=4, b=16, c=32, e=64)
+    k = plan.kernels[0]
+    assert launch_axes(k, kernel_axes(k, axis_sizes(plan)), max_yz=63) == [["a", "b", "e"], ["c"]]
+    assert launch_axes(k, kernel_axes(k, axis_sizes(plan)), max_yz=1) == [["a", "b", "c", "e"]]
+    x = np.random.default_rng(0).standard_normal((4, 16, 32, 64)) * 0.7
+    config = {"pointwise": {"block_c": 16, "block_e": 32}}
+    unfolded = execute_rendered(plan, {"X": x}, config)["Y"]
+    monkeypatch.setattr(layout, "CUDA_MAX_GRID_YZ", 40)  # c: 2 blocks at most (block 16), a x b: 64, past it
+    assert "# grid axes ['a', 'b', 'e'] share blockIdx.x" in render(plan)
+    folded = execute_rendered(plan, {"X": x}, config)["Y"]
+    # the same blocks launched in another order: every element as the unfolded launch computes it, and a
+    # block coordinate decoded wrongly would leave its tile unwritten or written twice
+    np.testing.assert_array_equal(folded, unfolded)
 
 
 # --- the renderer trusts validation -----------------------------------------------

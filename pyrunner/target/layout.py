@@ -9,6 +9,8 @@ grid, and the renderer (``backend.tilelang.render``) to emit bridge copies and t
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Iterable, Mapping
 
 from pyrunner.plan.analysis import AxisRole, expr_refs, numbered_ops, op_reads_writes
@@ -113,18 +115,38 @@ def layout_bridges(kernel: Kernel) -> dict[tuple[str, int], list[str]]:
     return out
 
 
-def launch_axes(kernel: Kernel, roles: dict[str, AxisRole]) -> list[list[str]]:
+CUDA_MAX_GRID_YZ = 65535
+"""CUDA's limit on gridDim.y and gridDim.z on every device (gridDim.x allows 2**31 - 1)."""
+
+
+def launch_axes(kernel: Kernel, roles: dict[str, AxisRole], max_yz: int | None = None) -> list[list[str]]:
     """Grid axes behind blockIdx.x, .y, .z (each list outermost first; more than one axis: folded).
 
     An axis gets a launch dimension when it has more than one tile or its block is a parameter
-    (the source must not depend on parameter values). The last grid axis varies fastest.
+    (the source must not depend on parameter values). The last grid axis varies fastest. A .y or .z
+    launch that could take more than ``max_yz`` (default ``CUDA_MAX_GRID_YZ``) blocks at some config of the
+    kernel (a parameter block at its smallest value) folds into .x instead, outermost, so 32 heads x
+    2048 rows of single-row blocks still launch.
     """
+    limit = CUDA_MAX_GRID_YZ if max_yz is None else max_yz
     live = [g.axis for g in kernel.grid
             if isinstance(roles[g.axis].block, str) or roles[g.axis].size // roles[g.axis].block > 1]
     dims = [[a] for a in reversed(live)]
     if len(dims) > 3:
         dims = dims[:2] + [live[: len(live) - 2]]
-    return dims
+    kept = dims[:1]
+    for d in dims[1:]:
+        if math.prod(_most_tiles(kernel, roles[a]) for a in d) > limit:
+            kept[0] = d + kept[0]
+        else:
+            kept.append(d)
+    return kept
+
+
+def _most_tiles(kernel: Kernel, role: AxisRole) -> int:
+    """Most blocks an axis launches at any config of the kernel: at its smallest block (partial tiles count)."""
+    block = min(kernel.params.get(role.block) or [1]) if isinstance(role.block, str) else role.block
+    return -(-role.size // block)
 
 
 MAX_VECTOR = 8

@@ -704,29 +704,30 @@ def _grid_launch(ctx: _Ctx, w: _Writer, params_line: str) -> None:
         return
     counts = {a: _launch_count(ctx, a) for d in dims for a in d}
     coord_names = {a: _coord_name(ctx, a) for d in dims for a in d}
-    folded = dims[2] if len(dims) == 3 and len(dims[2]) > 1 else []
     reverse = longest_first_axes(ctx.kernel, ctx.sizes)
     longest = [d[0] for d in dims if len(d) == 1 and d[0] in reverse]
     launch_names = {a: ctx.local.fresh(f"{a}_launch") for a in longest}
-    launch, names = [], []
-    for d in dims:
+    launch, names, folds = [], [], []
+    for d, dim in zip(dims, "xyz", strict=False):
         if len(d) == 1:
             launch.append(counts[d[0]])
             names.append(launch_names.get(d[0], coord_names[d[0]]))
-    if folded:
-        fold_var = ctx.local.fresh("_".join(folded) + "_fold")
-        w.line(f"# grid axes {folded} share blockIdx.z through div/mod")
-        launch.append(" * ".join(_paren(counts[a]) for a in folded))
+            continue
+        fold_var = ctx.local.fresh("_".join(d) + "_fold")
+        w.line(f"# grid axes {d} share blockIdx.{dim} through div/mod")
+        launch.append(" * ".join(_paren(counts[a]) for a in d))
         names.append(fold_var)
+        folds.append((d, fold_var))
     target = names[0] if len(names) == 1 else f"({', '.join(names)})"
     w.line(f"with T.Kernel({', '.join(launch)}, {params_line}) as {target}:")
     w.indent()
-    for j, a in enumerate(folded):  # fold = ((a0 * n1) + a1) * n2 + a2 ...
-        inner = " * ".join(_paren(counts[b]) for b in folded[j + 1:])
-        expr = f"{fold_var} // {_paren(inner)}" if inner else fold_var
-        if j > 0:
-            expr = f"{_paren(expr)} % {_paren(counts[a])}"
-        w.line(f"{coord_names[a]} = {expr}")
+    for folded, fold_var in folds:
+        for j, a in enumerate(folded):  # fold = ((a0 * n1) + a1) * n2 + a2 ...
+            inner = " * ".join(_paren(counts[b]) for b in folded[j + 1:])
+            expr = f"{fold_var} // {_paren(inner)}" if inner else fold_var
+            if j > 0:
+                expr = f"{_paren(expr)} % {_paren(counts[a])}"
+            w.line(f"{coord_names[a]} = {expr}")
     for a in longest:
         w.line(f"{coord_names[a]} = {_paren(counts[a])} - 1 - {launch_names[a]}  # longest first: later {a!r} "
                "blocks run more steps of the masked loop")
@@ -741,10 +742,10 @@ columns back, so the tiles in flight across a panel boundary share their column 
 
 
 def launch_counts(ctx: _Ctx) -> list[tuple[str, str]]:
-    """(grid axis, tile count expression) of every launched grid axis, fastest first: blockIdx.x's axis,
-    then .y's, then the folded axes of .z innermost first."""
+    """(grid axis, tile count expression) of every launched grid axis, fastest first: blockIdx.x's axes,
+    then .y's, then .z's, the folded axes of each innermost first."""
     dims = launch_axes(ctx.kernel, ctx.roles)
-    order = [a for d in dims[:2] for a in d] + [a for d in dims[2:] for a in reversed(d)]
+    order = [a for d in dims for a in reversed(d)]
     return [(a, _launch_count(ctx, a)) for a in order]
 
 
