@@ -10,7 +10,6 @@ grid, and the renderer (``backend.tilelang.render``) to emit bridge copies and t
 from __future__ import annotations
 
 import math
-
 from collections.abc import Iterable, Mapping
 
 from pyrunner.plan.analysis import AxisRole, expr_refs, numbered_ops, op_reads_writes
