@@ -183,6 +183,13 @@ def test_fit_check_rejects_register_a_operand_split_over_columns():
 # --- lowering and cubins (a few seconds per kernel on 2 cores) ------------------------
 
 @pytest.mark.slow
+def test_a_launch_folded_into_blockidx_x_lowers(tmp_path):
+    plan = elementwise4d_plan(a=32, b=2048, c=16, e=32, dtype="bfloat16")
+    (src,) = lower_to_cuda(plan, work_dir=tmp_path).values()
+    assert "__global__" in src and "blockIdx.x" in src and "blockIdx.z" not in src
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FIXTURES))
 def test_lowers_to_cuda_and_compiles_cubin(name, tmp_path):
     plan = FIXTURES[name]()
@@ -214,6 +221,9 @@ GPU_CASES = [(name, {}, None) for name in sorted(FIXTURES)] + [
     ("rmsnorm_gemm", {"m": 128, "n": 384}, {"rmsnorm_matmul": {"block_m": 64, "block_d": 64, "stages": 3,
                                                                "threads": 256}}),
     ("two_kernel", {"dtype": "bfloat16"}, {"row_scale": {"block_d": 256}, "scaled_matmul": {"block_n": 64}}),
+    # 32 x 2048 single-row blocks (past gridDim.z's 65535) folded into blockIdx.x
+    ("elementwise4d", {"a": 32, "b": 2048, "c": 16, "e": 32, "dtype": "bfloat16"},
+     {"pointwise": {"block_c": 16, "block_e": 32}}),
 ]
 
 
