@@ -117,9 +117,14 @@ def test_without_a_gpu_backward_plans_are_cpu_checked_and_pytorch_trains(caplog:
     assert CALLS["backward"] == before  # PyTorch ran the step
     rep = opt.later_reports[-1]
     assert rep.regions and not rep.fallbacks
-    for c in rep.regions:
+    for c, row in zip(rep.regions, rep.rows(), strict=True):
         assert c.decision == "planned" and "planned with its backward" in c.reason
         assert "backward CPU-checked" in c.reason and "of float64 autograd" in c.reason
+        # the table shows both halves a training step spends: forward + derived backward
+        assert c.backward is not None and c.backward.workload.endswith("Backward")
+        assert row[2] == f"{len(c.plan.kernels)} + {len(c.backward.kernels)}"
+        assert [float(x) for x in row[3].split(" + ")] == pytest.approx(
+            [c.plan.cost.total_us, c.backward.cost.total_us], abs=0.01)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w)
 

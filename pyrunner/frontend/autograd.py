@@ -271,7 +271,7 @@ def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int)
     assert tp.forward is not None and tp.backward is not None
     kernels = f"backward {len(tp.backward.kernels)} kernel(s), saves {_saves(tp.bwd)}"
     if opts.executor == "plan":
-        return None, RegionChoice(rg, tp.forward, None, tp.check, decision="planned", flops=flops,
+        return None, RegionChoice(rg, tp.forward, None, tp.check, decision="planned", flops=flops, backward=tp.backward,
                                   reason=f"planned with its backward ({kernels}), not measured (no GPU): PyTorch "
                                          f"runs these ops and their gradients" + (f"; {tp.check}" if tp.check else ""))
     from pyrunner.frontend.load import LoadedPlan
@@ -287,7 +287,7 @@ def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int)
 
     written = {t.name: getattr(torch, t.dtype) for t in tp.forward.tensors if t.name in tp.bwd.saved}
     impl = TrainingImpl(tp.bwd, plan_run(fwd), plan_run(back), n, written)
-    return impl, RegionChoice(rg, tp.forward, None, check, flops=flops,
+    return impl, RegionChoice(rg, tp.forward, None, check, flops=flops, backward=tp.backward,
                               reason=f"{check or 'kernels compiled'}; {kernels}")
 
 

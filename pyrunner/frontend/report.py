@@ -32,6 +32,22 @@ class RegionChoice:
     flops: int = 0
     planned: Any = None
     """The graph the plan was made for (the region's at its shape bucket), when it differs from the region's."""
+    backward: Plan | None = None
+    """A training region's derived backward plan: a step spends both halves, so the table shows both."""
+
+    def kernels(self) -> str:
+        """Kernel count, ``forward + backward`` for a training region ('-' without a plan)."""
+        if self.plan is None:
+            return "-"
+        n = str(len(self.plan.kernels))
+        return f"{n} + {len(self.backward.kernels)}" if self.backward else n
+
+    def model_us(self) -> str:
+        """Modelled µs, ``forward + backward`` for a training region ('-' without a plan)."""
+        if self.plan is None:
+            return "-"
+        fwd = f"{self.plan.cost.total_us:.2f}"
+        return f"{fwd} + {self.backward.cost.total_us:.2f}" if self.backward else fwd
 
 
 @dataclass
@@ -49,8 +65,7 @@ class Report:
     def chose(self, choice: RegionChoice) -> None:
         """Record a region and say in one log line what was chosen for it and why."""
         self.regions.append(choice)
-        plan = choice.plan
-        what = f"{len(plan.kernels)} kernel(s), {plan.cost.total_us:.2f} us modelled" if plan else "no plan"
+        what = f"{choice.kernels()} kernel(s), {choice.model_us()} us modelled" if choice.plan else "no plan"
         log.info("superopt: %s: %d op(s) -> %s: %s (%s)", choice.region.label, len(choice.region.nodes), what,
                  choice.decision, choice.reason or choice.check or "-")
 
@@ -81,7 +96,7 @@ class Report:
         for c in self.regions:
             label = c.region.label
             est = f"{c.plan.cost.total_us:g} us est. (unfused {c.naive_us:g} us)" if c.plan and c.naive_us else ""
-            k = f"{len(c.plan.kernels)} kernel(s) plan {c.plan.provenance.plan_hash}" if c.plan else "reference"
+            k = f"{c.kernels()} kernel(s) plan {c.plan.provenance.plan_hash}" if c.plan else "reference"
             lines.append(f"  {label}: {len(c.region.nodes)} op(s) -> {k} {est} {c.check}".rstrip())
         lines += [f"  fallback: {why if why.startswith('cannot map') else f'{what}: {why}'}"
                   for what, why in self.fallbacks]
@@ -90,10 +105,10 @@ class Report:
     HEADER = ("region", "ops", "kernels", "model us", "decision", "reason")
 
     def rows(self) -> list[tuple[str, ...]]:
-        """One row per region: label, ops, kernels, modelled us, decision, reason (``HEADER``)."""
-        return [(c.region.label, str(len(c.region.nodes)), str(len(c.plan.kernels)) if c.plan else "-",
-                 f"{c.plan.cost.total_us:.2f}" if c.plan else "-", c.decision, c.reason or c.check or "-")
-                for c in self.regions]
+        """One row per region: label, ops, kernels, modelled us (each ``forward + backward`` for a training
+        region), decision, reason (``HEADER``)."""
+        return [(c.region.label, str(len(c.region.nodes)), c.kernels(), c.model_us(), c.decision,
+                 c.reason or c.check or "-") for c in self.regions]
 
     def footer(self) -> list[str]:
         """The totals line, then one line per fallback and per note."""
