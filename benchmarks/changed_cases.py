@@ -24,6 +24,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +109,14 @@ def _hashes_in(roots: list[Path], sweep_args: dict, work: Path) -> list[dict[str
     options.write_text(json.dumps(sweep_args, default=str))
     procs = [subprocess.Popen([sys.executable, __file__, "--hash-tree", str(root), str(options), str(dest), *built],
                               cwd=root) for root, dest in zip(roots, dests, strict=True)]
-    if any(p.wait() for p in procs):
+    # a tree that fails stops the other: the folder both write into goes when this returns
+    while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+        time.sleep(0.5)
+    if any(p.poll() for p in procs):
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+            p.wait()
         raise SystemExit("changed_cases: error: hashing a tree failed (its output is above)")
     return [json.loads(d.read_text()) for d in dests]
 
