@@ -136,7 +136,7 @@ def _fit_key(fit: FitModel, space: dict[str, list[int]], sizes: dict[str, int]) 
     structure = walk((
         [(p, space[p]) for p in sorted(space)],
         fit.roles, fit._stages, fit.kernel.threads, fit.shared, fit._frag_specs, fit._peak_sets, fit.reductions,
-        fit.acc_row_reductions, fit.gemms, fit._launch, fit.asynchronous, fit.chain,
+        fit.acc_row_reductions, fit.gemms, fit.asynchronous, fit.chain,
         getattr(fit, "chain_gemms", None), getattr(fit, "loaded_axes", None), getattr(fit, "store_tiles", None),
     ))
     return structure, tuple((t, sizes.get(n)) for n, t in tok.items())

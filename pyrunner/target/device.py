@@ -44,8 +44,6 @@ class Device:
     """Largest register count ptxas gives one thread; more spills to local memory."""
     max_threads: int
     warp: int
-    max_grid_yz: int
-    """CUDA's limit on gridDim.y and gridDim.z (gridDim.x allows 2**31 - 1)."""
     l2_bytes: int
     tc_flops: float
     """Dense fp16/bf16 tensor-core FLOP/s."""
@@ -89,7 +87,6 @@ H200 = Device(
     regs_per_thread=255,
     max_threads=1024,
     warp=32,
-    max_grid_yz=65535,
     l2_bytes=50 * 1024 * 1024,
     tc_flops=790e12,   # measured bf16 cuBLAS ceiling (DESIGN section 5)
     cc_flops=60e12,
@@ -130,7 +127,6 @@ A100 = Device(
     regs_per_thread=255,
     max_threads=1024,
     warp=32,
-    max_grid_yz=65535,
     l2_bytes=40 * 1024 * 1024,
     # Vendor figures, none measured here: every A100 time the planner gives is modelled from them.
     tc_flops=312e12,   # dense bf16/fp16 mma.sync

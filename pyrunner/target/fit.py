@@ -24,7 +24,7 @@ from pyrunner.plan.passes import rendered_kernel
 from pyrunner.plan.schedule import ChainSchedule, async_schedule
 from pyrunner.plan.schema import Gemm, Kernel, Load, Map, Reduce, Store
 from pyrunner.target.device import DEFAULT_TARGET, Device
-from pyrunner.target.layout import launch_axes, layout_bridges, layout_groups, reduced_tile_problem
+from pyrunner.target.layout import layout_bridges, layout_groups, reduced_tile_problem
 from pyrunner.target.wgmma import tile_problem as wgmma_tile_problem
 
 REG_OVERHEAD = 32
@@ -140,7 +140,6 @@ class FitModel:
         self._gemm_seen: dict[tuple, str | None] = {}
         self._role_blocks = [(a, r.block) for a, r in self.roles.items()]
         self._stages = kernel.loop.stages if kernel.loop is not None else 1
-        self._launch = launch_axes(kernel, self.roles)[1:]
         bufs = {b.name: b for b in kernel.buffers}
         group = layout_groups(kernel)
         gemms = [op for op in kernel_ops(kernel) if isinstance(op, Gemm)]
@@ -312,10 +311,6 @@ class FitModel:
                 why = self._gemm_seen[key] = self._gemm_warps(geo)
             if why:
                 return why
-        for dim, axes in zip("yz", self._launch, strict=False):
-            count = math.prod(geo.tiles[a] for a in axes)
-            if count > dev.max_grid_yz:
-                return f"grid axes {axes} launch {count} blocks along gridDim.{dim}; CUDA allows {dev.max_grid_yz}"
         return None
 
     def _gemm_warps(self, geo: KernelGeometry) -> str | None:
