@@ -6,7 +6,9 @@ it decides (``target.fit.ASYNC_PARTIAL_TILES``, ``planner.cost.PHASED_BLOCKS``):
 shift's FMA form, off since run 134). ``search.OPERAND_PASS_WRITTEN`` (off until a GPU sweep decides) lets the
 operand pass cut the graph as written too; ``lower.SHARED_ACCUMULATOR`` (on since run 165) accumulates a sum of
 contractions over the loop axis in one tile; ``merge.SHARED_INTERMEDIATES`` (off until a GPU sweep decides) lets
-a kernel store an intermediate it reads for a third kernel, computing it itself. Setting one here sets the
+a kernel store an intermediate it reads for a third kernel, computing it itself; ``partition.TAIL_CUTS`` (on)
+lets the frontend cut a region after its contractions where the pieces model cheaper (the regions, not any
+plan, change: a corpus graph is planned alike either way). Setting one here sets the
 attribute and empties the process-wide caches keyed without it: the frontend's region plans
 (``frontend.region_plans._PLANS``) and derivations (``frontend.training._DERIVED``: the saves are chosen by the
 cost model). Everything else the search memoises lives in one search (``planner.memo.TileMemo``, the fit

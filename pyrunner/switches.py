@@ -18,6 +18,7 @@ SWITCHES = {
     "search.OPERAND_PASS_WRITTEN": ("pyrunner.planner.search", "OPERAND_PASS_WRITTEN"),
     "lower.SHARED_ACCUMULATOR": ("pyrunner.planner.lower", "SHARED_ACCUMULATOR"),
     "merge.SHARED_INTERMEDIATES": ("pyrunner.planner.merge", "SHARED_INTERMEDIATES"),
+    "partition.TAIL_CUTS": ("pyrunner.frontend.partition", "TAIL_CUTS"),
 }
 """Switch name -> (module, attribute)."""
 

@@ -301,3 +301,94 @@ def test_llama_attention_reads_heads_as_stored_and_writes_the_models_layout() ->
     (got,) = region_callable(rg, reference_impl(rg), meta)(*xs)
     (want,) = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(*xs)
     assert got.shape == want.shape and torch.allclose(got.double(), want, rtol=0, atol=1e-6 * float(want.abs().max()))
+
+
+def _llama_pieces(**shape: int) -> tuple[list[list], object]:
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, partition, stages
+
+    m, args, kw = HF_BLOCKS["llama"](**shape)
+    gm, ex = capture_graph(m.requires_grad_(False), *args, **kw)
+    meta = example_values(gm, tuple(ex)).__getitem__
+    return [p for seg in partition(gm, meta).segments for p in stages(seg)], meta
+
+
+def test_tail_cut_ends_the_projections_before_the_rotary_tail() -> None:
+    """``tail_cut``: after the last contraction and the views of its result; the index-predicate tail (rotary's
+    ``rotate_half``) after it. A piece of views only, or one with no contraction, has no cut."""
+    from pyrunner.frontend.partition import tail_cut
+    from pyrunner.frontend.torchops import target_name
+
+    pieces, _ = _llama_pieces(seq=32, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128)
+    qkv = pieces[0]
+    cut = tail_cut(qkv)
+    assert cut is not None
+    head, tail = [target_name(n) for n in qkv[:cut]], [target_name(n) for n in qkv[cut:]]
+    assert head.count("linear") == 3 and "cat" not in head, head
+    assert tail.count("cat") == 2 and "linear" not in tail and tail[0] == "mul", tail
+    assert tail_cut(qkv[:cut]) is None and tail_cut(qkv[cut:]) is None
+    mlp = next(p for p in pieces if "silu" in [target_name(n) for n in p])
+    assert [target_name(n) for n in mlp[tail_cut(mlp):]] == ["mul"]  # silu(gate) * up: up's product is the tail
+
+
+def test_cheaper_cut_follows_the_modelled_times() -> None:
+    """The cut is taken only when the pieces model cheaper than the whole (or the whole has no plan), never when
+    a piece has none."""
+    from pyrunner.frontend.partition import cheaper_cut, tail_cut
+
+    pieces, _ = _llama_pieces(seq=32, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128)
+    nodes = pieces[0]
+    cut = tail_cut(nodes)
+
+    def model(whole: float, head: float, tail: float):
+        def us(piece: list) -> float:
+            got = {len(nodes): whole, cut: head, len(nodes) - cut: tail}[len(piece)]
+            if got < 0:
+                raise ValueError("no plan")
+            return got
+        return us
+
+    taken = cheaper_cut(nodes, model(100.0, 60.0, 30.0))
+    assert taken is not None and taken.head == nodes[:cut] and taken.tail == nodes[cut:]
+    assert "60.0 + 30.0 us against 100.0 us whole" in taken.describe()
+    assert cheaper_cut(nodes, model(80.0, 60.0, 30.0)) is None
+    assert cheaper_cut(nodes, model(100.0, -1.0, 30.0)) is None
+    assert cheaper_cut(nodes, model(-1.0, 60.0, 30.0)) is not None
+
+
+@pytest.mark.slow
+def test_llama3_8b_projections_are_one_gemm_each_once_the_rotary_tail_is_cut() -> None:
+    """At Llama-3-8B's shape (planned, ~20 s) the QKV projections and rotary embeddings are two regions: in one, the
+    rotary halves of each head are axes an index predicate reads, so the query projection cannot merge its
+    heads into one GEMM column axis (64-wide tiles, 221 us modelled with the tail); cut, each projection's
+    heads merge and its GEMM tiles them whole, and the pieces model cheaper than the region did."""
+    import pyrunner.frontend.partition as partition_module
+    from pyrunner.frontend.backend import LAST_REPORTS, compile_fx_graph
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.torchops import target_name
+
+    shape = {"seq": 2048, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "ffn": 14336}
+    m, args, kw = HF_BLOCKS["llama"](**shape)
+    to_meta = {k: tuple(t.to("meta", torch.bfloat16) for t in v) if isinstance(v, tuple) else v for k, v in kw.items()}
+    m = m.to("meta", torch.bfloat16).requires_grad_(False)
+    gm, ex = capture_graph(m, args[0].to("meta", torch.bfloat16), **to_meta)
+
+    def regions() -> list:
+        with torch.no_grad():
+            compile_fx_graph(gm, ex, fallback="eager", executor="plan", verify=False, name="l", device="h100")
+        return LAST_REPORTS[-1].regions
+
+    cut = regions()
+    qkv = next(c for c in cut if [target_name(n) for n in c.region.nodes].count("linear") == 3)
+    rotary = next(c for c in cut if "cat" in [target_name(n) for n in c.region.nodes])
+    assert qkv is not rotary and qkv.plan is not None and rotary.plan is not None
+    grids = [[g.axis for g in k.grid] for k in qkv.plan.kernels]
+    assert sum(len(g) == 2 for g in grids) >= 3, grids  # each projection: rows x merged (head, feature) columns
+    before = partition_module.TAIL_CUTS
+    try:
+        partition_module.TAIL_CUTS = False
+        whole = next(c for c in regions() if "cat" in [target_name(n) for n in c.region.nodes])
+    finally:
+        partition_module.TAIL_CUTS = before
+    assert whole.plan is not None and "linear" in [target_name(n) for n in whole.region.nodes]
+    assert qkv.plan.cost.total_us + rotary.plan.cost.total_us < whole.plan.cost.total_us

@@ -135,7 +135,7 @@ def test_no_backward_plan_leaves_the_region_to_pytorch(monkeypatch: pytest.Monke
     from pyrunner.errors import GraphError
     from pyrunner.frontend import training
 
-    def refuse(graph, dtype):
+    def refuse(graph, dtype, wrt=None):
         raise GraphError("backward: refused for this test")
 
     monkeypatch.setattr(training, "derivation", refuse)
@@ -181,8 +181,8 @@ def test_saved_tensors_cross_between_the_halves_in_the_dtype_the_forward_plan_wr
 
     prepare, seen = ag._prepare, {}
 
-    def declared_f64(rg, meta, opts, flops):
-        impl, choice = prepare(rg, meta, opts, flops)
+    def declared_f64(rg, meta, opts, flops, wrt=None):
+        impl, choice = prepare(rg, meta, opts, flops, wrt)
         impl.save_dtypes = {n: torch.float64 for n in impl.bwd.saved}
         back = impl.backward
 
@@ -202,6 +202,51 @@ def test_saved_tensors_cross_between_the_halves_in_the_dtype_the_forward_plan_wr
     got = _two_steps(m, c, args, kwargs)
     assert seen and set(seen.values()) == {torch.float64}, seen
     _compare(ref, m, want, got)
+
+
+def test_regions_derive_gradients_only_for_inputs_that_need_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Llama's rotary tables and the layer's input need no gradient here: the regions reading them derive none for
+    them (on the H100 the rotary region's backward with the tables' gradients was a kernel TileLang could not
+    lay out, and the region fell to 55 unfused kernels), and the weights' gradients still match eager's."""
+    import pyrunner.frontend.autograd as ag
+
+    prepare, asked = ag._prepare, []
+
+    def recording(rg, meta, opts, flops, wrt=None):
+        asked.append((rg, wrt, opts.needs_grad))
+        return prepare(rg, meta, opts, flops, wrt)
+
+    monkeypatch.setattr(ag, "_prepare", recording)
+    ref, args, kwargs = llama_layer()
+    m = llama_layer()[0]
+    want = _two_steps(ref, ref, args, kwargs)
+    torch._dynamo.reset()
+    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": "eager"})
+    got = _two_steps(m, c, args, kwargs)
+    _compare(ref, m, want, got)
+    assert asked and all(wrt is not None for _, wrt, _ in asked)
+    left = [(rg, name, src) for rg, wrt, _ in asked for name, src, _ in rg.inputs if name not in wrt]
+    kept = [src for rg, wrt, _ in asked for name, src, _ in rg.inputs if name in wrt]
+    assert left and kept
+    needs = asked[0][2]
+    assert all(src not in needs for _, _, src in left) and all(src in needs for src in kept)
+    tables = {src.name for _, _, src in left if "position_embeddings" in src.name}
+    assert len(tables) == 2, sorted(src.name for _, _, src in left)  # cos and sin
+
+
+def test_grad_nodes_follow_what_the_parameters_reach() -> None:
+    """``grad_nodes``: the placeholders whose example input requires a gradient and every node computed from one;
+    a value computed from inputs that need none (a mask, a table) is not among them."""
+    from pyrunner.frontend.autograd import grad_nodes
+
+    def f(x, w, table):
+        scaled = table * 2.0
+        return (x @ w) * scaled, scaled + 1.0
+
+    gm = torch.fx.symbolic_trace(f)
+    x, w, table = torch.randn(4, 8), torch.randn(8, 8, requires_grad=True), torch.randn(4, 8)
+    names = {n.name for n in grad_nodes(gm, [x, w, table])}
+    assert names == {"w", "matmul", "mul_1", "output"}, names
 
 
 @pytest.mark.parametrize("superopt_us, kept, fallback", [(1.0, True, "eager"), (3.0, False, "eager"),

@@ -221,7 +221,7 @@ def training_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Any, re
     """``compile.compile_segment`` for a graph under autograd: the segment's region with its backward, split
     where no backward plan exists; what is left stays PyTorch ops (one log line each)."""
     from pyrunner.frontend.flops import node_flops
-    from pyrunner.frontend.partition import region_of, split
+    from pyrunner.frontend.partition import cheaper_cut, region_of, split
 
     counter[0] += 1
     why = ""
@@ -234,9 +234,24 @@ def training_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Any, re
         rg, why = None, str(e) if isinstance(e, UserError) else f"{type(e).__name__}: {e}"
     if rg is None and not why:
         return []
+    wrt = _wrt(rg, opts)
+    if wrt is not None and not wrt:  # nothing it reads needs a gradient: a forward-only region
+        from pyrunner.frontend.compile import compile_segment
+
+        counter[0] -= 1
+        return compile_segment(nodes, meta, opts, report, counter)
+    cut = cheaper_cut(nodes, lambda piece: _training_us(piece, meta, opts)) \
+        if rg is not None and opts.executor != "reference" else None
+    if cut is not None:
+        msg = f"{opts.name}: {len(nodes)} op(s) from {nodes[0].name}: {cut.describe()}, forward and backward"
+        log.info(msg)
+        if opts.progress is not None:
+            opts.progress("  " + msg)
+        return (training_segment(cut.head, meta, opts, report, counter)
+                + training_segment(cut.tail, meta, opts, report, counter))
     if rg is not None:
         try:
-            impl, choice = _prepare(rg, meta, opts, sum(node_flops(n, meta) for n in nodes))
+            impl, choice = _prepare(rg, meta, opts, sum(node_flops(n, meta) for n in nodes), wrt)
             report.chose(choice)
             return [] if impl is None else [(rg, impl)]
         except Exception as e:  # noqa: BLE001 - no backward: the ops and their gradients stay with PyTorch
@@ -254,7 +269,56 @@ def training_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Any, re
     return []
 
 
-def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int) -> tuple[Any, Any]:
+def _training_us(nodes: list[Any], meta: Callable[[Any], Any], opts: Any) -> float:
+    """The modelled forward-with-saves plus backward time ``_prepare`` would plan for ``nodes`` (0 where they only
+    view their inputs); raises where there is none. Derivations and plans are cached: none is made twice."""
+    from pyrunner.frontend.compile import region_dtype
+    from pyrunner.frontend.partition import region_of
+    from pyrunner.frontend.training import plan_training
+
+    rg = region_of(nodes, meta, "piece", opts.axis_names, views=False)
+    if rg is None:
+        return 0.0
+    wrt = _wrt(rg, opts)
+    if wrt is not None and not wrt:
+        raise UserError("no input of the piece needs a gradient")  # planned forward-only, not modelled here
+    tp = plan_training(rg.graph, region_dtype(rg, meta, opts.dtype), cpu_check=False, device=opts.device, wrt=wrt)
+    assert tp.forward is not None and tp.backward is not None
+    return tp.forward.cost.total_us + tp.backward.cost.total_us
+
+
+def _wrt(rg: RegionGraph | None, opts: Any) -> frozenset[str] | None:
+    """The region's inputs whose gradients are needed (``Options.needs_grad``); None: all of them."""
+    if rg is None or opts.needs_grad is None:
+        return None
+    return frozenset(name for name, src, _ in rg.inputs if src in opts.needs_grad)
+
+
+def grad_nodes(gm: Any, example_inputs: list) -> frozenset[Any]:
+    """The nodes of ``gm`` whose values need gradients: the placeholders whose example input requires one, the
+    parameters it holds that do, and every node computed from one of those. An over-approximation (no op is
+    taken to cut the gradient): a region asked for a gradient nobody reads computes it for nothing, a region
+    that left one out would give a wrong one."""
+    import torch
+
+    inputs = iter(example_inputs)
+    out: set[Any] = set()
+    for n in gm.graph.nodes:
+        if n.op == "placeholder":
+            x = next(inputs, None)
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                out.add(n)
+        elif n.op == "get_attr":
+            x = getattr(gm, str(n.target), None)
+            if isinstance(x, torch.Tensor) and x.requires_grad:
+                out.add(n)
+        elif any(a in out for a in n.all_input_nodes):
+            out.add(n)
+    return frozenset(out)
+
+
+def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int,
+             wrt: frozenset[str] | None = None) -> tuple[Any, Any]:
     """The region's ``TrainingImpl`` (None where PyTorch runs it) and its report row, by executor."""
     from pyrunner.frontend.compile import region_dtype
     from pyrunner.frontend.report import RegionChoice
@@ -262,12 +326,13 @@ def _prepare(rg: RegionGraph, meta: Callable[[Any], Any], opts: Any, flops: int)
 
     n = len(rg.graph.outputs)
     if opts.executor == "reference":
-        bwd = derivation(rg.graph, None)
+        bwd = derivation(rg.graph, None, wrt=wrt)
         impl = TrainingImpl(bwd, reference_run(bwd.forward), reference_run(bwd.graph), n)
         return impl, RegionChoice(rg, None, decision="reference", flops=flops,
                                   reason=f"float64 interpreter, forward and derived backward (saves {_saves(bwd)})")
     dtype = region_dtype(rg, meta, opts.dtype)
-    tp = plan_training(rg.graph, dtype, cpu_check=opts.executor == "plan" and opts.verify, device=opts.device)
+    tp = plan_training(rg.graph, dtype, cpu_check=opts.executor == "plan" and opts.verify, device=opts.device,
+                       wrt=wrt)
     assert tp.forward is not None and tp.backward is not None
     kernels = f"backward {len(tp.backward.kernels)} kernel(s), saves {_saves(tp.bwd)}"
     if opts.executor == "plan":

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyrunner.frontend.autograd import training_segment
+from pyrunner.frontend.autograd import grad_nodes, training_segment
 from pyrunner.frontend.compile import KERNEL_DTYPES, Options, Report, compile_graph
 from pyrunner.frontend.decide import Measure, gpu_measure
 from pyrunner.frontend.errors import FrontendError
@@ -165,7 +165,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                        progress=progress or _log.info, name=name, axis_names=axis_names,
                        log=Path(log) if log else None, source=source, measure=measure,
                        fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket and not training,
-                       segment=training_segment if training else None, device=device)
+                       segment=training_segment if training else None, device=device,
+                       needs_grad=grad_nodes(gm, example_inputs) if training else None)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     except FrontendError as e:
         if source == "optimize":

@@ -20,7 +20,7 @@ from pyrunner.frontend.buckets import bucketed, padded_impl
 from pyrunner.frontend.decide import Measure
 from pyrunner.frontend.flops import node_flops
 from pyrunner.frontend.partcache import cached_partition
-from pyrunner.frontend.partition import Partition, region_of, split, stages
+from pyrunner.frontend.partition import Partition, cheaper_cut, region_of, split, stages
 from pyrunner.frontend.progress import NullTracker, Tracker
 from pyrunner.frontend.region import RegionGraph
 from pyrunner.frontend.region_plans import cached_plan, cpu_check, loaded_impl, naive_plan
@@ -64,6 +64,9 @@ class Options:
     device: str | None = None
     """The device (``backend.tilelang.backend.BACKENDS`` key) regions are planned, rendered and compiled for;
     None: the GPU found at run time (``backend.local_backend_name``), h200 without one."""
+    needs_grad: frozenset[Any] | None = None
+    """Under autograd, the FX nodes whose values need gradients (``autograd.grad_nodes``); a region derives
+    gradients for its inputs among them only. None: every input's."""
 
 
 def region_dtype(rg: RegionGraph, meta: Callable[[Any], Any], forced: str | None) -> str:
@@ -132,6 +135,11 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
             return compile_segment(a, meta, opts, report, counter) + compile_segment(b, meta, opts, report, counter)
         report.fallback(nodes, f"no plan: {e}")  # no piece of it is in a kernel dtype: one line for all of it
         return []
+    cut = cheaper_cut(nodes, lambda piece: _modelled_us(piece, meta, opts))
+    if cut is not None:
+        say(f"  {rg.label}: {cut.describe()}")
+        return (compile_segment(cut.head, meta, opts, report, counter)
+                + compile_segment(cut.tail, meta, opts, report, counter))
     try:
         t0 = time.perf_counter()
         opts.tracker.start("plan")
@@ -209,6 +217,16 @@ def compile_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Options,
     if opts.log is not None:
         _record(opts, rg, plan, loaded, nodes)
     return [(rg, impl)]
+
+
+def _modelled_us(nodes: list[Any], meta: Callable[[Any], Any], opts: Options) -> float:
+    """The modelled time of the plan ``compile_segment`` would make for ``nodes`` (0 where they only view their
+    inputs); raises where there is none. Plans are cached, so the piece chosen is not planned twice."""
+    rg = region_of(nodes, meta, "piece", opts.axis_names)
+    if rg is None:
+        return 0.0
+    graph, _ = bucketed(rg.graph) if opts.bucket else (rg.graph, {})
+    return cached_plan(graph, region_dtype(rg, meta, opts.dtype), opts.device)[0].cost.total_us
 
 
 def _bucket_note(graph: Any, pads: dict[str, int]) -> str:

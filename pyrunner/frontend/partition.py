@@ -7,10 +7,13 @@ the reason is kept) or would make a value hold one axis twice (the next region
 then sees its operands as fresh inputs). Nodes computing Python values from
 shapes are folded to constants (shapes are static). A region that the planner
 cannot plan is split in two at the contraction nearest its middle, and so on.
+A region whose contractions are followed by a tail of other ops is also cut
+there when the cost model says the two pieces are cheaper (``cheaper_cut``).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +29,8 @@ MAX_CONTRACTIONS = 4
 """A segment with more contractions is cut before it is planned."""
 MAX_CHAIN = 2
 """Nor may a chain of dependent contractions in one segment be longer (attention's QK^T then PV is 2)."""
+TAIL_CUTS = True
+"""Whether ``cheaper_cut`` may cut a segment after its contractions (a switch: ``pyrunner.switches``)."""
 
 
 @dataclass
@@ -202,6 +207,62 @@ def stages(nodes: list[Any]) -> list[list[Any]]:
         depth[n] = d
         total += w
     return pieces
+
+
+def tail_cut(nodes: list[Any]) -> int | None:
+    """Where a segment's contractions end: after its last contraction and the views of that result that follow
+    it; None when no computing op follows (or there is no contraction).
+
+    A tail that re-indexes the contractions' result can cost them their tiles: rotary embeddings split each
+    head's features into halves that an index predicate swaps, so in one region the projection's output is
+    four axes (row, head, half, feature) that the planner may not merge, and its GEMM gets 64-wide tiles
+    and a backward that writes one partial product per half and head. Cut there, the projection is one GEMM
+    over the merged heads and the tail an elementwise region."""
+    from pyrunner.frontend.flops import FREE
+    from pyrunner.frontend.torchops import target_name
+
+    last = max((i for i, n in enumerate(nodes) if ANCHORS.get(target_name(n))), default=None)
+    if last is None:
+        return None
+    cut = last + 1
+    while cut < len(nodes) and target_name(nodes[cut]) in FREE:
+        cut += 1
+    return cut if any(target_name(n) not in FREE for n in nodes[cut:]) else None
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A segment cut in two by ``cheaper_cut``, with the modelled times that decided it."""
+
+    head: list[Any]
+    tail: list[Any]
+    pieces_us: tuple[float, float]
+    whole_us: float
+
+    def describe(self) -> str:
+        whole = "no plan" if math.isinf(self.whole_us) else f"{self.whole_us:.1f} us"
+        return (f"cut after its contractions ({len(self.head)} + {len(self.tail)} op(s)): modelled "
+                f"{self.pieces_us[0]:.1f} + {self.pieces_us[1]:.1f} us against {whole} whole")
+
+
+def cheaper_cut(nodes: list[Any], modelled_us: Callable[[list[Any]], float]) -> Cut | None:
+    """The segment cut at ``tail_cut`` when its two pieces' modelled time (``modelled_us``, which raises where a
+    piece has no plan) is below the whole segment's, or the whole has no plan; else None.
+
+    Deterministic, and decided by the same model that chooses every plan: the regions the GPU then measures
+    against the fallback compiler are the pieces."""
+    cut = tail_cut(nodes) if TAIL_CUTS else None
+    if cut is None:
+        return None
+    try:
+        pieces = (modelled_us(nodes[:cut]), modelled_us(nodes[cut:]))
+    except Exception:  # noqa: BLE001 - a piece without a plan: the segment stays whole
+        return None
+    try:
+        whole = modelled_us(nodes)
+    except Exception:  # noqa: BLE001 - no plan for the whole, one for each piece
+        whole = math.inf
+    return Cut(nodes[:cut], nodes[cut:], pieces, whole) if sum(pieces) < whole else None
 
 
 def split(nodes: list[Any]) -> tuple[list[Any], list[Any]]:

@@ -40,24 +40,27 @@ class TrainingPlans:
 _DERIVED: dict[tuple[str, str | None, str | None], Backward] = {}
 
 
-def derivation(graph: Graph, dtype: str | None, device: str | None = None) -> Backward:
+def derivation(graph: Graph, dtype: str | None, device: str | None = None,
+               wrt: frozenset[str] | None = None) -> Backward:
     """The backward of ``graph`` with the saves the cost model prefers at ``dtype`` (None: the default
     saves of ``ir.grad.derive``: outputs, log-sum-exps and the D identity's contraction). Once per
     distinct graph and dtype in a process, as ``compile.cached_plan`` plans: a model's layers share it.
-    ``device``: the backend's device whose cost model chooses the saves (None: the local GPU's)."""
+    ``device``: the backend's device whose cost model chooses the saves (None: the local GPU's); ``wrt``:
+    the inputs whose gradients are asked for (None: every input; a model's rotary tables, masks and
+    position indices need none, and their gradients would be kernels of their own)."""
     from pyrunner.ir.graph_json import graph_to_json
     from pyrunner.plan.schema import canonical_json
 
-    key = (canonical_json(graph_to_json(graph)), dtype, device)
+    key = (canonical_json(graph_to_json(graph)), dtype, device, None if wrt is None else tuple(sorted(wrt)))
     if key not in _DERIVED:
         if dtype is None:
-            _DERIVED[key] = derive(graph)
+            _DERIVED[key] = derive(graph, wrt=wrt)
         else:
-            _DERIVED[key] = _stored_or_chosen(graph, dtype, device)
+            _DERIVED[key] = _stored_or_chosen(graph, dtype, device, wrt)
     return _DERIVED[key]
 
 
-def _stored_or_chosen(graph: Graph, dtype: str, device: str | None) -> Backward:
+def _stored_or_chosen(graph: Graph, dtype: str, device: str | None, wrt: frozenset[str] | None) -> Backward:
     """``choose_saves`` for the backend of ``device``, through the plan store where one is in use."""
     import pyrunner.frontend.plan_store as plan_store
     from pyrunner.backend.tilelang.backend import resolve_backend
@@ -66,21 +69,25 @@ def _stored_or_chosen(graph: Graph, dtype: str, device: str | None) -> Backward:
 
     target = resolve_backend(device).device
     key = {"graph": graph_to_json(graph), "dtype": dtype, "device": target.name}
+    if wrt is not None:
+        key["wrt"] = sorted(wrt)
     bwd = plan_store.load_derivation(key) if plan_store.ROOT is not None else None
     if bwd is None:
-        bwd = choose_saves(graph, dtype, device=target)
+        bwd = choose_saves(graph, dtype, device=target, wrt=wrt)
         plan_store.save_derivation(key, bwd)
     return bwd
 
 
-def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: str | None = None) -> TrainingPlans:
-    """Derive, plan forward-with-saves and backward for the backend of ``device`` (None: the local GPU's), and
-    (``cpu_check``) check both on the CPU. The backward plan records its derivation (``plan.backward_of``)."""
+def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: str | None = None,
+                  wrt: frozenset[str] | None = None) -> TrainingPlans:
+    """Derive (the gradients of the inputs ``wrt``, default all), plan forward-with-saves and backward for the
+    backend of ``device`` (None: the local GPU's), and (``cpu_check``) check both on the CPU. The backward plan
+    records its derivation (``plan.backward_of``)."""
     from pyrunner.frontend.region_plans import cached_plan
     from pyrunner.frontend.region_plans import cpu_check as check_forward
     from pyrunner.plan.backward_of import with_backward_of
 
-    bwd = derivation(graph, dtype, device)
+    bwd = derivation(graph, dtype, device, wrt)
     fwd_plan, _ = cached_plan(bwd.forward, dtype, device)
     back_plan = with_backward_of(cached_plan(bwd.graph, dtype, device)[0], bwd)
     tp = TrainingPlans(bwd, fwd_plan, back_plan)

@@ -13,6 +13,7 @@ clock decides).
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterable
 from pathlib import Path
 
 from pyrunner.ir.grad import Backward, derive
@@ -35,10 +36,11 @@ forward a write and spares the backward nothing (it still recomputes the normali
 other), saving both spares it the norm and both GEMMs."""
 
 
-def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None, device: Device | None = None) -> Backward:
-    """The backward of ``graph`` whose saved contractions the cost model of ``device`` (default: the
-    search's) prefers (see the module doc)."""
-    best = derive(graph)
+def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None, device: Device | None = None,
+                 wrt: Iterable[str] | None = None) -> Backward:
+    """The backward of ``graph`` with respect to the inputs ``wrt`` (default: all) whose saved contractions the
+    cost model of ``device`` (default: the search's) prefers (see the module doc)."""
+    best = derive(graph, wrt=wrt)
     if not best.recomputed:
         return best
     cost = predicted_us(best, dtype, calibration, device)
@@ -46,14 +48,14 @@ def choose_saves(graph: Graph, dtype: str, calibration: Path | None = None, devi
     if len(terms) <= EXHAUSTIVE_SAVES:  # every subset, smallest first: a tie keeps the fewer saves
         for r in range(1, len(terms) + 1):
             for kept in itertools.combinations(terms, r):
-                trial = derive(graph, save=kept)
+                trial = derive(graph, save=kept, wrt=wrt)
                 c = predicted_us(trial, dtype, calibration, device)
                 if c < cost:
                     best, cost = trial, c
         return best
     kept: tuple[Term, ...] = ()
     for t in terms:
-        trial = derive(graph, save=kept + (t,))
+        trial = derive(graph, save=kept + (t,), wrt=wrt)
         c = predicted_us(trial, dtype, calibration, device)
         if c < cost:
             best, cost, kept = trial, c, kept + (t,)
