@@ -113,6 +113,20 @@ def test_a_stored_derivation_is_replayed_with_its_saves(store: Path, monkeypatch
     assert again.saved == first.saved and again.graph.outputs == first.graph.outputs
 
 
+def test_a_derivation_for_some_inputs_is_filed_apart(store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region whose other inputs need no gradient (``wrt``) gets its own entry, replayed with only those
+    gradients; the derivation for every input is another entry."""
+    g = catalog.get("Matmul", {"m": 64, "d": 64, "n": 64})
+    names = sorted(t.name for t in g.inputs())
+    part = training.derivation(g, "bfloat16", wrt=frozenset(names[:1]))
+    whole = training.derivation(g, "bfloat16")
+    assert set(part.gradients.values()) == {names[0]} and set(whole.gradients.values()) == set(names)
+    assert len(_files(store, "derivations")) == 2
+    _new_process(monkeypatch, derive=False)
+    again = training.derivation(g, "bfloat16", wrt=frozenset(names[:1]))
+    assert set(again.gradients.values()) == {names[0]} and again.graph.outputs == part.graph.outputs
+
+
 def test_a_derivation_of_another_graph_is_refused(store: Path, monkeypatch: pytest.MonkeyPatch,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     g, other = catalog.get("RMSNorm", {"m": 64, "d": 64, "n": 64}), catalog.get("Matmul", {"m": 64, "d": 64, "n": 64})
