@@ -37,7 +37,7 @@ class TrainingPlans:
     check: str = ""
 
 
-_DERIVED: dict[tuple[str, str | None, str | None], Backward] = {}
+_DERIVED: dict[tuple[str, str | None, str | None, tuple[str, ...] | None], Backward] = {}
 
 
 def derivation(graph: Graph, dtype: str | None, device: str | None = None,
