@@ -32,9 +32,12 @@ the same rounds::
 
 ``--plan-store DIR`` keeps plans and derivations across processes (``pyrunner.frontend.plan_store``); with
 ``--plan-only`` this machine plans every case's variants into it, no GPU needed, so a GPU call of the same tree
-spends its minutes compiling, checking and timing (run 173 spent 48-77 s a variant before timing it)::
+spends its minutes compiling, checking and timing (run 173 spent 48-77 s a variant before timing it); the Llama
+step's regions are traced on the ``meta`` device and planned by the backend's plan mode. Plans are filed per
+device: ``--plan-device h100`` plans for an H100 (default: the GPU here, else h200)::
 
     python benchmarks/grad_bench.py --plan-only --plan-store .device/plan-store --cases attention causal
+    python benchmarks/grad_bench.py --plan-only --plan-store .device/plan-store --cases llama_step --plan-device h100
     SCRIPT=benchmarks/grad_bench.py TOTAL_S=420 bash benchmarks/gpu_run.sh --cases attention causal \
         --plan-store .device/plan-store
 
@@ -190,10 +193,32 @@ def plan_case(case: str, args: argparse.Namespace) -> None:
     for v, settings in variants_of(args):
         t0 = time.perf_counter()
         with switches.switched(settings):
-            tp = training_plans(cached_plan(graph, "bfloat16")[0])
+            tp = training_plans(cached_plan(graph, "bfloat16", args.plan_device)[0], args.plan_device)
         print(f"[{case}] {v}: forward {tp.forward.provenance.plan_hash} ({len(tp.forward.kernels)} kernel(s)), "
               f"backward {tp.backward.provenance.plan_hash} ({len(tp.backward.kernels)}), saves "
               f"{', '.join(tp.bwd.saved)}; planned in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def plan_llama_step(args: argparse.Namespace) -> None:
+    """``--plan-only`` for the Llama step: the layer built as ``run_llama_step`` builds it, on the ``meta`` device
+    (nothing computed), captured by dynamo and handed to the backend's plan mode under autograd, so its regions,
+    their cuts and both halves of each are planned into the store as the GPU host would plan them."""
+    import torch
+
+    from pyrunner.frontend.backend import LAST_REPORTS, compile_fx_graph
+    from pyrunner.frontend.optimize import capture_graph
+
+    if str(ROOT / "tests") not in sys.path:
+        sys.path.insert(0, str(ROOT / "tests"))
+    from frontend_models import llama_layer
+
+    t0 = time.perf_counter()
+    m, (x,), kw = llama_layer(**(LLAMA_SMALL if args.small else LLAMA))
+    meta = {k: tuple(t.to("meta", torch.bfloat16) for t in v) if isinstance(v, tuple) else v for k, v in kw.items()}
+    gm, ex = capture_graph(m.to("meta", torch.bfloat16).requires_grad_(True), x.to("meta", torch.bfloat16), **meta)
+    compile_fx_graph(gm, ex, fallback="eager", executor="plan", verify=False, name="llama_step",
+                     device=args.plan_device)
+    print(f"[llama_step] planned in {time.perf_counter() - t0:.1f} s\n{LAST_REPORTS[-1]}", flush=True)
 
 
 def run_case(case: str, args: argparse.Namespace, out) -> None:
@@ -380,9 +405,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--plan-only", action="store_true",
                     help="with --plan-store: plan every case's variants here (no GPU, the lowering gate on), so a "
                          "GPU run of the same tree finds them")
+    ap.add_argument("--plan-device", metavar="NAME",
+                    help="with --plan-only: the GPU the GPU run will have (h200, h100; default: the one here, else "
+                         "h200): plans are filed per device")
     args = ap.parse_args(argv)
     if args.plan_only and not args.plan_store:
         ap.error("--plan-only needs --plan-store DIR")
+    if args.plan_device and not args.plan_only:
+        ap.error("--plan-device goes with --plan-only (a GPU run plans for the GPU it has)")
     if args.plan_store:
         from pyrunner.frontend import plan_store
 
@@ -397,10 +427,7 @@ def main(argv: list[str] | None = None) -> int:
 
         region_plans.LOWER_CHECK = True  # as on the GPU host, which runs the lowering gate
         for case in args.cases:
-            if case == "llama_step":
-                print("[llama_step] not planned ahead: its regions come from the model's trace on the GPU host")
-                continue
-            plan_case(case, args)
+            plan_llama_step(args) if case == "llama_step" else plan_case(case, args)
         return 0
     if not args.small:
         import torch

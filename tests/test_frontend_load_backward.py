@@ -107,6 +107,9 @@ def test_grad_bench_plan_only_fills_the_store_a_second_run_reads(tmp_path) -> No
     assert len(plans(first.stdout)) == 2 and plans(again.stdout) == plans(first.stdout)
     refused = subprocess.run(cmd[:-2], cwd=root, capture_output=True, text=True, timeout=600)
     assert refused.returncode == 2 and "--plan-only needs --plan-store" in refused.stderr
+    timed = [c for c in cmd if c != "--plan-only"][:-2] + ["--plan-device", "h100"]
+    refused = subprocess.run(timed, cwd=root, capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "--plan-device goes with --plan-only" in refused.stderr
 
 
 def test_a_region_input_no_output_reads_is_left_out_of_the_plans_call() -> None:

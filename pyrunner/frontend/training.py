@@ -96,18 +96,19 @@ def plan_training(graph: Graph, dtype: str, *, cpu_check: bool = True, device: s
     return tp
 
 
-def training_plans(plan: Plan) -> TrainingPlans:
+def training_plans(plan: Plan, device: str | None = None) -> TrainingPlans:
     """Both halves for a forward ``plan`` (``load(plan, backward=True)``): ``plan`` itself as the forward where
-    its graph already writes every saved tensor, else the forward-with-saves plan, and the derived backward."""
+    its graph already writes every saved tensor, else the forward-with-saves plan, and the derived backward;
+    for the backend of ``device`` (None: the local GPU's)."""
     from pyrunner.frontend.region_plans import cached_plan
     from pyrunner.plan.backward_of import with_backward_of
     from pyrunner.plan.validate import plan_graph
 
     graph = plan_graph(plan)
-    bwd = derivation(graph, plan.dtype)
+    bwd = derivation(graph, plan.dtype, device)
     same = [n for n, _ in bwd.forward.outputs] == [n for n, _ in graph.outputs]
-    fwd_plan = plan if same else cached_plan(bwd.forward, plan.dtype)[0]
-    return TrainingPlans(bwd, fwd_plan, with_backward_of(cached_plan(bwd.graph, plan.dtype)[0], bwd))
+    fwd_plan = plan if same else cached_plan(bwd.forward, plan.dtype, device)[0]
+    return TrainingPlans(bwd, fwd_plan, with_backward_of(cached_plan(bwd.graph, plan.dtype, device)[0], bwd))
 
 
 def recorded(plan: Plan, bwd: Backward) -> Plan:
