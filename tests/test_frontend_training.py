@@ -52,6 +52,17 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
+def _llama_steps_through_the_backend() -> None:
+    """Two SGD steps of the Llama layer through the backend with both halves of every region in the float64
+    interpreter, its gradients and weights compared with eager's."""
+    ref, args, kwargs = llama_layer()
+    m = llama_layer()[0]
+    want = _two_steps(ref, ref, args, kwargs)
+    torch._dynamo.reset()
+    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": "eager"})
+    _compare(ref, m, want, _two_steps(m, c, args, kwargs))
+
+
 def _compare(ref: nn.Module, m: nn.Module, want: list[torch.Tensor], got: list[torch.Tensor]) -> None:
     names = [n for n, _ in ref.named_parameters()]
     for name, g, w in zip(names, got, want, strict=True):
@@ -194,14 +205,8 @@ def test_saved_tensors_cross_between_the_halves_in_the_dtype_the_forward_plan_wr
         return impl, choice
 
     monkeypatch.setattr(ag, "_prepare", declared_f64)
-    ref, args, kwargs = llama_layer()
-    m = llama_layer()[0]
-    want = _two_steps(ref, ref, args, kwargs)
-    torch._dynamo.reset()
-    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": "eager"})
-    got = _two_steps(m, c, args, kwargs)
+    _llama_steps_through_the_backend()
     assert seen and set(seen.values()) == {torch.float64}, seen
-    _compare(ref, m, want, got)
 
 
 def test_regions_derive_gradients_only_for_inputs_that_need_them(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -217,13 +222,7 @@ def test_regions_derive_gradients_only_for_inputs_that_need_them(monkeypatch: py
         return prepare(rg, meta, opts, flops, wrt)
 
     monkeypatch.setattr(ag, "_prepare", recording)
-    ref, args, kwargs = llama_layer()
-    m = llama_layer()[0]
-    want = _two_steps(ref, ref, args, kwargs)
-    torch._dynamo.reset()
-    c = torch.compile(m, backend="superopt", options={"executor": "reference", "fallback": "eager"})
-    got = _two_steps(m, c, args, kwargs)
-    _compare(ref, m, want, got)
+    _llama_steps_through_the_backend()
     assert asked and all(wrt is not None for _, wrt, _ in asked)
     left = [(rg, name, src) for rg, wrt, _ in asked for name, src, _ in rg.inputs if name not in wrt]
     kept = [src for rg, wrt, _ in asked for name, src, _ in rg.inputs if name in wrt]
