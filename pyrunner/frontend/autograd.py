@@ -238,7 +238,6 @@ def training_segment(nodes: list[Any], meta: Callable[[Any], Any], opts: Any, re
     if wrt is not None and not wrt:  # nothing it reads needs a gradient: a forward-only region
         from pyrunner.frontend.compile import compile_segment
 
-        counter[0] -= 1
         return compile_segment(nodes, meta, opts, report, counter)
     cut = cheaper_cut(nodes, lambda piece: _training_us(piece, meta, opts)) \
         if rg is not None and opts.executor != "reference" else None
