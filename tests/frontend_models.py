@@ -142,3 +142,54 @@ def decode_inputs(block: str, x: torch.Tensor, cfg, n: int, seed: int) -> tuple[
     rotary = getattr(mod, f"{'Llama' if block == 'llama' else 'Qwen2'}RotaryEmbedding")(cfg)
     x1 = torch.randn(1, 1, x.shape[-1], generator=torch.Generator().manual_seed(seed))
     return x1, {"attention_mask": None, "use_cache": True, "position_embeddings": rotary(x1, torch.tensor([[n]]))}
+
+
+# --- whole causal language models of many architectures (embedding, one layer, final norm, LM head) ----------
+
+CAUSAL_LM_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma", "gemma3_text", "gpt_neox", "olmo2",
+                   "stablelm", "starcoder2", "granite", "cohere", "phi", "falcon", "opt", "gptj", "codegen", "bloom",
+                   "mixtral", "qwen2_moe", "gpt_bigcode", "smollm3", "glm")
+"""Hugging Face ``model_type`` names built by ``causal_lm``: the decoder families a user is likely to bring."""
+
+EAGER_ONLY = ("gptj", "codegen", "bloom")
+"""Architectures whose transformers classes have no sdpa attention (eager attention, the mask as a tensor)."""
+
+_SIZE_FIELDS = {"n_embd": 64, "n_head": 4, "n_layer": 1, "n_inner": 128, "ffn_dim": 128, "word_embed_proj_dim": 64,
+                "head_dim": 16, "rotary_dim": 8}
+"""Other spellings of the tiny size, for configs that name it their own way (GPT-J, OPT, BigCode)."""
+
+
+def causal_lm(arch: str, seq: int = HF_SEQ, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
+    """A one-layer ``AutoModelForCausalLM`` of ``arch`` at hidden 64, 4 heads (2 KV heads where it has GQA),
+    vocabulary 128, random weights from ``seed``, no dropout; and ``seq`` token ids."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    size = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1,
+            "vocab_size": 128, "max_position_embeddings": 64, "pad_token_id": 0}
+    if arch != "gpt_neox":
+        size["num_key_value_heads"] = 2
+    cfg = AutoConfig.for_model(arch, **size)
+    for k, v in _SIZE_FIELDS.items():
+        if hasattr(cfg, k):
+            try:
+                setattr(cfg, k, v)
+            except AttributeError:  # a derived property (Falcon's head_dim)
+                pass
+    for k in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout",
+              "activation_dropout"):
+        if hasattr(cfg, k):
+            setattr(cfg, k, 0.0)
+    impl = "eager" if arch in EAGER_ONLY else "sdpa"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
+    ids = torch.randint(0, 128, (1, seq), generator=torch.Generator().manual_seed(seed + 1))
+    return model, ids
+
+
+def logits_of(model: nn.Module):
+    """``ids -> logits`` of ``model`` (no cache): the function a user hands to ``optimize``."""
+
+    def logits(ids: torch.Tensor) -> torch.Tensor:
+        return model(input_ids=ids, use_cache=False).logits
+
+    return logits

@@ -179,3 +179,49 @@ def test_split_parts_a_region_also_reads_are_views_of_one_output() -> None:
     want = region_module(gm, rg, tuple(src for _, src, _ in rg.inputs))(x, w)
     for a, b in zip(got, want, strict=True):
         assert a.shape == b.shape and torch.allclose(a, b, rtol=0, atol=1e-12)
+
+
+def test_a_failure_while_splicing_leaves_the_graph_as_captured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regions are spliced into the captured graph in place; a failure halfway (here: as the graph is put back in
+    order) used to hand the fallback compiler that half-spliced graph, which read a value it never defined
+    (CodeGen under autograd: UnboundLocalError). The fallback now compiles the graph as captured."""
+    from pyrunner.frontend import runtime
+
+    def broken(graph) -> None:  # leaves a region's op after what reads it, as the CodeGen graph was, then fails
+        op = next(n for n in graph.nodes if "superopt" in str(n.target))
+        list(graph.nodes)[-1].append(op)
+        raise RuntimeError("splice failed halfway")
+
+    monkeypatch.setattr(runtime, "_restore_order", broken)
+    x, w = r(8, 16), r(16, 48, seed=1)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        c = torch.compile(qkv_split, backend="superopt", options={"fallback": "eager", "executor": "reference"})
+        assert torch.allclose(c(x, w), qkv_split(x, w), rtol=0, atol=1e-10)
+    report = LAST_REPORTS[-1]
+    assert not report.regions
+    assert any("splice failed halfway" in why for _, why in report.fallbacks), report.fallbacks
+
+
+def test_a_region_that_would_read_what_it_computes_is_refused() -> None:
+    """A segment's nodes need not be contiguous (tuple-valued nodes and chunk views are skipped), so a region could
+    read a value computed outside it from one of its own: its op would run before that input exists. Such a
+    region is refused with the node named (``partition.reentry``), and the segment is cut instead; the GPT-NeoX
+    model (``test_frontend_hf_models``) reached this through its chunk views."""
+    from pyrunner.frontend.optimize import capture_graph
+    from pyrunner.frontend.partition import example_values, region_of
+    from pyrunner.frontend.trace import Unmappable
+
+    def f(x, w):
+        a = x @ w
+        b = torch.tanh(a)  # outside the region below, computed from its first node
+        return a * b
+
+    x, w = r(8, 16), r(16, 16, seed=1)
+    gm, ins = capture_graph(f, x, w)
+    meta = example_values(gm, tuple(ins)).__getitem__
+    calls = [n for n in gm.graph.nodes if n.op in ("call_function", "call_method")]
+    assert len(calls) == 3
+    with pytest.raises(Unmappable, match="comes back"):
+        region_of([calls[0], calls[2]], meta, "gap")
+    assert region_of(calls, meta, "whole") is not None

@@ -248,6 +248,30 @@ def test_grad_nodes_follow_what_the_parameters_reach() -> None:
     assert names == {"w", "matmul", "mul_1", "output"}, names
 
 
+def test_a_graph_holding_its_own_parameter_is_a_training_graph() -> None:
+    """Dynamo keeps some modules' weights as the graph's own attributes (``get_attr``), not as inputs: a graph whose
+    only gradient-needing tensor is such a parameter is still compiled for training (its regions get their
+    derived backward), and not with grad mode off."""
+    from pyrunner.frontend.backend import _training
+
+    class Held(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 8))
+
+        def forward(self, x):
+            return torch.tanh(x @ self.w)
+
+    gm = torch.fx.symbolic_trace(Held())
+    assert any(n.op == "get_attr" for n in gm.graph.nodes)
+    x = torch.randn(4, 8)
+    assert _training(gm, [x])
+    with torch.no_grad():
+        assert not _training(gm, [x])
+    gm.w.requires_grad_(False)
+    assert not _training(gm, [x])
+
+
 @pytest.mark.parametrize("superopt_us, kept, fallback", [(1.0, True, "eager"), (3.0, False, "eager"),
                                                         (3.0, False, "inductor")])
 def test_a_training_region_is_measured_forward_and_backward_against_the_fallback(

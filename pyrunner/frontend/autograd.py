@@ -154,6 +154,7 @@ def region_function(rg: RegionGraph, impl: TrainingImpl, meta: Callable[[Any], A
     grad_of = {i: g for g, i in bwd.gradients.items()}
     has_grad = [name in grad_of and m.dtype.is_floating_point for (name, _, _), m in zip(rg.inputs, in_meta,
                                                                                           strict=True)]
+    reads = _inputs_read(rg)
 
     def forward(*xs: Any) -> tuple:
         CALLS["forward"] += 1
@@ -197,6 +198,11 @@ def region_function(rg: RegionGraph, impl: TrainingImpl, meta: Callable[[Any], A
         def forward(ctx: Any, *xs: Any) -> Any:
             r = tup(fwd_op(*xs))
             ctx.save_for_backward(*xs, *r[n_out:])
+            # an output computed from no input that needs a gradient (a rotary table beside Q) is none of autograd's
+            # business: marked so, the forward-only region reading it later is not asked for a backward
+            constant = [r[i] for i in range(n_out) if not any(ctx.needs_input_grad[j] for j in reads[i])]
+            if constant:
+                ctx.mark_non_differentiable(*constant)
             return r[:n_out]
 
         @staticmethod
@@ -212,6 +218,20 @@ def region_function(rg: RegionGraph, impl: TrainingImpl, meta: Callable[[Any], A
 
     run.__name__ = f"superopt_{rg.label}"
     return run
+
+
+def _inputs_read(rg: RegionGraph) -> list[set[int]]:
+    """Per output of ``rg`` (in ``rg.outputs`` order), the positions in ``rg.inputs`` of the inputs it is
+    computed from."""
+    position = {name: i for i, (name, _, _) in enumerate(rg.inputs)}
+    terms = dict(rg.graph.outputs)
+    below: dict[Any, set[int]] = {}
+    for t in rg.graph.terms():  # operands first
+        if t.op == "input":
+            below[t] = {position[t.name]} if t.name in position else set()
+        else:
+            below[t] = set().union(*(below[a] for a in t.args)) if t.args else set()
+    return [below[terms[name]] for name, _, _, _ in rg.outputs]
 
 
 # --- the compile hook -------------------------------------------------------------------------------------

@@ -85,10 +85,17 @@ NO_GPU_NOTE = ("no CUDA GPU: regions are planned and CPU-checked only; PyTorch r
                "(see .report for what would run as Superopt kernels)")
 
 
-def _training(example_inputs: list) -> bool:
+def _training(gm: Any, example_inputs: list) -> bool:
+    """Whether the graph runs under autograd: grad mode on and an input, or a parameter the graph holds itself
+    (a ``get_attr`` node: dynamo keeps some modules' weights so, GLM's among them), requires a gradient."""
     import torch
 
-    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    if not torch.is_grad_enabled():
+        return False
+    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        return True
+    held = (getattr(gm, str(n.target), None) for n in gm.graph.nodes if n.op == "get_attr")
+    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in held)
 
 
 def _whole_graph_reason(gm: Any, example_inputs: list, executor: str, backward: bool = False) -> str | None:
@@ -149,13 +156,14 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         LAST_REPORTS.append(report)
     executor = resolve_executor(executor)
     why = _whole_graph_reason(gm, example_inputs, executor, backward)
-    training = backward and _training(example_inputs)
+    training = backward and _training(gm, example_inputs)
     if why:
         report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1] or [], why)
         return finish(gm, example_inputs)
     if dtype:
         report.notes.append(f"regions planned in {dtype} as asked (dtype={dtype!r}); the model's own dtype "
                             f"stays outside them")
+    pristine = _unspliced_copy(gm)  # what the fallback compiles if splicing fails halfway (gm is changed in place)
     try:
         device = _device(device)
         values = example_values(gm, tuple(example_inputs))
@@ -171,13 +179,13 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
     except FrontendError as e:
         if source == "optimize":
             raise  # a wrong optimize() argument (axes= names, say): the caller's error, in one line
-        report.fallback(_first_call(gm), f"the superopt backend was given a bad option ({e}); the whole graph "
-                        f"goes to {fallback}")
-        return finish(gm, example_inputs)
+        report.fallback(_first_call(pristine), f"the superopt backend was given a bad option ({e}); the whole "
+                        f"graph goes to {fallback}")
+        return finish(pristine, example_inputs)
     except Exception as e:  # noqa: BLE001 - a frontend failure must never fail the model
         report.fallback([], f"the superopt backend failed on this graph ({type(e).__name__}: {e}); "
                             f"the whole graph goes to {fallback}")
-        return finish(gm, example_inputs)
+        return finish(pristine, example_inputs)
     report.merge(rep)
     if executor == "plan" and NO_GPU_NOTE not in report.notes:
         report.notes.append(NO_GPU_NOTE)
@@ -194,6 +202,17 @@ def _device(device: str | None) -> str:
         return device_name(device)
     except UserError as e:
         raise FrontendError(f"device={device!r}: {str(e).removeprefix(f'--device {device!r}: ')}") from None
+
+
+def _unspliced_copy(gm: Any) -> Any:
+    """A module running ``gm``'s graph as captured, sharing its parameters: splicing regions in changes ``gm``'s
+    own graph, so a failure halfway would otherwise hand the fallback a graph that reads values it never
+    defines."""
+    import copy
+
+    import torch.fx
+
+    return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
 
 
 def _first_call(gm: Any) -> list:

@@ -147,19 +147,23 @@ def chunk_views(rt: Any, nodes: list[Any]) -> set[Any]:
         if got is not None and got[0].op != "input":
             found[n] = (got[0], rt.axes.find(got[1]), got[2])  # each part split the axis afresh: its class
     drop = set(found)
-    changed = True
-    while changed:  # a part some kept node reads is computed in the region after all
-        changed = False
-        for n in list(drop):
-            if any(u in inside and u not in drop for u in n.users):
-                drop.discard(n)
-                changed = True
-    covered: dict[tuple[Any, str], set[int]] = {}
-    for n in drop:
-        x, a, c = found[n]
-        covered.setdefault((x, a), set()).add(c)
-    whole = {k for k, cs in covered.items() if cs == set(range(rt.extent(k[1])))}
-    return {n for n in drop if found[n][:2] in whole}
+    while True:
+        changed = True
+        while changed:  # a part some kept node reads is computed in the region after all
+            changed = False
+            for n in list(drop):
+                if any(u in inside and u not in drop for u in n.users):
+                    drop.discard(n)
+                    changed = True
+        covered: dict[tuple[Any, str], set[int]] = {}
+        for n in drop:
+            x, a, c = found[n]
+            covered.setdefault((x, a), set()).add(c)
+        whole = {k for k, cs in covered.items() if cs == set(range(rt.extent(k[1])))}
+        kept = {n for n in drop if found[n][:2] in whole}
+        if kept == drop:  # a part kept because its chunks are not all dropped may be read by another part
+            return drop  # (GPT-NeoX: Q, K, V chunks of qkv, and Q's rotary slice, a chunk of Q, kept): again
+        drop = kept
 
 
 def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
@@ -176,7 +180,35 @@ def region_of(nodes: list[Any], meta: Callable[[Any], Any], name: str,
     outs = [n for n in segment_outputs(nodes, meta) if rt.values[n].term.op != "input"]
     if not outs:
         return None
-    return finish(rt, outs, name, axis_names, views)
+    rg = finish(rt, outs, name, axis_names, views)
+    back = reentry(rg)
+    if back is not None:
+        raise unmappable(back, "the region would read it after computing what it reads (a path leaves the "
+                               "region and comes back); the region is cut")
+    return rg
+
+
+def reentry(rg: RegionGraph) -> Any | None:
+    """An input of ``rg`` computed from one of its own nodes, if any: such a region is not one call (its op
+    would run before the input exists). Segments skip tuple-valued nodes and chunk views (``chunk_views``),
+    so a segment's nodes need not be contiguous; this is what keeps a region convex all the same."""
+    inside = set(rg.nodes)
+    if not inside:
+        return None
+    order = {n: i for i, n in enumerate(rg.nodes[0].graph.nodes)}
+    start = min(order[n] for n in inside)
+    seen: set[Any] = set()
+    for _, src, _ in rg.inputs:
+        stack = [src]
+        while stack:
+            n = stack.pop()
+            if n in seen or order[n] < start:
+                continue
+            seen.add(n)
+            if n in inside:
+                return src
+            stack.extend(n.all_input_nodes)
+    return None
 
 
 def contractions(nodes: list[Any]) -> int:
