@@ -187,9 +187,18 @@ def causal_lm(arch: str, seq: int = HF_SEQ, seed: int = 0) -> tuple[nn.Module, t
 
 
 def logits_of(model: nn.Module):
-    """``ids -> logits`` of ``model`` (no cache): the function a user hands to ``optimize``."""
+    """``(ids, mask=None) -> logits`` of ``model`` (no cache): the function a user hands to ``optimize``."""
 
-    def logits(ids: torch.Tensor) -> torch.Tensor:
-        return model(input_ids=ids, use_cache=False).logits
+    def logits(ids: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return model(input_ids=ids, attention_mask=mask, use_cache=False).logits
 
     return logits
+
+
+def left_padded(ids: torch.Tensor, pad: int = 5) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of two: ``ids`` and its reverse with its first ``pad`` tokens padding (attention mask 0), as a
+    batched generation left-pads its shorter prompts; the padded rows' queries see no key at all."""
+    batch = torch.cat([ids, ids.flip(-1)], 0)
+    mask = torch.ones_like(batch)
+    mask[1, :pad] = 0
+    return batch, mask

@@ -8,14 +8,17 @@ regions running their derived backward in the float64 interpreter. Three of them
 before: GPT-NeoX (a fused QKV cut into chunk views, Q's rotary slice read inside the region: the op was placed
 before what it read), CodeGen under autograd (a tuple node among a region's nodes, left reading its output
 before the op that gives it) and GLM under autograd (a region's rotary table, computed from no parameter, came
-out of the autograd Function marked differentiable and reached a forward-only region's backward).
+out of the autograd Function marked differentiable and reached a forward-only region's backward). A left-padded
+batch (attention mask 0 at a prompt's first tokens, whose queries then see no key) gave NaN logits in every
+family with SDPA attention: a boolean mask now puts a finite score at masked keys and a row keeping no key is 0,
+as PyTorch's SDPA makes it.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from frontend_models import CAUSAL_LM_ARCHS, causal_lm, logits_of
+from frontend_models import CAUSAL_LM_ARCHS, causal_lm, left_padded, logits_of
 
 import pyrunner
 
@@ -70,3 +73,38 @@ def test_model_training_step_gradients_match_eager(arch: str) -> None:
     scale = max(float(g.abs().max()) for g in want.values())
     worst = max(float((got[n] - want[n]).abs().max()) for n in want) / scale
     assert worst <= GRAD_FP32_VS_F64, worst
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padded_batch_logits_match_eager(arch: str) -> None:
+    model, ids = causal_lm(arch)
+    ids, mask = left_padded(ids)
+    fn = logits_of(model)
+    opt = pyrunner.optimize(fn, ids, mask, executor="reference", progress=False)
+    with torch.no_grad():
+        want, got = fn(ids, mask), opt(ids, mask)
+    assert torch.isfinite(want).all()
+    assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64
+
+
+@pytest.mark.parametrize("arch", [a for a in FAST if a != "gpt_neox"] + [pytest.param("gptj", marks=pytest.mark.slow)])
+def test_left_padded_training_step_gradients_match_eager(arch: str) -> None:
+    """The loss reads the real tokens only, as a padded batch's loss does (labels -100 at the padding). Families
+    with eager attention (GPT-J, CodeGen) add a float mask of float32's lowest value, which rounds a padded row's
+    scores to one value: its forward matches eager's, but its recomputed probabilities in the derived backward
+    do not (the saved log-sum-exp loses the row's log-sum at that magnitude), so a loss that read the padded
+    rows would get other gradients from them (docs/frontend.md, Limits)."""
+    model, ids = causal_lm(arch)
+    model.train()
+    ids, mask = left_padded(ids)
+    fn = logits_of(model)
+    real = mask[..., None].float()
+    opt = pyrunner.optimize(fn, ids, mask, executor="reference", progress=False)
+    (opt(ids, mask).float().pow(2) * real).mean().backward()
+    got = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    (fn(ids, mask).float().pow(2) * real).mean().backward()
+    want = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == want.keys()
+    scale = max(float(g.abs().max()) for g in want.values())
+    assert max(float((got[n] - want[n]).abs().max()) for n in want) / scale <= GRAD_FP32_VS_F64

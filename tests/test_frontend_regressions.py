@@ -225,3 +225,29 @@ def test_a_region_that_would_read_what_it_computes_is_refused() -> None:
     with pytest.raises(Unmappable, match="comes back"):
         region_of([calls[0], calls[2]], meta, "gap")
     assert region_of(calls, meta, "whole") is not None
+
+
+def test_attention_rows_whose_every_key_is_masked_are_zero_with_finite_gradients() -> None:
+    """A boolean ``attn_mask`` row with no key kept (a left-padded prompt's first queries) is 0 in PyTorch's SDPA.
+    Mapped as ``where(mask, s, -inf)`` its softmax was 0/0: NaN logits in every Hugging Face family with SDPA
+    attention given a padded batch, and NaN gradients. Every row is read by the loss here, the dead ones too."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 6, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.ones(2, 1, 6, 6, dtype=torch.bool).tril()
+    mask[1, :, :, :2] = False  # batch 1: keys 0 and 1 padded, so its queries 0 and 1 see no key
+
+    def f(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    opt = pyrunner.optimize(f, q, k, v, mask, executor="reference", progress=False)
+    got = opt(q, k, v, mask)
+    want = f(q, k, v, mask)
+    assert torch.equal(got[1, :, :2], torch.zeros_like(got[1, :, :2]))
+    assert torch.allclose(got, want, rtol=0, atol=1e-12)
+    got.pow(2).sum().backward()
+    mine = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    want.pow(2).sum().backward()
+    for a, b in zip(mine, (q.grad, k.grad, v.grad), strict=True):
+        assert torch.isfinite(a).all() and torch.allclose(a, b, rtol=0, atol=1e-12)

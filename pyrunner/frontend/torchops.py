@@ -58,6 +58,13 @@ REDUCE = {m.group(1): r.name for r in ops.REDUCTIONS.values()
 REVERSED = {"rsub", "rtruediv", "rdiv"}
 COMPARE = {"lt": ("lt", False), "le": ("le", False), "gt": ("lt", True), "ge": ("le", True)}
 """Comparisons (a boolean mask, 0/1 in the IR): IR op and whether the operands swap (a > b is b < a)."""
+MASKED_SCORE = -(2.0 ** 100)
+"""What a boolean ``attn_mask`` puts at a masked score: below any real score (its exponential is 0, as -inf's is)
+but finite, so a query row whose every key is masked (left padding in a batch) has a finite softmax and its
+forward and derived backward stay finite (with -inf the row is 0/0); ``_sdpa`` then gives that row 0, as
+PyTorch's SDPA does. A power of two: exact in float64, float32 and bfloat16, so the log-sum-exp a backward
+saves in float32 is the score's own value (-1e30 rounded in float32 made ``exp(score - lse)`` overflow)."""
+
 IDENTITY = {"contiguous", "clone", "detach", "to", "float", "half", "bfloat16", "type", "type_as", "identity"}
 POW = {2.0: "square", 0.5: "sqrt", -0.5: "rsqrt", -1.0: "recip"}
 MODULES = {
@@ -358,16 +365,22 @@ def _sdpa(rt: RegionTrace, node: Any, a: _Args) -> Value:
         else:
             keep = ir.binary("le", ir.iota(tk), ir.iota(tq))
             s = rt.made(Value(ir.where(keep, s.term, ir.const(-math.inf)), s.dims))
+    kept = None
     if mask is not None:
         m = rt.lift(rt.tensor(mask, node))
         dims = rt.broadcast(s.dims, m.dims)
         if str(rt.meta(mask).dtype) == "torch.bool":
-            s = rt.made(Value(ir.where(m.term, s.term, ir.const(-math.inf)), dims))
+            s = rt.made(Value(ir.where(m.term, s.term, ir.const(MASKED_SCORE)), dims))
+            # 1 where the row keeps a key: a row keeping none is 0 (PyTorch's SDPA), not a mean of V
+            kept = rt.reduce("max", m, -1, False) if m.dims and m.dims[-1] is not None else m
         else:
             s = rt.made(Value(ir.binary("add", s.term, m.term), dims))
     p = _softmax(rt, node, s, -1)
     batch = rt.broadcast(p.dims[:-2], v.dims[:-2])
-    return rt.contract(p, v, p.dims[-1], v.dims[-2], batch + (p.dims[-2], v.dims[-1]))
+    out = rt.contract(p, v, p.dims[-1], v.dims[-2], batch + (p.dims[-2], v.dims[-1]))
+    if kept is None:
+        return out
+    return rt.made(Value(ir.where(kept.term, out.term, ir.const(0.0)), out.dims))
 
 
 def _shared_heads(rt: RegionTrace, node: Any, q: Value, kv: Value) -> Value:
