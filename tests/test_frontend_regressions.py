@@ -185,14 +185,14 @@ def test_a_failure_while_splicing_leaves_the_graph_as_captured(monkeypatch: pyte
     """Regions are spliced into the captured graph in place; a failure halfway (here: as the graph is put back in
     order) used to hand the fallback compiler that half-spliced graph, which read a value it never defined
     (CodeGen under autograd: UnboundLocalError). The fallback now compiles the graph as captured."""
-    from pyrunner.frontend import runtime
+    from pyrunner.frontend import partition
 
     def broken(graph) -> None:  # leaves a region's op after what reads it, as the CodeGen graph was, then fails
         op = next(n for n in graph.nodes if "superopt" in str(n.target))
         list(graph.nodes)[-1].append(op)
         raise RuntimeError("splice failed halfway")
 
-    monkeypatch.setattr(runtime, "_restore_order", broken)
+    monkeypatch.setattr(partition, "restore_order", broken)
     x, w = r(8, 16), r(16, 48, seed=1)
     torch._dynamo.reset()
     with torch.no_grad():

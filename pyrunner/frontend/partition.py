@@ -1,7 +1,9 @@
 """Cut an FX graph into regions the graph IR can express.
 
-Regions are contiguous runs of the graph's topological order (so each is
-convex: no path leaves a region and comes back), grown greedily node by node.
+Regions are runs of the graph's topological order, grown greedily node by node;
+tuple-valued nodes and chunk views are skipped, so a region is checked convex
+(``reentry``: no path leaves it and comes back) and the graph is put back in
+order after the regions are spliced in (``restore_order``).
 A region ends where the next node cannot be mapped (it stays with PyTorch, and
 the reason is kept) or would make a value hold one axis twice (the next region
 then sees its operands as fresh inputs). Nodes computing Python values from
@@ -209,6 +211,36 @@ def reentry(rg: RegionGraph) -> Any | None:
                 return src
             stack.extend(n.all_input_nodes)
     return None
+
+
+def restore_order(graph: Any) -> None:
+    """Move each node after what it reads, keeping the graph's order otherwise. A region's op is placed after its
+    last node, and a segment skips tuple-valued nodes (``chunk``, ``split``), so a node outside the region
+    placed among its nodes may read one of its outputs (GPT-NeoX's and CodeGen's fused QKV): such a node now
+    comes after the op. ``reentry`` keeps regions convex, so an order always exists."""
+    import heapq
+
+    nodes = list(graph.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
+    ready = [index[n] for n in nodes if not waiting[n]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        n = nodes[heapq.heappop(ready)]
+        order.append(n)
+        for u in n.users:
+            waiting[u] -= 1
+            if not waiting[u]:
+                heapq.heappush(ready, index[u])
+    if order == nodes:
+        return
+    if len(order) != len(nodes):
+        raise AssertionError("superopt: the graph has a cycle after its regions were spliced in")
+    prev = order[0]
+    for n in order[1:]:
+        prev.append(n)
+        prev = n
 
 
 def contractions(nodes: list[Any]) -> int:

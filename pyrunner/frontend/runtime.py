@@ -259,6 +259,8 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
 
     import torch
 
+    from pyrunner.frontend.partition import restore_order
+
     graph = gm.graph
     _fold_python_values(gm, meta)
     strides = layouts_checked(gm, regions, meta)
@@ -285,42 +287,12 @@ def assemble(gm: Any, regions: list[tuple[RegionGraph, Impl]], meta: Callable[[A
         for node in reversed(rg.nodes):
             if not node.users:
                 graph.erase_node(node)
-    _restore_order(graph)
+    restore_order(graph)
     graph.eliminate_dead_code()
     graph.lint()
     gm.recompile()
     _ = torch  # the ops live in torch.ops.superopt
     return gm
-
-
-def _restore_order(graph: Any) -> None:
-    """Move each node after what it reads, keeping the graph's order otherwise. A region's op is placed after its
-    last node, and a segment skips tuple-valued nodes (``chunk``, ``split``), so a node outside the region
-    placed among its nodes may read one of its outputs (GPT-NeoX's and CodeGen's fused QKV): such a node now
-    comes after the op. ``partition.reentry`` keeps regions convex, so an order always exists."""
-    import heapq
-
-    nodes = list(graph.nodes)
-    index = {n: i for i, n in enumerate(nodes)}
-    waiting = {n: len(set(n.all_input_nodes)) for n in nodes}
-    ready = [index[n] for n in nodes if not waiting[n]]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        n = nodes[heapq.heappop(ready)]
-        order.append(n)
-        for u in n.users:
-            waiting[u] -= 1
-            if not waiting[u]:
-                heapq.heappush(ready, index[u])
-    if order == nodes:
-        return
-    if len(order) != len(nodes):
-        raise AssertionError("superopt: the graph has a cycle after its regions were spliced in")
-    prev = order[0]
-    for n in order[1:]:
-        prev.append(n)
-        prev = n
 
 
 def layouts_checked(gm: Any, regions: list[tuple[RegionGraph, Impl]],
