@@ -7,6 +7,9 @@ shapes, bf16, batch 1, prefill:
 * ``gpt2-medium``: hidden 1024, 16 heads, 1024 tokens (fused c_attn split, LayerNorm, GELU-tanh);
 * ``gemma2-2b``: hidden 2304, 8 heads, 4 KV heads, head 256, FFN 9216, 2048 tokens (eager attention:
   softcapping, repeat_kv, a sliding-window mask of 4096 as an additive tensor);
+* ``llama3-8b-padded``: the Llama prefill layer given its prompt's first 64 tokens as padding (a boolean
+  ``[1, 1, t, t]`` attention mask: causal and not padding), so 64 query rows see no key and are 0 in SDPA;
+  the boolean-mask form of attention (``torchops.MASKED_SCORE``), timed and checked at the real shape;
 * ``llama3-8b-decode``: the Llama layer's decode step: one query token, a ``DynamicCache`` holding 2047
   past keys and values (seeded random; the same ones at every timed call, so each call is one step at KV
   length 2048, the cache append included for every variant).
@@ -46,16 +49,21 @@ LAYERS = {
                             "ffn": 14336}),
     "llama3-8b-decode": ("llama", {"seq": 2047, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
                                    "ffn": 14336}),
+    "llama3-8b-padded": ("llama", {"seq": 2048, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128,
+                                   "ffn": 14336}),
     "gpt2-medium": ("gpt2", {"seq": 1024, "hidden": 1024, "heads": 16}),
     "gemma2-2b": ("gemma2", {"seq": 2048, "hidden": 2304, "heads": 8, "kv_heads": 4, "head_dim": 256,
                              "ffn": 9216, "window": 4096}),
 }
+PADDED = {"llama3-8b-padded": 64}
+"""Layers given a boolean attention mask whose first N keys are padding (N query rows keep no key)."""
 DECODE = {"llama3-8b-decode"}
 """Layers timed as one decode step after ``seq`` cached tokens."""
 SMALL = {
     "llama3-8b": {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128},
     "gpt2-medium": {"seq": 32, "hidden": 64, "heads": 4},
     "gemma2-2b": {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128, "window": 16},
+    "llama3-8b-padded": {"seq": 32, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128},
     "llama3-8b-decode": {"seq": 31, "hidden": 64, "heads": 4, "kv_heads": 2, "head_dim": 16, "ffn": 128},
 }
 BOUND = 3e-2
@@ -109,6 +117,11 @@ def build(name: str, small: bool, device: str, dtype):
     m, args, kwargs = HF_BLOCKS[kind](**(SMALL[name] if small else shape))
     if name in DECODE:
         args, kwargs = decode_inputs(m, args)
+    if name in PADDED:
+        t = args[0].shape[1]
+        pad = min(PADDED[name], t // 2)
+        q, k = torch.arange(t)[:, None], torch.arange(t)[None, :]
+        kwargs = {**kwargs, "attention_mask": ((k <= q) & (k >= pad))[None, None]}
 
     def move(v):
         if isinstance(v, torch.Tensor):
@@ -163,6 +176,7 @@ def run_layer(name: str, args: argparse.Namespace, out) -> None:
         m32 = build(name, args.small, device, torch.float32)[0]
         a32 = tuple(x.float() if isinstance(x, torch.Tensor) else x for x in a)
         kw32 = {k: (tuple(t.float() for t in v) if isinstance(v, tuple) else
+                    v if isinstance(v, torch.Tensor) and not v.is_floating_point() else  # a boolean mask
                     v.to(dtype=torch.float32) if isinstance(v, (torch.Tensor, FreshCache)) else v)
                 for k, v in kw.items()}
         ref = first(call(m32, a32, kw32)).double()
