@@ -202,3 +202,48 @@ def left_padded(ids: torch.Tensor, pad: int = 5) -> tuple[torch.Tensor, torch.Te
     mask = torch.ones_like(batch)
     mask[1, :pad] = 0
     return batch, mask
+
+
+# --- encoders (the other models users bring: BERT-style text encoders, ViT, T5's encoder) ----------------------
+
+ENCODER_ARCHS = ("bert", "roberta", "distilbert", "modernbert", "deberta-v2", "t5", "vit")
+"""``model_type`` names ``encoder`` builds: padded text batches (a key-padding mask) and images."""
+
+
+def encoder(arch: str, seed: int = 0) -> tuple[nn.Module, tuple, torch.Tensor]:
+    """A one-layer encoder of ``arch`` at hidden 64, 4 heads, no dropout; its inputs (token ids and a padding mask
+    whose second row has 6 padding tokens, or two 32 x 32 images); and the weights of its real positions."""
+    from transformers import AutoConfig, AutoModel, T5EncoderModel
+
+    size: dict = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_hidden_layers": 1,
+                  "vocab_size": 128, "max_position_embeddings": 64, "pad_token_id": 0}
+    if arch == "vit":
+        size = {k: size[k] for k in ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers")}
+        size.update(image_size=32, patch_size=8)
+    elif arch == "t5":
+        size = {"d_model": 64, "d_ff": 128, "num_heads": 4, "num_layers": 1, "vocab_size": 128, "d_kv": 16}
+    elif arch == "distilbert":
+        size = {"dim": 64, "hidden_dim": 128, "n_heads": 4, "n_layers": 1, "vocab_size": 128,
+                "max_position_embeddings": 64, "pad_token_id": 0}
+    cfg = AutoConfig.for_model(arch, **size)
+    for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate", "dropout", "attention_dropout",
+              "mlp_dropout", "embedding_dropout"):
+        if hasattr(cfg, k):
+            setattr(cfg, k, 0.0)
+    torch.manual_seed(seed)
+    impl = "eager" if arch.startswith("deberta") else "sdpa"
+    model = T5EncoderModel(cfg) if arch == "t5" else AutoModel.from_config(cfg, attn_implementation=impl)
+    g = torch.Generator().manual_seed(seed + 1)
+    if arch == "vit":
+        return model.eval(), (torch.randn(2, 3, 32, 32, generator=g),), torch.ones(2, 1, 1)
+    ids = torch.randint(1, 128, (2, 16), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 10:] = 0
+    return model.eval(), (ids, mask), mask[..., None].float()
+
+
+def hidden_of(model: nn.Module, arch: str):
+    """``inputs -> last hidden state`` of an ``encoder``."""
+    if arch == "vit":
+        return lambda x: model(pixel_values=x).last_hidden_state
+    return lambda ids, mask: model(input_ids=ids, attention_mask=mask).last_hidden_state

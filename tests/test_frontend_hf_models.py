@@ -1,4 +1,5 @@
-"""Whole Hugging Face causal language models through ``pyrunner.optimize`` (reference executor, CPU).
+"""Whole Hugging Face models through ``pyrunner.optimize`` (reference executor, CPU): causal language models and,
+in the slow tier, encoders (``frontend_models.ENCODER_ARCHS``: BERT-style with a padding mask, T5's, ViT).
 
 A user hands ``optimize`` a model, not a layer: token ids in, logits out, the embedding, the masks HF builds,
 the rotary tables, one decoder layer, the final norm and the LM head all in the captured graph. Each of 24
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from frontend_models import CAUSAL_LM_ARCHS, causal_lm, left_padded, logits_of
+from frontend_models import CAUSAL_LM_ARCHS, ENCODER_ARCHS, causal_lm, encoder, hidden_of, left_padded, logits_of
 
 import pyrunner
 
@@ -108,3 +109,26 @@ def test_left_padded_training_step_gradients_match_eager(arch: str) -> None:
     assert got.keys() == want.keys()
     scale = max(float(g.abs().max()) for g in want.values())
     assert max(float((got[n] - want[n]).abs().max()) for n in want) / scale <= GRAD_FP32_VS_F64
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ENCODER_ARCHS)
+def test_encoder_forward_and_training_step_match_eager(arch: str) -> None:
+    """Encoders with a key-padding mask (BERT-style, T5's encoder) or none (ViT): the last hidden state equals
+    eager's, and a training step's gradients (a loss over the real positions) equal eager's."""
+    model, args, real = encoder(arch)
+    fn = hidden_of(model, arch)
+    opt = pyrunner.optimize(fn, *args, executor="reference", progress=False)
+    assert opt.report.flop_share >= MIN_SHARE, opt.report
+    with torch.no_grad():
+        want, got = fn(*args), opt(*args)
+    assert float((got - want).abs().max() / want.abs().max()) <= FP32_VS_F64
+    model.train()
+    (opt(*args).pow(2) * real).mean().backward()
+    mine = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    (fn(*args).pow(2) * real).mean().backward()
+    eager = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert mine.keys() == eager.keys()
+    scale = max(float(g.abs().max()) for g in eager.values())
+    assert max(float((mine[n] - eager[n]).abs().max()) for n in eager) / scale <= GRAD_FP32_VS_F64
