@@ -257,18 +257,19 @@ def test_a_graph_holding_its_own_parameter_is_a_training_graph() -> None:
     class Held(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(8, 8))
+            self.inner = torch.nn.Module()
+            self.inner.w = torch.nn.Parameter(torch.randn(8, 8))
 
         def forward(self, x):
-            return torch.tanh(x @ self.w)
+            return torch.tanh(x @ self.inner.w)
 
     gm = torch.fx.symbolic_trace(Held())
-    assert any(n.op == "get_attr" for n in gm.graph.nodes)
+    assert [str(n.target) for n in gm.graph.nodes if n.op == "get_attr"] == ["inner.w"]  # a dotted target
     x = torch.randn(4, 8)
     assert _training(gm, [x])
     with torch.no_grad():
         assert not _training(gm, [x])
-    gm.w.requires_grad_(False)
+    gm.inner.w.requires_grad_(False)
     assert not _training(gm, [x])
 
 

@@ -313,6 +313,15 @@ def _wrt(rg: RegionGraph | None, opts: Any) -> frozenset[str] | None:
     return frozenset(name for name, src, _ in rg.inputs if src in opts.needs_grad)
 
 
+def held_value(gm: Any, node: Any) -> Any:
+    """The value a ``get_attr`` node reads from ``gm`` (its target may be a dotted path, ``layer.weight``), or
+    None where there is none."""
+    value = gm
+    for part in str(node.target).split("."):
+        value = getattr(value, part, None)
+    return value
+
+
 def grad_nodes(gm: Any, example_inputs: list) -> frozenset[Any]:
     """The nodes of ``gm`` whose values need gradients: the placeholders whose example input requires one, the
     parameters it holds that do, and every node computed from one of those. An over-approximation (no op is
@@ -328,7 +337,7 @@ def grad_nodes(gm: Any, example_inputs: list) -> frozenset[Any]:
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 out.add(n)
         elif n.op == "get_attr":
-            x = getattr(gm, str(n.target), None)
+            x = held_value(gm, n)
             if isinstance(x, torch.Tensor) and x.requires_grad:
                 out.add(n)
         elif any(a in out for a in n.all_input_nodes):

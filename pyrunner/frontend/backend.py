@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyrunner.frontend.autograd import grad_nodes, training_segment
+from pyrunner.frontend.autograd import grad_nodes, held_value, training_segment
 from pyrunner.frontend.compile import KERNEL_DTYPES, Options, Report, compile_graph
 from pyrunner.frontend.decide import Measure, gpu_measure
 from pyrunner.frontend.errors import FrontendError
@@ -94,7 +94,7 @@ def _training(gm: Any, example_inputs: list) -> bool:
         return False
     if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         return True
-    held = (getattr(gm, str(n.target), None) for n in gm.graph.nodes if n.op == "get_attr")
+    held = (held_value(gm, n) for n in gm.graph.nodes if n.op == "get_attr")
     return any(isinstance(x, torch.Tensor) and x.requires_grad for x in held)
 
 
