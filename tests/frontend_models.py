@@ -159,6 +159,18 @@ _SIZE_FIELDS = {"n_embd": 64, "n_head": 4, "n_layer": 1, "n_inner": 128, "ffn_di
 """Other spellings of the tiny size, for configs that name it their own way (GPT-J, OPT, BigCode)."""
 
 
+DROPOUTS = ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout",
+            "activation_dropout", "hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate",
+            "mlp_dropout", "embedding_dropout")
+"""The names configs give their dropout rates: all set to 0, so a training step is deterministic."""
+
+
+def _no_dropout(cfg) -> None:
+    for k in DROPOUTS:
+        if hasattr(cfg, k):
+            setattr(cfg, k, 0.0)
+
+
 def causal_lm(arch: str, seq: int = HF_SEQ, seed: int = 0) -> tuple[nn.Module, torch.Tensor]:
     """A one-layer ``AutoModelForCausalLM`` of ``arch`` at hidden 64, 4 heads (2 KV heads where it has GQA),
     vocabulary 128, random weights from ``seed``, no dropout; and ``seq`` token ids."""
@@ -175,10 +187,7 @@ def causal_lm(arch: str, seq: int = HF_SEQ, seed: int = 0) -> tuple[nn.Module, t
                 setattr(cfg, k, v)
             except AttributeError:  # a derived property (Falcon's head_dim)
                 pass
-    for k in ("attention_dropout", "hidden_dropout", "resid_pdrop", "attn_pdrop", "embd_pdrop", "dropout",
-              "activation_dropout"):
-        if hasattr(cfg, k):
-            setattr(cfg, k, 0.0)
+    _no_dropout(cfg)
     impl = "eager" if arch in EAGER_ONLY else "sdpa"
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation=impl).eval()
@@ -226,10 +235,7 @@ def encoder(arch: str, seed: int = 0) -> tuple[nn.Module, tuple, torch.Tensor]:
         size = {"dim": 64, "hidden_dim": 128, "n_heads": 4, "n_layers": 1, "vocab_size": 128,
                 "max_position_embeddings": 64, "pad_token_id": 0}
     cfg = AutoConfig.for_model(arch, **size)
-    for k in ("hidden_dropout_prob", "attention_probs_dropout_prob", "dropout_rate", "dropout", "attention_dropout",
-              "mlp_dropout", "embedding_dropout"):
-        if hasattr(cfg, k):
-            setattr(cfg, k, 0.0)
+    _no_dropout(cfg)
     torch.manual_seed(seed)
     impl = "eager" if arch.startswith("deberta") else "sdpa"
     model = T5EncoderModel(cfg) if arch == "t5" else AutoModel.from_config(cfg, attn_implementation=impl)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pyrunner.frontend.autograd import grad_nodes, held_value, training_segment
+from pyrunner.frontend.autograd import grad_nodes, training_segment
 from pyrunner.frontend.compile import KERNEL_DTYPES, Options, Report, compile_graph
 from pyrunner.frontend.decide import Measure, gpu_measure
 from pyrunner.frontend.errors import FrontendError
@@ -85,17 +85,13 @@ NO_GPU_NOTE = ("no CUDA GPU: regions are planned and CPU-checked only; PyTorch r
                "(see .report for what would run as Superopt kernels)")
 
 
-def _training(gm: Any, example_inputs: list) -> bool:
-    """Whether the graph runs under autograd: grad mode on and an input, or a parameter the graph holds itself
-    (a ``get_attr`` node: dynamo keeps some modules' weights so, GLM's among them), requires a gradient."""
+def _training(gm: Any, example_inputs: list) -> frozenset[Any]:
+    """The nodes whose values need gradients (``autograd.grad_nodes``: from an input or a parameter the graph holds
+    itself, a ``get_attr`` node, that requires one) when grad mode is on; none otherwise, or when no tensor needs
+    one. Not empty: the graph runs under autograd."""
     import torch
 
-    if not torch.is_grad_enabled():
-        return False
-    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
-        return True
-    held = (held_value(gm, n) for n in gm.graph.nodes if n.op == "get_attr")
-    return any(isinstance(x, torch.Tensor) and x.requires_grad for x in held)
+    return grad_nodes(gm, example_inputs) if torch.is_grad_enabled() else frozenset()
 
 
 def _whole_graph_reason(gm: Any, example_inputs: list, executor: str, backward: bool = False) -> str | None:
@@ -156,7 +152,8 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
         LAST_REPORTS.append(report)
     executor = resolve_executor(executor)
     why = _whole_graph_reason(gm, example_inputs, executor, backward)
-    training = backward and _training(gm, example_inputs)
+    needs_grad = _training(gm, example_inputs) if backward else frozenset()
+    training = bool(needs_grad)
     if why:
         report.fallback([n for n in gm.graph.nodes if n.op.startswith("call")][:1] or [], why)
         return finish(gm, example_inputs)
@@ -174,7 +171,7 @@ def compile_fx_graph(gm: Any, example_inputs: list, *, fallback: str = "inductor
                        log=Path(log) if log else None, source=source, measure=measure,
                        fallback_compile=finish, tracker=tracker or NullTracker(), bucket=bucket and not training,
                        segment=training_segment if training else None, device=device,
-                       needs_grad=grad_nodes(gm, example_inputs) if training else None)
+                       needs_grad=needs_grad if training else None)
         gm, rep = compile_graph(gm, values.__getitem__, opts, strict=False)
     except FrontendError as e:
         if source == "optimize":

@@ -217,7 +217,8 @@ def restore_order(graph: Any) -> None:
     """Move each node after what it reads, keeping the graph's order otherwise. A region's op is placed after its
     last node, and a segment skips tuple-valued nodes (``chunk``, ``split``), so a node outside the region
     placed among its nodes may read one of its outputs (GPT-NeoX's and CodeGen's fused QKV): such a node now
-    comes after the op. ``reentry`` keeps regions convex, so an order always exists."""
+    comes after the op. ``reentry`` keeps regions convex, so an order always exists. In place, and nothing is
+    done to a graph already in order: torch's ``stable_topological_sort`` copies every node into a new graph."""
     import heapq
 
     nodes = list(graph.nodes)
